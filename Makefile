@@ -1,0 +1,41 @@
+# ctitan — the two README commands and friends.
+#   make run    set up, build, train the debug model briefly (the main job)
+#   make test   set up, build, run the whole test suite (CTest)
+#   make bench  benchmarks against PyTorch on this machine
+#   make asan   the suite under AddressSanitizer + UndefinedBehaviorSanitizer
+#   make build  build only
+# CMake generates the build and CTest runs the suite: it gives per-test timeouts, MPI launch
+# lines and environments, and parallel runs for free; this Makefile only fixes the entry points.
+
+BUILD_DIR ?= build
+ASAN_DIR ?= build-asan
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all deps build run test bench asan clean
+
+all: build
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release > /dev/null
+	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+run: build
+	@bash scripts/run.sh $(BUILD_DIR)/ctitan
+
+test: build
+	@cd $(BUILD_DIR) && ctest --output-on-failure $(CTEST_ARGS)
+
+bench: build
+	@bash bench/run.sh $(BUILD_DIR)
+
+asan: deps
+	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Asan > /dev/null
+	@cmake --build $(ASAN_DIR) -j $(JOBS)
+	@cd $(ASAN_DIR) && CT_ASAN=1 ctest --output-on-failure $(CTEST_ARGS)
+
+clean:
+	rm -rf $(BUILD_DIR) $(ASAN_DIR)

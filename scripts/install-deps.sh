@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ctitan needs to build, run and test. Idempotent: when every
+# package is already present it does nothing (no network needed).
+set -euo pipefail
+
+PKGS=(
+  build-essential cmake pkg-config clang
+  libopenblas-dev            # sgemm (pthreads variant)
+  libopenmpi-dev openmpi-bin # MPI
+  libcjson-dev               # JSON (metrics, manifests)
+  python3-torch python3-numpy # independent reference for tests and benchmarks
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ "${#missing[@]}" -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update
+$SUDO apt-get install -y --no-install-recommends "${missing[@]}"

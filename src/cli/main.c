@@ -1,0 +1,84 @@
+/* ctitan: command-line entry point. Dispatches subcommands; maps error codes to exit codes
+ * (0 success, 1 runtime failure, 2 bad usage or configuration). */
+#include <stdio.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "io/config.h"
+#include "train/trainer.h"
+
+#define CTITAN_VERSION "0.1.0"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "ctitan %s: distributed LLM training in C\n\n"
+		   "usage: ctitan <command> [args]\n\n"
+		   "commands:\n"
+		   "  train CONFIG.toml [--section.key=value | --section.key value ...]\n"
+		   "        train a model; `ctitan train --help` lists every config key\n"
+		   "  help  this text\n\n"
+		   "exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration\n",
+		CTITAN_VERSION);
+}
+
+static int exit_code(int rc) { return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1); }
+
+static int log_level_from(const char *s)
+{
+	static const char *const names[] = { "debug", "info", "warning", "error" };
+	for (int i = 0; i < LOG_LEVEL_COUNT; i++)
+		if (strcmp(s, names[i]) == 0)
+			return i;
+	return LOG_INFO;
+}
+
+static int cmd_train(int argc, char **argv)
+{
+	for (int i = 0; i < argc; i++)
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			printf("usage: ctitan train CONFIG.toml [--section.key=value ...]\n\n");
+			config_print_help(stdout);
+			return 0;
+		}
+	if (argc < 1 || strncmp(argv[0], "--", 2) == 0) {
+		fprintf(stderr, "ctitan train: missing CONFIG.toml (see ctitan train --help)\n");
+		return 2;
+	}
+	struct ct_config cfg;
+	config_defaults(&cfg);
+	int rc = config_load_file(&cfg, argv[0]);
+	if (!rc)
+		rc = config_apply_args(&cfg, argc - 1, argv + 1);
+	if (!rc)
+		rc = config_validate(&cfg);
+	if (rc)
+		return exit_code(rc);
+	log_set_level((enum log_level)log_level_from(cfg.job.log_level));
+	if (cfg.job.print_config) {
+		config_print(&cfg, stdout);
+		return 0;
+	}
+	return exit_code(trainer_run(&cfg));
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		usage(stderr);
+		return 2;
+	}
+	const char *cmd = argv[1];
+	if (strcmp(cmd, "train") == 0)
+		return cmd_train(argc - 2, argv + 2);
+	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+		usage(stdout);
+		return 0;
+	}
+	if (strcmp(cmd, "--version") == 0) {
+		printf("ctitan %s\n", CTITAN_VERSION);
+		return 0;
+	}
+	fprintf(stderr, "ctitan: unknown command '%s'\n\n", cmd);
+	usage(stderr);
+	return 2;
+}

@@ -1,0 +1,99 @@
+/* io/config: the run configuration — TOML files in TorchTitan's TOML-era sections and keys,
+ * with `--section.key=value` / `--section.key value` overrides.
+ *
+ * A typed schema table in config.c (section, key, type, field offset, default, range or
+ * choices, help) is the single source of truth: parsing, defaults, validation, `--help` and
+ * `--job.print_config` all read it. Unknown keys, type errors and out-of-range values are
+ * CT_ERR_USAGE errors whose message names the key, the file and line (or the argument), and
+ * the expected type. No C TOML library ships in Debian, so the small TOML subset parser that
+ * ctitan needs lives here: [section] headers, `key = value` with strings ("..." with escapes,
+ * '...' literal), integers, floats, booleans, arrays of those, `#` comments.
+ */
+#ifndef CT_IO_CONFIG_H
+#define CT_IO_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define CONFIG_STR_MAX 512
+
+struct ct_config {
+	struct {
+		char dump_folder[CONFIG_STR_MAX]; /* "./outputs" */
+		char description[CONFIG_STR_MAX]; /* "" */
+		bool print_config;		  /* false: print the effective config and exit */
+		char log_level[16];		  /* "info": debug | info | warning | error */
+	} job;
+	struct {
+		char name[64];	 /* "llama3" */
+		char flavor[64]; /* "debugmodel": debugmodel | 125M | 1B | 8B | 70B | 405B */
+		int64_t vocab_size; /* -1: the flavor's vocab */
+		bool rope_scaling;  /* false: Llama 3.1 RoPE frequency scaling (factor 8, low 1,
+				       high 4, original context 8192) */
+	} model;
+	struct {
+		char name[32];	     /* "AdamW" (only choice) */
+		double lr;	     /* 8e-4, > 0 */
+		double beta1;	     /* 0.9, [0,1) */
+		double beta2;	     /* 0.95, [0,1) */
+		double eps;	     /* 1e-8, > 0 */
+		double weight_decay; /* 0.1, >= 0 */
+	} optimizer;
+	struct {
+		int64_t warmup_steps; /* 200, >= 0 */
+		double decay_ratio;   /* -1 (unset: decay starts right after warmup), else [0,1] */
+		char decay_type[16];  /* "linear": linear | sqrt | cosine */
+		double min_lr_factor; /* 0.0, [0,1] */
+	} lr_scheduler;
+	struct {
+		int64_t local_batch_size;  /* 8, >= 1 */
+		int64_t global_batch_size; /* -1 (= local * dp), else multiple of local * dp */
+		int64_t seq_len;	   /* 2048, >= 1 */
+		double max_norm;	   /* 1.0, > 0; gradient clipping on the global norm */
+		int64_t steps;		   /* 10000, >= 1 */
+		char dataset[CONFIG_STR_MAX]; /* "synthetic" or a token file path */
+		char mixed_precision_param[16];	 /* "float32": float32 | bfloat16 */
+		char mixed_precision_reduce[16]; /* "float32": float32 */
+	} training;
+	struct {
+		int64_t data_parallel_shard_degree;	/* -1: fill the rest of the world */
+		int64_t data_parallel_replicate_degree; /* 1, >= 1 */
+		int64_t tensor_parallel_degree;		/* 1, >= 1 */
+		int64_t pipeline_parallel_degree;	/* 1, >= 1 */
+		char fsdp_reshard_after_forward[16];	/* "default": default | always | never */
+	} parallelism;
+	struct {
+		int64_t log_freq;     /* 1, >= 1 */
+		double peak_tflops;   /* 0: measure sgemm on a large square at start-up; > 0: use this */
+		bool enable_jsonl;    /* true: write metrics.jsonl into job.dump_folder */
+	} metrics;
+	struct {
+		int64_t seed;	     /* 0, >= 0: weights and synthetic data */
+		bool deterministic;  /* true (ctitan is always deterministic; kept for TorchTitan
+					configs) */
+	} debug;
+};
+
+/* Fill *cfg with every default from the schema. */
+void config_defaults(struct ct_config *cfg);
+/* Parse a TOML file on top of *cfg. Loading is all or nothing: on error *cfg is unchanged. */
+int config_load_file(struct ct_config *cfg, const char *path);
+/* The same for text[0..len) already in memory (may hold any bytes); name is used in
+ * messages in place of the file name. */
+int config_load_string(struct ct_config *cfg, const char *text, size_t len, const char *name);
+/* Apply argv[0..argc) overrides (`--section.key=value` or `--section.key value`). Arguments
+ * that are not of that form are errors. Strings need no quotes; other values are TOML
+ * literals. In the two-argument form a next argument starting with `--` is not taken as the
+ * value (use `=`). Later overrides of a key win. All or nothing, like config_load_file. */
+int config_apply_args(struct ct_config *cfg, int argc, char **argv);
+/* Cross-field checks after all sources are applied (e.g. global batch divisibility needs the
+ * world size, so that one is the trainer's; here: choices, ranges, combinations). */
+int config_validate(const struct ct_config *cfg);
+/* The effective config as a TOML file that config_load_file reads back unchanged. */
+void config_print(const struct ct_config *cfg, FILE *f);
+/* Every key with type, default, range/choices and help, grouped by section. */
+void config_print_help(FILE *f);
+
+#endif

@@ -1,0 +1,580 @@
+/* Llama 3: presets, parameter table, init, and units (forward, backward, recompute).
+ * Reads top to bottom: configs, table, init, build, then the units with backward mirroring
+ * forward. */
+#include "model/llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/rng.h"
+#include "kernels/kernels.h"
+
+/* ---------------------------------------------------------------- configs */
+
+struct llama_preset {
+	const char *name;
+	int64_t dim, n_layers, n_heads, n_kv_heads, vocab;
+	double ffn_mult;
+	int64_t multiple_of;
+};
+
+/* TorchTitan's llama3 flavors (debugmodel, 8B, 70B, 405B), Llama 3.2's 1B shapes (untied),
+ * and a 125M-class model for CPU experiments. */
+static const struct llama_preset llama_presets[] = {
+	{ "debugmodel", 256, 6, 16, 16, 2048, 0.0, 256 },
+	{ "125M", 768, 12, 12, 4, 8192, 0.0, 256 },
+	{ "1B", 2048, 16, 32, 8, 128256, 1.5, 256 },
+	{ "8B", 4096, 32, 32, 8, 128256, 1.3, 1024 },
+	{ "70B", 8192, 80, 64, 8, 128256, 1.3, 4096 },
+	{ "405B", 16384, 126, 128, 8, 128256, 1.2, 4096 },
+};
+
+const char *llama_flavor_list(void) { return "debugmodel, 125M, 1B, 8B, 70B, 405B"; }
+
+int llama_config_finish(struct llama_config *c)
+{
+	if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+	    c->vocab_size <= 1 || c->multiple_of <= 0) {
+		LOG_ERROR("model: dimensions must be positive");
+		return CT_ERR_USAGE;
+	}
+	if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2) {
+		LOG_ERROR("model: dim %lld must divide into %lld heads of even size, and heads into "
+			  "%lld kv heads", (long long)c->dim, (long long)c->n_heads,
+			  (long long)c->n_kv_heads);
+		return CT_ERR_USAGE;
+	}
+	c->head_dim = c->dim / c->n_heads;
+	if (c->head_dim > ATTN_MAX_HEAD_DIM) {
+		LOG_ERROR("model: head dim %lld exceeds %d", (long long)c->head_dim, ATTN_MAX_HEAD_DIM);
+		return CT_ERR_USAGE;
+	}
+	int64_t hidden = (int64_t)(8 * c->dim / 3);
+	if (c->ffn_dim_multiplier > 0)
+		hidden = (int64_t)(c->ffn_dim_multiplier * (double)hidden);
+	c->ffn_hidden = (hidden + c->multiple_of - 1) / c->multiple_of * c->multiple_of;
+	return CT_OK;
+}
+
+int llama_config_preset(struct llama_config *c, const char *flavor)
+{
+	for (size_t i = 0; i < sizeof(llama_presets) / sizeof(llama_presets[0]); i++) {
+		const struct llama_preset *p = &llama_presets[i];
+		if (strcmp(p->name, flavor) != 0)
+			continue;
+		memset(c, 0, sizeof(*c));
+		snprintf(c->flavor, sizeof(c->flavor), "%s", p->name);
+		c->dim = p->dim;
+		c->n_layers = p->n_layers;
+		c->n_heads = p->n_heads;
+		c->n_kv_heads = p->n_kv_heads;
+		c->vocab_size = p->vocab;
+		c->ffn_dim_multiplier = p->ffn_mult;
+		c->multiple_of = p->multiple_of;
+		c->norm_eps = 1e-5;
+		c->rope_theta = 500000.0;
+		c->rope_scaling = false;
+		c->rope_factor = 8.0;
+		c->rope_low_freq_factor = 1.0;
+		c->rope_high_freq_factor = 4.0;
+		c->rope_original_ctx = 8192;
+		return llama_config_finish(c);
+	}
+	LOG_ERROR("model.flavor: unknown flavor '%s' (choose from %s)", flavor, llama_flavor_list());
+	return CT_ERR_USAGE;
+}
+
+/* ---------------------------------------------------------------- parameter table */
+
+static void table_add(struct llama_table *t, int *cap, const char *name, int unit, int64_t d0,
+		      int64_t d1)
+{
+	if (t->count == *cap) {
+		*cap = *cap ? 2 * *cap : 64;
+		t->p = realloc(t->p, (size_t)*cap * sizeof(*t->p));
+		CHECK(t->p, "out of memory");
+	}
+	struct llama_param *p = &t->p[t->count++];
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->ndim = d1 > 0 ? 2 : 1;
+	p->shape[0] = d0;
+	p->shape[1] = d1 > 0 ? d1 : 1;
+	p->numel = d0 * p->shape[1];
+	p->offset = t->numel;
+	p->unit = unit;
+	p->weight_decay = p->ndim == 2;
+	t->numel += p->numel;
+}
+
+int llama_table_build(struct llama_table *t, const struct llama_config *c)
+{
+	memset(t, 0, sizeof(*t));
+	int cap = 0;
+	int64_t C = c->dim, HD = c->n_heads * c->head_dim, KVD = c->n_kv_heads * c->head_dim;
+	int64_t F = c->ffn_hidden, V = c->vocab_size;
+	int L = (int)c->n_layers;
+	t->n_units = L + 2;
+	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
+	char name[LLAMA_NAME_MAX];
+
+	table_add(t, &cap, "tok_embeddings.weight", 0, V, C);
+	t->numel_embedding = V * C;
+	for (int l = 0; l < L; l++) {
+		t->unit_begin[l + 1] = t->numel;
+#define ADD(suffix, d0, d1)                                                  \
+	do {                                                                  \
+		snprintf(name, sizeof(name), "layers.%d." suffix, l);        \
+		table_add(t, &cap, name, l + 1, d0, d1);                     \
+	} while (0)
+		ADD("attention_norm.weight", C, 0);
+		ADD("attention.wq.weight", HD, C);
+		ADD("attention.wk.weight", KVD, C);
+		ADD("attention.wv.weight", KVD, C);
+		ADD("attention.wo.weight", C, HD);
+		ADD("ffn_norm.weight", C, 0);
+		ADD("feed_forward.w1.weight", F, C);
+		ADD("feed_forward.w2.weight", C, F);
+		ADD("feed_forward.w3.weight", F, C);
+#undef ADD
+	}
+	t->unit_begin[L + 1] = t->numel;
+	table_add(t, &cap, "norm.weight", L + 1, C, 0);
+	table_add(t, &cap, "output.weight", L + 1, V, C);
+	t->unit_begin[L + 2] = t->numel;
+	return CT_OK;
+}
+
+void llama_table_free(struct llama_table *t)
+{
+	free(t->p);
+	free(t->unit_begin);
+	memset(t, 0, sizeof(*t));
+}
+
+const struct llama_param *llama_table_find(const struct llama_table *t, const char *name)
+{
+	for (int i = 0; i < t->count; i++)
+		if (strcmp(t->p[i].name, name) == 0)
+			return &t->p[i];
+	return NULL;
+}
+
+double llama_flops_per_token(const struct llama_config *c, const struct llama_table *t,
+			     int64_t seq_len)
+{
+	return 6.0 * (double)(t->numel - t->numel_embedding) +
+	       12.0 * (double)c->n_layers * (double)c->dim * (double)seq_len;
+}
+
+/* ---------------------------------------------------------------- init */
+
+/* TorchTitan's llama3 init: embeddings N(0,1); wq, wk, wv, w1 trunc-normal std 0.02 (cut at
+ * +-2, absolute, as torch's trunc_normal_ default); wo, w2, w3 std 0.02/sqrt(2(l+1))
+ * (depth init); norms 1; output std dim^-0.5 cut at 3 sigma. */
+static void param_init_spec(const struct llama_config *c, const struct llama_param *p,
+			    int *kind, double *std, double *cut)
+{
+	*kind = 2; /* 0 ones, 1 normal, 2 truncated normal */
+	*std = 0.02;
+	*cut = 2.0;
+	if (strstr(p->name, "norm.weight")) {
+		*kind = 0;
+	} else if (strcmp(p->name, "tok_embeddings.weight") == 0) {
+		*kind = 1;
+		*std = 1.0;
+	} else if (strcmp(p->name, "output.weight") == 0) {
+		*std = 1.0 / sqrt((double)c->dim);
+		*cut = 3.0 * *std;
+	} else if (strstr(p->name, "wo.weight") || strstr(p->name, "w2.weight") ||
+		   strstr(p->name, "w3.weight")) {
+		int layer = atoi(p->name + strlen("layers."));
+		*std = 0.02 / sqrt(2.0 * (layer + 1));
+	}
+}
+
+void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
+		       float *out, int64_t first, int64_t n)
+{
+	int64_t last = first + n;
+	for (int i = 0; i < t->count; i++) {
+		const struct llama_param *p = &t->p[i];
+		int64_t lo = p->offset > first ? p->offset : first;
+		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
+		if (lo >= hi)
+			continue;
+		int kind;
+		double std, cut;
+		param_init_spec(c, p, &kind, &std, &cut);
+		float *dst = out + (lo - first);
+		int64_t cnt = hi - lo, elem0 = lo - p->offset;
+		uint64_t stream = rng_stream_id(p->name);
+		if (kind == 0)
+			for (int64_t j = 0; j < cnt; j++)
+				dst[j] = 1.0f;
+		else if (kind == 1)
+			rng_fill_normal(dst, cnt, elem0, seed, stream, 0.0, std);
+		else
+			rng_fill_trunc_normal(dst, cnt, elem0, seed, stream, std, -cut, cut);
+	}
+}
+
+/* ---------------------------------------------------------------- build */
+
+static void block_ptrs(struct llama_block_ptrs *b, float *base, const struct llama_table *t,
+		       int l)
+{
+	/* Table order per block: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3. */
+	const struct llama_param *p = &t->p[1 + 9 * l];
+	float **dst[9] = { &b->attn_norm, &b->wq, &b->wk, &b->wv, &b->wo,
+			   &b->ffn_norm,  &b->w1, &b->w2, &b->w3 };
+	for (int i = 0; i < 9; i++)
+		*dst[i] = base + p[i].offset;
+}
+
+/* Rotation angles t*f_i with Llama 3.1 frequency scaling as an option. */
+static void rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab)
+{
+	int64_t half = c->head_dim / 2;
+	for (int64_t i = 0; i < half; i++) {
+		double freq = pow(c->rope_theta, -2.0 * (double)i / (double)c->head_dim);
+		if (c->rope_scaling) {
+			double old_ctx = (double)c->rope_original_ctx;
+			double low_wavelen = old_ctx / c->rope_low_freq_factor;
+			double high_wavelen = old_ctx / c->rope_high_freq_factor;
+			double wavelen = 2.0 * M_PI / freq;
+			if (wavelen < high_wavelen) {
+				/* high frequency: unchanged */
+			} else if (wavelen > low_wavelen) {
+				freq /= c->rope_factor;
+			} else {
+				double smooth = (old_ctx / wavelen - c->rope_low_freq_factor) /
+						(c->rope_high_freq_factor - c->rope_low_freq_factor);
+				freq = (1.0 - smooth) * freq / c->rope_factor + smooth * freq;
+			}
+		}
+		for (int64_t t = 0; t < T; t++) {
+			double ang = (double)t * freq;
+			cos_tab[t * half + i] = (float)cos(ang);
+			sin_tab[t * half + i] = (float)sin(ang);
+		}
+	}
+}
+
+/* All activation and scratch buffers come from two allocations carved into views. */
+struct carver {
+	char *base;
+	int64_t off;
+};
+
+static void *carve(struct carver *cv, int64_t bytes)
+{
+	int64_t at = cv->off;
+	cv->off += (bytes + 63) & ~(int64_t)63;
+	return cv->base ? cv->base + at : NULL;
+}
+
+static void plan_acts(struct llama_model *m, struct carver *cv)
+{
+	const struct llama_config *c = &m->cfg;
+	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
+	int64_t KVD = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
+	int64_t f = sizeof(float);
+	m->tokens = carve(cv, N * (int64_t)sizeof(int32_t));
+	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
+	for (int l = 0; l < c->n_layers; l++) {
+		struct llama_block_acts *a = &m->acts[l];
+		a->x = carve(cv, N * C * f);
+		a->rstd1 = carve(cv, N * f);
+		a->q = carve(cv, N * HD * f);
+		a->k = carve(cv, N * KVD * f);
+		a->v = carve(cv, N * KVD * f);
+		a->att = carve(cv, N * HD * f);
+		a->lse = carve(cv, N * c->n_heads * f);
+		a->xmid = carve(cv, N * C * f);
+		a->rstd2 = carve(cv, N * f);
+		a->h1 = carve(cv, N * F * f);
+		a->h3 = carve(cv, N * F * f);
+	}
+	m->x_final = carve(cv, N * C * f);
+	m->rstd_f = carve(cv, N * f);
+	m->xn_final = carve(cv, N * C * f);
+	m->rope_cos = carve(cv, m->T * (c->head_dim / 2) * f);
+	m->rope_sin = carve(cv, m->T * (c->head_dim / 2) * f);
+}
+
+static void plan_scratch(struct llama_model *m, struct carver *cv)
+{
+	const struct llama_config *c = &m->cfg;
+	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
+	int64_t KVD = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
+	int64_t f = sizeof(float);
+	m->dres = carve(cv, N * C * f);
+	m->xn = carve(cv, N * C * f);
+	m->dxn = carve(cv, N * C * f);
+	m->gate = carve(cv, N * F * f);
+	m->dh1 = carve(cv, N * F * f);
+	m->dh3 = carve(cv, N * F * f);
+	m->dq = carve(cv, N * HD * f);
+	m->dk = carve(cv, N * KVD * f);
+	m->dv = carve(cv, N * KVD * f);
+	m->datt = carve(cv, N * HD * f);
+	m->ce_scratch = carve(cv, m->ce_chunk * c->vocab_size * f);
+}
+
+int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T)
+{
+	memset(m, 0, sizeof(*m));
+	m->cfg = *c;
+	int rc = llama_config_finish(&m->cfg);
+	if (rc)
+		return rc;
+	llama_table_build(&m->table, &m->cfg);
+	m->B = B;
+	m->T = T;
+	m->N = B * T;
+	int L = (int)c->n_layers;
+	/* Logit chunk: ~4 MiB of scratch, at least one row. */
+	m->ce_chunk = (4 << 20) / (4 * c->vocab_size);
+	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);
+
+	size_t pbytes = (size_t)m->table.numel * sizeof(float);
+	m->params = mem_alloc(MEM_PARAMS, pbytes);
+	m->grads = mem_alloc(MEM_GRADS, pbytes);
+	m->w = xcalloc((size_t)L, sizeof(*m->w));
+	m->dw = xcalloc((size_t)L, sizeof(*m->dw));
+	for (int l = 0; l < L; l++) {
+		block_ptrs(&m->w[l], m->params, &m->table, l);
+		block_ptrs(&m->dw[l], m->grads, &m->table, l);
+	}
+	const struct llama_param *last = &m->table.p[m->table.count - 1];
+	m->tok_emb = m->params;
+	m->d_tok_emb = m->grads;
+	m->norm_w = m->params + last[-1].offset;
+	m->d_norm_w = m->grads + last[-1].offset;
+	m->out_w = m->params + last->offset;
+	m->d_out_w = m->grads + last->offset;
+
+	m->acts = xcalloc((size_t)L, sizeof(*m->acts));
+	struct carver cv = { 0 };
+	plan_acts(m, &cv);
+	m->act_bytes = cv.off;
+	cv = (struct carver){ mem_alloc(MEM_ACTIVATIONS, (size_t)m->act_bytes), 0 };
+	plan_acts(m, &cv);
+	struct carver sv = { 0 };
+	plan_scratch(m, &sv);
+	m->scratch_bytes = sv.off;
+	sv = (struct carver){ mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes), 0 };
+	plan_scratch(m, &sv);
+	rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
+	return CT_OK;
+}
+
+void llama_free(struct llama_model *m)
+{
+	if (!m->params)
+		return;
+	size_t pbytes = (size_t)m->table.numel * sizeof(float);
+	mem_free(MEM_PARAMS, m->params, pbytes);
+	mem_free(MEM_GRADS, m->grads, pbytes);
+	mem_free(MEM_ACTIVATIONS, m->tokens, (size_t)m->act_bytes); /* first carved view */
+	mem_free(MEM_ACTIVATIONS, m->dres, (size_t)m->scratch_bytes);
+	free(m->w);
+	free(m->dw);
+	free(m->acts);
+	llama_table_free(&m->table);
+	memset(m, 0, sizeof(*m));
+}
+
+int64_t llama_count_valid(const int32_t *targets, int64_t n)
+{
+	int64_t v = 0;
+	for (int64_t i = 0; i < n; i++)
+		v += targets[i] != LLAMA_IGNORE_INDEX;
+	return v;
+}
+
+/* ---------------------------------------------------------------- units: forward */
+
+
+static float *block_output(struct llama_model *m, int l)
+{
+	return l + 1 < m->cfg.n_layers ? m->acts[l + 1].x : m->x_final;
+}
+
+/* h = x + wo(attn(rope(wq xn), rope(wk xn), wv xn)),  xn = rmsnorm(x)
+ * out = h + w2(silu(w1 hn) * w3 hn),                  hn = rmsnorm(h) */
+static void block_forward(struct llama_model *m, int l)
+{
+	const struct llama_config *c = &m->cfg;
+	const struct llama_block_ptrs *w = &m->w[l];
+	struct llama_block_acts *a = &m->acts[l];
+	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
+	int64_t H = c->n_heads, KV = c->n_kv_heads, HD = H * D, KVD = KV * D, F = c->ffn_hidden;
+	float *out = block_output(m, l);
+
+	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
+	matmul_forward_f32(a->q, m->xn, w->wq, N, C, HD, 0);
+	matmul_forward_f32(a->k, m->xn, w->wk, N, C, KVD, 0);
+	matmul_forward_f32(a->v, m->xn, w->wv, N, C, KVD, 0);
+	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, B, T, H, D);
+	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, B, T, KV, D);
+	attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, D);
+	memcpy(a->xmid, a->x, (size_t)(N * C) * sizeof(float));
+	matmul_forward_f32(a->xmid, a->att, w->wo, N, HD, C, 1);
+
+	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
+	matmul_forward_f32(a->h1, m->xn, w->w1, N, C, F, 0);
+	matmul_forward_f32(a->h3, m->xn, w->w3, N, C, F, 0);
+	swiglu_forward_f32(m->gate, a->h1, a->h3, N * F);
+	memcpy(out, a->xmid, (size_t)(N * C) * sizeof(float));
+	matmul_forward_f32(out, m->gate, w->w2, N, F, C, 1);
+}
+
+/* Final norm + fused output/loss. When the step's loss scale is known (m->loss_dscale > 0,
+ * set by the trainer), the loss gradient is produced in the same pass over the logits, so the
+ * (N,V) projection runs once per step instead of twice. */
+static double head_forward(struct llama_model *m, int64_t *n_valid)
+{
+	const struct llama_config *c = &m->cfg;
+	bool grads = m->loss_dscale > 0.0;
+	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, m->norm_w, m->N, c->dim,
+			    c->norm_eps);
+	if (grads)
+		memset(m->dxn, 0, (size_t)(m->N * c->dim) * sizeof(float));
+	double loss = cross_entropy_fused_f32(grads ? m->dxn : NULL, grads ? m->d_out_w : NULL,
+					      m->xn_final, m->out_w, m->targets, m->N, c->dim,
+					      c->vocab_size, LLAMA_IGNORE_INDEX, m->loss_dscale,
+					      m->ce_scratch, m->ce_chunk, n_valid);
+	m->head_grads_ready = grads;
+	return loss;
+}
+
+double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
+{
+	int L = (int)m->cfg.n_layers;
+	if (n_valid)
+		*n_valid = 0;
+	if (u == 0) {
+		float *x0 = L > 0 ? m->acts[0].x : m->x_final;
+		embedding_forward_f32(x0, m->tokens, m->tok_emb, m->N, m->cfg.dim);
+		return 0.0;
+	}
+	if (u <= L) {
+		block_forward(m, u - 1);
+		return 0.0;
+	}
+	return head_forward(m, n_valid);
+}
+
+void llama_unit_recompute(struct llama_model *m, int u)
+{
+	/* Every unit's forward is a pure function of its saved input and its parameters, so
+	 * recomputing is running it again. */
+	if (u > 0 && u <= m->cfg.n_layers)
+		block_forward(m, u - 1);
+	else if (u == 0)
+		llama_unit_forward(m, 0, NULL);
+	else
+		rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, m->norm_w, m->N,
+				    m->cfg.dim, m->cfg.norm_eps);
+}
+
+/* ---------------------------------------------------------------- units: backward */
+
+/* Mirrors block_forward bottom-up. On entry m->dres = dL/d(out); on exit dL/d(x). */
+static void block_backward(struct llama_model *m, int l)
+{
+	const struct llama_config *c = &m->cfg;
+	const struct llama_block_ptrs *w = &m->w[l];
+	const struct llama_block_ptrs *dw = &m->dw[l];
+	struct llama_block_acts *a = &m->acts[l];
+	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
+	int64_t H = c->n_heads, KV = c->n_kv_heads, HD = H * D, KVD = KV * D, F = c->ffn_hidden;
+	size_t nc = (size_t)(N * C) * sizeof(float), nf = (size_t)(N * F) * sizeof(float);
+
+	/* feed-forward: out = xmid + w2(gate), gate = silu(h1) * h3, h = w(1|3) hn */
+	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
+	swiglu_forward_f32(m->gate, a->h1, a->h3, N * F);
+	matmul_backward_f32(NULL, dw->w2, m->dres, m->gate, w->w2, N, F, C);
+	memset(m->gate, 0, nf); /* gate now holds d(gate) */
+	matmul_backward_f32(m->gate, NULL, m->dres, NULL, w->w2, N, F, C);
+	memset(m->dh1, 0, nf);
+	memset(m->dh3, 0, nf);
+	swiglu_backward_f32(m->dh1, m->dh3, m->gate, a->h1, a->h3, N * F);
+	memset(m->dxn, 0, nc);
+	matmul_backward_f32(m->dxn, dw->w1, m->dh1, m->xn, w->w1, N, C, F);
+	matmul_backward_f32(m->dxn, dw->w3, m->dh3, m->xn, w->w3, N, C, F);
+	rmsnorm_backward_f32(m->dres, dw->ffn_norm, m->dxn, a->xmid, w->ffn_norm, a->rstd2, N, C);
+
+	/* attention: xmid = x + wo(att) */
+	memset(m->datt, 0, (size_t)(N * HD) * sizeof(float));
+	matmul_backward_f32(m->datt, dw->wo, m->dres, a->att, w->wo, N, HD, C);
+	memset(m->dq, 0, (size_t)(N * HD) * sizeof(float));
+	memset(m->dk, 0, (size_t)(N * KVD) * sizeof(float));
+	memset(m->dv, 0, (size_t)(N * KVD) * sizeof(float));
+	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B,
+			       T, H, KV, D);
+	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, B, T, H, D);
+	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, B, T, KV, D);
+	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
+	memset(m->dxn, 0, nc);
+	matmul_backward_f32(m->dxn, dw->wq, m->dq, m->xn, w->wq, N, C, HD);
+	matmul_backward_f32(m->dxn, dw->wk, m->dk, m->xn, w->wk, N, C, KVD);
+	matmul_backward_f32(m->dxn, dw->wv, m->dv, m->xn, w->wv, N, C, KVD);
+	rmsnorm_backward_f32(m->dres, dw->attn_norm, m->dxn, a->x, w->attn_norm, a->rstd1, N, C);
+}
+
+void llama_unit_backward(struct llama_model *m, int u, double dscale)
+{
+	const struct llama_config *c = &m->cfg;
+	int L = (int)c->n_layers;
+	size_t nc = (size_t)(m->N * c->dim) * sizeof(float);
+	if (u == L + 1) {
+		/* loss -> d(xn_final) -> d(x_final), starting the residual gradient chain */
+		if (!m->head_grads_ready || m->loss_dscale != dscale) {
+			CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
+			      m->loss_dscale, dscale);
+			memset(m->dxn, 0, nc);
+			cross_entropy_fused_f32(m->dxn, m->d_out_w, m->xn_final, m->out_w,
+						m->targets, m->N, c->dim, c->vocab_size,
+						LLAMA_IGNORE_INDEX, dscale, m->ce_scratch,
+						m->ce_chunk, NULL);
+		}
+		m->head_grads_ready = false;
+		memset(m->dres, 0, nc);
+		rmsnorm_backward_f32(m->dres, m->d_norm_w, m->dxn, m->x_final, m->norm_w, m->rstd_f,
+				     m->N, c->dim);
+	} else if (u >= 1) {
+		block_backward(m, u - 1);
+	} else {
+		embedding_backward_f32(m->d_tok_emb, m->dres, m->tokens, m->N, c->dim);
+	}
+}
+
+double llama_forward(struct llama_model *m, int64_t *n_valid)
+{
+	double loss = 0.0;
+	for (int u = 0; u < m->table.n_units; u++)
+		loss += llama_unit_forward(m, u, n_valid);
+	return loss;
+}
+
+void llama_backward(struct llama_model *m, double dscale)
+{
+	for (int u = m->table.n_units - 1; u >= 0; u--)
+		llama_unit_backward(m, u, dscale);
+}
+
+void llama_logits(struct llama_model *m, float *logits)
+{
+	for (int u = 0; u < m->table.n_units - 1; u++)
+		llama_unit_forward(m, u, NULL);
+	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, m->norm_w, m->N, m->cfg.dim,
+			    m->cfg.norm_eps);
+	matmul_forward_f32(logits, m->xn_final, m->out_w, m->N, m->cfg.dim, m->cfg.vocab_size, 0);
+}

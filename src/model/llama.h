@@ -1,0 +1,147 @@
+/* model/llama: Llama 3 — presets, the parameter table, initialisation, and the model as a
+ * list of units with forward, backward and recompute entry points.
+ *
+ * Units, in execution order: 0 = token embedding, 1..L = transformer blocks, L+1 = final
+ * norm + output projection (+ the fused loss). Parameters live in one flat float buffer in
+ * unit order, described by a table {name, shape, offset, numel}; each unit owns a contiguous
+ * range [unit_begin[u], unit_begin[u+1]) — the slice FSDP gathers and reduce-scatters.
+ * Gradients mirror that buffer. Activations for a fixed (B, T) are planned once at build.
+ *
+ * Dimensions: B batch, T sequence, N = B*T tokens, C = dim, H heads, KV kv heads,
+ * D = C/H head dim, F = FFN hidden, V = vocab, L = layers.
+ */
+#ifndef CT_MODEL_LLAMA_H
+#define CT_MODEL_LLAMA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define LLAMA_IGNORE_INDEX (-100)
+#define LLAMA_NAME_MAX 96
+
+struct llama_config {
+	char flavor[32];
+	int64_t dim, n_layers, n_heads, n_kv_heads, vocab_size;
+	double ffn_dim_multiplier; /* <= 0: none */
+	int64_t multiple_of;
+	int64_t ffn_hidden; /* derived: round_up(int(mult * int(8*dim/3)), multiple_of) */
+	int64_t head_dim;   /* derived: dim / n_heads */
+	double norm_eps, rope_theta;
+	bool rope_scaling; /* Llama 3.1 frequency scaling */
+	double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+	int64_t rope_original_ctx;
+};
+
+/* Fill *c with a named preset (debugmodel, 125M, 1B, 8B, 70B, 405B); CT_ERR_USAGE if unknown. */
+int llama_config_preset(struct llama_config *c, const char *flavor);
+/* Recompute the derived fields after changing the shape fields; CT_ERR_USAGE if invalid. */
+int llama_config_finish(struct llama_config *c);
+const char *llama_flavor_list(void);
+
+struct llama_param {
+	char name[LLAMA_NAME_MAX]; /* TorchTitan name, e.g. layers.3.attention.wq.weight */
+	int ndim;
+	int64_t shape[2];
+	int64_t offset, numel; /* in elements, in the flat buffer */
+	int unit;
+	bool weight_decay; /* matrices only */
+};
+
+struct llama_table {
+	struct llama_param *p;
+	int count;
+	int n_units;	     /* L + 2 */
+	int64_t *unit_begin; /* n_units + 1 offsets */
+	int64_t numel;	     /* total parameters */
+	int64_t numel_embedding;
+};
+
+int llama_table_build(struct llama_table *t, const struct llama_config *c);
+void llama_table_free(struct llama_table *t);
+const struct llama_param *llama_table_find(const struct llama_table *t, const char *name);
+
+/* TorchTitan's init, from a counter-based RNG keyed by (seed, tensor name, element): the
+ * same weights on any number of ranks. Writes elements [first, first+n) of the flat buffer
+ * into out (so a rank can initialise just its shard). */
+void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
+		       float *out, int64_t first, int64_t n);
+
+/* FLOPs per token, TorchTitan's formula: 6*(N - N_embedding) + 12*L*C*T. */
+double llama_flops_per_token(const struct llama_config *c, const struct llama_table *t,
+			     int64_t seq_len);
+
+/* Pointers to one block's tensors inside a flat buffer (params or grads). */
+struct llama_block_ptrs {
+	float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
+};
+
+/* Saved activations of one block (per micro-batch). */
+struct llama_block_acts {
+	float *x;     /* (N,C) block input (residual stream) */
+	float *rstd1; /* (N) */
+	float *q;     /* (N,H*D) after RoPE */
+	float *k, *v; /* (N,KV*D), k after RoPE */
+	float *att;   /* (N,H*D) attention output, before wo */
+	float *lse;   /* (B,H,T) */
+	float *xmid;  /* (N,C) residual after attention */
+	float *rstd2; /* (N) */
+	float *h1, *h3; /* (N,F) w1 and w3 outputs */
+};
+
+struct llama_model {
+	struct llama_config cfg;
+	struct llama_table table;
+	int64_t B, T, N;
+	float *params;	/* flat, table.numel */
+	float *grads;	/* flat, table.numel */
+	float *tok_emb, *norm_w, *out_w;     /* views into params */
+	float *d_tok_emb, *d_norm_w, *d_out_w; /* views into grads */
+	struct llama_block_ptrs *w, *dw;     /* L each */
+	/* activations */
+	int32_t *tokens, *targets; /* (N) current micro-batch */
+	struct llama_block_acts *acts; /* L */
+	float *x_final;	 /* (N,C) output of the last block */
+	float *rstd_f;	 /* (N) */
+	float *xn_final; /* (N,C) final norm output */
+	float *rope_cos, *rope_sin; /* (T, D/2) */
+	/* backward scratch */
+	float *dres;	 /* (N,C) gradient of the residual stream */
+	float *xn;	 /* (N,C) recomputed norm output */
+	float *dxn;	 /* (N,C) */
+	float *gate;	 /* (N,F) swiglu output / its gradient */
+	float *dh1, *dh3; /* (N,F) */
+	float *dq, *dk, *dv, *datt; /* (N,H*D) / (N,KV*D) */
+	float *ce_scratch; /* ce_chunk * V */
+	int64_t ce_chunk;
+	int64_t act_bytes, scratch_bytes;
+	/* > 0: the last unit's forward also makes the loss gradient, scaled by this (the trainer
+	 * sets 1/global valid tokens); backward of that unit then reuses it. */
+	double loss_dscale;
+	bool head_grads_ready;
+};
+
+/* Build a model for micro-batches of (B, T): allocates params (zero), grads and activations.
+ * Returns CT_OK or an error code with a message. */
+int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T);
+void llama_free(struct llama_model *m);
+
+/* Unit entry points. Forward runs unit u on the current micro-batch (m->tokens) and saves
+ * its activations; the last unit computes the loss sum and returns it (others return 0).
+ * Backward of unit u consumes the gradient of its output (in m->dres) and accumulates
+ * parameter gradients; the last unit starts the chain with d(loss_sum * dscale).
+ * Recompute re-derives a unit's saved activations from its saved input (for activation
+ * checkpointing): bitwise identical to what forward saved. */
+double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid);
+void llama_unit_backward(struct llama_model *m, int u, double dscale);
+void llama_unit_recompute(struct llama_model *m, int u);
+
+/* Whole-model conveniences built from the units. */
+double llama_forward(struct llama_model *m, int64_t *n_valid);
+void llama_backward(struct llama_model *m, double dscale);
+/* logits (N,V) for the current batch (inference / tests); runs the forward. */
+void llama_logits(struct llama_model *m, float *logits);
+
+/* Number of valid (non-ignored) targets in a micro-batch. */
+int64_t llama_count_valid(const int32_t *targets, int64_t n);
+
+#endif

@@ -1,0 +1,132 @@
+#include "train/metrics.h"
+
+#include <cblas.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/timer.h"
+
+double metrics_measure_peak_flops(void)
+{
+	const int n = 2048;
+	size_t bytes = (size_t)n * n * sizeof(float);
+	float *a = mem_alloc(MEM_OTHER, bytes), *b = mem_alloc(MEM_OTHER, bytes);
+	float *c = mem_alloc(MEM_OTHER, bytes);
+	for (int64_t i = 0; i < (int64_t)n * n; i++) {
+		a[i] = (float)((i * 7919) % 1000) * 1e-3f;
+		b[i] = (float)((i * 104729) % 1000) * 1e-3f;
+	}
+	double best = 1e30;
+	for (int r = 0; r < 4; r++) {
+		double t = timer_now();
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+			    c, n);
+		t = timer_now() - t;
+		if (r > 0 && t < best)
+			best = t;
+	}
+	mem_free(MEM_OTHER, a, bytes);
+	mem_free(MEM_OTHER, b, bytes);
+	mem_free(MEM_OTHER, c, bytes);
+	return 2.0 * n * (double)n * n / best;
+}
+
+int metrics_mkdirs(const char *path)
+{
+	char buf[1024];
+	snprintf(buf, sizeof(buf), "%s", path);
+	for (char *p = buf + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = 0;
+		if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+			goto fail;
+		*p = '/';
+	}
+	if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+		goto fail;
+	return CT_OK;
+fail:
+	LOG_ERROR("cannot create folder '%s': %s", buf, strerror(errno));
+	return CT_ERR_RUNTIME;
+}
+
+int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, double flops_per_token,
+		 double peak_flops)
+{
+	memset(mt, 0, sizeof(*mt));
+	mt->flops_per_token = flops_per_token;
+	mt->peak_flops = peak_flops;
+	mt->tty = isatty(STDOUT_FILENO);
+	if (!jsonl)
+		return CT_OK;
+	int rc = metrics_mkdirs(dump_folder);
+	if (rc)
+		return rc;
+	char path[1100];
+	snprintf(path, sizeof(path), "%s/metrics.jsonl", dump_folder);
+	mt->jsonl = fopen(path, "w");
+	if (!mt->jsonl) {
+		LOG_ERROR("cannot write '%s': %s", path, strerror(errno));
+		return CT_ERR_RUNTIME;
+	}
+	return CT_OK;
+}
+
+void metrics_close(struct metrics *mt)
+{
+	if (mt->jsonl)
+		fclose(mt->jsonl);
+	mt->jsonl = NULL;
+}
+
+void metrics_log_step(struct metrics *mt, struct step_metrics *s)
+{
+	const double gib = 1024.0 * 1024.0 * 1024.0;
+	s->tps = s->step_s > 0 ? (double)s->tokens / s->step_s : 0.0;
+	s->tflops = mt->flops_per_token * s->tps / 1e12;
+	s->mfu = mt->peak_flops > 0 ? 100.0 * mt->flops_per_token * s->tps / mt->peak_flops : 0.0;
+	int64_t rss_peak = mem_rss_peak_bytes(), machine = mem_machine_bytes();
+	double rss_gib = (double)rss_peak / gib;
+	double rss_pct = machine > 0 ? 100.0 * (double)rss_peak / (double)machine : 0.0;
+	const char *bold = mt->tty ? "\033[1m" : "", *reset = mt->tty ? "\033[0m" : "";
+	LOG_INFO("%sstep: %5lld%s  loss: %8.4f  grad_norm: %7.4f  lr: %.3e  memory: %5.2fGiB(%4.1f%%)"
+		 "  tps: %.0f  tflops: %.3f  mfu: %.2f%%",
+		 bold, (long long)s->step, reset, s->loss, s->grad_norm, s->lr, rss_gib, rss_pct,
+		 s->tps, s->tflops, s->mfu);
+	if (!mt->jsonl)
+		return;
+	cJSON *o = cJSON_CreateObject();
+	cJSON_AddNumberToObject(o, "step", (double)s->step);
+	cJSON_AddNumberToObject(o, "loss", s->loss);
+	cJSON_AddNumberToObject(o, "global_avg_loss", s->loss);
+	cJSON_AddNumberToObject(o, "grad_norm", s->grad_norm);
+	cJSON_AddNumberToObject(o, "lr", s->lr);
+	cJSON_AddNumberToObject(o, "tps", s->tps);
+	cJSON_AddNumberToObject(o, "tflops", s->tflops);
+	cJSON_AddNumberToObject(o, "mfu", s->mfu);
+	cJSON_AddNumberToObject(o, "step_s", s->step_s);
+	cJSON_AddNumberToObject(o, "data_loading_s", s->data_s);
+	cJSON_AddNumberToObject(o, "tokens_seen", (double)s->tokens_seen);
+	cJSON_AddNumberToObject(o, "memory_peak_rss_gib", rss_gib);
+	cJSON_AddNumberToObject(o, "memory_peak_rss_pct", rss_pct);
+	cJSON_AddNumberToObject(o, "memory_max_active_gib", (double)mem_total_peak() / gib);
+	for (int c = 0; c < MEM_CAT_COUNT; c++) {
+		char key[64];
+		snprintf(key, sizeof(key), "memory_%s_bytes", mem_cat_name((enum mem_cat)c));
+		cJSON_AddNumberToObject(o, key, (double)mem_current((enum mem_cat)c));
+		snprintf(key, sizeof(key), "memory_%s_peak_bytes", mem_cat_name((enum mem_cat)c));
+		cJSON_AddNumberToObject(o, key, (double)mem_peak((enum mem_cat)c));
+	}
+	char *txt = cJSON_PrintUnformatted(o);
+	fprintf(mt->jsonl, "%s\n", txt);
+	fflush(mt->jsonl);
+	free(txt);
+	cJSON_Delete(o);
+}

@@ -1,0 +1,92 @@
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+int test_failures_in_case;
+static int tests_passed, tests_failed;
+static uint64_t rng_state;
+
+uint64_t test_seed(void)
+{
+	static uint64_t seed;
+	static bool have;
+	if (!have) {
+		const char *s = getenv("CT_TEST_SEED");
+		seed = s ? strtoull(s, NULL, 10) : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16));
+		fprintf(stderr, "test seed %llu (set CT_TEST_SEED to reproduce)\n",
+			(unsigned long long)seed);
+		rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+		have = true;
+	}
+	return seed;
+}
+
+static uint64_t test_next(void)
+{
+	test_seed();
+	/* splitmix64 */
+	uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	return z ^ (z >> 31);
+}
+
+double test_uniform(double lo, double hi)
+{
+	return lo + (hi - lo) * (double)(test_next() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+void test_fill(double *x, int64_t n, double lo, double hi)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] = test_uniform(lo, hi);
+}
+
+void test_fill_f32(float *x, int64_t n, double lo, double hi)
+{
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float)test_uniform(lo, hi);
+}
+
+double rel_err_f64(const double *a, const double *b, int64_t n)
+{
+	double num = 0, den = 0;
+	for (int64_t i = 0; i < n; i++) {
+		num += (a[i] - b[i]) * (a[i] - b[i]);
+		den += b[i] * b[i];
+	}
+	return sqrt(num) / fmax(sqrt(den), 1e-300);
+}
+
+double rel_err_f32(const float *a, const float *b, int64_t n)
+{
+	double num = 0, den = 0;
+	for (int64_t i = 0; i < n; i++) {
+		double d = (double)a[i] - (double)b[i];
+		num += d * d;
+		den += (double)b[i] * b[i];
+	}
+	return sqrt(num) / fmax(sqrt(den), 1e-300);
+}
+
+void test_run(const char *name, void (*fn)(void))
+{
+	test_failures_in_case = 0;
+	fn();
+	if (test_failures_in_case) {
+		tests_failed++;
+		fprintf(stderr, "[FAIL] %s\n", name);
+	} else {
+		tests_passed++;
+		fprintf(stderr, "[ ok ] %s\n", name);
+	}
+}
+
+int test_summary(void)
+{
+	printf("%d passed, %d failed\n", tests_passed, tests_failed);
+	return tests_failed ? 1 : 0;
+}
