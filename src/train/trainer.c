@@ -105,47 +105,56 @@ static void trainer_teardown(struct trainer *tr)
 	llama_free(&tr->model);
 }
 
-/* One optimizer step: every micro-batch's forward and backward, then clip and AdamW.
- * The loss is normalised by the valid tokens of the whole step (all micro-batches), counted
- * before any backward, so gradients equal those of the token-mean loss. */
-static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
+int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
+	       const int32_t *targets, int64_t accum, double lr, double max_norm,
+	       struct train_step_result *res)
 {
-	struct llama_model *m = &tr->model;
-	const struct ct_config *cfg = tr->cfg;
-	double t0 = timer_now();
 	int64_t N = m->N;
-	tokens_batch(&tr->data, step * tr->accum * m->B, tr->accum * m->B, m->T, tr->batch_tokens,
-		     tr->batch_targets);
-	int64_t valid = llama_count_valid(tr->batch_targets, tr->accum * N);
-	double t_data = timer_now() - t0;
-
+	int64_t valid = llama_count_valid(targets, accum * N);
 	memset(m->grads, 0, (size_t)m->table.numel * sizeof(float));
 	m->loss_dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	double loss_sum = 0.0;
-	for (int64_t a = 0; a < tr->accum; a++) {
-		memcpy(m->tokens, tr->batch_tokens + a * N, (size_t)N * sizeof(int32_t));
-		memcpy(m->targets, tr->batch_targets + a * N, (size_t)N * sizeof(int32_t));
+	for (int64_t a = 0; a < accum; a++) {
+		memcpy(m->tokens, tokens + a * N, (size_t)N * sizeof(int32_t));
+		memcpy(m->targets, targets + a * N, (size_t)N * sizeof(int32_t));
 		loss_sum += llama_forward(m, NULL);
 		llama_backward(m, m->loss_dscale);
 	}
-	double loss = valid > 0 ? loss_sum / (double)valid : 0.0;
-	double norm = sqrt(sumsq_f32(m->grads, m->table.numel));
-	if (!isfinite(loss) || !isfinite(norm)) {
-		LOG_ERROR("step %lld: non-finite %s (loss %g, grad norm %g); stopping",
-			  (long long)step + 1, isfinite(loss) ? "gradient norm" : "loss", loss, norm);
+	res->valid = valid;
+	res->loss = valid > 0 ? loss_sum / (double)valid : 0.0;
+	res->grad_norm = sqrt(sumsq_f32(m->grads, m->table.numel));
+	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
+		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
+			  isfinite(res->loss) ? "gradient norm" : "loss", res->loss, res->grad_norm);
 		return CT_ERR_RUNTIME;
 	}
-	double lr = lr_schedule_at(&tr->lr, step);
-	adamw_step(&tr->opt, &m->table, m->params, m->grads, 0, m->table.numel, lr,
-		   clip_coefficient(norm, cfg->training.max_norm));
+	adamw_step(opt, &m->table, m->params, m->grads, 0, m->table.numel, lr,
+		   clip_coefficient(res->grad_norm, max_norm));
+	return CT_OK;
+}
 
+static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
+{
+	struct llama_model *m = &tr->model;
+	double t0 = timer_now();
+	tokens_batch(&tr->data, step * tr->accum * m->B, tr->accum * m->B, m->T, tr->batch_tokens,
+		     tr->batch_targets);
+	double t_data = timer_now() - t0;
+	double lr = lr_schedule_at(&tr->lr, step);
+	struct train_step_result res;
+	int rc = train_step(m, &tr->opt, tr->batch_tokens, tr->batch_targets, tr->accum, lr,
+			    tr->cfg->training.max_norm, &res);
+	if (rc) {
+		LOG_ERROR("step %lld failed", (long long)step + 1);
+		return rc;
+	}
 	sm->step = step + 1;
-	sm->loss = loss;
-	sm->grad_norm = norm;
+	sm->loss = res.loss;
+	sm->grad_norm = res.grad_norm;
 	sm->lr = lr;
 	sm->data_s = t_data;
-	sm->tokens = tr->accum * N;
-	sm->tokens_seen += tr->accum * N;
+	sm->tokens = tr->accum * m->N;
+	sm->tokens_seen += tr->accum * m->N;
 	sm->step_s = timer_now() - t0;
 	return CT_OK;
 }

@@ -1,0 +1,396 @@
+/* Model tests: shapes and parameter counts of every preset, init determinism, unit
+ * recompute, gradient accumulation, run-to-run determinism, linear activation memory, and the
+ * independent PyTorch reference (tests/reference/llama_ref.py) on random weights. */
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "io/safetensors.h"
+#include "model/llama.h"
+#include "testutil.h"
+#include "train/lr_schedule.h"
+#include "train/optim.h"
+#include "train/trainer.h"
+
+static void rand_batch(int32_t *tok, int32_t *tgt, int64_t n, int64_t V, bool ignores)
+{
+	for (int64_t i = 0; i < n; i++) {
+		tok[i] = (int32_t)test_uniform(0, (double)V);
+		tgt[i] = (int32_t)test_uniform(0, (double)V);
+		if (ignores && test_uniform(0, 1) < 0.1)
+			tgt[i] = LLAMA_IGNORE_INDEX;
+	}
+}
+
+TEST_CASE(test_presets)
+{
+	static const struct {
+		const char *flavor;
+		int64_t params, ffn;
+	} want[] = {
+		{ "debugmodel", 6163712, 768 },
+		{ "8B", 8030261248LL, 14336 },
+		{ "70B", 70553706496LL, 28672 },
+		{ "405B", 405853388800LL, 53248 },
+		{ "1B", 1498482688LL, 8192 },
+	};
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+		struct llama_config c;
+		struct llama_table t;
+		EXPECT(llama_config_preset(&c, want[i].flavor) == CT_OK, "preset %s", want[i].flavor);
+		llama_table_build(&t, &c);
+		EXPECT(t.numel == want[i].params, "%s: %lld parameters, want %lld", want[i].flavor,
+		       (long long)t.numel, (long long)want[i].params);
+		EXPECT(c.ffn_hidden == want[i].ffn, "%s: ffn %lld", want[i].flavor,
+		       (long long)c.ffn_hidden);
+		EXPECT(t.unit_begin[t.n_units] == t.numel, "units cover the buffer");
+		llama_table_free(&t);
+	}
+	/* TorchTitan's FLOPs/token check values */
+	struct llama_config c;
+	struct llama_table t;
+	llama_config_preset(&c, "debugmodel");
+	llama_table_build(&t, &c);
+	double f = llama_flops_per_token(&c, &t, 2048);
+	EXPECT(fabs(f - 7.159e7) < 0.001e7, "debug flops/token %.4e", f);
+	llama_table_free(&t);
+	llama_config_preset(&c, "8B");
+	llama_table_build(&t, &c);
+	f = llama_flops_per_token(&c, &t, 8192);
+	EXPECT(fabs(f - 5.791e10) < 0.001e10, "8B flops/token %.4e", f);
+	llama_table_free(&t);
+	EXPECT(llama_config_preset(&c, "7B") == CT_ERR_USAGE, "unknown flavor rejected");
+}
+
+TEST_CASE(test_init)
+{
+	struct llama_config c;
+	struct llama_table t;
+	llama_config_preset(&c, "debugmodel");
+	llama_table_build(&t, &c);
+	uint64_t seed = test_seed();
+	float *full = malloc((size_t)t.numel * sizeof(float));
+	float *part = malloc((size_t)t.numel * sizeof(float));
+	llama_init_params(&c, &t, seed, full, 0, t.numel);
+	/* initialise in 3 uneven pieces, as 3 ranks would: identical bits */
+	int64_t cut1 = t.numel / 3 + 17, cut2 = 2 * t.numel / 3 - 5;
+	llama_init_params(&c, &t, seed, part, 0, cut1);
+	llama_init_params(&c, &t, seed, part + cut1, cut1, cut2 - cut1);
+	llama_init_params(&c, &t, seed, part + cut2, cut2, t.numel - cut2);
+	EXPECT(memcmp(full, part, (size_t)t.numel * sizeof(float)) == 0, "sharded init differs");
+	/* statistics */
+	const struct llama_param *emb = llama_table_find(&t, "tok_embeddings.weight");
+	const struct llama_param *wq = llama_table_find(&t, "layers.0.attention.wq.weight");
+	const struct llama_param *wo = llama_table_find(&t, "layers.5.attention.wo.weight");
+	const struct llama_param *out = llama_table_find(&t, "output.weight");
+	const struct llama_param *nw = llama_table_find(&t, "norm.weight");
+	struct {
+		const struct llama_param *p;
+		double std;
+	} s[] = { { emb, 1.0 }, { wq, 0.02 }, { wo, 0.02 / sqrt(12.0) }, { out, 1.0 / 16.0 } };
+	for (int i = 0; i < 4; i++) {
+		double ss = 0, mx = 0;
+		for (int64_t j = 0; j < s[i].p->numel; j++) {
+			double x = full[s[i].p->offset + j];
+			ss += x * x;
+			mx = fmax(mx, fabs(x));
+		}
+		double std = sqrt(ss / (double)s[i].p->numel);
+		EXPECT(fabs(std / s[i].std - 1) < 0.03, "%s std %.4g want ~%.4g", s[i].p->name, std,
+		       s[i].std);
+		if (s[i].p == out)
+			EXPECT(mx <= 3 * s[i].std * (1 + 1e-6), "output truncated at 3 sigma");
+	}
+	EXPECT(full[nw->offset] == 1.0f && full[nw->offset + nw->numel - 1] == 1.0f, "norm ones");
+	llama_init_params(&c, &t, seed + 1, part, 0, t.numel);
+	EXPECT(memcmp(full, part, (size_t)t.numel * sizeof(float)) != 0, "seed changes weights");
+	free(full);
+	free(part);
+	llama_table_free(&t);
+}
+
+static void small_config(struct llama_config *c)
+{
+	llama_config_preset(c, "debugmodel");
+	c->dim = 64;
+	c->n_layers = 2;
+	c->n_heads = 4;
+	c->n_kv_heads = 2;
+	c->vocab_size = 97;
+	c->ffn_dim_multiplier = 1.3;
+	c->multiple_of = 32;
+	c->rope_scaling = true;
+	c->rope_original_ctx = 16; /* small context so the 3.1 scaling bands all apply */
+	llama_config_finish(c);
+}
+
+TEST_CASE(test_recompute)
+{
+	struct llama_config c;
+	small_config(&c);
+	struct llama_model m;
+	EXPECT(llama_build(&m, &c, 2, 19) == CT_OK, "build");
+	llama_init_params(&m.cfg, &m.table, test_seed(), m.params, 0, m.table.numel);
+	rand_batch(m.tokens, m.targets, m.N, c.vocab_size, true);
+	double loss = llama_forward(&m, NULL);
+	char *saved = malloc((size_t)m.act_bytes);
+	memcpy(saved, m.tokens, (size_t)m.act_bytes);
+	for (int u = m.table.n_units - 1; u >= 0; u--)
+		llama_unit_recompute(&m, u);
+	EXPECT(memcmp(saved, m.tokens, (size_t)m.act_bytes) == 0, "recompute is not bitwise");
+	EXPECT(llama_forward(&m, NULL) == loss, "forward is deterministic");
+	free(saved);
+	llama_free(&m);
+}
+
+/* Run `steps` train steps; returns losses and leaves params in m. */
+static void run_steps(struct llama_model *m, int steps, int64_t accum, const int32_t *tok,
+		      const int32_t *tgt, double *losses, double *norms)
+{
+	struct adamw opt;
+	adamw_init(&opt, m->table.numel, 0.9, 0.95, 1e-8, 0.1);
+	for (int s = 0; s < steps; s++) {
+		struct train_step_result r;
+		int64_t off = (int64_t)s * accum * m->N;
+		EXPECT(train_step(m, &opt, tok + off, tgt + off, accum, 1e-3, 1.0, &r) == CT_OK,
+		       "step");
+		losses[s] = r.loss;
+		norms[s] = r.grad_norm;
+	}
+	adamw_free(&opt);
+}
+
+TEST_CASE(test_accumulation_and_determinism)
+{
+	struct llama_config c;
+	small_config(&c);
+	int64_t T = 23, steps = 3;
+	int32_t *tok = malloc((size_t)(steps * 4 * T) * sizeof(int32_t));
+	int32_t *tgt = malloc((size_t)(steps * 4 * T) * sizeof(int32_t));
+	rand_batch(tok, tgt, steps * 4 * T, c.vocab_size, true);
+	uint64_t seed = test_seed();
+	struct llama_model a, b, d;
+	double la[3], lb[3], ld[3], na[3], nb[3], nd[3];
+	llama_build(&a, &c, 4, T); /* one micro-batch of 4 */
+	llama_build(&b, &c, 2, T); /* two micro-batches of 2 */
+	llama_build(&d, &c, 4, T); /* a rerun of a */
+	llama_init_params(&a.cfg, &a.table, seed, a.params, 0, a.table.numel);
+	memcpy(b.params, a.params, (size_t)a.table.numel * sizeof(float));
+	memcpy(d.params, a.params, (size_t)a.table.numel * sizeof(float));
+	run_steps(&a, 3, 1, tok, tgt, la, na);
+	run_steps(&b, 3, 2, tok, tgt, lb, nb);
+	run_steps(&d, 3, 1, tok, tgt, ld, nd);
+	for (int s = 0; s < 3; s++) {
+		EXPECT(fabs(la[s] - lb[s]) < 1e-5 * la[s], "step %d: loss %.8g vs accum %.8g", s,
+		       la[s], lb[s]);
+		EXPECT(fabs(na[s] - nb[s]) < 1e-4 * na[s], "step %d: norm %.8g vs accum %.8g", s,
+		       na[s], nb[s]);
+		EXPECT(la[s] == ld[s] && na[s] == nd[s], "rerun not bitwise identical");
+	}
+	EXPECT(rel_err_f32(b.params, a.params, a.table.numel) < 1e-5, "accumulated params");
+	EXPECT(memcmp(a.params, d.params, (size_t)a.table.numel * sizeof(float)) == 0,
+	       "rerun params not bitwise identical");
+	EXPECT(la[2] < la[0], "loss falls on a repeated batch? %.4f -> %.4f", la[0], la[2]);
+	llama_free(&a);
+	llama_free(&b);
+	llama_free(&d);
+	free(tok);
+	free(tgt);
+}
+
+TEST_CASE(test_activation_memory_linear)
+{
+	/* Saved activations + scratch of the debug model at B=1: strictly linear in T, because
+	 * attention keeps only an O(T) log-sum-exp per head (no T x T scores). */
+	struct llama_config c;
+	llama_config_preset(&c, "debugmodel");
+	int64_t bytes[3], Ts[3] = { 512, 1024, 2048 };
+	for (int i = 0; i < 3; i++) {
+		struct llama_model m;
+		llama_build(&m, &c, 1, Ts[i]);
+		bytes[i] = m.act_bytes + m.scratch_bytes - m.ce_chunk * c.vocab_size * 4;
+		fprintf(stderr, "  debugmodel T=%lld: activations+scratch %.2f MiB\n",
+			(long long)Ts[i], (double)(m.act_bytes + m.scratch_bytes) / 1048576.0);
+		llama_free(&m);
+	}
+	double r1 = (double)bytes[1] / (double)bytes[0], r2 = (double)bytes[2] / (double)bytes[1];
+	EXPECT(fabs(r1 - 2) < 0.01 && fabs(r2 - 2) < 0.01, "not linear: ratios %.4f %.4f", r1, r2);
+}
+
+/* ------------------------------------------------------------ PyTorch reference */
+
+static void add_params(struct st_file *f, const struct llama_table *t, const float *buf,
+		       const char *prefix)
+{
+	for (int i = 0; i < t->count; i++) {
+		char name[160];
+		snprintf(name, sizeof(name), "%s%s", prefix, t->p[i].name);
+		st_add(f, name, ST_F32, t->p[i].ndim, t->p[i].shape, buf + t->p[i].offset);
+	}
+}
+
+static int reference_case(const struct llama_config *c, int64_t B, int64_t T, const char *dir)
+{
+	const int S = 10;
+	const double lr = 3e-3, max_norm = 0.5;
+	struct llama_model m;
+	CHECK(llama_build(&m, c, B, T) == CT_OK, "build");
+	llama_init_params(&m.cfg, &m.table, test_seed(), m.params, 0, m.table.numel);
+	int64_t N = m.N, V = c->vocab_size;
+	int32_t *tok = malloc((size_t)(S * N) * sizeof(int32_t));
+	int32_t *tgt = malloc((size_t)(S * N) * sizeof(int32_t));
+	rand_batch(tok, tgt, S * N, V, true);
+	float *init = malloc((size_t)m.table.numel * sizeof(float));
+	memcpy(init, m.params, (size_t)m.table.numel * sizeof(float));
+
+	/* batch 0 at the initial weights: logits, loss, gradients */
+	float *logits = malloc((size_t)(N * V) * sizeof(float));
+	memcpy(m.tokens, tok, (size_t)N * sizeof(int32_t));
+	memcpy(m.targets, tgt, (size_t)N * sizeof(int32_t));
+	llama_logits(&m, logits);
+	int64_t valid;
+	memset(m.grads, 0, (size_t)m.table.numel * sizeof(float));
+	m.loss_dscale = 0;
+	double loss = llama_forward(&m, &valid) / (double)valid;
+	llama_backward(&m, 1.0 / (double)valid);
+	float *grads = malloc((size_t)m.table.numel * sizeof(float));
+	memcpy(grads, m.grads, (size_t)m.table.numel * sizeof(float));
+
+	/* S steps with warmup + cosine decay, clipping, AdamW */
+	struct lr_schedule sched;
+	lr_schedule_init(&sched, lr, 3, 0.5, "cosine", 0.1, S);
+	struct adamw opt;
+	adamw_init(&opt, m.table.numel, 0.9, 0.95, 1e-8, 0.1);
+	double losses[10];
+	int clipped = 0;
+	for (int s = 0; s < S; s++) {
+		struct train_step_result r;
+		CHECK(train_step(&m, &opt, tok + s * N, tgt + s * N, 1, lr_schedule_at(&sched, s),
+				 max_norm, &r) == CT_OK, "step");
+		losses[s] = r.loss;
+		clipped += r.grad_norm > max_norm;
+	}
+	EXPECT(clipped > 0, "clipping never engaged: the test would not cover it");
+
+	cJSON *cj = cJSON_CreateObject();
+	cJSON_AddNumberToObject(cj, "dim", (double)c->dim);
+	cJSON_AddNumberToObject(cj, "n_layers", (double)c->n_layers);
+	cJSON_AddNumberToObject(cj, "n_heads", (double)c->n_heads);
+	cJSON_AddNumberToObject(cj, "n_kv_heads", (double)c->n_kv_heads);
+	cJSON_AddNumberToObject(cj, "ffn_hidden", (double)m.cfg.ffn_hidden);
+	cJSON_AddNumberToObject(cj, "vocab_size", (double)V);
+	cJSON_AddNumberToObject(cj, "norm_eps", c->norm_eps);
+	cJSON_AddNumberToObject(cj, "rope_theta", c->rope_theta);
+	cJSON_AddBoolToObject(cj, "rope_scaling", c->rope_scaling);
+	cJSON_AddNumberToObject(cj, "rope_factor", c->rope_factor);
+	cJSON_AddNumberToObject(cj, "rope_low_freq_factor", c->rope_low_freq_factor);
+	cJSON_AddNumberToObject(cj, "rope_high_freq_factor", c->rope_high_freq_factor);
+	cJSON_AddNumberToObject(cj, "rope_original_ctx", (double)c->rope_original_ctx);
+	cJSON_AddNumberToObject(cj, "lr", lr);
+	cJSON_AddNumberToObject(cj, "beta1", 0.9);
+	cJSON_AddNumberToObject(cj, "beta2", 0.95);
+	cJSON_AddNumberToObject(cj, "eps", 1e-8);
+	cJSON_AddNumberToObject(cj, "weight_decay", 0.1);
+	cJSON_AddNumberToObject(cj, "max_norm", max_norm);
+	cJSON_AddNumberToObject(cj, "warmup_steps", 3);
+	cJSON_AddNumberToObject(cj, "steps", S);
+	cJSON_AddStringToObject(cj, "decay_type", "cosine");
+	cJSON_AddNumberToObject(cj, "decay_ratio", 0.5);
+	cJSON_AddNumberToObject(cj, "min_lr_factor", 0.1);
+	char *cfg_json = cJSON_PrintUnformatted(cj);
+	cJSON_Delete(cj);
+
+	char path[512];
+	struct st_file in, out;
+	st_init(&in);
+	add_params(&in, &m.table, init, "");
+	int64_t bshape[3] = { S, B, T };
+	st_add(&in, "tokens", ST_I32, 3, bshape, tok);
+	st_add(&in, "targets", ST_I32, 3, bshape, tgt);
+	st_add_meta(&in, "config", cfg_json);
+	snprintf(path, sizeof(path), "%s/inputs.safetensors", dir);
+	int rc = st_write(&in, path);
+	st_init(&out);
+	int64_t lshape[3] = { B, T, V }, one = 1, sdim = S;
+	st_add(&out, "logits", ST_F32, 3, lshape, logits);
+	st_add(&out, "loss", ST_F64, 1, &one, &loss);
+	st_add(&out, "losses", ST_F64, 1, &sdim, losses);
+	add_params(&out, &m.table, grads, "grad.");
+	add_params(&out, &m.table, m.params, "final.");
+	snprintf(path, sizeof(path), "%s/outputs.safetensors", dir);
+	rc |= st_write(&out, path);
+	st_free(&in);
+	st_free(&out);
+	free(cfg_json);
+
+	char cmd[1024];
+	const char *src = getenv("CT_SOURCE_DIR");
+	snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/tests/reference/llama_ref.py %s",
+		 src ? src : ".", dir);
+	if (rc == CT_OK)
+		rc = system(cmd);
+	adamw_free(&opt);
+	llama_free(&m);
+	free(tok), free(tgt), free(init), free(logits), free(grads);
+	return rc;
+}
+
+static void reference_dir(char *dir, size_t n)
+{
+	const char *tmp = getenv("TMPDIR");
+	snprintf(dir, n, "%s/ctitan-ref-XXXXXX", tmp ? tmp : "/tmp");
+	CHECK(mkdtemp(dir), "mkdtemp");
+}
+
+static void remove_dir(const char *dir)
+{
+	char p[600];
+	snprintf(p, sizeof(p), "%s/inputs.safetensors", dir);
+	unlink(p);
+	snprintf(p, sizeof(p), "%s/outputs.safetensors", dir);
+	unlink(p);
+	rmdir(dir);
+}
+
+TEST_CASE(test_reference_small_gqa)
+{
+	/* GQA, odd vocab and T, head dim 16, FFN multiplier, Llama 3.1 RoPE scaling */
+	struct llama_config c;
+	small_config(&c);
+	char dir[512];
+	reference_dir(dir, sizeof(dir));
+	EXPECT(reference_case(&c, 2, 37, dir) == 0, "PyTorch reference disagrees (small GQA)");
+	remove_dir(dir);
+}
+
+TEST_CASE(test_reference_debugmodel)
+{
+	struct llama_config c;
+	llama_config_preset(&c, "debugmodel");
+	char dir[512];
+	reference_dir(dir, sizeof(dir));
+	EXPECT(reference_case(&c, 2, 64, dir) == 0, "PyTorch reference disagrees (debugmodel)");
+	remove_dir(dir);
+}
+
+int main(int argc, char **argv)
+{
+	test_seed();
+	bool only_ref = argc > 1 && strcmp(argv[1], "--reference") == 0;
+	if (!only_ref) {
+		RUN(test_presets);
+		RUN(test_init);
+		RUN(test_recompute);
+		RUN(test_accumulation_and_determinism);
+		RUN(test_activation_memory_linear);
+	}
+	if (only_ref || (argc > 1 && strcmp(argv[1], "--all") == 0)) {
+		RUN(test_reference_small_gqa);
+		RUN(test_reference_debugmodel);
+	}
+	return test_summary();
+}
