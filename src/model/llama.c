@@ -225,15 +225,34 @@ void llama_init_params(const struct llama_config *c, const struct llama_table *t
 
 /* ---------------------------------------------------------------- build */
 
-static void block_ptrs(struct llama_block_ptrs *b, float *base, const struct llama_table *t,
-		       int l)
+/* Table indices: 0 tok_embeddings, 1 + 9l + k the k-th tensor of block l (attention_norm,
+ * wq, wk, wv, wo, ffn_norm, w1, w2, w3), then norm, output. */
+#define PARAM_TOK_EMB 0
+#define PARAM_NORM(m) ((m)->table.count - 2)
+#define PARAM_OUTPUT(m) ((m)->table.count - 1)
+
+/* Address of tensor i inside its unit's current buffer (params or grads). */
+static float *tensor_at(const struct llama_model *m, float *const *unit_base, int i)
 {
-	/* Table order per block: attention_norm, wq, wk, wv, wo, ffn_norm, w1, w2, w3. */
-	const struct llama_param *p = &t->p[1 + 9 * l];
-	float **dst[9] = { &b->attn_norm, &b->wq, &b->wk, &b->wv, &b->wo,
-			   &b->ffn_norm,  &b->w1, &b->w2, &b->w3 };
-	for (int i = 0; i < 9; i++)
-		*dst[i] = base + p[i].offset;
+	const struct llama_param *p = &m->table.p[i];
+	return unit_base[p->unit] + (p->offset - m->table.unit_begin[p->unit]);
+}
+
+static struct llama_block_ptrs block_ptrs(const struct llama_model *m, float *const *unit_base,
+					  int l)
+{
+	struct llama_block_ptrs b;
+	float **dst[9] = { &b.attn_norm, &b.wq, &b.wk, &b.wv, &b.wo,
+			   &b.ffn_norm,  &b.w1, &b.w2, &b.w3 };
+	for (int k = 0; k < 9; k++)
+		*dst[k] = tensor_at(m, unit_base, 1 + 9 * l + k);
+	return b;
+}
+
+void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
+{
+	m->unit_w[u] = params;
+	m->unit_dw[u] = grads;
 }
 
 /* Rotation angles t*f_i with Llama 3.1 frequency scaling as an option. */
@@ -326,7 +345,8 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 	m->ce_scratch = carve(cv, m->ce_chunk * c->vocab_size * f);
 }
 
-int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T)
+int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
+		   bool own_params)
 {
 	memset(m, 0, sizeof(*m));
 	m->cfg = *c;
@@ -342,22 +362,16 @@ int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B, 
 	m->ce_chunk = (4 << 20) / (4 * c->vocab_size);
 	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);
 
-	size_t pbytes = (size_t)m->table.numel * sizeof(float);
-	m->params = mem_alloc(MEM_PARAMS, pbytes);
-	m->grads = mem_alloc(MEM_GRADS, pbytes);
-	m->w = xcalloc((size_t)L, sizeof(*m->w));
-	m->dw = xcalloc((size_t)L, sizeof(*m->dw));
-	for (int l = 0; l < L; l++) {
-		block_ptrs(&m->w[l], m->params, &m->table, l);
-		block_ptrs(&m->dw[l], m->grads, &m->table, l);
+	m->unit_w = xcalloc((size_t)m->table.n_units, sizeof(float *));
+	m->unit_dw = xcalloc((size_t)m->table.n_units, sizeof(float *));
+	if (own_params) {
+		size_t pbytes = (size_t)m->table.numel * sizeof(float);
+		m->params = mem_alloc(MEM_PARAMS, pbytes);
+		m->grads = mem_alloc(MEM_GRADS, pbytes);
+		for (int u = 0; u < m->table.n_units; u++)
+			llama_bind_unit(m, u, m->params + m->table.unit_begin[u],
+					m->grads + m->table.unit_begin[u]);
 	}
-	const struct llama_param *last = &m->table.p[m->table.count - 1];
-	m->tok_emb = m->params;
-	m->d_tok_emb = m->grads;
-	m->norm_w = m->params + last[-1].offset;
-	m->d_norm_w = m->grads + last[-1].offset;
-	m->out_w = m->params + last->offset;
-	m->d_out_w = m->grads + last->offset;
 
 	m->acts = xcalloc((size_t)L, sizeof(*m->acts));
 	struct carver cv = { 0 };
@@ -376,15 +390,15 @@ int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B, 
 
 void llama_free(struct llama_model *m)
 {
-	if (!m->params)
+	if (!m->unit_w)
 		return;
 	size_t pbytes = (size_t)m->table.numel * sizeof(float);
 	mem_free(MEM_PARAMS, m->params, pbytes);
 	mem_free(MEM_GRADS, m->grads, pbytes);
 	mem_free(MEM_ACTIVATIONS, m->tokens, (size_t)m->act_bytes); /* first carved view */
 	mem_free(MEM_ACTIVATIONS, m->dres, (size_t)m->scratch_bytes);
-	free(m->w);
-	free(m->dw);
+	free(m->unit_w);
+	free(m->unit_dw);
 	free(m->acts);
 	llama_table_free(&m->table);
 	memset(m, 0, sizeof(*m));
@@ -411,7 +425,7 @@ static float *block_output(struct llama_model *m, int l)
 static void block_forward(struct llama_model *m, int l)
 {
 	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs *w = &m->w[l];
+	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
 	struct llama_block_acts *a = &m->acts[l];
 	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
 	int64_t H = c->n_heads, KV = c->n_kv_heads, HD = H * D, KVD = KV * D, F = c->ffn_hidden;
@@ -442,12 +456,12 @@ static double head_forward(struct llama_model *m, int64_t *n_valid)
 {
 	const struct llama_config *c = &m->cfg;
 	bool grads = m->loss_dscale > 0.0;
-	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, m->norm_w, m->N, c->dim,
+	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, c->dim,
 			    c->norm_eps);
 	if (grads)
 		memset(m->dxn, 0, (size_t)(m->N * c->dim) * sizeof(float));
-	double loss = cross_entropy_fused_f32(grads ? m->dxn : NULL, grads ? m->d_out_w : NULL,
-					      m->xn_final, m->out_w, m->targets, m->N, c->dim,
+	double loss = cross_entropy_fused_f32(grads ? m->dxn : NULL, grads ? tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)) : NULL,
+					      m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
 					      c->vocab_size, LLAMA_IGNORE_INDEX, m->loss_dscale,
 					      m->ce_scratch, m->ce_chunk, n_valid);
 	m->head_grads_ready = grads;
@@ -461,7 +475,7 @@ double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 		*n_valid = 0;
 	if (u == 0) {
 		float *x0 = L > 0 ? m->acts[0].x : m->x_final;
-		embedding_forward_f32(x0, m->tokens, m->tok_emb, m->N, m->cfg.dim);
+		embedding_forward_f32(x0, m->tokens, tensor_at(m, m->unit_w, PARAM_TOK_EMB), m->N, m->cfg.dim);
 		return 0.0;
 	}
 	if (u <= L) {
@@ -480,7 +494,7 @@ void llama_unit_recompute(struct llama_model *m, int u)
 	else if (u == 0)
 		llama_unit_forward(m, 0, NULL);
 	else
-		rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, m->norm_w, m->N,
+		rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N,
 				    m->cfg.dim, m->cfg.norm_eps);
 }
 
@@ -490,8 +504,8 @@ void llama_unit_recompute(struct llama_model *m, int u)
 static void block_backward(struct llama_model *m, int l)
 {
 	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs *w = &m->w[l];
-	const struct llama_block_ptrs *dw = &m->dw[l];
+	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
+	const struct llama_block_ptrs dwb = block_ptrs(m, m->unit_dw, l), *dw = &dwb;
 	struct llama_block_acts *a = &m->acts[l];
 	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
 	int64_t H = c->n_heads, KV = c->n_kv_heads, HD = H * D, KVD = KV * D, F = c->ffn_hidden;
@@ -540,19 +554,19 @@ void llama_unit_backward(struct llama_model *m, int u, double dscale)
 			CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
 			      m->loss_dscale, dscale);
 			memset(m->dxn, 0, nc);
-			cross_entropy_fused_f32(m->dxn, m->d_out_w, m->xn_final, m->out_w,
+			cross_entropy_fused_f32(m->dxn, tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)), m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)),
 						m->targets, m->N, c->dim, c->vocab_size,
 						LLAMA_IGNORE_INDEX, dscale, m->ce_scratch,
 						m->ce_chunk, NULL);
 		}
 		m->head_grads_ready = false;
 		memset(m->dres, 0, nc);
-		rmsnorm_backward_f32(m->dres, m->d_norm_w, m->dxn, m->x_final, m->norm_w, m->rstd_f,
+		rmsnorm_backward_f32(m->dres, tensor_at(m, m->unit_dw, PARAM_NORM(m)), m->dxn, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->rstd_f,
 				     m->N, c->dim);
 	} else if (u >= 1) {
 		block_backward(m, u - 1);
 	} else {
-		embedding_backward_f32(m->d_tok_emb, m->dres, m->tokens, m->N, c->dim);
+		embedding_backward_f32(tensor_at(m, m->unit_dw, PARAM_TOK_EMB), m->dres, m->tokens, m->N, c->dim);
 	}
 }
 
@@ -574,7 +588,7 @@ void llama_logits(struct llama_model *m, float *logits)
 {
 	for (int u = 0; u < m->table.n_units - 1; u++)
 		llama_unit_forward(m, u, NULL);
-	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, m->norm_w, m->N, m->cfg.dim,
+	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, m->cfg.dim,
 			    m->cfg.norm_eps);
-	matmul_forward_f32(logits, m->xn_final, m->out_w, m->N, m->cfg.dim, m->cfg.vocab_size, 0);
+	matmul_forward_f32(logits, m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->N, m->cfg.dim, m->cfg.vocab_size, 0);
 }

@@ -92,11 +92,12 @@ struct llama_model {
 	struct llama_config cfg;
 	struct llama_table table;
 	int64_t B, T, N;
-	float *params;	/* flat, table.numel */
-	float *grads;	/* flat, table.numel */
-	float *tok_emb, *norm_w, *out_w;     /* views into params */
-	float *d_tok_emb, *d_norm_w, *d_out_w; /* views into grads */
-	struct llama_block_ptrs *w, *dw;     /* L each */
+	/* Where each unit's parameters and gradients live: contiguous, in table order. With
+	 * own_params both point into the flat buffers below; under FSDP they point at gathered
+	 * unit buffers that come and go (llama_bind_unit). */
+	float **unit_w, **unit_dw; /* n_units each */
+	float *params;	/* flat, table.numel (own_params only, else NULL) */
+	float *grads;	/* flat, table.numel (own_params only, else NULL) */
 	/* activations */
 	int32_t *tokens, *targets; /* (N) current micro-batch */
 	struct llama_block_acts *acts; /* L */
@@ -120,9 +121,18 @@ struct llama_model {
 	bool head_grads_ready;
 };
 
-/* Build a model for micro-batches of (B, T): allocates params (zero), grads and activations.
+/* Build a model for micro-batches of (B, T): plans and allocates activations; with own_params
+ * also the flat parameter (zero) and gradient buffers, bound to every unit.
  * Returns CT_OK or an error code with a message. */
-int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T);
+int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
+		   bool own_params);
+static inline int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B,
+			      int64_t T)
+{
+	return llama_build_ex(m, c, B, T, true);
+}
+/* Point unit u at its parameters and gradients (each unit_begin[u+1]-unit_begin[u] floats). */
+void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads);
 void llama_free(struct llama_model *m);
 
 /* Unit entry points. Forward runs unit u on the current micro-batch (m->tokens) and saves
