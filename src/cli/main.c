@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "comm/comm.h"
 #include "io/config.h"
 #include "train/trainer.h"
 
@@ -32,6 +33,8 @@ static int log_level_from(const char *s)
 	return LOG_INFO;
 }
 
+static int cmd_train_config(struct ct_config *cfg, int argc, char **argv);
+
 static int cmd_train(int argc, char **argv)
 {
 	for (int i = 0; i < argc; i++)
@@ -46,19 +49,33 @@ static int cmd_train(int argc, char **argv)
 	}
 	struct ct_config cfg;
 	config_defaults(&cfg);
-	int rc = config_load_file(&cfg, argv[0]);
-	if (!rc)
-		rc = config_apply_args(&cfg, argc - 1, argv + 1);
-	if (!rc)
-		rc = config_validate(&cfg);
+	int rc = comm_init(&argc, &argv);
 	if (rc)
 		return exit_code(rc);
-	log_set_level((enum log_level)log_level_from(cfg.job.log_level));
-	if (cfg.job.print_config) {
-		config_print(&cfg, stdout);
-		return 0;
+	rc = cmd_train_config(&cfg, argc, argv);
+	comm_finalize();
+	return exit_code(rc);
+}
+
+/* Everything after MPI is up; returns a ct_err code. */
+static int cmd_train_config(struct ct_config *cfg, int argc, char **argv)
+{
+	int rc = config_load_file(cfg, argv[0]);
+	if (!rc)
+		rc = config_apply_args(cfg, argc - 1, argv + 1);
+	if (!rc)
+		rc = config_validate(cfg);
+	if (rc)
+		return rc;
+	log_set_level((enum log_level)log_level_from(cfg->job.log_level));
+	if (cfg->job.print_config) {
+		if (comm_world_rank() == 0) {
+			cfg->job.print_config = false; /* the printed file trains when run */
+			config_print(cfg, stdout);
+		}
+		return CT_OK;
 	}
-	return exit_code(trainer_run(&cfg));
+	return trainer_run(cfg);
 }
 
 int main(int argc, char **argv)

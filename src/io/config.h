@@ -65,6 +65,10 @@ struct ct_config {
 		char fsdp_reshard_after_forward[16];	/* "default": default | always | never */
 	} parallelism;
 	struct {
+		char progress[16];	/* "thread": thread | inline — how the comm stream advances */
+		double timeout_seconds; /* 300, > 0: a collective waiting longer aborts the job */
+	} comm;
+	struct {
 		int64_t log_freq;     /* 1, >= 1 */
 		double peak_tflops;   /* 0: measure sgemm on a large square at start-up; > 0: use this */
 		bool enable_jsonl;    /* true: write metrics.jsonl into job.dump_folder */
@@ -73,6 +77,8 @@ struct ct_config {
 		int64_t seed;	     /* 0, >= 0: weights and synthetic data */
 		bool deterministic;  /* true (ctitan is always deterministic; kept for TorchTitan
 					configs) */
+		int64_t fail_rank;   /* -1, >= -1: fault injection for tests — this rank kills */
+		int64_t fail_step;   /* 0, >= 0: itself (SIGKILL) in the middle of this step */
 	} debug;
 };
 

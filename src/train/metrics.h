@@ -14,6 +14,7 @@ struct step_metrics {
 	double lr;
 	double step_s;	      /* wall time of the step */
 	double data_s;	      /* time spent producing the batch */
+	double comm_wait_s;   /* time blocked waiting for collectives (exposed communication) */
 	int64_t tokens;	      /* tokens processed by this rank in the step */
 	int64_t tokens_seen;  /* cumulative, all ranks */
 	double tps;	      /* tokens/s per rank */

@@ -25,20 +25,23 @@ void adamw_free(struct adamw *o)
 	memset(o, 0, sizeof(*o));
 }
 
-void adamw_step(struct adamw *o, const struct llama_table *t, float *params, const float *grads,
-		int64_t first, int64_t n, double lr, double gscale)
+void adamw_begin_step(struct adamw *o) { o->t++; }
+
+void adamw_update_slice(struct adamw *o, float *params, const float *grads, int64_t at, int64_t n,
+			double lr, bool decay, double gscale)
 {
-	o->t++;
-	int64_t last = first + n;
+	adamw_update(params, grads, o->m + at, o->v + at, n, lr, o->beta1, o->beta2, o->eps,
+		     decay ? o->weight_decay : 0.0, o->t, gscale);
+}
+
+void adamw_step(struct adamw *o, const struct llama_table *t, float *params, const float *grads,
+		double lr, double gscale)
+{
+	adamw_begin_step(o);
 	for (int i = 0; i < t->count; i++) {
 		const struct llama_param *p = &t->p[i];
-		int64_t lo = p->offset > first ? p->offset : first;
-		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
-		if (lo >= hi)
-			continue;
-		int64_t at = lo - first;
-		adamw_update(params + at, grads + at, o->m + at, o->v + at, hi - lo, lr, o->beta1,
-			     o->beta2, o->eps, p->weight_decay ? o->weight_decay : 0.0, o->t, gscale);
+		adamw_update_slice(o, params + p->offset, grads + p->offset, p->offset, p->numel, lr,
+				   p->weight_decay, gscale);
 	}
 }
 

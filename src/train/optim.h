@@ -4,6 +4,7 @@
 #ifndef CT_TRAIN_OPTIM_H
 #define CT_TRAIN_OPTIM_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "model/llama.h"
@@ -18,10 +19,15 @@ struct adamw {
 void adamw_init(struct adamw *o, int64_t numel, double beta1, double beta2, double eps,
 		double weight_decay);
 void adamw_free(struct adamw *o);
-/* One step on elements [first, first+n) of the flat buffers (params/grads point at element
- * `first`), with gradients multiplied by gscale (the clipping coefficient). */
+/* One step over the whole flat buffers of a table, with gradients multiplied by gscale (the
+ * clipping coefficient). */
 void adamw_step(struct adamw *o, const struct llama_table *t, float *params, const float *grads,
-		int64_t first, int64_t n, double lr, double gscale);
+		double lr, double gscale);
+/* The same step by pieces (e.g. this rank's shards): begin once, then update each slice;
+ * `at` is the slice's offset in the moment buffers. */
+void adamw_begin_step(struct adamw *o);
+void adamw_update_slice(struct adamw *o, float *params, const float *grads, int64_t at, int64_t n,
+			double lr, bool decay, double gscale);
 
 /* torch.nn.utils.clip_grad_norm_: coefficient min(1, max_norm / (norm + 1e-6)). */
 double clip_coefficient(double total_norm, double max_norm);

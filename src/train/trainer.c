@@ -1,26 +1,36 @@
 #include "train/trainer.h"
 
 #include <math.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <string.h>
 
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
+#include "comm/comm.h"
+#include "comm/stream.h"
 #include "data/tokens.h"
 #include "kernels/kernels.h"
 #include "model/llama.h"
+#include "parallel/fsdp.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optim.h"
 
 struct trainer {
 	const struct ct_config *cfg;
+	struct mesh mesh;
+	struct comm_stream *stream;
 	struct llama_model model;
+	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
+	bool sharded;
 	struct adamw opt;
 	struct lr_schedule lr;
 	struct token_source data;
 	struct metrics metrics;
-	int64_t accum; /* micro-batches per step */
+	int64_t accum; /* micro-batches per step and rank */
+	int64_t dp;    /* data-parallel ranks */
 	int32_t *batch_tokens, *batch_targets; /* accum x N */
 };
 
@@ -34,13 +44,30 @@ static int trainer_build_model(struct trainer *tr)
 	if (cfg->model.vocab_size > 0)
 		mc.vocab_size = cfg->model.vocab_size;
 	mc.rope_scaling = cfg->model.rope_scaling;
-	rc = llama_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len);
+	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+	tr->sharded = tr->dp > 1;
+	if (bf16 && !tr->sharded)
+		LOG_WARN("training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
+			 "on one rank parameters stay float32");
+	rc = llama_build_ex(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
+			    !tr->sharded);
 	if (rc)
 		return rc;
 	struct llama_model *m = &tr->model;
-	llama_init_params(&m->cfg, &m->table, (uint64_t)cfg->debug.seed, m->params, 0,
-			  m->table.numel);
-	adamw_init(&tr->opt, m->table.numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
+	uint64_t seed = (uint64_t)cfg->debug.seed;
+	int64_t opt_numel = m->table.numel;
+	if (tr->sharded) {
+		enum fsdp_reshard reshard;
+		rc = fsdp_reshard_parse(cfg->parallelism.fsdp_reshard_after_forward, &reshard);
+		if (rc)
+			return rc;
+		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, reshard, tr->stream);
+		fsdp_init_params(&tr->fsdp, seed);
+		opt_numel = tr->fsdp.shard_numel;
+	} else {
+		llama_init_params(&m->cfg, &m->table, seed, m->params, 0, m->table.numel);
+	}
+	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
 		   cfg->optimizer.eps, cfg->optimizer.weight_decay);
 	return CT_OK;
 }
@@ -48,8 +75,26 @@ static int trainer_build_model(struct trainer *tr)
 static int trainer_setup(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
-	int64_t dp = 1; /* data-parallel ranks: one until the FSDP layer lands */
-	int64_t per_step = cfg->training.local_batch_size * dp;
+	int64_t tp = cfg->parallelism.tensor_parallel_degree;
+	int64_t pp = cfg->parallelism.pipeline_parallel_degree;
+	if (tp > 1 || pp > 1) {
+		LOG_ERROR("parallelism: tensor and pipeline parallelism are not yet supported "
+			  "(tensor_parallel_degree = %lld, pipeline_parallel_degree = %lld)",
+			  (long long)tp, (long long)pp);
+		return CT_ERR_USAGE;
+	}
+	int rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
+			    cfg->parallelism.data_parallel_shard_degree, tp);
+	if (rc)
+		return rc;
+	enum stream_mode mode;
+	if (stream_mode_parse(cfg->comm.progress, &mode)) {
+		LOG_ERROR("comm.progress: unknown '%s'", cfg->comm.progress);
+		return CT_ERR_USAGE;
+	}
+	tr->stream = comm_stream_create(mode, cfg->comm.timeout_seconds);
+	tr->dp = tr->mesh.dp_group.size;
+	int64_t per_step = cfg->training.local_batch_size * tr->dp;
 	int64_t global = cfg->training.global_batch_size < 0 ? per_step
 							      : cfg->training.global_batch_size;
 	if (global % per_step) {
@@ -58,7 +103,7 @@ static int trainer_setup(struct trainer *tr)
 		return CT_ERR_USAGE;
 	}
 	tr->accum = global / per_step;
-	int rc = trainer_build_model(tr);
+	rc = trainer_build_model(tr);
 	if (rc)
 		return rc;
 	rc = lr_schedule_init(&tr->lr, cfg->optimizer.lr, cfg->lr_scheduler.warmup_steps,
@@ -74,18 +119,25 @@ static int trainer_setup(struct trainer *tr)
 	tr->batch_tokens = mem_alloc(MEM_OTHER, bytes);
 	tr->batch_targets = mem_alloc(MEM_OTHER, bytes);
 
+	/* One MFU denominator for all ranks: the mean of what each measured. */
 	double peak = cfg->metrics.peak_tflops > 0 ? cfg->metrics.peak_tflops * 1e12
 						   : metrics_measure_peak_flops();
+	comm_all_reduce_f64(&tr->mesh.world_group, &peak, 1);
+	peak /= tr->mesh.world;
 	double fpt = llama_flops_per_token(&tr->model.cfg, &tr->model.table, cfg->training.seq_len);
 	const struct llama_config *mc = &tr->model.cfg;
 	LOG_INFO("model llama3 %s: %lld parameters (dim %lld, %lld layers, %lld heads, %lld kv "
 		 "heads, ffn %lld, vocab %lld)", mc->flavor, (long long)tr->model.table.numel,
 		 (long long)mc->dim, (long long)mc->n_layers, (long long)mc->n_heads,
 		 (long long)mc->n_kv_heads, (long long)mc->ffn_hidden, (long long)mc->vocab_size);
-	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches, dataset %s; "
-		 "%.3g FLOPs/token; peak %.1f GFLOP/s (%s)", (long long)cfg->training.steps,
-		 (long long)cfg->training.local_batch_size, (long long)cfg->training.seq_len,
-		 (long long)tr->accum, cfg->training.dataset, fpt, peak / 1e9,
+	LOG_INFO("parallelism: %d ranks = %d replicas x %d shards (%s); comm progress %s",
+		 tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
+		 tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
+	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
+		 "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
+		 (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
+		 (long long)cfg->training.seq_len, (long long)tr->accum, (long long)tr->dp,
+		 cfg->training.dataset, fpt, peak / 1e9,
 		 cfg->metrics.peak_tflops > 0 ? "from config" : "measured sgemm");
 	return metrics_open(&tr->metrics, cfg->job.dump_folder, cfg->metrics.enable_jsonl, fpt,
 			    peak);
@@ -102,7 +154,11 @@ static void trainer_teardown(struct trainer *tr)
 	tokens_close(&tr->data);
 	if (tr->opt.m)
 		adamw_free(&tr->opt);
+	if (tr->sharded)
+		fsdp_free(&tr->fsdp);
 	llama_free(&tr->model);
+	comm_stream_destroy(tr->stream);
+	mesh_free(&tr->mesh);
 }
 
 int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
@@ -128,22 +184,42 @@ int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
 			  isfinite(res->loss) ? "gradient norm" : "loss", res->loss, res->grad_norm);
 		return CT_ERR_RUNTIME;
 	}
-	adamw_step(opt, &m->table, m->params, m->grads, 0, m->table.numel, lr,
+	adamw_step(opt, &m->table, m->params, m->grads, lr,
 		   clip_coefficient(res->grad_norm, max_norm));
 	return CT_OK;
+}
+
+/* Rows of the global batch: micro-batch a of data-parallel rank d takes rows
+ * step*G + (a*dp + d)*B .. +B, so any (ranks x micro-batches) split of the same global batch
+ * sees the same rows. */
+static void trainer_batch(struct trainer *tr, int64_t step)
+{
+	struct llama_model *m = &tr->model;
+	int64_t G = tr->accum * tr->dp * m->B, d = tr->mesh.dp_group.rank;
+	for (int64_t a = 0; a < tr->accum; a++)
+		tokens_batch(&tr->data, step * G + (a * tr->dp + d) * m->B, m->B, m->T,
+			     tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
 }
 
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
 {
 	struct llama_model *m = &tr->model;
-	double t0 = timer_now();
-	tokens_batch(&tr->data, step * tr->accum * m->B, tr->accum * m->B, m->T, tr->batch_tokens,
-		     tr->batch_targets);
+	const struct ct_config *cfg = tr->cfg;
+	double t0 = timer_now(), wait0 = comm_stream_wait_seconds(tr->stream);
+	trainer_batch(tr, step);
 	double t_data = timer_now() - t0;
+	if (cfg->debug.fail_rank == tr->mesh.rank && cfg->debug.fail_step == step + 1) {
+		LOG_WARN("debug.fail_rank: rank %d kills itself in step %lld", tr->mesh.rank,
+			 (long long)step + 1);
+		raise(SIGKILL);
+	}
 	double lr = lr_schedule_at(&tr->lr, step);
 	struct train_step_result res;
-	int rc = train_step(m, &tr->opt, tr->batch_tokens, tr->batch_targets, tr->accum, lr,
-			    tr->cfg->training.max_norm, &res);
+	int rc = tr->sharded ? fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens,
+					       tr->batch_targets, tr->accum, lr,
+					       cfg->training.max_norm, &res)
+			     : train_step(m, &tr->opt, tr->batch_tokens, tr->batch_targets,
+					  tr->accum, lr, cfg->training.max_norm, &res);
 	if (rc) {
 		LOG_ERROR("step %lld failed", (long long)step + 1);
 		return rc;
@@ -153,8 +229,9 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->grad_norm = res.grad_norm;
 	sm->lr = lr;
 	sm->data_s = t_data;
+	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) - wait0;
 	sm->tokens = tr->accum * m->N;
-	sm->tokens_seen += tr->accum * m->N;
+	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
 	return CT_OK;
 }

@@ -1,0 +1,149 @@
+#include "comm/stream.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/log.h"
+#include "base/timer.h"
+
+#define STREAM_CAP 256
+
+struct comm_stream {
+	enum stream_mode mode;
+	double timeout_s;
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t cv_work, cv_done;
+	struct comm_op q[STREAM_CAP];
+	int64_t enqueued, done; /* tickets: op k occupies q[(k-1) % CAP] */
+	bool stop;
+	double wait_s;
+};
+
+static const char *const stream_mode_names[] = { "thread", "inline" };
+_Static_assert(sizeof(stream_mode_names) / sizeof(stream_mode_names[0]) == STREAM_MODE_COUNT,
+	       "one name per mode");
+
+int stream_mode_parse(const char *name, enum stream_mode *mode)
+{
+	for (int i = 0; i < STREAM_MODE_COUNT; i++)
+		if (strcmp(name, stream_mode_names[i]) == 0) {
+			*mode = (enum stream_mode)i;
+			return CT_OK;
+		}
+	return CT_ERR_USAGE;
+}
+
+static void op_run(const struct comm_op *op)
+{
+	switch (op->kind) {
+	case COMM_ALL_GATHER:
+		comm_all_gather(op->group, op->send, op->recv, op->count);
+		break;
+	case COMM_REDUCE_SCATTER:
+		comm_reduce_scatter_f32(op->group, op->send, op->recv, op->count, op->scratch);
+		break;
+	default:
+		CHECK(false, "comm stream: unsupported op kind %d", op->kind);
+	}
+}
+
+static void *stream_main(void *arg)
+{
+	struct comm_stream *s = arg;
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		while (!s->stop && s->done == s->enqueued)
+			pthread_cond_wait(&s->cv_work, &s->mu);
+		if (s->done == s->enqueued && s->stop)
+			break;
+		struct comm_op op = s->q[s->done % STREAM_CAP];
+		pthread_mutex_unlock(&s->mu);
+		op_run(&op);
+		pthread_mutex_lock(&s->mu);
+		s->done++;
+		pthread_cond_broadcast(&s->cv_done);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+struct comm_stream *comm_stream_create(enum stream_mode mode, double timeout_s)
+{
+	struct comm_stream *s = xcalloc(1, sizeof(*s));
+	s->mode = mode;
+	s->timeout_s = timeout_s;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv_work, NULL);
+	pthread_cond_init(&s->cv_done, NULL);
+	if (mode == STREAM_THREAD)
+		CHECK(pthread_create(&s->thread, NULL, stream_main, s) == 0,
+		      "cannot start the communication thread");
+	return s;
+}
+
+void comm_stream_destroy(struct comm_stream *s)
+{
+	if (!s)
+		return;
+	if (s->mode == STREAM_THREAD) {
+		pthread_mutex_lock(&s->mu);
+		s->stop = true;
+		pthread_cond_signal(&s->cv_work);
+		pthread_mutex_unlock(&s->mu);
+		pthread_join(s->thread, NULL);
+	}
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv_work);
+	pthread_cond_destroy(&s->cv_done);
+	free(s);
+}
+
+int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op)
+{
+	if (s->mode == STREAM_INLINE) {
+		op_run(op);
+		s->done = ++s->enqueued;
+		return s->enqueued;
+	}
+	pthread_mutex_lock(&s->mu);
+	CHECK(s->enqueued - s->done < STREAM_CAP, "comm stream: more than %d ops in flight",
+	      STREAM_CAP);
+	s->q[s->enqueued % STREAM_CAP] = *op;
+	int64_t ticket = ++s->enqueued;
+	pthread_cond_signal(&s->cv_work);
+	pthread_mutex_unlock(&s->mu);
+	return ticket;
+}
+
+void comm_stream_wait(struct comm_stream *s, int64_t ticket)
+{
+	if (s->mode == STREAM_INLINE)
+		return;
+	double t0 = timer_now();
+	pthread_mutex_lock(&s->mu);
+	while (s->done < ticket) {
+		struct timespec dl;
+		clock_gettime(CLOCK_REALTIME, &dl);
+		dl.tv_sec += 1;
+		pthread_cond_timedwait(&s->cv_done, &s->mu, &dl);
+		if (s->done < ticket && timer_now() - t0 > s->timeout_s) {
+			const struct comm_op *op = &s->q[s->done % STREAM_CAP];
+			pthread_mutex_unlock(&s->mu);
+			LOG_ERROR("%s did not complete within %.0f s (comm.timeout_seconds): a peer "
+				  "rank has died or hangs; aborting the job",
+				  op->what ? op->what : "a collective", s->timeout_s);
+			comm_abort(1);
+		}
+	}
+	pthread_mutex_unlock(&s->mu);
+	s->wait_s += timer_now() - t0;
+}
+
+void comm_stream_sync(struct comm_stream *s) { comm_stream_wait(s, s->enqueued); }
+
+double comm_stream_wait_seconds(const struct comm_stream *s) { return s->wait_s; }

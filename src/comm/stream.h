@@ -1,0 +1,47 @@
+/* comm/stream: the comm stream — a per-rank FIFO of collectives with completion tickets.
+ *
+ * The compute side enqueues a collective and later waits on its ticket. MPI does not advance
+ * non-blocking collectives while a rank computes, so the stream is progressed either by a
+ * dedicated thread that makes the blocking calls in FIFO order (STREAM_THREAD: communication
+ * proceeds while the caller computes; the thread sleeps on a condition variable when the
+ * queue is empty, so it costs no CPU while idle), or runs each collective at enqueue time
+ * (STREAM_INLINE: no thread, no overlap; the baseline). A wait that exceeds the timeout means
+ * a peer is dead or stuck: the stream names the collective and aborts the job.
+ *
+ * Rule: while collectives are in flight on the stream, the caller makes no collective calls of
+ * its own on the same groups.
+ */
+#ifndef CT_COMM_STREAM_H
+#define CT_COMM_STREAM_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+
+enum stream_mode { STREAM_THREAD, STREAM_INLINE, STREAM_MODE_COUNT };
+
+struct comm_op {
+	enum comm_kind kind; /* COMM_ALL_GATHER or COMM_REDUCE_SCATTER */
+	const struct comm_group *group;
+	const void *send;
+	void *recv;
+	int64_t count;	/* all-gather: bytes per rank; reduce-scatter: floats per rank */
+	float *scratch; /* reduce-scatter: 2*count floats */
+	const char *what; /* label for errors and traces, e.g. "all-gather unit 3" */
+};
+
+struct comm_stream;
+
+struct comm_stream *comm_stream_create(enum stream_mode mode, double timeout_s);
+void comm_stream_destroy(struct comm_stream *s);
+/* Returns the op's ticket (increasing from 1). The op struct is copied; buffers must stay
+ * valid until the ticket completes. */
+int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op);
+void comm_stream_wait(struct comm_stream *s, int64_t ticket);
+/* Wait for everything enqueued so far. */
+void comm_stream_sync(struct comm_stream *s);
+/* Seconds the caller spent blocked in waits since creation (exposed communication). */
+double comm_stream_wait_seconds(const struct comm_stream *s);
+int stream_mode_parse(const char *name, enum stream_mode *mode);
+
+#endif
