@@ -63,7 +63,9 @@ int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, double
 	memset(mt, 0, sizeof(*mt));
 	mt->flops_per_token = flops_per_token;
 	mt->peak_flops = peak_flops;
-	mt->tty = isatty(STDOUT_FILENO);
+	/* OpenMPI hands ranks a pseudo-terminal even when mpiexec's own output is a pipe, so
+	 * under a launcher colours stay off. */
+	mt->tty = isatty(STDOUT_FILENO) && !getenv("OMPI_COMM_WORLD_SIZE") && !getenv("PMI_RANK");
 	if (!jsonl)
 		return CT_OK;
 	int rc = metrics_mkdirs(dump_folder);
