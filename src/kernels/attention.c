@@ -37,17 +37,21 @@
 /* One SIMD register's worth of reals, as a GNU vector type, so the micro-kernel's register
  * tile is explicit rather than left to the auto-vectoriser. It must match the machine's
  * register width (GCC splits a wider vector through memory), and the register tile must fit
- * the register file: 16 accumulators of 32 zmm with AVX-512, 8 of 16 ymm with AVX2.
+ * the register file: with 32 zmm (AVX-512), 16 accumulators as 16 rows x 1 vector or
+ * 8 rows x 2 vectors; with 16 ymm (AVX2) or xmm, 8 rows x 1 vector (measured best there).
  * rvec_u is the same type with no alignment promise, for loads and stores. */
 #if defined(__AVX512F__)
 #define RVEC_BYTES 64
-#define MM_ACC_REGS 16
+#define MM_ROWS_1V 16 /* rows of a register tile one vector wide */
+#define MM_ROWS_2V 8  /* rows of a register tile two vectors wide; 0: not used */
 #elif defined(__AVX__)
 #define RVEC_BYTES 32
-#define MM_ACC_REGS 8
+#define MM_ROWS_1V 8
+#define MM_ROWS_2V 0
 #else
 #define RVEC_BYTES 16
-#define MM_ACC_REGS 8
+#define MM_ROWS_1V 8
+#define MM_ROWS_2V 0
 #endif
 typedef real rvec __attribute__((vector_size(RVEC_BYTES)));
 typedef real rvec_u __attribute__((vector_size(RVEC_BYTES), aligned(sizeof(real)), may_alias));
@@ -57,6 +61,7 @@ enum {
 	VL = (int)(sizeof(rvec) / sizeof(real)),	/* reals per vector */
 };
 _Static_assert(ATTN_TILE % (2 * VL) == 0, "tile rows are whole pairs of vectors");
+_Static_assert(2 * MM_ROWS_2V <= MM_ROWS_1V, "both register tiles use the same accumulators");
 
 /* Strides and sizes shared by every tile of one call. Rows of q/out/dq are q_rs apart,
  * rows of k/v/dk/dv kv_rs apart. */
@@ -96,12 +101,12 @@ static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
  * the same tile pair up only if key <= query. mm_acc skips the register blocks outside the
  * triangle: there an operand is zero, or the result is masked afterwards. */
 enum mm_tri {
-	TRI_NONE,
-	TRI_C_N_GE_R, /* only c[r][n] with n >= r is used */
-	TRI_C_N_LE_R, /* only c[r][n] with n <= r is used */
-	TRI_A_K_LE_R, /* a(r,k) = 0 for k > r */
-	TRI_B_K_LE_N, /* b[k][n] = 0 for k > n */
-	TRI_B_K_GE_N, /* b[k][n] = 0 for k < n */
+	MM_TRI_NONE,
+	MM_TRI_C_N_GE_R, /* only c[r][n] with n >= r is used */
+	MM_TRI_C_N_LE_R, /* only c[r][n] with n <= r is used */
+	MM_TRI_A_K_LE_R, /* a(r,k) = 0 for k > r */
+	MM_TRI_B_K_LE_N, /* b[k][n] = 0 for k > n */
+	MM_TRI_B_K_GE_N, /* b[k][n] = 0 for k < n */
 };
 
 /* c[0:rows][0:nv*VL] = (load_c ? c : 0) + sum_{k<K} a(r,k) * b[k][0:nv*VL]:
@@ -112,7 +117,7 @@ mm_block(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs, i
 	 const real *restrict b, int64_t b_ks, int64_t K, bool load_c, const int rows,
 	 const int nv)
 {
-	rvec acc[MM_ACC_REGS];
+	rvec acc[MM_ROWS_1V];
 	for (int r = 0; r < rows; r++)
 		for (int v = 0; v < nv; v++)
 			acc[r * nv + v] = (rvec){ 0 };
@@ -166,12 +171,12 @@ mm_tiles(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs, i
 	int64_t r0 = 0;
 	for (; r0 + rows <= R; r0 += rows) {
 		for (int64_t n0 = 0; n0 < N; n0 += w) {
-			if ((tri == TRI_C_N_GE_R && n0 + w <= r0) ||
-			    (tri == TRI_C_N_LE_R && n0 >= r0 + rows))
+			if ((tri == MM_TRI_C_N_GE_R && n0 + w <= r0) ||
+			    (tri == MM_TRI_C_N_LE_R && n0 >= r0 + rows))
 				continue;
-			int64_t k0 = tri == TRI_B_K_GE_N ? min64(n0, K) : 0;
-			int64_t k1 = tri == TRI_B_K_LE_N ? min64(n0 + w, K)
-				     : tri == TRI_A_K_LE_R ? min64(r0 + rows, K)
+			int64_t k0 = tri == MM_TRI_B_K_GE_N ? min64(n0, K) : 0;
+			int64_t k1 = tri == MM_TRI_B_K_LE_N ? min64(n0 + w, K)
+				     : tri == MM_TRI_A_K_LE_R ? min64(r0 + rows, K)
 							   : K;
 			mm_block(c + r0 * c_rs + n0, c_rs, a + r0 * a_rs + k0 * a_ks, a_rs, a_ks,
 				 b + k0 * b_ks + n0, b_ks, k1 - k0, load_c, rows, nv);
@@ -188,10 +193,11 @@ static void mm_acc(real *restrict c, int64_t c_rs, const real *restrict a, int64
 		   int64_t a_ks, const real *restrict b, int64_t b_ks, int64_t R, int64_t K,
 		   int64_t N, enum mm_tri tri, bool load_c)
 {
-	if (N % (2 * VL) == 0)
-		mm_tiles(c, c_rs, a, a_rs, a_ks, b, b_ks, R, K, N, tri, load_c, MM_ACC_REGS / 2, 2);
+	if (MM_ROWS_2V > 0 && N % (2 * VL) == 0)
+		mm_tiles(c, c_rs, a, a_rs, a_ks, b, b_ks, R, K, N, tri, load_c,
+			 MM_ROWS_2V > 0 ? MM_ROWS_2V : 1, 2);
 	else if (N % VL == 0)
-		mm_tiles(c, c_rs, a, a_rs, a_ks, b, b_ks, R, K, N, tri, load_c, MM_ACC_REGS, 1);
+		mm_tiles(c, c_rs, a, a_rs, a_ks, b, b_ks, R, K, N, tri, load_c, MM_ROWS_1V, 1);
 	else
 		mm_rows(c, c_rs, a, a_rs, a_ks, b, b_ks, 0, R, K, N, load_c);
 }
@@ -261,26 +267,27 @@ static void rows_prefetch(const real *x, int64_t rs, int64_t n, int64_t D)
 
 /* ---- forward --------------------------------------------------------------------------- */
 
+/* st[j][i] = -inf where key j comes after query i (the diagonal tile only). */
+static void mask_causal_t(real *st, int64_t nk)
+{
+	for (int64_t j = 1; j < nk; j++)
+		for (int64_t i = 0; i < j; i++)
+			st[j * ATTN_TILE + i] = -INFINITY;
+}
+
 /* Online softmax over one key tile, all vectors over the query index i:
  *   m'_i = max(m_i, max_j s_ji),  corr_i = exp(m_i - m'_i),
  *   p_ji = exp(s_ji - m'_i),      l_i = l_i corr_i + sum_j p_ji.
- * In the diagonal tile key j only pairs with queries i >= j (causal mask): p_ji = 0 below.
- * The mask is a select inside full-width loops, which vectorise better than shorter rows.
- * st is overwritten by p. */
+ * Masked scores are -inf, so their p is 0. st is overwritten by p. */
 static void softmax_online(real *restrict st, real *restrict m, real *restrict l,
-			   real *restrict corr, int64_t nk, bool diag)
+			   real *restrict corr, int64_t nk)
 {
 	real mnew[ATTN_TILE];
 	for (int64_t i = 0; i < ATTN_TILE; i++)
 		mnew[i] = m[i];
-	for (int64_t j = 0; j < nk; j++) {
-		const real *sj = st + j * ATTN_TILE;
-		const int64_t i0 = diag ? j : 0;
-		for (int64_t i = 0; i < ATTN_TILE; i++) {
-			real x = i >= i0 ? sj[i] : -INFINITY;
-			mnew[i] = x > mnew[i] ? x : mnew[i];
-		}
-	}
+	for (int64_t j = 0; j < nk; j++)
+		for (int64_t i = 0; i < ATTN_TILE; i++)
+			mnew[i] = st[j * ATTN_TILE + i] > mnew[i] ? st[j * ATTN_TILE + i] : mnew[i];
 	for (int64_t i = 0; i < ATTN_TILE; i++) {
 		corr[i] = KEXP(m[i] - mnew[i]);
 		l[i] *= corr[i];
@@ -288,10 +295,8 @@ static void softmax_online(real *restrict st, real *restrict m, real *restrict l
 	}
 	for (int64_t j = 0; j < nk; j++) {
 		real *pj = st + j * ATTN_TILE;
-		const int64_t i0 = diag ? j : 0;
 		for (int64_t i = 0; i < ATTN_TILE; i++) {
-			real e = KEXP(pj[i] - mnew[i]);
-			pj[i] = i >= i0 ? e : 0;
+			pj[i] = KEXP(pj[i] - mnew[i]);
 			l[i] += pj[i];
 		}
 	}
@@ -323,21 +328,23 @@ static void attn_forward_tile(const struct attn_dims *a, struct attn_scratch *w,
 		const bool diag = kt == qtile;
 		/* st[j][i] = k_j . (scale q_i) */
 		mm_acc(st, ATTN_TILE, kj, a->kv_rs, 1, qt, ATTN_TILE, nk, D, ATTN_TILE,
-		       diag ? TRI_C_N_GE_R : TRI_NONE, false);
-		softmax_online(st, m, l, corr, nk, diag);
+		       diag ? MM_TRI_C_N_GE_R : MM_TRI_NONE, false);
+		if (diag)
+			mask_causal_t(st, nk);
+		softmax_online(st, m, l, corr, nk);
 		/* out^T[d][i] = out^T[d][i] corr_i + sum_j v_j[d] p_ji */
 		for (int64_t d = 0; d < D; d++)
 			for (int64_t i = 0; i < ATTN_TILE; i++)
 				acct[d * ATTN_TILE + i] *= corr[i];
 		mm_acc(acct, ATTN_TILE, vj, 1, a->kv_rs, st, ATTN_TILE, D, nk, ATTN_TILE,
-		       diag ? TRI_B_K_LE_N : TRI_NONE, true);
+		       diag ? MM_TRI_B_K_LE_N : MM_TRI_NONE, true);
 	}
 
-	/* out_i = out^T[:][i] / l_i,  lse_i = m_i + log l_i */
+	/* lse_i = m_i + log l_i,  out_i = out^T[:][i] / l_i */
 	real *ob = out + qoff, *lb = lse + (b * a->H + h) * a->T + q0;
 	for (int64_t i = 0; i < nq; i++) {
 		lb[i] = m[i] + KLOG(l[i]);
-		l[i] = 1 / l[i];
+		l[i] = 1 / l[i]; /* l now holds 1/l */
 	}
 	for (int64_t i = 0; i < nq; i++)
 		for (int64_t d = 0; d < D; d++)
@@ -387,7 +394,7 @@ static void attn_backward_pair(const struct attn_dims *a, struct attn_scratch *w
 
 	/* p[i][j] = exp(q_i . (scale k_j) - lse_i), zero where key j comes after query i */
 	mm_acc(p, ATTN_TILE, qb, a->q_rs, 1, kt, ATTN_TILE, nq, D, ATTN_TILE,
-	       diag ? TRI_C_N_LE_R : TRI_NONE, false);
+	       diag ? MM_TRI_C_N_LE_R : MM_TRI_NONE, false);
 	for (int64_t i = 0; i < nq; i++) {
 		real *pi = p + i * ATTN_TILE;
 		int64_t jend = diag ? i + 1 : ATTN_TILE;
@@ -398,7 +405,7 @@ static void attn_backward_pair(const struct attn_dims *a, struct attn_scratch *w
 	}
 	/* ds[i][j] = dp_ij = dout_i . v_j, then scale p_ij (dp_ij - D_i) */
 	mm_acc(ds, ATTN_TILE, dob, a->q_rs, 1, vt, ATTN_TILE, nq, D, ATTN_TILE,
-	       diag ? TRI_C_N_LE_R : TRI_NONE, false);
+	       diag ? MM_TRI_C_N_LE_R : MM_TRI_NONE, false);
 	for (int64_t i = 0; i < nq; i++) {
 		real *dsi = ds + i * ATTN_TILE;
 		const real *pi = p + i * ATTN_TILE;
@@ -410,12 +417,12 @@ static void attn_backward_pair(const struct attn_dims *a, struct attn_scratch *w
 	}
 	/* dv^T[d][j] += sum_i dout_i[d] p_ij;  dk^T[d][j] += sum_i q_i[d] ds_ij */
 	mm_acc(dvt, ATTN_TILE, dob, 1, a->q_rs, p, ATTN_TILE, D, nq, ATTN_TILE,
-	       diag ? TRI_B_K_GE_N : TRI_NONE, true);
+	       diag ? MM_TRI_B_K_GE_N : MM_TRI_NONE, true);
 	mm_acc(dkt, ATTN_TILE, qb, 1, a->q_rs, ds, ATTN_TILE, D, nq, ATTN_TILE,
-	       diag ? TRI_B_K_GE_N : TRI_NONE, true);
+	       diag ? MM_TRI_B_K_GE_N : MM_TRI_NONE, true);
 	/* dq_i += sum_j ds_ij k_j */
 	mm_acc(dq + qoff, a->q_rs, ds, ATTN_TILE, 1, kj, a->kv_rs, nq, nk, D,
-	       diag ? TRI_A_K_LE_R : TRI_NONE, true);
+	       diag ? MM_TRI_A_K_LE_R : MM_TRI_NONE, true);
 }
 
 /* dsum[hh*T + t] = D_t = dout_t . out_t for the query heads hh of kv group g. */
@@ -446,7 +453,8 @@ static void attn_backward_kv(const struct attn_dims *a, struct attn_scratch *w, 
 		real *dkj = dk + kvoff + k0 * a->kv_rs, *dvj = dv + kvoff + k0 * a->kv_rs;
 		tile_load_t(w->dt[0], k + kvoff + k0 * a->kv_rs, a->kv_rs, nk, D, a->scale);
 		tile_load_t(w->dt[1], v + kvoff + k0 * a->kv_rs, a->kv_rs, nk, D, 1);
-		memset(w->dt[2], 0, 2 * (size_t)(D * ATTN_TILE) * sizeof(real)); /* dk^T, dv^T */
+		memset(w->dt[2], 0, (size_t)(D * ATTN_TILE) * sizeof(real)); /* dk^T */
+		memset(w->dt[3], 0, (size_t)(D * ATTN_TILE) * sizeof(real)); /* dv^T */
 		rows_prefetch(dkj, a->kv_rs, nk, D);
 		rows_prefetch(dvj, a->kv_rs, nk, D);
 		for (int64_t hh = 0; hh < a->group; hh++)
