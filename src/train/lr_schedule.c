@@ -27,7 +27,7 @@ int lr_schedule_init(struct lr_schedule *s, double lr, int64_t warmup_steps, dou
 	s->min_lr_factor = min_lr_factor;
 	s->warmup = warmup_steps < total_steps ? warmup_steps : total_steps;
 	if (decay_ratio >= 0)
-		s->decay = (int64_t)llround((double)total_steps * decay_ratio);
+		s->decay = (int64_t)llrint((double)total_steps * decay_ratio); /* half to even, as Python round() */
 	else
 		s->decay = total_steps - s->warmup;
 	if (s->warmup + s->decay > total_steps)
