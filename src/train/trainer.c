@@ -37,6 +37,10 @@ struct trainer {
 static int trainer_build_model(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
+	if (strcmp(cfg->model.name, "llama3") != 0) {
+		LOG_ERROR("model.name: '%s' is not supported (llama3)", cfg->model.name);
+		return CT_ERR_USAGE;
+	}
 	struct llama_config mc;
 	int rc = llama_config_preset(&mc, cfg->model.flavor);
 	if (rc)
