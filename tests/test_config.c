@@ -196,6 +196,7 @@ static const struct {
 	{ "parallelism.tensor_parallel_degree", "8", "8" },
 	{ "parallelism.pipeline_parallel_degree", "3", "3" },
 	{ "parallelism.fsdp_reshard_after_forward", "\"never\"", "never" },
+	{ "activation_checkpoint.mode", "\"ffn\"", "ffn" },
 	{ "comm.progress", "\"inline\"", "inline" },
 	{ "comm.timeout_seconds", "12.5", "12.5" },
 	{ "metrics.log_freq", "10", "10" },
@@ -243,6 +244,7 @@ static void check_every_key_values(const struct ct_config *c)
 	EXPECT(c->parallelism.tensor_parallel_degree == 8, "tp");
 	EXPECT(c->parallelism.pipeline_parallel_degree == 3, "pp");
 	EXPECT(strcmp(c->parallelism.fsdp_reshard_after_forward, "never") == 0, "reshard");
+	EXPECT(strcmp(c->activation_checkpoint.mode, "ffn") == 0, "ac mode");
 	EXPECT(strcmp(c->comm.progress, "inline") == 0, "comm.progress");
 	EXPECT(c->comm.timeout_seconds == 12.5, "comm.timeout_seconds");
 	EXPECT(c->metrics.log_freq == 10, "log_freq");

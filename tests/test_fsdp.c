@@ -55,7 +55,8 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	struct llama_config c;
 	config(&c);
 	struct llama_model m;
-	CHECK(llama_build_ex(&m, &c, B, T, false) == CT_OK, "build");
+	const struct llama_build_opts opts = { .own_params = false };
+	CHECK(llama_build_ex(&m, &c, B, T, &opts) == CT_OK, "build");
 	struct comm_stream *stream = comm_stream_create(mode, 60);
 	struct fsdp f;
 	int64_t before = mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM);

@@ -201,6 +201,32 @@ TEST_CASE(test_accumulation_and_determinism)
 	free(tgt);
 }
 
+TEST_CASE(test_recompute_ffn_bitwise)
+{
+	/* Recomputing the FFN up-projections in backward gives bitwise the same gradients. */
+	struct llama_config c;
+	small_config(&c);
+	struct llama_model a, b;
+	const struct llama_build_opts ra = { .own_params = true, .recompute_ffn = false };
+	const struct llama_build_opts rb = { .own_params = true, .recompute_ffn = true };
+	llama_build_ex(&a, &c, 2, 21, &ra);
+	llama_build_ex(&b, &c, 2, 21, &rb);
+	EXPECT(b.act_bytes < a.act_bytes, "recompute_ffn saves memory");
+	llama_init_params(&a.cfg, &a.table, test_seed(), a.params, 0, a.table.numel);
+	memcpy(b.params, a.params, (size_t)a.table.numel * sizeof(float));
+	rand_batch(a.tokens, a.targets, a.N, c.vocab_size, true);
+	memcpy(b.tokens, a.tokens, (size_t)a.N * sizeof(int32_t));
+	memcpy(b.targets, a.targets, (size_t)a.N * sizeof(int32_t));
+	double la = llama_forward(&a, NULL), lb = llama_forward(&b, NULL);
+	llama_backward(&a, 0.01);
+	llama_backward(&b, 0.01);
+	EXPECT(la == lb, "loss differs");
+	EXPECT(memcmp(a.grads, b.grads, (size_t)a.table.numel * sizeof(float)) == 0,
+	       "gradients differ");
+	llama_free(&a);
+	llama_free(&b);
+}
+
 TEST_CASE(test_overfit_one_batch)
 {
 	/* Training repeatedly on one batch must drive its loss down. */
@@ -411,6 +437,7 @@ int main(int argc, char **argv)
 		RUN(test_recompute);
 		RUN(test_accumulation_and_determinism);
 		RUN(test_overfit_one_batch);
+		RUN(test_recompute_ffn_bitwise);
 		RUN(test_activation_memory_linear);
 	}
 	if (only_ref || (argc > 1 && strcmp(argv[1], "--all") == 0)) {

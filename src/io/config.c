@@ -59,7 +59,8 @@ struct cfg_key {
 /* Sections in the order they are printed; rows below are grouped in this order. */
 static const char *const cfg_sections[] = { "job",	    "model",	   "optimizer",
 					    "lr_scheduler", "training",	   "parallelism",
-					    "comm",	    "metrics",	   "debug" };
+					    "activation_checkpoint", "comm",	   "metrics",
+					    "debug" };
 #define CFG_N_SECTIONS ARRAY_SIZE(cfg_sections)
 
 #define CFG_FIELD(sec, key) (((struct ct_config *)0)->sec.key)
@@ -146,6 +147,10 @@ static const struct cfg_key cfg_schema[] = {
 	{ ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
 	  CHOICES("default", "always", "never"),
 	  .help = "Free gathered parameters after forward (default: except the last stage)." },
+
+	{ ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn"),
+	  .help = "none: save every activation; ffn: recompute each block's FFN up-projections "
+		  "(w1, w3 outputs, the largest activations) in backward instead of saving them." },
 
 	{ ROW(comm, progress), .def = "thread", CHOICES("thread", "inline"),
 	  .help = "How collectives advance: a communication thread (overlaps with compute) or "

@@ -65,6 +65,10 @@ struct ct_config {
 		char fsdp_reshard_after_forward[16];	/* "default": default | always | never */
 	} parallelism;
 	struct {
+		char mode[16]; /* "none": none | ffn — "ffn" recomputes the FFN up-projections in
+				  backward instead of saving them (less memory, ~15% more FLOPs) */
+	} activation_checkpoint;
+	struct {
 		char progress[16];	/* "thread": thread | inline — how the comm stream advances */
 		double timeout_seconds; /* 300, > 0: a collective waiting longer aborts the job */
 	} comm;

@@ -316,8 +316,10 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 		a->lse = carve(cv, N * c->n_heads * f);
 		a->xmid = carve(cv, N * C * f);
 		a->rstd2 = carve(cv, N * f);
-		a->h1 = carve(cv, N * F * f);
-		a->h3 = carve(cv, N * F * f);
+		if (!m->recompute_ffn) {
+			a->h1 = carve(cv, N * F * f);
+			a->h3 = carve(cv, N * F * f);
+		}
 	}
 	m->x_final = carve(cv, N * C * f);
 	m->rstd_f = carve(cv, N * f);
@@ -338,6 +340,10 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 	m->gate = carve(cv, N * F * f);
 	m->dh1 = carve(cv, N * F * f);
 	m->dh3 = carve(cv, N * F * f);
+	if (m->recompute_ffn) {
+		m->h1s = carve(cv, N * F * f);
+		m->h3s = carve(cv, N * F * f);
+	}
 	m->dq = carve(cv, N * HD * f);
 	m->dk = carve(cv, N * KVD * f);
 	m->dv = carve(cv, N * KVD * f);
@@ -346,10 +352,11 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 }
 
 int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
-		   bool own_params)
+		   const struct llama_build_opts *opts)
 {
 	memset(m, 0, sizeof(*m));
 	m->cfg = *c;
+	m->recompute_ffn = opts->recompute_ffn;
 	int rc = llama_config_finish(&m->cfg);
 	if (rc)
 		return rc;
@@ -364,7 +371,7 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 
 	m->unit_w = xcalloc((size_t)m->table.n_units, sizeof(float *));
 	m->unit_dw = xcalloc((size_t)m->table.n_units, sizeof(float *));
-	if (own_params) {
+	if (opts->own_params) {
 		size_t pbytes = (size_t)m->table.numel * sizeof(float);
 		m->params = mem_alloc(MEM_PARAMS, pbytes);
 		m->grads = mem_alloc(MEM_GRADS, pbytes);
@@ -442,9 +449,10 @@ static void block_forward(struct llama_model *m, int l)
 	matmul_forward_f32(a->xmid, a->att, w->wo, N, HD, C, 1);
 
 	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
-	matmul_forward_f32(a->h1, m->xn, w->w1, N, C, F, 0);
-	matmul_forward_f32(a->h3, m->xn, w->w3, N, C, F, 0);
-	swiglu_forward_f32(m->gate, a->h1, a->h3, N * F);
+	float *h1 = m->recompute_ffn ? m->h1s : a->h1, *h3 = m->recompute_ffn ? m->h3s : a->h3;
+	matmul_forward_f32(h1, m->xn, w->w1, N, C, F, 0);
+	matmul_forward_f32(h3, m->xn, w->w3, N, C, F, 0);
+	swiglu_forward_f32(m->gate, h1, h3, N * F);
 	memcpy(out, a->xmid, (size_t)(N * C) * sizeof(float));
 	matmul_forward_f32(out, m->gate, w->w2, N, F, C, 1);
 }
@@ -513,13 +521,20 @@ static void block_backward(struct llama_model *m, int l)
 
 	/* feed-forward: out = xmid + w2(gate), gate = silu(h1) * h3, h = w(1|3) hn */
 	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
-	swiglu_forward_f32(m->gate, a->h1, a->h3, N * F);
+	const float *h1 = a->h1, *h3 = a->h3;
+	if (m->recompute_ffn) {
+		matmul_forward_f32(m->h1s, m->xn, w->w1, N, C, F, 0);
+		matmul_forward_f32(m->h3s, m->xn, w->w3, N, C, F, 0);
+		h1 = m->h1s;
+		h3 = m->h3s;
+	}
+	swiglu_forward_f32(m->gate, h1, h3, N * F);
 	matmul_backward_f32(NULL, dw->w2, m->dres, m->gate, w->w2, N, F, C);
 	memset(m->gate, 0, nf); /* gate now holds d(gate) */
 	matmul_backward_f32(m->gate, NULL, m->dres, NULL, w->w2, N, F, C);
 	memset(m->dh1, 0, nf);
 	memset(m->dh3, 0, nf);
-	swiglu_backward_f32(m->dh1, m->dh3, m->gate, a->h1, a->h3, N * F);
+	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, N * F);
 	memset(m->dxn, 0, nc);
 	matmul_backward_f32(m->dxn, dw->w1, m->dh1, m->xn, w->w1, N, C, F);
 	matmul_backward_f32(m->dxn, dw->w3, m->dh3, m->xn, w->w3, N, C, F);

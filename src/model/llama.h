@@ -85,7 +85,15 @@ struct llama_block_acts {
 	float *lse;   /* (B,H,T) */
 	float *xmid;  /* (N,C) residual after attention */
 	float *rstd2; /* (N) */
-	float *h1, *h3; /* (N,F) w1 and w3 outputs */
+	float *h1, *h3; /* (N,F) w1 and w3 outputs (NULL when recomputed in backward) */
+};
+
+/* How a model is built. */
+struct llama_build_opts {
+	bool own_params;    /* allocate flat params + grads and bind every unit to them */
+	bool recompute_ffn; /* do not save the FFN up-projections (w1, w3 outputs: 2*N*F floats
+			       per block, the largest activations); recompute them in backward
+			       from the recomputed norm output (two extra matmuls per block) */
 };
 
 struct llama_model {
@@ -111,6 +119,8 @@ struct llama_model {
 	float *dxn;	 /* (N,C) */
 	float *gate;	 /* (N,F) swiglu output / its gradient */
 	float *dh1, *dh3; /* (N,F) */
+	float *h1s, *h3s; /* (N,F) recomputed w1/w3 outputs (recompute_ffn only) */
+	bool recompute_ffn;
 	float *dq, *dk, *dv, *datt; /* (N,H*D) / (N,KV*D) */
 	float *ce_scratch; /* ce_chunk * V */
 	int64_t ce_chunk;
@@ -125,11 +135,12 @@ struct llama_model {
  * also the flat parameter (zero) and gradient buffers, bound to every unit.
  * Returns CT_OK or an error code with a message. */
 int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
-		   bool own_params);
+		   const struct llama_build_opts *opts);
 static inline int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B,
 			      int64_t T)
 {
-	return llama_build_ex(m, c, B, T, true);
+	const struct llama_build_opts opts = { .own_params = true, .recompute_ffn = false };
+	return llama_build_ex(m, c, B, T, &opts);
 }
 /* Point unit u at its parameters and gradients (each unit_begin[u+1]-unit_begin[u] floats). */
 void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads);

@@ -53,8 +53,12 @@ static int trainer_build_model(struct trainer *tr)
 	if (bf16 && !tr->sharded)
 		LOG_WARN("training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
 			 "on one rank parameters stay float32");
+	const struct llama_build_opts opts = {
+		.own_params = !tr->sharded,
+		.recompute_ffn = strcmp(cfg->activation_checkpoint.mode, "ffn") == 0,
+	};
 	rc = llama_build_ex(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
-			    !tr->sharded);
+			    &opts);
 	if (rc)
 		return rc;
 	struct llama_model *m = &tr->model;
