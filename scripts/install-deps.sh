@@ -5,9 +5,11 @@ set -euo pipefail
 
 PKGS=(
   build-essential cmake pkg-config clang
-  libopenblas-dev            # sgemm (pthreads variant)
+  libopenblas-openmp-dev     # sgemm (OpenMP build: one thread pool with our kernels)
   libopenmpi-dev openmpi-bin # MPI
   libcjson-dev               # JSON (metrics, manifests)
+  libxxhash-dev              # checkpoint checksums
+  libpcre2-dev               # tokenizer pre-split regex
   python3-torch python3-numpy # independent reference for tests and benchmarks
 )
 
