@@ -1,1 +1,2 @@
 ct_add_script_test(cli_faults tests/cli_faults.sh)
+ct_add_script_test(checkpoint tests/checkpoint.sh)

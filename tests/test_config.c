@@ -196,6 +196,11 @@ static const struct {
 	{ "parallelism.tensor_parallel_degree", "8", "8" },
 	{ "parallelism.pipeline_parallel_degree", "3", "3" },
 	{ "parallelism.fsdp_reshard_after_forward", "\"never\"", "never" },
+	{ "checkpoint.enable", "true", "true" },
+	{ "checkpoint.folder", "\"ckpt\"", "ckpt" },
+	{ "checkpoint.interval", "7", "7" },
+	{ "checkpoint.keep_latest_k", "0", "0" },
+	{ "checkpoint.load_step", "12", "12" },
 	{ "activation_checkpoint.mode", "\"ffn\"", "ffn" },
 	{ "comm.progress", "\"inline\"", "inline" },
 	{ "comm.timeout_seconds", "12.5", "12.5" },
@@ -244,6 +249,10 @@ static void check_every_key_values(const struct ct_config *c)
 	EXPECT(c->parallelism.tensor_parallel_degree == 8, "tp");
 	EXPECT(c->parallelism.pipeline_parallel_degree == 3, "pp");
 	EXPECT(strcmp(c->parallelism.fsdp_reshard_after_forward, "never") == 0, "reshard");
+	EXPECT(c->checkpoint.enable && strcmp(c->checkpoint.folder, "ckpt") == 0 &&
+		       c->checkpoint.interval == 7 && c->checkpoint.keep_latest_k == 0 &&
+		       c->checkpoint.load_step == 12,
+	       "checkpoint keys");
 	EXPECT(strcmp(c->activation_checkpoint.mode, "ffn") == 0, "ac mode");
 	EXPECT(strcmp(c->comm.progress, "inline") == 0, "comm.progress");
 	EXPECT(c->comm.timeout_seconds == 12.5, "comm.timeout_seconds");
@@ -627,8 +636,8 @@ struct bad_file {
 static const struct bad_file bad_files[] = {
 	{ "unknown section", "[job]\n[trainin]\nsteps = 1\n",
 	  { "bad.toml:2:", "unknown section 'trainin'", "did you mean 'training'" } },
-	{ "unknown section, no hint", "[checkpoint]\nfolder = 'x'\n",
-	  { "bad.toml:1:", "unknown section 'checkpoint'", "job, model, optimizer" } },
+	{ "unknown section, no hint", "[float8]\nenable = true\n",
+	  { "bad.toml:1:", "unknown section 'float8'", "job, model, optimizer" } },
 	{ "unknown key", "[training]\n\nstepz = 5\n",
 	  { "bad.toml:3:", "unknown key 'training.stepz'", "did you mean 'training.steps'" } },
 	{ "key in the wrong section", "[training]\nlr = 0.1\n",

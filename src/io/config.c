@@ -59,8 +59,8 @@ struct cfg_key {
 /* Sections in the order they are printed; rows below are grouped in this order. */
 static const char *const cfg_sections[] = { "job",	    "model",	   "optimizer",
 					    "lr_scheduler", "training",	   "parallelism",
-					    "activation_checkpoint", "comm",	   "metrics",
-					    "debug" };
+					    "checkpoint",   "activation_checkpoint", "comm",
+					    "metrics",	    "debug" };
 #define CFG_N_SECTIONS ARRAY_SIZE(cfg_sections)
 
 #define CFG_FIELD(sec, key) (((struct ct_config *)0)->sec.key)
@@ -147,6 +147,17 @@ static const struct cfg_key cfg_schema[] = {
 	{ ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
 	  CHOICES("default", "always", "never"),
 	  .help = "Free gathered parameters after forward (default: except the last stage)." },
+
+	{ ROW(checkpoint, enable), .def = "false",
+	  .help = "Save checkpoints, and resume from the newest one (or checkpoint.load_step)." },
+	{ ROW(checkpoint, folder), .def = "checkpoint",
+	  .help = "Checkpoint folder, inside job.dump_folder." },
+	{ ROW(checkpoint, interval), .def = "500", GE(1),
+	  .help = "Save every this many steps, at the last step and on SIGTERM/SIGINT." },
+	{ ROW(checkpoint, keep_latest_k), .def = "10", GE(0),
+	  .help = "Keep this many newest checkpoints and delete older ones; 0 keeps all." },
+	{ ROW(checkpoint, load_step), .def = "-1", UNSET_OR_GE(0),
+	  .help = "Resume from this step; -1: the newest complete checkpoint, if any." },
 
 	{ ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn"),
 	  .help = "none: save every activation; ffn: recompute each block's FFN up-projections "

@@ -65,6 +65,13 @@ struct ct_config {
 		char fsdp_reshard_after_forward[16];	/* "default": default | always | never */
 	} parallelism;
 	struct {
+		bool enable;	       /* false: save and resume checkpoints */
+		char folder[CONFIG_STR_MAX]; /* "checkpoint": under job.dump_folder */
+		int64_t interval;      /* 500, >= 1: save every this many steps (and at the end) */
+		int64_t keep_latest_k; /* 10, >= 0: keep this many newest checkpoints; 0 keeps all */
+		int64_t load_step;     /* -1, >= -1: resume from this step; -1 the newest one */
+	} checkpoint;
+	struct {
 		char mode[16]; /* "none": none | ffn — "ffn" recomputes the FFN up-projections in
 				  backward instead of saving them (less memory, ~15% more FLOPs) */
 	} activation_checkpoint;

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 
@@ -97,6 +98,8 @@ int st_write(const struct st_file *f, const char *path)
 		size_t n = (size_t)(f->t[i].end - f->t[i].begin);
 		ok = fwrite(f->t[i].data, 1, n, out) == n;
 	}
+	/* durable: checkpoints rename the folder only after every file reached the disk */
+	ok = ok && fflush(out) == 0 && fsync(fileno(out)) == 0;
 	if (fclose(out) == 0 && ok)
 		rc = CT_OK;
 	else

@@ -329,6 +329,14 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 	return CT_OK;
 }
 
+void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows, int64_t *at)
+{
+	const struct fsdp_param *p = &f->p[i];
+	*row0 = f->mesh->dp_shard_rank * p->chunk_rows;
+	*nrows = p->my_rows;
+	*at = f->u[f->model->table.p[i].unit].shard_base + p->shard_off;
+}
+
 void fsdp_gather_full(struct fsdp *f, float *out)
 {
 	/* Always fp32, whatever the training all-gather dtype: this is the master copy. */

@@ -57,8 +57,8 @@ fail:
 	return CT_ERR_RUNTIME;
 }
 
-int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, double flops_per_token,
-		 double peak_flops)
+int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool append,
+		 double flops_per_token, double peak_flops)
 {
 	memset(mt, 0, sizeof(*mt));
 	mt->flops_per_token = flops_per_token;
@@ -73,7 +73,7 @@ int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, double
 		return rc;
 	char path[1100];
 	snprintf(path, sizeof(path), "%s/metrics.jsonl", dump_folder);
-	mt->jsonl = fopen(path, "w");
+	mt->jsonl = fopen(path, append ? "a" : "w");
 	if (!mt->jsonl) {
 		LOG_ERROR("cannot write '%s': %s", path, strerror(errno));
 		return CT_ERR_RUNTIME;

@@ -31,8 +31,8 @@ struct metrics {
 
 /* Achieved sgemm FLOP/s on a large square (best of a few runs) with the current threads. */
 double metrics_measure_peak_flops(void);
-int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, double flops_per_token,
-		 double peak_flops);
+int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool append,
+		 double flops_per_token, double peak_flops);
 void metrics_close(struct metrics *mt);
 /* Fills tps/tflops/mfu from tokens and time, prints the console line, writes the record. */
 void metrics_log_step(struct metrics *mt, struct step_metrics *s);

@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include "kernels/kernels.h"
 #include "model/llama.h"
 #include "parallel/fsdp.h"
+#include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optim.h"
@@ -31,6 +34,7 @@ struct trainer {
 	struct metrics metrics;
 	int64_t accum; /* micro-batches per step and rank */
 	int64_t dp;    /* data-parallel ranks */
+	double flops_per_token, peak_flops;
 	int32_t *batch_tokens, *batch_targets; /* accum x N */
 };
 
@@ -147,8 +151,9 @@ static int trainer_setup(struct trainer *tr)
 		 (long long)cfg->training.seq_len, (long long)tr->accum, (long long)tr->dp,
 		 cfg->training.dataset, fpt, peak / 1e9,
 		 cfg->metrics.peak_tflops > 0 ? "from config" : "measured sgemm");
-	return metrics_open(&tr->metrics, cfg->job.dump_folder, cfg->metrics.enable_jsonl, fpt,
-			    peak);
+	tr->flops_per_token = fpt;
+	tr->peak_flops = peak;
+	return CT_OK;
 }
 
 static void trainer_teardown(struct trainer *tr)
@@ -244,21 +249,123 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	return CT_OK;
 }
 
+/* ---------------------------------------------------------------- checkpoints */
+
+static volatile sig_atomic_t trainer_signal;
+
+static void trainer_on_signal(int sig) { trainer_signal = sig; }
+
+/* What this rank holds of every tensor: the whole tensor on one rank, its shard rows under
+ * FSDP. Parameters and both AdamW moments share one layout. */
+static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr)
+{
+	const struct llama_table *t = &tr->model.table;
+	struct ckpt_tensor *ct = xcalloc((size_t)t->count, sizeof(*ct));
+	for (int i = 0; i < t->count; i++) {
+		const struct llama_param *p = &t->p[i];
+		int64_t row0 = 0, nrows = p->shape[0], at = p->offset;
+		float *w = tr->model.params;
+		if (tr->sharded) {
+			fsdp_local_rows(&tr->fsdp, i, &row0, &nrows, &at);
+			w = tr->fsdp.shard_w;
+		}
+		ct[i] = (struct ckpt_tensor){ p->name, p->ndim, p->shape[0], p->numel / p->shape[0],
+					      row0, nrows, w + at, tr->opt.m + at, tr->opt.v + at };
+	}
+	return ct;
+}
+
+static void trainer_ckpt_root(const struct trainer *tr, char *out, size_t n)
+{
+	snprintf(out, n, "%s/%s", tr->cfg->job.dump_folder, tr->cfg->checkpoint.folder);
+}
+
+/* Resume from checkpoint.load_step (or the newest); sets the first step to run. */
+static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_metrics *sm)
+{
+	char root[1100];
+	trainer_ckpt_root(tr, root, sizeof(root));
+	int64_t step;
+	int rc = ckpt_find(root, tr->cfg->checkpoint.load_step, &step);
+	if (rc || step < 0)
+		return rc;
+	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
+	struct ckpt_trainer_state st = { 0 };
+	rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st);
+	free(ct);
+	if (rc)
+		return rc;
+	*first_step = st.step;
+	tr->opt.t = st.optimizer_step;
+	sm->tokens_seen = st.tokens_seen;
+	return CT_OK;
+}
+
+static int trainer_save(struct trainer *tr, int64_t steps_done, const struct step_metrics *sm)
+{
+	char root[1100];
+	trainer_ckpt_root(tr, root, sizeof(root));
+	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
+	struct ckpt_trainer_state st = { .step = steps_done, .tokens_seen = sm->tokens_seen,
+					 .optimizer_step = tr->opt.t };
+	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st,
+			   tr->cfg->checkpoint.keep_latest_k);
+	free(ct);
+	return rc;
+}
+
+/* Did any rank get SIGTERM/SIGINT? (All ranks must agree to stop after the same step.) */
+static bool trainer_should_stop(struct trainer *tr)
+{
+	int64_t s = trainer_signal != 0;
+	comm_all_reduce_i64(&tr->mesh.world_group, &s, 1);
+	return s > 0;
+}
+
 int trainer_run(const struct ct_config *cfg)
 {
 	struct trainer tr = { .cfg = cfg };
-	int rc = trainer_setup(&tr);
 	struct step_metrics sm = { 0 };
-	for (int64_t step = 0; rc == CT_OK && step < cfg->training.steps; step++) {
+	int64_t first = 0, steps = cfg->training.steps;
+	struct sigaction sa = { .sa_handler = trainer_on_signal }, old_term, old_int;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGTERM, &sa, &old_term);
+	sigaction(SIGINT, &sa, &old_int);
+	int rc = trainer_setup(&tr);
+	if (rc == CT_OK && cfg->checkpoint.enable)
+		rc = trainer_resume(&tr, &first, &sm);
+	/* a resumed run appends to the metrics of the run it continues */
+	if (rc == CT_OK)
+		rc = metrics_open(&tr.metrics, cfg->job.dump_folder,
+				  cfg->metrics.enable_jsonl && tr.mesh.rank == 0, first > 0,
+				  tr.flops_per_token, tr.peak_flops);
+	if (rc == CT_OK && first >= steps)
+		LOG_INFO("checkpoint is at step %lld: nothing left to train (training.steps = %lld)",
+			 (long long)first, (long long)steps);
+	int64_t step = first;
+	for (; rc == CT_OK && step < steps; step++) {
 		rc = trainer_step(&tr, step, &sm);
-		if (rc == CT_OK && ((step + 1) % cfg->metrics.log_freq == 0 ||
-				    step + 1 == cfg->training.steps))
+		if (rc)
+			break;
+		if ((step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps)
 			metrics_log_step(&tr.metrics, &sm);
+		bool stop = trainer_should_stop(&tr);
+		if (cfg->checkpoint.enable &&
+		    ((step + 1) % cfg->checkpoint.interval == 0 || step + 1 == steps || stop))
+			rc = trainer_save(&tr, step + 1, &sm);
+		if (stop) {
+			LOG_INFO("stopping after step %lld on signal %d", (long long)step + 1,
+				 (int)trainer_signal);
+			step++;
+			break;
+		}
 	}
 	if (rc == CT_OK)
 		LOG_INFO("training done: %lld steps, final loss %.4f, peak RSS %.2f GiB",
-			 (long long)cfg->training.steps, sm.loss,
+			 (long long)step, sm.loss,
 			 (double)mem_rss_peak_bytes() / (1024.0 * 1024.0 * 1024.0));
 	trainer_teardown(&tr);
+	sigaction(SIGTERM, &old_term, NULL);
+	sigaction(SIGINT, &old_int, NULL);
 	return rc;
 }

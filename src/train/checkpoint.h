@@ -1,0 +1,58 @@
+/* train/checkpoint: distributed checkpoints that reshard on load.
+ *
+ * Layout: <root>/step-NNNNNNNN/ holds one safetensors file per writing rank
+ * (rank-RRRRR.safetensors: for each tensor the row range this rank owns, plus its AdamW
+ * moments as "<name>.exp_avg" / "<name>.exp_avg_sq") and manifest.json: format version, model
+ * shape, mesh, trainer state, and for every tensor its global shape and which file holds which
+ * row range, and an xxHash64 checksum and size per file. Under HSDP only replica 0 writes.
+ *
+ * Saving writes into step-NNNNNNNN.tmp/, fsyncs every file and the folder, renames it into
+ * place, fsyncs the root, then replaces <root>/latest (write, fsync, rename): a crash at any
+ * point leaves either the previous checkpoints or a complete new one, never a half one that
+ * looks complete. keep_latest_k > 0 prunes older step folders after a successful save.
+ *
+ * Loading works on any number of ranks and any layout: each rank reads exactly the row ranges
+ * it now owns, from whichever files hold them, and verifies each file's checksum first.
+ */
+#ifndef CT_TRAIN_CHECKPOINT_H
+#define CT_TRAIN_CHECKPOINT_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "model/llama.h"
+
+#define CKPT_FORMAT_VERSION 1
+
+/* What this rank holds of one tensor: rows [row0, row0 + nrows) of a (rows x cols) tensor. */
+struct ckpt_tensor {
+	const char *name;
+	int ndim; /* 1 or 2 */
+	int64_t rows, cols;
+	int64_t row0, nrows;
+	float *param, *exp_avg, *exp_avg_sq; /* nrows * cols each */
+};
+
+struct ckpt_trainer_state {
+	int64_t step;	     /* optimizer steps completed */
+	int64_t tokens_seen; /* all ranks */
+	int64_t optimizer_step;
+	char data_state[256]; /* the data loader's position, JSON text ("" when derived from step) */
+};
+
+/* Save a checkpoint of `step`. Collective over mesh->world_group. Returns CT_OK or an error
+ * (the previous checkpoints are untouched on error). */
+int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
+	      const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
+	      int64_t keep_latest_k);
+
+/* Find the step to load: `want` >= 0 exactly that step; -1 the newest complete checkpoint.
+ * Sets *step = -1 (and returns CT_OK) when there is none. */
+int ckpt_find(const char *root, int64_t want, int64_t *step);
+
+/* Load checkpoint `step` into the tensors (each rank its rows). Collective. The model shape
+ * must match the saved one (errors name the tensor). */
+int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
+	      const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st);
+
+#endif

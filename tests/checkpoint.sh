@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# Checkpoint tests through the CLI:
+#  - resume is exact: run 6 steps, or die in step 4 and resume: steps 4-6 bitwise identical;
+#  - reshard on load: save on 4 ranks, resume on 2 and on 1 (same global batch): losses of the
+#    resumed steps equal the uninterrupted run's within 1e-5;
+#  - keep_latest_k prunes; `latest` names the newest;
+#  - a corrupted or truncated checkpoint file is named, exit 1, and nothing is overwritten;
+#  - SIGTERM: finish the step, save, exit 0.
+#   tests/checkpoint.sh build/ctitan
+set -u
+CTITAN=$1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LAUNCH="$ROOT/scripts/launch"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+pass=0
+fail=0
+check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "[ ok ] $1"; else fail=$((fail + 1)); echo "[FAIL] $1"; fi; }
+COMMON=(--training.steps=6 --training.seq_len=32 --training.global_batch_size=8
+        --training.local_batch_size=2 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=0.1
+        --model.vocab_size=509 --checkpoint.interval=3)
+# losses of steps 4..6 from a metrics file, one per line, full precision
+losses() { /usr/bin/python3 -c "
+import json,sys
+recs=[json.loads(l) for l in open(sys.argv[1])]
+last={r['step']:r['loss'] for r in recs}
+print('\n'.join(repr(last[s]) for s in (4,5,6)))" "$1"; }
+close() { /usr/bin/python3 -c "
+import sys
+a=[float(x) for x in open(sys.argv[1])]; b=[float(x) for x in open(sys.argv[2])]
+sys.exit(0 if len(a)==len(b)==3 and all(abs(x-y)<=1e-5*abs(y) for x,y in zip(a,b)) else 1)" "$1" "$2"; }
+
+# 1. exact resume on 1 rank
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/a" > "$tmp/a.log" 2>&1
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/b" \
+  --checkpoint.enable=true --debug.fail_rank=0 --debug.fail_step=4 > "$tmp/b1.log" 2>&1
+[ -f "$tmp/b/checkpoint/step-00000003/manifest.json" ]; check "checkpoint of step 3 exists after the crash in step 4" $?
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/b" \
+  --checkpoint.enable=true > "$tmp/b2.log" 2>&1
+grep -q "loaded step 3" "$tmp/b2.log"; check "resume loads step 3" $?
+losses "$tmp/a/metrics.jsonl" > "$tmp/a.l"; losses "$tmp/b/metrics.jsonl" > "$tmp/b.l"
+cmp -s "$tmp/a.l" "$tmp/b.l"; check "resumed steps 4-6 bitwise equal the uninterrupted run" $?
+
+# 2. reshard: save on 4 ranks (FSDP), resume on 2 ranks and on 1 rank
+"$LAUNCH" 4 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/c" \
+  --checkpoint.enable=true --debug.fail_rank=2 --debug.fail_step=4 > "$tmp/c1.log" 2>&1
+[ -f "$tmp/c/checkpoint/step-00000003/manifest.json" ]; check "4-rank checkpoint of step 3 exists" $?
+for n in 2 1; do
+  rm -rf "$tmp/d$n"; mkdir -p "$tmp/d$n"; cp -r "$tmp/c/checkpoint" "$tmp/d$n/"
+  "$LAUNCH" $n "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/d$n" \
+    --checkpoint.enable=true > "$tmp/d$n.log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && grep -q "loaded step 3" "$tmp/d$n.log"; check "4-rank checkpoint loads on $n rank(s)" $?
+  losses "$tmp/d$n/metrics.jsonl" > "$tmp/d$n.l" 2>/dev/null
+  close "$tmp/d$n.l" "$tmp/a.l"; check "resumed on $n rank(s): steps 4-6 match the 1-rank run within 1e-5" $?
+done
+
+# 3. pruning and latest
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/e" \
+  --checkpoint.enable=true --checkpoint.interval=1 --checkpoint.keep_latest_k=2 > "$tmp/e.log" 2>&1
+[ "$(ls "$tmp/e/checkpoint" | grep -c '^step-')" -eq 2 ] && [ -d "$tmp/e/checkpoint/step-00000006" ] \
+  && [ -d "$tmp/e/checkpoint/step-00000005" ]; check "keep_latest_k=2 keeps steps 5 and 6" $?
+[ "$(cat "$tmp/e/checkpoint/latest")" = "6" ]; check "latest names step 6" $?
+
+# 4. corruption: flip a byte of the newest checkpoint's data file
+f="$tmp/e/checkpoint/step-00000006/rank-00000.safetensors"
+sum_before=$(md5sum "$f" | cut -d' ' -f1)
+printf '\x55' | dd of="$f" bs=1 seek=100000 conv=notrunc 2>/dev/null
+cp "$f" "$tmp/corrupt.copy"
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=8 --job.dump_folder="$tmp/e" \
+  --checkpoint.enable=true --checkpoint.keep_latest_k=2 > "$tmp/e2.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "rank-00000.safetensors' is corrupted" "$tmp/e2.log"; check "corrupted file named, exit 1 (got $rc)" $?
+cmp -s "$f" "$tmp/corrupt.copy" && [ -d "$tmp/e/checkpoint/step-00000005" ]; check "nothing overwritten or pruned after the failed load" $?
+# truncated manifest
+head -c 100 "$tmp/e/checkpoint/step-00000005/manifest.json" > "$tmp/m" && cp "$tmp/m" "$tmp/e/checkpoint/step-00000005/manifest.json"
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/e" \
+  --checkpoint.enable=true --checkpoint.load_step=5 > "$tmp/e3.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "manifest.json' is missing or malformed" "$tmp/e3.log"; check "truncated manifest named, exit 1 (got $rc)" $?
+# a model that does not match
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --model.vocab_size=512 --job.dump_folder="$tmp/a2" \
+  > /dev/null 2>&1
+cp -r "$tmp/b/checkpoint" "$tmp/a2/" 2>/dev/null
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --model.vocab_size=512 --job.dump_folder="$tmp/a2" \
+  --checkpoint.enable=true > "$tmp/a3.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "tok_embeddings.weight' has shape" "$tmp/a3.log"; check "shape mismatch named (exit $rc)" $?
+
+# 5. SIGTERM: finish the step, save, exit 0
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=100000 --job.dump_folder="$tmp/s" \
+  --checkpoint.enable=true --checkpoint.interval=100000 > "$tmp/s.log" 2>&1 &
+pid=$!
+for _ in $(seq 1 100); do grep -q "step:" "$tmp/s.log" 2>/dev/null && break; sleep 0.2; done
+kill -TERM $pid
+wait $pid
+rc=$?
+n=$(cat "$tmp/s/checkpoint/latest" 2>/dev/null || echo none)
+[ $rc -eq 0 ] && [ -f "$tmp/s/checkpoint/step-$(printf %08d "$n")/manifest.json" ]; check "SIGTERM: exit 0 (got $rc) with a checkpoint of step $n" $?
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
