@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "cli/generate_cmd.h"
 #include "comm/comm.h"
 #include "io/config.h"
 #include "train/trainer.h"
@@ -17,6 +18,8 @@ static void usage(FILE *f)
 		   "commands:\n"
 		   "  train CONFIG.toml [--section.key=value | --section.key value ...]\n"
 		   "        train a model; `ctitan train --help` lists every config key\n"
+		   "  generate CONFIG.toml [--section.key=value ...] [--prompt-ids IDS ...]\n"
+		   "        sample from the newest checkpoint of a run\n"
 		   "  help  this text\n\n"
 		   "exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration\n",
 		CTITAN_VERSION);
@@ -87,6 +90,8 @@ int main(int argc, char **argv)
 	const char *cmd = argv[1];
 	if (strcmp(cmd, "train") == 0)
 		return cmd_train(argc - 2, argv + 2);
+	if (strcmp(cmd, "generate") == 0)
+		return cmd_generate(argc - 2, argv + 2);
 	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
 		usage(stdout);
 		return 0;

@@ -256,7 +256,7 @@ void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
 }
 
 /* Rotation angles t*f_i with Llama 3.1 frequency scaling as an option. */
-static void rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab)
+void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab)
 {
 	int64_t half = c->head_dim / 2;
 	for (int64_t i = 0; i < half; i++) {
@@ -391,7 +391,7 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	m->scratch_bytes = sv.off;
 	sv = (struct carver){ mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes), 0 };
 	plan_scratch(m, &sv);
-	rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
+	llama_rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
 	return CT_OK;
 }
 

@@ -66,6 +66,9 @@ const struct llama_param *llama_table_find(const struct llama_table *t, const ch
 void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
 		       float *out, int64_t first, int64_t n);
 
+/* RoPE tables (T, head_dim/2): cos and sin of t * f_i (with Llama 3.1 scaling if enabled). */
+void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab);
+
 /* FLOPs per token, TorchTitan's formula: 6*(N - N_embedding) + 12*L*C*T. */
 double llama_flops_per_token(const struct llama_config *c, const struct llama_table *t,
 			     int64_t seq_len);

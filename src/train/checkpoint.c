@@ -448,6 +448,8 @@ static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char 
 		const char *suffix[3] = { "", ".exp_avg", ".exp_avg_sq" };
 		float *dst[3] = { t->param, t->exp_avg, t->exp_avg_sq };
 		for (int k = 0; k < 3; k++) {
+			if (!dst[k]) /* e.g. generation loads parameters only */
+				continue;
 			char name[256];
 			snprintf(name, sizeof(name), "%s%s", t->name, suffix[k]);
 			const struct st_tensor *s = st_find(f, name);

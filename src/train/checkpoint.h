@@ -30,7 +30,7 @@ struct ckpt_tensor {
 	int ndim; /* 1 or 2 */
 	int64_t rows, cols;
 	int64_t row0, nrows;
-	float *param, *exp_avg, *exp_avg_sq; /* nrows * cols each */
+	float *param, *exp_avg, *exp_avg_sq; /* nrows * cols each; loading skips NULL moments */
 };
 
 struct ckpt_trainer_state {

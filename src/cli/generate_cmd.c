@@ -1,0 +1,189 @@
+/* ctitan generate CONFIG [--section.key=value ...] [--prompt-ids 1,2,3] [--max-new-tokens N]
+ *                 [--temperature X] [--top-k K] [--seed S]
+ * Loads the model's newest (or checkpoint.load_step) checkpoint from
+ * <job.dump_folder>/<checkpoint.folder> on one process, with any number of ranks having saved
+ * it, and generates with a KV cache. */
+#include "cli/generate_cmd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "comm/comm.h"
+#include "infer/generate.h"
+#include "io/config.h"
+#include "model/llama.h"
+#include "train/checkpoint.h"
+
+struct gen_args {
+	const char *prompt_ids;
+	struct gen_opts o;
+};
+
+static void gen_usage(FILE *f)
+{
+	fprintf(f, "usage: ctitan generate CONFIG.toml [--section.key=value ...] [options]\n\n"
+		   "Samples from the newest checkpoint in <job.dump_folder>/<checkpoint.folder>\n"
+		   "(or checkpoint.load_step).\n\n"
+		   "options:\n"
+		   "  --prompt-ids IDS      comma-separated token ids to start from (default: 0)\n"
+		   "  --max-new-tokens N    tokens to generate (default 64)\n"
+		   "  --temperature X       0 = greedy (default 0.8)\n"
+		   "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
+		   "  --seed S              sampling seed (default 0)\n");
+}
+
+/* Split argv into generate options and config overrides (kept in place, compacted). */
+static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
+{
+	int out = 0;
+	for (int i = 0; i < *argc; i++) {
+		const char *k = argv[i];
+		bool mine = strcmp(k, "--prompt-ids") == 0 || strcmp(k, "--max-new-tokens") == 0 ||
+			    strcmp(k, "--temperature") == 0 || strcmp(k, "--top-k") == 0 ||
+			    strcmp(k, "--seed") == 0;
+		if (!mine) {
+			argv[out++] = argv[i];
+			continue;
+		}
+		if (i + 1 >= *argc) {
+			LOG_ERROR("%s: missing value", k);
+			return CT_ERR_USAGE;
+		}
+		const char *v = argv[++i];
+		char *end;
+		if (strcmp(k, "--prompt-ids") == 0) {
+			a->prompt_ids = v;
+			continue;
+		}
+		double x = strtod(v, &end);
+		if (*end || end == v || x < 0) {
+			LOG_ERROR("%s: expected a non-negative number, got '%s'", k, v);
+			return CT_ERR_USAGE;
+		}
+		if (strcmp(k, "--max-new-tokens") == 0)
+			a->o.max_new_tokens = (int64_t)x;
+		else if (strcmp(k, "--temperature") == 0)
+			a->o.temperature = x;
+		else if (strcmp(k, "--top-k") == 0)
+			a->o.top_k = (int64_t)x;
+		else
+			a->o.seed = (uint64_t)x;
+	}
+	*argc = out;
+	return CT_OK;
+}
+
+static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
+{
+	*n = 0;
+	*ids = xcalloc(strlen(s) + 1, sizeof(int32_t));
+	const char *p = s;
+	while (*p) {
+		char *end;
+		long v = strtol(p, &end, 10);
+		if (end == p || v < 0 || v >= vocab || (*end && *end != ',')) {
+			LOG_ERROR("--prompt-ids: '%s' is not a list of ids below the vocabulary (%lld)", s,
+				  (long long)vocab);
+			return CT_ERR_USAGE;
+		}
+		(*ids)[(*n)++] = (int32_t)v;
+		p = *end ? end + 1 : end;
+	}
+	return *n ? CT_OK : CT_ERR_USAGE;
+}
+
+static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
+{
+	struct llama_config mc;
+	int rc = llama_config_preset(&mc, cfg->model.flavor);
+	if (rc)
+		return rc;
+	if (cfg->model.vocab_size > 0)
+		mc.vocab_size = cfg->model.vocab_size;
+	mc.rope_scaling = cfg->model.rope_scaling;
+	if ((rc = llama_config_finish(&mc)))
+		return rc;
+	struct llama_table t;
+	llama_table_build(&t, &mc);
+	float *params = mem_alloc(MEM_PARAMS, (size_t)t.numel * sizeof(float));
+	struct ckpt_tensor *ct = xcalloc((size_t)t.count, sizeof(*ct));
+	for (int i = 0; i < t.count; i++) {
+		const struct llama_param *p = &t.p[i];
+		ct[i] = (struct ckpt_tensor){ p->name, p->ndim, p->shape[0], p->numel / p->shape[0], 0,
+					      p->shape[0], params + p->offset, NULL, NULL };
+	}
+	char root[1100];
+	snprintf(root, sizeof(root), "%s/%s", cfg->job.dump_folder, cfg->checkpoint.folder);
+	int64_t step = -1;
+	struct mesh mesh;
+	int32_t *prompt = NULL, *out = NULL;
+	struct gen_state *g = NULL;
+	rc = mesh_build(&mesh, 1, 1, 1, 1);
+	if (!rc)
+		rc = ckpt_find(root, cfg->checkpoint.load_step, &step);
+	if (!rc && step < 0) {
+		LOG_ERROR("generate: no checkpoint in '%s' (train with --checkpoint.enable=true)",
+			  root);
+		rc = CT_ERR_USAGE;
+	}
+	struct ckpt_trainer_state st;
+	if (!rc)
+		rc = ckpt_load(root, step, &mc, &mesh, ct, t.count, &st);
+	int64_t n_prompt = 0;
+	if (!rc)
+		rc = parse_ids(a->prompt_ids ? a->prompt_ids : "0", mc.vocab_size, &prompt, &n_prompt);
+	if (!rc) {
+		g = gen_create(&mc, &t, params, n_prompt + a->o.max_new_tokens + 1);
+		out = xcalloc((size_t)a->o.max_new_tokens + 1, sizeof(int32_t));
+		int64_t n = gen_generate(g, prompt, n_prompt, &a->o, out);
+		printf("prompt:");
+		for (int64_t i = 0; i < n_prompt; i++)
+			printf(" %d", prompt[i]);
+		printf("\ngenerated:");
+		for (int64_t i = 0; i < n; i++)
+			printf(" %d", out[i]);
+		printf("\n");
+	}
+	gen_free(g);
+	free(prompt), free(out), free(ct);
+	mem_free(MEM_PARAMS, params, (size_t)t.numel * sizeof(float));
+	llama_table_free(&t);
+	if (mesh.world_group.size)
+		mesh_free(&mesh);
+	return rc;
+}
+
+int cmd_generate(int argc, char **argv)
+{
+	for (int i = 0; i < argc; i++)
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			gen_usage(stdout);
+			return 0;
+		}
+	if (argc < 1 || strncmp(argv[0], "--", 2) == 0) {
+		gen_usage(stderr);
+		return 2;
+	}
+	struct gen_args a = { NULL, { 64, 0.8, 40, 0, -1 } };
+	int n = argc - 1;
+	int rc = parse_gen_args(&n, argv + 1, &a);
+	struct ct_config cfg;
+	config_defaults(&cfg);
+	if (!rc)
+		rc = config_load_file(&cfg, argv[0]);
+	if (!rc)
+		rc = config_apply_args(&cfg, n, argv + 1);
+	if (!rc)
+		rc = config_validate(&cfg);
+	if (!rc) {
+		rc = comm_init(&argc, &argv);
+		if (!rc) {
+			rc = generate_run(&cfg, &a);
+			comm_finalize();
+		}
+	}
+	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+}
