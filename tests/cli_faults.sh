@@ -37,10 +37,14 @@ done
 [ $? -eq 2 ] && grep -q "training.stepz" "$tmp/err"; check "unknown key named, exit 2" $?
 "$CTITAN" train "$ROOT/configs/debug.toml" --parallelism.tensor_parallel_degree=2 2> "$tmp/err" > /dev/null
 [ $? -eq 2 ] && grep -q "not yet supported" "$tmp/err"; check "tensor parallel: not yet supported, exit 2" $?
-printf 'CTTOKENS\001\000\000\000\002\000\000\000\377\000\000\000\000\000\000\000' > "$tmp/bad.tok"
-"$CTITAN" train "$ROOT/configs/debug.toml" --training.dataset="$tmp/bad.tok" --metrics.peak_tflops=0.1 2> "$tmp/err" > /dev/null
+mkdir -p "$tmp/data"
+printf 'CTTOKENS\001\000\000\000\002\000\000\000\377\000\000\000\000\000\000\000' > "$tmp/data/train_000000.bin"
+"$CTITAN" train "$ROOT/configs/debug.toml" --training.dataset=mine --training.dataset_path="$tmp/data" \
+  --metrics.peak_tflops=0.1 2> "$tmp/err" > /dev/null
 rc=$?
-[ $rc -eq 1 ] && grep -q "bad.tok" "$tmp/err"; check "token file that lies about its size: named, exit 1 (got $rc)" $?
+[ $rc -eq 1 ] && grep -q "train_000000.bin" "$tmp/err"; check "token shard that lies about its size: named, exit 1 (got $rc)" $?
+"$CTITAN" train "$ROOT/configs/debug.toml" --training.dataset=mine 2> "$tmp/err" > /dev/null
+[ $? -eq 2 ] && grep -q "dataset_path" "$tmp/err"; check "a dataset without dataset_path: exit 2" $?
 "$CTITAN" train "$ROOT/configs/debug.toml" --job.print_config=true > "$tmp/p.toml" 2>&1
 "$CTITAN" train "$tmp/p.toml" --job.print_config=true > "$tmp/p2.toml" 2>&1
 cmp -s "$tmp/p.toml" "$tmp/p2.toml"; check "printed config reads back identically" $?

@@ -189,6 +189,7 @@ static const struct {
 	{ "training.max_norm", "0.5", "0.5" },
 	{ "training.steps", "1_000_000", "1000000" },
 	{ "training.dataset", "'C:\\data\\tokens.bin'", "C:\\data\\tokens.bin" },
+	{ "training.dataset_path", "\"data/x\"", "data/x" },
 	{ "training.mixed_precision_param", "\"bfloat16\"", "bfloat16" },
 	{ "training.mixed_precision_reduce", "\"float32\"", "float32" },
 	{ "parallelism.data_parallel_shard_degree", "4", "4" },
@@ -196,6 +197,9 @@ static const struct {
 	{ "parallelism.tensor_parallel_degree", "8", "8" },
 	{ "parallelism.pipeline_parallel_degree", "3", "3" },
 	{ "parallelism.fsdp_reshard_after_forward", "\"never\"", "never" },
+	{ "validation.enable", "true", "true" },
+	{ "validation.freq", "25", "25" },
+	{ "validation.steps", "3", "3" },
 	{ "checkpoint.enable", "true", "true" },
 	{ "checkpoint.folder", "\"ckpt\"", "ckpt" },
 	{ "checkpoint.interval", "7", "7" },
@@ -249,6 +253,9 @@ static void check_every_key_values(const struct ct_config *c)
 	EXPECT(c->parallelism.tensor_parallel_degree == 8, "tp");
 	EXPECT(c->parallelism.pipeline_parallel_degree == 3, "pp");
 	EXPECT(strcmp(c->parallelism.fsdp_reshard_after_forward, "never") == 0, "reshard");
+	EXPECT(strcmp(c->training.dataset_path, "data/x") == 0, "dataset_path");
+	EXPECT(c->validation.enable && c->validation.freq == 25 && c->validation.steps == 3,
+	       "validation keys");
 	EXPECT(c->checkpoint.enable && strcmp(c->checkpoint.folder, "ckpt") == 0 &&
 		       c->checkpoint.interval == 7 && c->checkpoint.keep_latest_k == 0 &&
 		       c->checkpoint.load_step == 12,
@@ -720,8 +727,8 @@ static const struct bad_file bad_files[] = {
 	  { "bad.toml:4:", "duplicate key 'training.steps'", "first set at line 2" } },
 	{ "duplicate section", "[training]\nsteps = 1\n[job]\n[training]\n",
 	  { "bad.toml:4:", "section [training] appears twice", "first at line 1" } },
-	{ "key before any section", "# top\nsteps = 5\n[training]\n",
-	  { "bad.toml:2:", "key 'steps' before any [section]", "[training]" } },
+	{ "key before any section", "# top\nseq_len = 5\n[training]\n",
+	  { "bad.toml:2:", "key 'seq_len' before any [section]", "[training]" } },
 	{ "garbage after value", "[training]\nsteps = 10 20\n",
 	  { "bad.toml:2:", "unexpected '20' after the value" } },
 	{ "garbage after string", "[job]\ndescription = \"a\" b\n",

@@ -59,7 +59,8 @@ struct cfg_key {
 /* Sections in the order they are printed; rows below are grouped in this order. */
 static const char *const cfg_sections[] = { "job",	    "model",	   "optimizer",
 					    "lr_scheduler", "training",	   "parallelism",
-					    "checkpoint",   "activation_checkpoint", "comm",
+					    "validation",   "checkpoint",   "activation_checkpoint",
+					    "comm",
 					    "metrics",	    "debug" };
 #define CFG_N_SECTIONS ARRAY_SIZE(cfg_sections)
 
@@ -130,7 +131,11 @@ static const struct cfg_key cfg_schema[] = {
 	  .help = "Gradient clipping threshold on the global gradient norm." },
 	{ ROW(training, steps), .def = "10000", GE(1), .help = "Optimizer steps to run." },
 	{ ROW(training, dataset), .def = "synthetic",
-	  .help = "\"synthetic\" or the path of a token file." },
+	  .help = "\"synthetic\" (seeded sequences with a learnable rule) or the name of the "
+		  "dataset in training.dataset_path." },
+	{ ROW(training, dataset_path), .def = "",
+	  .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
+		  "used unless training.dataset is \"synthetic\"." },
 	{ ROW(training, mixed_precision_param), .def = "float32", CHOICES("float32", "bfloat16"),
 	  .help = "Type of the parameters in forward and backward." },
 	{ ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
@@ -147,6 +152,13 @@ static const struct cfg_key cfg_schema[] = {
 	{ ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
 	  CHOICES("default", "always", "never"),
 	  .help = "Free gathered parameters after forward (default: except the last stage)." },
+
+	{ ROW(validation, enable), .def = "false",
+	  .help = "Report the loss on the val split of training.dataset_path." },
+	{ ROW(validation, freq), .def = "100", GE(1),
+	  .help = "Evaluate every this many steps and at the last step." },
+	{ ROW(validation, steps), .def = "-1", UNSET_OR_GE(1),
+	  .help = "Steps per evaluation; -1: the whole val split." },
 
 	{ ROW(checkpoint, enable), .def = "false",
 	  .help = "Save checkpoints, and resume from the newest one (or checkpoint.load_step)." },

@@ -53,7 +53,10 @@ struct ct_config {
 		int64_t seq_len;	   /* 2048, >= 1 */
 		double max_norm;	   /* 1.0, > 0; gradient clipping on the global norm */
 		int64_t steps;		   /* 10000, >= 1 */
-		char dataset[CONFIG_STR_MAX]; /* "synthetic" or a token file path */
+		char dataset[CONFIG_STR_MAX]; /* "synthetic" (seeded sequences with a learnable
+						 rule) or a dataset name (needs dataset_path) */
+		char dataset_path[CONFIG_STR_MAX]; /* "": a folder of token shards (train_*.bin,
+						      val_*.bin) from `ctitan prepare` */
 		char mixed_precision_param[16];	 /* "float32": float32 | bfloat16 */
 		char mixed_precision_reduce[16]; /* "float32": float32 */
 	} training;
@@ -64,6 +67,11 @@ struct ct_config {
 		int64_t pipeline_parallel_degree;	/* 1, >= 1 */
 		char fsdp_reshard_after_forward[16];	/* "default": default | always | never */
 	} parallelism;
+	struct {
+		bool enable;   /* false: report the loss on the val split of dataset_path */
+		int64_t freq;  /* 100, >= 1: every this many steps (and at the last) */
+		int64_t steps; /* -1 (the whole split), else >= 1: steps per evaluation */
+	} validation;
 	struct {
 		bool enable;	       /* false: save and resume checkpoints */
 		char folder[CONFIG_STR_MAX]; /* "checkpoint": under job.dump_folder */

@@ -329,6 +329,26 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 	return CT_OK;
 }
 
+double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targets,
+		      int64_t *valid)
+{
+	struct llama_model *m = f->model;
+	memcpy(m->tokens, tokens, (size_t)m->N * sizeof(int32_t));
+	memcpy(m->targets, targets, (size_t)m->N * sizeof(int32_t));
+	double saved = m->loss_dscale, loss = 0.0;
+	m->loss_dscale = 0; /* no loss gradient */
+	for (int u = 0; u < f->n_units; u++) {
+		unit_gather(f, u);
+		int64_t v = 0;
+		loss += llama_unit_forward(m, u, &v);
+		if (u == f->n_units - 1)
+			*valid = v;
+		unit_release_params(f, u);
+	}
+	m->loss_dscale = saved;
+	return loss;
+}
+
 void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows, int64_t *at)
 {
 	const struct fsdp_param *p = &f->p[i];

@@ -77,6 +77,11 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 		    const int32_t *targets, int64_t accum, double lr, double max_norm,
 		    struct train_step_result *res);
 
+/* Forward only over one micro-batch (evaluation): returns the sum of token losses and sets
+ * *valid; no gradients. */
+double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targets,
+		      int64_t *valid);
+
 /* Where this rank's rows of table tensor i live: rows [*row0, *row0 + *nrows), stored at
  * element *at of the shard buffers (shard_w, shard_g, and optimizer moments alike). */
 void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows, int64_t *at);

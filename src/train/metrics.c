@@ -102,9 +102,13 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 		 "  tps: %.0f  tflops: %.3f  mfu: %.2f%%",
 		 bold, (long long)s->step, reset, s->loss, s->grad_norm, s->lr, rss_gib, rss_pct,
 		 s->tps, s->tflops, s->mfu);
+	if (s->val_loss >= 0)
+		LOG_INFO("step: %5lld  validation loss: %8.4f", (long long)s->step, s->val_loss);
 	if (!mt->jsonl)
 		return;
 	cJSON *o = cJSON_CreateObject();
+	if (s->val_loss >= 0)
+		cJSON_AddNumberToObject(o, "validation_loss", s->val_loss);
 	cJSON_AddNumberToObject(o, "step", (double)s->step);
 	cJSON_AddNumberToObject(o, "loss", s->loss);
 	cJSON_AddNumberToObject(o, "global_avg_loss", s->loss);

@@ -20,6 +20,7 @@ struct step_metrics {
 	double tps;	      /* tokens/s per rank */
 	double tflops;	      /* achieved TFLOP/s per rank */
 	double mfu;	      /* percent of peak */
+	double val_loss;      /* validation loss of this step, < 0 when not evaluated */
 };
 
 struct metrics {

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "base/timer.h"
 #include "comm/comm.h"
 #include "comm/stream.h"
+#include "data/loader.h"
 #include "data/tokens.h"
 #include "kernels/kernels.h"
 #include "model/llama.h"
@@ -30,7 +32,9 @@ struct trainer {
 	bool sharded;
 	struct adamw opt;
 	struct lr_schedule lr;
-	struct token_source data;
+	struct token_source data;  /* training.dataset = "synthetic" */
+	struct loader *train_ld;   /* a shard folder */
+	struct loader *val_ld;	   /* its val split, when validation is on */
 	struct metrics metrics;
 	int64_t accum; /* micro-batches per step and rank */
 	int64_t dp;    /* data-parallel ranks */
@@ -84,6 +88,34 @@ static int trainer_build_model(struct trainer *tr)
 	return CT_OK;
 }
 
+static int trainer_open_data(struct trainer *tr)
+{
+	const struct ct_config *cfg = tr->cfg;
+	struct llama_model *m = &tr->model;
+	bool synthetic = strcmp(cfg->training.dataset, "synthetic") == 0;
+	if (synthetic)
+		return tokens_open(&tr->data, "synthetic", m->cfg.vocab_size,
+				   (uint64_t)cfg->debug.seed, m->T);
+	if (!cfg->training.dataset_path[0]) {
+		LOG_ERROR("training.dataset = \"%s\" needs training.dataset_path (a folder of token "
+			  "shards from `ctitan prepare`)", cfg->training.dataset);
+		return CT_ERR_USAGE;
+	}
+	struct loader_config lc = {
+		.folder = cfg->training.dataset_path, .split = "train", .vocab = m->cfg.vocab_size,
+		.seq_len = m->T, .batch = m->B, .micro_batches = tr->accum,
+		.rank = tr->mesh.dp_group.rank, .ranks = (int)tr->dp,
+		.seed = (uint64_t)cfg->debug.seed, .ignore_index = LLAMA_IGNORE_INDEX,
+		.prefetch = true,
+	};
+	int rc = loader_open(&tr->train_ld, &lc);
+	if (rc || !cfg->validation.enable)
+		return rc;
+	lc.split = "val"; /* same global batch as training: results independent of ranks */
+	lc.prefetch = false;
+	return loader_open(&tr->val_ld, &lc);
+}
+
 static int trainer_setup(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
@@ -123,8 +155,7 @@ static int trainer_setup(struct trainer *tr)
 			      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
 	if (rc)
 		return rc;
-	rc = tokens_open(&tr->data, cfg->training.dataset, tr->model.cfg.vocab_size,
-			 (uint64_t)cfg->debug.seed, cfg->training.seq_len);
+	rc = trainer_open_data(tr);
 	if (rc)
 		return rc;
 	size_t bytes = (size_t)(tr->accum * tr->model.N) * sizeof(int32_t);
@@ -165,6 +196,8 @@ static void trainer_teardown(struct trainer *tr)
 	}
 	metrics_close(&tr->metrics);
 	tokens_close(&tr->data);
+	loader_close(tr->train_ld);
+	loader_close(tr->val_ld);
 	if (tr->opt.m)
 		adamw_free(&tr->opt);
 	if (tr->sharded)
@@ -208,6 +241,10 @@ int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
 static void trainer_batch(struct trainer *tr, int64_t step)
 {
 	struct llama_model *m = &tr->model;
+	if (tr->train_ld) {
+		loader_next(tr->train_ld, tr->batch_tokens, tr->batch_targets);
+		return;
+	}
 	int64_t G = tr->accum * tr->dp * m->B, d = tr->mesh.dp_group.rank;
 	for (int64_t a = 0; a < tr->accum; a++)
 		tokens_batch(&tr->data, step * G + (a * tr->dp + d) * m->B, m->B, m->T,
@@ -246,6 +283,43 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->tokens = tr->accum * m->N;
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
+	return CT_OK;
+}
+
+/* Mean loss over the val split (or validation.steps batches of it), all ranks. */
+static int trainer_validate(struct trainer *tr, double *loss)
+{
+	struct llama_model *m = &tr->model;
+	int64_t steps = loader_steps_per_epoch(tr->val_ld);
+	if (tr->cfg->validation.steps > 0 && tr->cfg->validation.steps < steps)
+		steps = tr->cfg->validation.steps;
+	loader_rewind(tr->val_ld);
+	double sums[2] = { 0, 0 };
+	for (int64_t s = 0; s < steps; s++) {
+		loader_next(tr->val_ld, tr->batch_tokens, tr->batch_targets);
+		for (int64_t a = 0; a < tr->accum; a++) {
+			const int32_t *tok = tr->batch_tokens + a * m->N;
+			const int32_t *tgt = tr->batch_targets + a * m->N;
+			int64_t valid = 0;
+			double l;
+			if (tr->sharded) {
+				l = fsdp_eval_loss(&tr->fsdp, tok, tgt, &valid);
+			} else {
+				memcpy(m->tokens, tok, (size_t)m->N * sizeof(int32_t));
+				memcpy(m->targets, tgt, (size_t)m->N * sizeof(int32_t));
+				m->loss_dscale = 0;
+				l = llama_forward(m, &valid);
+			}
+			sums[0] += l;
+			sums[1] += (double)valid;
+		}
+	}
+	comm_all_reduce_f64(&tr->mesh.dp_group, sums, 2);
+	*loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
+	if (!isfinite(*loss)) {
+		LOG_ERROR("validation loss is not finite");
+		return CT_ERR_RUNTIME;
+	}
 	return CT_OK;
 }
 
@@ -297,6 +371,14 @@ static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_m
 		return rc;
 	*first_step = st.step;
 	tr->opt.t = st.optimizer_step;
+	if (tr->train_ld && st.data_state[0]) {
+		cJSON *js = cJSON_Parse(st.data_state);
+		struct loader_state ls;
+		rc = loader_state_from_json(&ls, js, "checkpoint data_state");
+		if (!rc)
+			rc = loader_restore(tr->train_ld, &ls);
+		cJSON_Delete(js);
+	}
 	sm->tokens_seen = st.tokens_seen;
 	return CT_OK;
 }
@@ -308,6 +390,15 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 	struct ckpt_trainer_state st = { .step = steps_done, .tokens_seen = sm->tokens_seen,
 					 .optimizer_step = tr->opt.t };
+	if (tr->train_ld) {
+		struct loader_state ls;
+		loader_state(tr->train_ld, &ls);
+		cJSON *js = loader_state_to_json(&ls);
+		char *txt = cJSON_PrintUnformatted(js);
+		snprintf(st.data_state, sizeof(st.data_state), "%s", txt);
+		free(txt);
+		cJSON_Delete(js);
+	}
 	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st,
 			   tr->cfg->checkpoint.keep_latest_k);
 	free(ct);
@@ -347,7 +438,13 @@ int trainer_run(const struct ct_config *cfg)
 		rc = trainer_step(&tr, step, &sm);
 		if (rc)
 			break;
-		if ((step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps)
+		sm.val_loss = -1;
+		if (tr.val_ld && ((step + 1) % cfg->validation.freq == 0 || step + 1 == steps)) {
+			rc = trainer_validate(&tr, &sm.val_loss);
+			if (rc)
+				break;
+		}
+		if ((step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps || sm.val_loss >= 0)
 			metrics_log_step(&tr.metrics, &sm);
 		bool stop = trainer_should_stop(&tr);
 		if (cfg->checkpoint.enable &&
