@@ -10,6 +10,7 @@ PKGS=(
   libcjson-dev               # JSON (metrics, manifests)
   libxxhash-dev              # checkpoint checksums
   libpcre2-dev               # tokenizer pre-split regex
+  bible-kjv                  # the default corpus (make run): 4.3 MB of English prose
   python3-torch python3-numpy # independent reference for tests and benchmarks
 )
 

@@ -173,6 +173,7 @@ static const struct {
 	{ "model.flavor", "\"8B\"", "8B" },
 	{ "model.vocab_size", "128_256", "128256" },
 	{ "model.rope_scaling", "true", "true" },
+	{ "model.tokenizer_path", "'tok.model'", "tok.model" },
 	{ "optimizer.name", "\"AdamW\"", "AdamW" },
 	{ "optimizer.lr", "3e-4", "3e-4" },
 	{ "optimizer.beta1", "0.85", "0.85" },
@@ -229,6 +230,7 @@ static void check_every_key_values(const struct ct_config *c)
 	EXPECT(strcmp(c->model.flavor, "8B") == 0, "flavor");
 	EXPECT(c->model.vocab_size == 128256, "vocab_size %lld", (long long)c->model.vocab_size);
 	EXPECT(c->model.rope_scaling == true, "rope_scaling");
+	EXPECT(strcmp(c->model.tokenizer_path, "tok.model") == 0, "tokenizer_path");
 	EXPECT(strcmp(c->optimizer.name, "AdamW") == 0, "optimizer.name");
 	EXPECT(c->optimizer.lr == 3e-4, "lr");
 	EXPECT(c->optimizer.beta1 == 0.85, "beta1");

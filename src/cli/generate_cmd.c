@@ -12,13 +12,14 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/comm.h"
+#include "data/tokenizer.h"
 #include "infer/generate.h"
 #include "io/config.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
 
 struct gen_args {
-	const char *prompt_ids;
+	const char *prompt_ids, *prompt;
 	struct gen_opts o;
 };
 
@@ -28,7 +29,8 @@ static void gen_usage(FILE *f)
 		   "Samples from the newest checkpoint in <job.dump_folder>/<checkpoint.folder>\n"
 		   "(or checkpoint.load_step).\n\n"
 		   "options:\n"
-		   "  --prompt-ids IDS      comma-separated token ids to start from (default: 0)\n"
+		   "  --prompt TEXT         text to continue (needs model.tokenizer_path)\n"
+		   "  --prompt-ids IDS      comma-separated token ids to start from\n"
 		   "  --max-new-tokens N    tokens to generate (default 64)\n"
 		   "  --temperature X       0 = greedy (default 0.8)\n"
 		   "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
@@ -41,7 +43,7 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 	int out = 0;
 	for (int i = 0; i < *argc; i++) {
 		const char *k = argv[i];
-		bool mine = strcmp(k, "--prompt-ids") == 0 || strcmp(k, "--max-new-tokens") == 0 ||
+		bool mine = strcmp(k, "--prompt-ids") == 0 || strcmp(k, "--prompt") == 0 || strcmp(k, "--max-new-tokens") == 0 ||
 			    strcmp(k, "--temperature") == 0 || strcmp(k, "--top-k") == 0 ||
 			    strcmp(k, "--seed") == 0;
 		if (!mine) {
@@ -56,6 +58,10 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 		char *end;
 		if (strcmp(k, "--prompt-ids") == 0) {
 			a->prompt_ids = v;
+			continue;
+		}
+		if (strcmp(k, "--prompt") == 0) {
+			a->prompt = v;
 			continue;
 		}
 		double x = strtod(v, &end);
@@ -133,20 +139,66 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	if (!rc)
 		rc = ckpt_load(root, step, &mc, &mesh, ct, t.count, &st);
 	int64_t n_prompt = 0;
-	if (!rc)
-		rc = parse_ids(a->prompt_ids ? a->prompt_ids : "0", mc.vocab_size, &prompt, &n_prompt);
-	if (!rc) {
-		g = gen_create(&mc, &t, params, n_prompt + a->o.max_new_tokens + 1);
-		out = xcalloc((size_t)a->o.max_new_tokens + 1, sizeof(int32_t));
-		int64_t n = gen_generate(g, prompt, n_prompt, &a->o, out);
-		printf("prompt:");
-		for (int64_t i = 0; i < n_prompt; i++)
-			printf(" %d", prompt[i]);
-		printf("\ngenerated:");
-		for (int64_t i = 0; i < n; i++)
-			printf(" %d", out[i]);
-		printf("\n");
+	struct tok_tokenizer *tok = NULL;
+	struct tok_ids ids = { 0 };
+	struct tok_bytes text = { 0 };
+	if (!rc && cfg->model.tokenizer_path[0])
+		rc = tok_load(&tok, cfg->model.tokenizer_path);
+	if (!rc && a->prompt && !tok) {
+		LOG_ERROR("--prompt needs model.tokenizer_path (or use --prompt-ids)");
+		rc = CT_ERR_USAGE;
 	}
+	if (!rc && a->prompt) {
+		/* a document starts with <|begin_of_text|>, as in training */
+		int32_t bos = tok_special_id(tok, "<|begin_of_text|>");
+		if (bos >= 0) {
+			ids.v = xcalloc(1, sizeof(int32_t));
+			ids.v[0] = bos;
+			ids.n = ids.cap = 1;
+		}
+		rc = tok_encode(tok, a->prompt, strlen(a->prompt), &ids);
+		prompt = ids.v;
+		n_prompt = ids.n;
+		ids.v = NULL;
+	} else if (!rc) {
+		int32_t bos = tok ? tok_special_id(tok, "<|begin_of_text|>") : -1;
+		char dflt[16];
+		snprintf(dflt, sizeof(dflt), "%d", bos >= 0 ? bos : 0);
+		rc = parse_ids(a->prompt_ids ? a->prompt_ids : dflt, mc.vocab_size, &prompt, &n_prompt);
+	}
+	if (!rc && n_prompt == 0) {
+		LOG_ERROR("generate: empty prompt");
+		rc = CT_ERR_USAGE;
+	}
+	if (!rc) {
+		struct gen_opts o = a->o;
+		o.stop_id = tok ? tok_special_id(tok, "<|end_of_text|>") : -1;
+		g = gen_create(&mc, &t, params, n_prompt + o.max_new_tokens + 1);
+		out = xcalloc((size_t)o.max_new_tokens + 1, sizeof(int32_t));
+		int64_t n = gen_generate(g, prompt, n_prompt, &o, out);
+		if (tok) {
+			/* print the text; special tokens (BOS/EOS) are not shown */
+			for (int64_t i = 0; i < n_prompt + n; i++) {
+				int32_t id = i < n_prompt ? prompt[i] : out[i - n_prompt];
+				if (id < tok_n_vocab(tok))
+					rc = rc ? rc : tok_decode(tok, &id, 1, &text);
+			}
+			fwrite(text.v, 1, text.n, stdout);
+			printf("\n");
+		} else {
+			printf("prompt:");
+			for (int64_t i = 0; i < n_prompt; i++)
+				printf(" %d", prompt[i]);
+			printf("\ngenerated:");
+			for (int64_t i = 0; i < n; i++)
+				printf(" %d", out[i]);
+			printf("\n");
+		}
+	}
+	tok_ids_free(&ids);
+	tok_bytes_free(&text);
+	if (tok)
+		tok_free(tok);
 	gen_free(g);
 	free(prompt), free(out), free(ct);
 	mem_free(MEM_PARAMS, params, (size_t)t.numel * sizeof(float));
@@ -167,7 +219,8 @@ int cmd_generate(int argc, char **argv)
 		gen_usage(stderr);
 		return 2;
 	}
-	struct gen_args a = { NULL, { 64, 0.8, 40, 0, -1 } };
+	struct gen_args a = { .o = { .max_new_tokens = 64, .temperature = 0.8, .top_k = 40,
+				     .seed = 0, .stop_id = -1 } };
 	int n = argc - 1;
 	int rc = parse_gen_args(&n, argv + 1, &a);
 	struct ct_config cfg;

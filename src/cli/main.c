@@ -5,6 +5,8 @@
 
 #include "base/log.h"
 #include "cli/generate_cmd.h"
+#include "cli/prepare_cmd.h"
+#include "cli/tokenizer_cmd.h"
 #include "comm/comm.h"
 #include "io/config.h"
 #include "train/trainer.h"
@@ -18,6 +20,10 @@ static void usage(FILE *f)
 		   "commands:\n"
 		   "  train CONFIG.toml [--section.key=value | --section.key value ...]\n"
 		   "        train a model; `ctitan train --help` lists every config key\n"
+		   "  tokenizer train --vocab-size N --input FILES... --out PATH\n"
+		   "        train a byte-level BPE tokenizer (also: encode, decode)\n"
+		   "  prepare --tokenizer PATH --input FILES_OR_DIRS... --out DIR\n"
+		   "        tokenize text into token shards (training.dataset_path)\n"
 		   "  generate CONFIG.toml [--section.key=value ...] [--prompt-ids IDS ...]\n"
 		   "        sample from the newest checkpoint of a run\n"
 		   "  help  this text\n\n"
@@ -92,6 +98,10 @@ int main(int argc, char **argv)
 		return cmd_train(argc - 2, argv + 2);
 	if (strcmp(cmd, "generate") == 0)
 		return cmd_generate(argc - 2, argv + 2);
+	if (strcmp(cmd, "prepare") == 0)
+		return cmd_prepare(argc - 2, argv + 2);
+	if (strcmp(cmd, "tokenizer") == 0)
+		return cmd_tokenizer(argc - 2, argv + 2);
 	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
 		usage(stdout);
 		return 0;

@@ -100,6 +100,9 @@ static const struct cfg_key cfg_schema[] = {
 	{ ROW(model, rope_scaling), .def = "false",
 	  .help = "Llama 3.1 RoPE frequency scaling (factor 8, low 1, high 4, original context "
 		  "8192)." },
+	{ ROW(model, tokenizer_path), .def = "",
+	  .help = "Tokenizer (rank file or tokenizer.json) of the dataset; generate uses it for "
+		  "text, train checks that its ids fit the vocabulary." },
 
 	{ ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer." },
 	{ ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate." },

@@ -32,6 +32,8 @@ struct ct_config {
 		int64_t vocab_size; /* -1: the flavor's vocab */
 		bool rope_scaling;  /* false: Llama 3.1 RoPE frequency scaling (factor 8, low 1,
 				       high 4, original context 8192) */
+		char tokenizer_path[CONFIG_STR_MAX]; /* "": the tokenizer of the dataset (rank
+							file or tokenizer.json) */
 	} model;
 	struct {
 		char name[32];	     /* "AdamW" (only choice) */

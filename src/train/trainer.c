@@ -14,6 +14,7 @@
 #include "comm/comm.h"
 #include "comm/stream.h"
 #include "data/loader.h"
+#include "data/tokenizer.h"
 #include "data/tokens.h"
 #include "kernels/kernels.h"
 #include "model/llama.h"
@@ -93,6 +94,20 @@ static int trainer_open_data(struct trainer *tr)
 	const struct ct_config *cfg = tr->cfg;
 	struct llama_model *m = &tr->model;
 	bool synthetic = strcmp(cfg->training.dataset, "synthetic") == 0;
+	if (cfg->model.tokenizer_path[0]) {
+		struct tok_tokenizer *tok;
+		int rc = tok_load(&tok, cfg->model.tokenizer_path);
+		if (rc)
+			return rc;
+		int64_t ids = tok_n_ids(tok);
+		tok_free(tok);
+		if (ids > m->cfg.vocab_size) {
+			LOG_ERROR("model.tokenizer_path: '%s' has %lld ids, more than the model's "
+				  "vocabulary (%lld); set model.vocab_size", cfg->model.tokenizer_path,
+				  (long long)ids, (long long)m->cfg.vocab_size);
+			return CT_ERR_USAGE;
+		}
+	}
 	if (synthetic)
 		return tokens_open(&tr->data, "synthetic", m->cfg.vocab_size,
 				   (uint64_t)cfg->debug.seed, m->T);
