@@ -11,7 +11,7 @@
 #include "base/mem.h"
 #include "comm/comm.h"
 #include "comm/stream.h"
-#include "data/tokens.h"
+#include "data/synthetic.h"
 #include "parallel/fsdp.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"
@@ -34,12 +34,12 @@ static void config(struct llama_config *c)
 }
 
 /* Rows of micro-batch a on data-parallel rank d: step*G + (a*dp + d)*B. */
-static void batch_rows(const struct token_source *src, int64_t step, int dp, int d, int accum,
+static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum,
 		       int32_t *tok, int32_t *tgt)
 {
 	int64_t G = (int64_t)accum * dp * B;
 	for (int a = 0; a < accum; a++)
-		tokens_batch(src, step * G + ((int64_t)a * dp + d) * B, B, T, tok + a * B * T,
+		synthetic_batch(seed, vocab, step * G + ((int64_t)a * dp + d) * B, B, T, tok + a * B * T,
 			     tgt + a * B * T);
 }
 
@@ -66,14 +66,12 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	adamw_init(&opt, f.shard_numel, 0.9, 0.95, 1e-8, 0.1);
 	out->persistent_bytes =
 		mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM) - before;
-	struct token_source src;
-	tokens_open(&src, "synthetic", c.vocab_size, seed, T);
 	struct lr_schedule sched;
 	lr_schedule_init(&sched, 2e-3, 2, -1, "linear", 0.1, steps);
 	int32_t tok[ACCUM * B * T], tgt[ACCUM * B * T];
 	comm_reset_bytes();
 	for (int s = 0; s < steps; s++) {
-		batch_rows(&src, s, mesh.dp_group.size, mesh.dp_group.rank, ACCUM, tok, tgt);
+		batch_rows(c.vocab_size, s, mesh.dp_group.size, mesh.dp_group.rank, ACCUM, tok, tgt);
 		struct train_step_result r;
 		CHECK(fsdp_train_step(&f, &opt, tok, tgt, ACCUM, lr_schedule_at(&sched, s), 0.3,
 				      &r) == CT_OK, "step");
@@ -88,7 +86,6 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	adamw_free(&opt);
 	fsdp_free(&f);
 	comm_stream_destroy(stream);
-	tokens_close(&src);
 	llama_free(&m);
 }
 
@@ -101,8 +98,6 @@ static void run_single(struct run *out, int dp)
 	llama_init_params(&m.cfg, &m.table, seed, m.params, 0, m.table.numel);
 	struct adamw opt;
 	adamw_init(&opt, m.table.numel, 0.9, 0.95, 1e-8, 0.1);
-	struct token_source src;
-	tokens_open(&src, "synthetic", c.vocab_size, seed, T);
 	struct lr_schedule sched;
 	lr_schedule_init(&sched, 2e-3, 2, -1, "linear", 0.1, STEPS);
 	int32_t *tok = malloc((size_t)(dp * ACCUM * B * T) * sizeof(int32_t));
@@ -110,7 +105,7 @@ static void run_single(struct run *out, int dp)
 	for (int s = 0; s < STEPS; s++) {
 		/* the rows of dp ranks x ACCUM micro-batches, as dp*ACCUM micro-batches */
 		int64_t G = (int64_t)ACCUM * dp * B;
-		tokens_batch(&src, s * G, G, T, tok, tgt); /* rows in order (a*dp + d)*B */
+		synthetic_batch(seed, c.vocab_size, s * G, G, T, tok, tgt); /* rows in order (a*dp + d)*B */
 		struct train_step_result r;
 		CHECK(train_step(&m, &opt, tok, tgt, dp * ACCUM, lr_schedule_at(&sched, s), 0.3,
 				 &r) == CT_OK, "step");
@@ -121,7 +116,6 @@ static void run_single(struct run *out, int dp)
 	out->persistent_bytes = 0;
 	free(tok), free(tgt);
 	adamw_free(&opt);
-	tokens_close(&src);
 	llama_free(&m);
 }
 

@@ -17,6 +17,7 @@
 #include "io/config.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
+#include "train/trainer.h"
 
 struct gen_args {
 	const char *prompt_ids, *prompt;
@@ -104,13 +105,8 @@ static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
 static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 {
 	struct llama_config mc;
-	int rc = llama_config_preset(&mc, cfg->model.flavor);
+	int rc = trainer_model_config(cfg, &mc);
 	if (rc)
-		return rc;
-	if (cfg->model.vocab_size > 0)
-		mc.vocab_size = cfg->model.vocab_size;
-	mc.rope_scaling = cfg->model.rope_scaling;
-	if ((rc = llama_config_finish(&mc)))
 		return rc;
 	struct llama_table t;
 	llama_table_build(&t, &mc);

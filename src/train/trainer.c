@@ -15,7 +15,7 @@
 #include "comm/stream.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
-#include "data/tokens.h"
+#include "data/synthetic.h"
 #include "kernels/kernels.h"
 #include "model/llama.h"
 #include "parallel/fsdp.h"
@@ -33,7 +33,6 @@ struct trainer {
 	bool sharded;
 	struct adamw opt;
 	struct lr_schedule lr;
-	struct token_source data;  /* training.dataset = "synthetic" */
 	struct loader *train_ld;   /* a shard folder */
 	struct loader *val_ld;	   /* its val split, when validation is on */
 	struct metrics metrics;
@@ -43,20 +42,28 @@ struct trainer {
 	int32_t *batch_tokens, *batch_targets; /* accum x N */
 };
 
-static int trainer_build_model(struct trainer *tr)
+int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc)
 {
-	const struct ct_config *cfg = tr->cfg;
 	if (strcmp(cfg->model.name, "llama3") != 0) {
 		LOG_ERROR("model.name: '%s' is not supported (llama3)", cfg->model.name);
 		return CT_ERR_USAGE;
 	}
-	struct llama_config mc;
-	int rc = llama_config_preset(&mc, cfg->model.flavor);
+	int rc = llama_config_preset(mc, cfg->model.flavor);
 	if (rc)
 		return rc;
 	if (cfg->model.vocab_size > 0)
-		mc.vocab_size = cfg->model.vocab_size;
-	mc.rope_scaling = cfg->model.rope_scaling;
+		mc->vocab_size = cfg->model.vocab_size;
+	mc->rope_scaling = cfg->model.rope_scaling;
+	return llama_config_finish(mc);
+}
+
+static int trainer_build_model(struct trainer *tr)
+{
+	const struct ct_config *cfg = tr->cfg;
+	struct llama_config mc;
+	int rc = trainer_model_config(cfg, &mc);
+	if (rc)
+		return rc;
 	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
 	tr->sharded = tr->dp > 1;
 	if (bf16 && !tr->sharded)
@@ -109,8 +116,7 @@ static int trainer_open_data(struct trainer *tr)
 		}
 	}
 	if (synthetic)
-		return tokens_open(&tr->data, "synthetic", m->cfg.vocab_size,
-				   (uint64_t)cfg->debug.seed, m->T);
+		return CT_OK;
 	if (!cfg->training.dataset_path[0]) {
 		LOG_ERROR("training.dataset = \"%s\" needs training.dataset_path (a folder of token "
 			  "shards from `ctitan prepare`)", cfg->training.dataset);
@@ -210,7 +216,6 @@ static void trainer_teardown(struct trainer *tr)
 		mem_free(MEM_OTHER, tr->batch_targets, bytes);
 	}
 	metrics_close(&tr->metrics);
-	tokens_close(&tr->data);
 	loader_close(tr->train_ld);
 	loader_close(tr->val_ld);
 	if (tr->opt.m)
@@ -262,7 +267,8 @@ static void trainer_batch(struct trainer *tr, int64_t step)
 	}
 	int64_t G = tr->accum * tr->dp * m->B, d = tr->mesh.dp_group.rank;
 	for (int64_t a = 0; a < tr->accum; a++)
-		tokens_batch(&tr->data, step * G + (a * tr->dp + d) * m->B, m->B, m->T,
+		synthetic_batch((uint64_t)tr->cfg->debug.seed, m->cfg.vocab_size,
+				step * G + (a * tr->dp + d) * m->B, m->B, m->T,
 			     tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
 }
 

@@ -23,6 +23,9 @@ int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
 	       const int32_t *targets, int64_t accum, double lr, double max_norm,
 	       struct train_step_result *res);
 
+/* The model a config describes ([model] flavor, vocab_size, rope_scaling). */
+int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc);
+
 /* Runs a whole training job; returns CT_OK, CT_ERR_USAGE or CT_ERR_RUNTIME. */
 int trainer_run(const struct ct_config *cfg);
 
