@@ -52,7 +52,7 @@ def bench_ctitan(args, n, peak_per_rank, env):
         cmd = ["mpiexec", "-n", str(n), args.ctitan, "train", args.config,
                f"--training.steps={args.steps + args.warmup}", f"--training.seq_len={args.seq}",
                f"--training.local_batch_size={local}", f"--job.dump_folder={d}",
-               f"--metrics.peak_tflops={peak_per_rank}"]
+               f"--metrics.peak_tflops={peak_per_rank}", f"--comm.progress={args.progress}"]
         # metrics.jsonl is rank 0's; FSDP ranks are symmetric, so its memory stands for all.
         run(cmd, env)
         recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
@@ -92,12 +92,15 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--torch-mode", default="zero", choices=["zero", "ddp", "none"])
+    ap.add_argument("--progress", default="thread", choices=["thread", "inline"],
+                    help="comm.progress: how ctitan's comm stream advances")
     args = ap.parse_args()
     env = dict(os.environ, **MPI_ENV)
     env.pop("OMP_NUM_THREADS", None)
     cores = os.cpu_count()
     peak = machine_peak(args.ctitan, env)
     print(f"{args.config}: seq {args.seq}, global batch {args.global_batch}; {cores} cores; "
+          f"comm.progress {args.progress}; "
           f"sgemm peak {peak * 1e3:.1f} GFLOP/s for the machine")
     hdr = (f"{'impl':<14}{'ranks':>6}{'tok/s/rank':>11}{'tok/s':>8}{'MFU%':>7}"
            f"{'persist MiB':>12}{'full-param MiB':>15}{'RSS GiB':>9}{'exposed s':>10}"
