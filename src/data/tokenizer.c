@@ -519,7 +519,8 @@ int tok_split(struct tok_tokenizer *t, const void *text, size_t len, tok_piece_f
 #define TOK_SMALL_PIECE 64
 
 /* tiktoken's _byte_pair_merge: parts k = 0..m-1 start at st[k] (st[m] = n is the end);
- * rk[k] is the rank of parts k and k+1 merged (INT32_MAX: not a token); tk[k] the token of part k. */
+ * rk[k] is the rank of parts k and k+1 merged (INT32_MAX: not a token); tk[k] is the token of
+ * part k. */
 static void bpe_small(const struct tok_tokenizer *t, const uint8_t *p, size_t n,
 		      struct tok_ids *out)
 {
@@ -880,7 +881,8 @@ static int cmp_size_desc(const void *a, const void *b)
 	return (x < y) - (x > y);
 }
 
-/* Takes ownership of sp[].name. Validates ids (>= n_vocab, unique) and names (non-empty, unique). */
+/* Takes ownership of sp[].name. Validates ids (>= n_vocab, unique) and names (non-empty,
+ * unique). */
 static int specials_set(struct tok_tokenizer *t, struct tok_special *sp, int n)
 {
 	t->sp = sp;
@@ -2022,6 +2024,7 @@ int tok_trainer_finish(struct tok_trainer *tr, struct tok_tokenizer **out)
 	/* the token id of each symbol is its rank; a merge into existing bytes reuses that id */
 	struct tok_tokenizer *vocab_map = NULL;
 	int64_t merge = 0;
+	int64_t progress_every = tr->o.vocab_size / 10 > 1000 ? tr->o.vocab_size / 10 : 1000;
 	while (s.n_vocab < tr->o.vocab_size && s.hn > 0) {
 		struct heap_ent e = train_heap_pop(&s);
 		int64_t p = e.pair;
@@ -2057,7 +2060,7 @@ int tok_trainer_finish(struct tok_trainer *tr, struct tok_tokenizer **out)
 			if (s.pcount[s.touched[k]] > 0)
 				train_heap_push(&s, s.touched[k]);
 		merge++;
-		if (tr->o.progress && merge % 1000 == 0)
+		if (tr->o.progress && merge % progress_every == 0)
 			LOG_INFO("tokenizer training: %lld / %lld tokens", (long long)s.n_vocab,
 				 (long long)tr->o.vocab_size);
 	}

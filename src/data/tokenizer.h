@@ -52,7 +52,8 @@
 	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+" \
 	"[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* GPT-2 / r50k_base pre-tokenization (Hugging Face's ByteLevel pre-tokenizer). */
-#define TOK_PATTERN_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define TOK_PATTERN_GPT2 \
+	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 
 /* Llama 3 (3.1 naming) has 256 special tokens after its 128000 regular ones. */
 #define TOK_LLAMA3_N_SPECIAL 256
