@@ -3,4 +3,9 @@
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
+echo "== training throughput and memory: ctitan vs PyTorch (1 process) =="
 /usr/bin/python3 bench/bench_train.py --ctitan "$BUILD/ctitan"
+echo "== FSDP: 125M on 1, 2, 4 ranks vs PyTorch ZeRO on 2 ranks =="
+/usr/bin/python3 bench/bench_fsdp.py --ctitan "$BUILD/ctitan"
+echo "== tokenizer: encode vs tiktoken (npm), training vs spm_train =="
+/usr/bin/python3 bench/bench_tokenizer.py --ctitan "$BUILD/ctitan"
