@@ -3,7 +3,7 @@
 # one OpenMP thread per rank for MPI tests, deterministic OpenBLAS kernel choice.
 set(CT_TEST_ENV
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-  OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1
+  OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_hwloc_base_binding_policy=none
   ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1
   LSAN_OPTIONS=suppressions=${CMAKE_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

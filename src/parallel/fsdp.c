@@ -96,7 +96,7 @@ void fsdp_free(struct fsdp *f)
 	for (int i = 0; i < f->n_wslots; i++)
 		mem_free(MEM_FULL_PARAMS, f->wslot[i], full);
 	for (int i = 0; i < f->n_gslots; i++)
-		mem_free(MEM_GRADS, f->gslot[i], full);
+		mem_free(MEM_FULL_GRADS, f->gslot[i], full);
 	mem_free(MEM_PARAMS, f->shard_w, (size_t)f->shard_numel * sizeof(float));
 	mem_free(MEM_GRADS, f->shard_g, (size_t)f->shard_numel * sizeof(float));
 	mem_free(MEM_COMM, f->ag_send, (size_t)f->max_shard * esz);
@@ -161,7 +161,7 @@ static void unit_zero_grads(struct fsdp *f, int u)
 {
 	struct fsdp_unit *un = &f->u[u];
 	if (un->g_slot < 0)
-		un->g_slot = slot_acquire(f->gslot, f->gslot_busy, f->n_gslots, MEM_GRADS, f->max_full,
+		un->g_slot = slot_acquire(f->gslot, f->gslot_busy, f->n_gslots, MEM_FULL_GRADS, f->max_full,
 					  "gradient");
 	float *g = f->gslot[un->g_slot];
 	memset(g, 0, (size_t)un->full_numel * sizeof(float));
