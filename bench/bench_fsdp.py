@@ -92,7 +92,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--torch-mode", default="zero", choices=["zero", "ddp", "none"])
-    ap.add_argument("--progress", default="thread", choices=["thread", "inline"],
+    ap.add_argument("--progress", default="inline", choices=["inline", "thread"],
                     help="comm.progress: how ctitan's comm stream advances")
     args = ap.parse_args()
     env = dict(os.environ, **MPI_ENV)

@@ -149,7 +149,7 @@ TEST_CASE(defaults_match_header)
 	EXPECT(c.metrics.enable_jsonl == true, "enable_jsonl");
 	EXPECT(c.debug.seed == 0, "seed");
 	EXPECT(c.debug.deterministic == true, "deterministic");
-	EXPECT(c.comm.timeout_seconds == 300 && strcmp(c.comm.progress, "thread") == 0, "comm");
+	EXPECT(c.comm.timeout_seconds == 300 && strcmp(c.comm.progress, "inline") == 0, "comm");
 	EXPECT(c.debug.fail_rank == -1 && c.debug.fail_step == 0, "fault injection off");
 	EXPECT(config_validate(&c) == 0, "defaults validate");
 
@@ -207,7 +207,7 @@ static const struct {
 	{ "checkpoint.keep_latest_k", "0", "0" },
 	{ "checkpoint.load_step", "12", "12" },
 	{ "activation_checkpoint.mode", "\"ffn\"", "ffn" },
-	{ "comm.progress", "\"inline\"", "inline" },
+	{ "comm.progress", "\"thread\"", "thread" },
 	{ "comm.timeout_seconds", "12.5", "12.5" },
 	{ "metrics.log_freq", "10", "10" },
 	{ "metrics.peak_tflops", "989.5", "989.5" },
@@ -263,7 +263,7 @@ static void check_every_key_values(const struct ct_config *c)
 		       c->checkpoint.load_step == 12,
 	       "checkpoint keys");
 	EXPECT(strcmp(c->activation_checkpoint.mode, "ffn") == 0, "ac mode");
-	EXPECT(strcmp(c->comm.progress, "inline") == 0, "comm.progress");
+	EXPECT(strcmp(c->comm.progress, "thread") == 0, "comm.progress");
 	EXPECT(c->comm.timeout_seconds == 12.5, "comm.timeout_seconds");
 	EXPECT(c->metrics.log_freq == 10, "log_freq");
 	EXPECT(c->metrics.peak_tflops == 989.5, "peak_tflops");

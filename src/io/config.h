@@ -86,7 +86,7 @@ struct ct_config {
 				  backward instead of saving them (less memory, ~15% more FLOPs) */
 	} activation_checkpoint;
 	struct {
-		char progress[16];	/* "thread": thread | inline — how the comm stream advances */
+		char progress[16];	/* "inline": inline | thread — how the comm stream advances */
 		double timeout_seconds; /* 300, > 0: a collective waiting longer aborts the job */
 	} comm;
 	struct {

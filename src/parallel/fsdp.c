@@ -77,7 +77,8 @@ int fsdp_build(struct fsdp *f, struct llama_model *m, const struct mesh *mesh, b
 	f->wslot_busy = xcalloc((size_t)f->n_wslots, sizeof(bool));
 	f->gslot_busy = xcalloc((size_t)f->n_gslots, sizeof(bool));
 	size_t esz = bf16 ? 2 : 4;
-	f->ag_send = mem_alloc(MEM_COMM, (size_t)f->max_shard * esz);
+	/* fp32 gathers send straight from the shard; bf16 needs a narrowed copy */
+	f->ag_send = bf16 ? mem_alloc(MEM_COMM, (size_t)f->max_shard * esz) : NULL;
 	f->ag_recv = mem_alloc(MEM_COMM, (size_t)(N * f->max_shard) * esz);
 	f->rs_send = mem_alloc(MEM_COMM, (size_t)(N * f->max_shard) * sizeof(float));
 	f->rs_recv = mem_alloc(MEM_COMM, (size_t)f->max_shard * sizeof(float));
@@ -99,7 +100,8 @@ void fsdp_free(struct fsdp *f)
 		mem_free(MEM_FULL_GRADS, f->gslot[i], full);
 	mem_free(MEM_PARAMS, f->shard_w, (size_t)f->shard_numel * sizeof(float));
 	mem_free(MEM_GRADS, f->shard_g, (size_t)f->shard_numel * sizeof(float));
-	mem_free(MEM_COMM, f->ag_send, (size_t)f->max_shard * esz);
+	if (f->ag_send)
+		mem_free(MEM_COMM, f->ag_send, (size_t)f->max_shard * esz);
 	mem_free(MEM_COMM, f->ag_recv, (size_t)(N * f->max_shard) * esz);
 	mem_free(MEM_COMM, f->rs_send, (size_t)(N * f->max_shard) * sizeof(float));
 	mem_free(MEM_COMM, f->rs_recv, (size_t)f->max_shard * sizeof(float));
