@@ -11,6 +11,7 @@ PKGS=(
   libxxhash-dev              # checkpoint checksums
   libpcre2-dev               # tokenizer pre-split regex
   bible-kjv                  # the default corpus (make run): 4.3 MB of English prose
+  gnuplot-nox                # `ctitan plot` draws PNG charts with it
   libclang-rt-14-dev         # libFuzzer runtime for the fuzz harnesses (tests)
   python3-torch python3-numpy # independent reference for tests and benchmarks
 )

@@ -4,7 +4,8 @@
 #  2. train a 2048-id byte-level BPE tokenizer on it and tokenize it into shards (2% of the
 #     documents held out for validation);
 #  3. train TorchTitan's debug model with FSDP on 2 ranks, with validation and checkpoints;
-#  4. sample text from the trained checkpoint.
+#  4. sample text from the trained checkpoint;
+#  5. draw loss, learning-rate, throughput and memory charts (PNG).
 # Everything lands in ./outputs/run (metrics.jsonl, checkpoint/) and ./outputs/data.
 set -euo pipefail
 CTITAN=${1:-build/ctitan}
@@ -35,4 +36,6 @@ echo "== generate: from the last checkpoint =="
 "$CTITAN" generate configs/debug.toml --job.dump_folder=outputs/run \
   --model.tokenizer_path="$data/tokenizer.model" --prompt "And God said" \
   --max-new-tokens 60 --temperature 0.7 --top-k 20
+echo "== plots =="
+"$CTITAN" plot outputs/run
 echo "== metrics: outputs/run/metrics.jsonl; checkpoints: outputs/run/checkpoint =="

@@ -55,5 +55,16 @@ grep -q 'position' "$tmp/b/checkpoint/step-00000003/manifest.json"; check "check
 check "resume on 1 rank" $?
 losses "$tmp/a/metrics.jsonl" > "$tmp/a.l" 2>/dev/null; losses "$tmp/b/metrics.jsonl" > "$tmp/b.l" 2>/dev/null
 close "$tmp/b.l" "$tmp/a.l"; check "resumed steps 4-6 and the validation loss match the uninterrupted run" $?
+# plots of the run: four PNG files
+"$CTITAN" plot "$tmp/a" --out "$tmp/plots" > "$tmp/plot.log" 2>&1
+ok=0
+for f in loss lr tps memory; do
+  head -c 4 "$tmp/plots/$f.png" 2>/dev/null | grep -q PNG || ok=1
+done
+check "ctitan plot writes loss, lr, tps and memory PNGs" $ok
+mkdir -p "$tmp/bad"
+printf '{"step": 1, "loss": 2}\nnot json\n' > "$tmp/bad/metrics.jsonl"
+"$CTITAN" plot "$tmp/bad" > /dev/null 2> "$tmp/plot.err"
+[ $? -eq 1 ] && grep -q "metrics.jsonl:2" "$tmp/plot.err"; check "a malformed metrics line is named, exit 1" $?
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -5,6 +5,7 @@
 
 #include "base/log.h"
 #include "cli/generate_cmd.h"
+#include "cli/plot_cmd.h"
 #include "cli/prepare_cmd.h"
 #include "cli/tokenizer_cmd.h"
 #include "comm/comm.h"
@@ -26,6 +27,8 @@ static void usage(FILE *f)
 		   "        tokenize text into token shards (training.dataset_path)\n"
 		   "  generate CONFIG.toml [--section.key=value ...] [--prompt-ids IDS ...]\n"
 		   "        sample from the newest checkpoint of a run\n"
+		   "  plot RUN_DIR [--out DIR]\n"
+		   "        loss, learning-rate, throughput and memory charts (PNG) of a run\n"
 		   "  help  this text\n\n"
 		   "exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration\n",
 		CTITAN_VERSION);
@@ -102,6 +105,8 @@ int main(int argc, char **argv)
 		return cmd_prepare(argc - 2, argv + 2);
 	if (strcmp(cmd, "tokenizer") == 0)
 		return cmd_tokenizer(argc - 2, argv + 2);
+	if (strcmp(cmd, "plot") == 0)
+		return cmd_plot(argc - 2, argv + 2);
 	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
 		usage(stdout);
 		return 0;

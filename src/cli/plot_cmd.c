@@ -1,0 +1,146 @@
+/* ctitan plot RUN_DIR [--out DIR]
+ *
+ * Reads RUN_DIR/metrics.jsonl and writes loss.png (training and validation loss), lr.png,
+ * tps.png (tokens/s per rank and MFU) and memory.png (peak RSS and tracked memory by
+ * category) into --out (default RUN_DIR), drawn by gnuplot (Debian's gnuplot-nox) from a
+ * data file written next to them. Prints the paths it wrote. */
+#include "cli/plot_cmd.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "train/metrics.h"
+
+/* Columns of plot.dat, in order. */
+static const char *const plot_cols[] = { "step",
+					 "loss",
+					 "validation_loss",
+					 "lr",
+					 "tps",
+					 "mfu",
+					 "memory_peak_rss_gib",
+					 "memory_params_bytes",
+					 "memory_optimizer_bytes",
+					 "memory_activations_bytes" };
+#define PLOT_NCOLS (int)(sizeof(plot_cols) / sizeof(plot_cols[0]))
+
+/* metrics.jsonl -> whitespace-separated columns ("NaN" where a record lacks a field). */
+static int write_data(const char *jsonl, const char *dat, int *rows, int *val_rows)
+{
+	FILE *in = fopen(jsonl, "r");
+	if (!in) {
+		LOG_ERROR("plot: cannot open '%s': %s", jsonl, strerror(errno));
+		return CT_ERR_USAGE;
+	}
+	FILE *out = fopen(dat, "w");
+	if (!out) {
+		LOG_ERROR("plot: cannot write '%s': %s", dat, strerror(errno));
+		fclose(in);
+		return CT_ERR_RUNTIME;
+	}
+	char *line = NULL;
+	size_t cap = 0;
+	int lineno = 0, rc = CT_OK;
+	*rows = *val_rows = 0;
+	while (getline(&line, &cap, in) > 0) {
+		lineno++;
+		cJSON *o = cJSON_Parse(line);
+		if (!cJSON_IsObject(o) || !cJSON_IsNumber(cJSON_GetObjectItem(o, "step"))) {
+			LOG_ERROR("plot: %s:%d is not a metrics record", jsonl, lineno);
+			cJSON_Delete(o);
+			rc = CT_ERR_RUNTIME;
+			break;
+		}
+		for (int c = 0; c < PLOT_NCOLS; c++) {
+			const cJSON *v = cJSON_GetObjectItem(o, plot_cols[c]);
+			if (cJSON_IsNumber(v))
+				fprintf(out, "%s%.10g", c ? " " : "", v->valuedouble);
+			else
+				fprintf(out, "%sNaN", c ? " " : "");
+		}
+		fprintf(out, "\n");
+		*val_rows += cJSON_IsNumber(cJSON_GetObjectItem(o, "validation_loss"));
+		(*rows)++;
+		cJSON_Delete(o);
+	}
+	free(line);
+	fclose(in);
+	if (fclose(out) != 0)
+		rc = CT_ERR_RUNTIME;
+	if (!rc && *rows == 0) {
+		LOG_ERROR("plot: '%s' has no records", jsonl);
+		rc = CT_ERR_USAGE;
+	}
+	return rc;
+}
+
+int cmd_plot(int argc, char **argv)
+{
+	const char *run = NULL, *out = NULL;
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			printf("usage: ctitan plot RUN_DIR [--out DIR]\n\n"
+			       "Writes loss.png, lr.png, tps.png and memory.png from "
+			       "RUN_DIR/metrics.jsonl (needs gnuplot).\n");
+			return 0;
+		}
+		if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
+			out = argv[++i];
+		else if (!run && strncmp(argv[i], "--", 2) != 0)
+			run = argv[i];
+		else {
+			fprintf(stderr, "ctitan plot: unexpected argument '%s'\n", argv[i]);
+			return 2;
+		}
+	}
+	if (!run) {
+		fprintf(stderr, "usage: ctitan plot RUN_DIR [--out DIR]\n");
+		return 2;
+	}
+	out = out ? out : run;
+	if (metrics_mkdirs(out))
+		return 1;
+	char jsonl[1100], dat[1100];
+	snprintf(jsonl, sizeof(jsonl), "%s/metrics.jsonl", run);
+	snprintf(dat, sizeof(dat), "%s/plot.dat", out);
+	int rows, val_rows;
+	int rc = write_data(jsonl, dat, &rows, &val_rows);
+	if (rc)
+		return rc == CT_ERR_USAGE ? 2 : 1;
+	FILE *gp = popen("gnuplot", "w");
+	if (!gp) {
+		LOG_ERROR("plot: cannot run gnuplot (install Debian's gnuplot-nox)");
+		return 1;
+	}
+	/* one chart per file; columns are 1-based in plot_cols order */
+	fprintf(gp, "set terminal pngcairo size 900,500 font ',11'\n"
+		    "set grid\nset key top right\nset xlabel 'step'\n"
+		    "set datafile missing 'NaN'\n");
+	fprintf(gp, "set output '%s/loss.png'\nset title 'loss'\nset ylabel 'nats/token'\n"
+		    "plot '%s' using 1:2 with lines lw 2 title 'train'%s\n",
+		out, dat, val_rows ? ", '' using 1:3 with linespoints lw 2 pt 7 title 'validation'" : "");
+	fprintf(gp, "set output '%s/lr.png'\nset title 'learning rate'\nset ylabel 'lr'\n"
+		    "plot '%s' using 1:4 with lines lw 2 notitle\n", out, dat);
+	fprintf(gp, "set output '%s/tps.png'\nset title 'throughput'\nset ylabel 'tokens/s per rank'\n"
+		    "set y2label 'MFU %%'\nset y2tics\n"
+		    "plot '%s' using 1:5 with lines lw 2 title 'tokens/s', "
+		    "'' using 1:6 axes x1y2 with lines lw 2 title 'MFU %%'\n"
+		    "unset y2tics\nunset y2label\n", out, dat);
+	fprintf(gp, "set output '%s/memory.png'\nset title 'memory (rank 0)'\nset ylabel 'GiB'\n"
+		    "plot '%s' using 1:7 with lines lw 2 title 'peak RSS', "
+		    "'' using 1:($8/2**30) with lines title 'params', "
+		    "'' using 1:($9/2**30) with lines title 'optimizer', "
+		    "'' using 1:($10/2**30) with lines title 'activations'\n", out, dat);
+	if (pclose(gp) != 0) {
+		LOG_ERROR("plot: gnuplot failed (is Debian's gnuplot-nox installed?)");
+		return 1;
+	}
+	static const char *const names[] = { "loss", "lr", "tps", "memory" };
+	for (int i = 0; i < 4; i++)
+		printf("%s/%s.png\n", out, names[i]);
+	return 0;
+}
