@@ -64,18 +64,27 @@ done
 
 # 4. corruption: flip a byte of the newest checkpoint's data file
 f="$tmp/e/checkpoint/step-00000006/rank-00000.safetensors"
-sum_before=$(md5sum "$f" | cut -d' ' -f1)
 printf '\x55' | dd of="$f" bs=1 seek=100000 conv=notrunc 2>/dev/null
 cp "$f" "$tmp/corrupt.copy"
+# asked for explicitly: an error naming the file, and nothing touched
 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=8 --job.dump_folder="$tmp/e" \
-  --checkpoint.enable=true --checkpoint.keep_latest_k=2 > "$tmp/e2.log" 2>&1
+  --checkpoint.enable=true --checkpoint.keep_latest_k=2 --checkpoint.load_step=6 > "$tmp/e2.log" 2>&1
 rc=$?
-[ $rc -eq 1 ] && grep -q "rank-00000.safetensors' is corrupted" "$tmp/e2.log"; check "corrupted file named, exit 1 (got $rc)" $?
+[ $rc -eq 1 ] && grep -q "rank-00000.safetensors' is corrupted" "$tmp/e2.log"; check "load_step=6 corrupted: file named, exit 1 (got $rc)" $?
 cmp -s "$f" "$tmp/corrupt.copy" && [ -d "$tmp/e/checkpoint/step-00000005" ]; check "nothing overwritten or pruned after the failed load" $?
+# the newest one by default: falls back to step 5, says so, trains on
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=7 --job.dump_folder="$tmp/e" \
+  --checkpoint.enable=true --checkpoint.keep_latest_k=2 > "$tmp/e4.log" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "falling back to step 5" "$tmp/e4.log" && grep -q "loaded step 5" "$tmp/e4.log"
+check "newest corrupted: falls back to step 5 and says so, exit 0 (got $rc)" $?
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=7 --job.dump_folder="$tmp/e" \
+  --checkpoint.enable=true --checkpoint.load_step=7 > "$tmp/e5.log" 2>&1
+[ $? -eq 0 ] && grep -q "loaded step 7" "$tmp/e5.log"; check "the checkpoint written after the fallback loads" $?
 # truncated manifest
-head -c 100 "$tmp/e/checkpoint/step-00000005/manifest.json" > "$tmp/m" && cp "$tmp/m" "$tmp/e/checkpoint/step-00000005/manifest.json"
+head -c 100 "$tmp/e/checkpoint/step-00000007/manifest.json" > "$tmp/m" && cp "$tmp/m" "$tmp/e/checkpoint/step-00000007/manifest.json"
 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/e" \
-  --checkpoint.enable=true --checkpoint.load_step=5 > "$tmp/e3.log" 2>&1
+  --checkpoint.enable=true --checkpoint.load_step=7 > "$tmp/e3.log" 2>&1
 rc=$?
 [ $rc -eq 1 ] && grep -q "manifest.json' is missing or malformed" "$tmp/e3.log"; check "truncated manifest named, exit 1 (got $rc)" $?
 # a model that does not match

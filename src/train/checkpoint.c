@@ -366,6 +366,32 @@ int ckpt_find(const char *root, int64_t want, int64_t *step)
 	return CT_OK;
 }
 
+int ckpt_list(const char *root, int64_t *steps, int max)
+{
+	int n = 0;
+	DIR *d = opendir(root);
+	if (!d)
+		return 0;
+	struct dirent *e;
+	char p[1200];
+	while ((e = readdir(d)) && n < max) {
+		int64_t s;
+		if (!step_of(e->d_name, &s))
+			continue;
+		step_dir(p, sizeof(p), root, s, "/manifest.json");
+		if (access(p, R_OK) == 0)
+			steps[n++] = s;
+	}
+	closedir(d);
+	for (int i = 1; i < n; i++) /* insertion sort, newest first */
+		for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
+			int64_t t = steps[j];
+			steps[j] = steps[j - 1];
+			steps[j - 1] = t;
+		}
+	return n;
+}
+
 static int json_int(const cJSON *o, const char *key, int64_t *v)
 {
 	const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);

@@ -50,6 +50,10 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
  * Sets *step = -1 (and returns CT_OK) when there is none. */
 int ckpt_find(const char *root, int64_t want, int64_t *step);
 
+/* Steps of every checkpoint folder with a manifest in root, newest first; returns how many
+ * (at most max). */
+int ckpt_list(const char *root, int64_t *steps, int max);
+
 /* Load checkpoint `step` into the tensors (each rank its rows). Collective. The model shape
  * must match the saved one (errors name the tensor). */
 int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,

@@ -379,18 +379,13 @@ static void trainer_ckpt_root(const struct trainer *tr, char *out, size_t n)
 	snprintf(out, n, "%s/%s", tr->cfg->job.dump_folder, tr->cfg->checkpoint.folder);
 }
 
-/* Resume from checkpoint.load_step (or the newest); sets the first step to run. */
-static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_metrics *sm)
+/* Load checkpoint `step` into the model, optimizer and data loader. */
+static int trainer_load(struct trainer *tr, const char *root, int64_t step, int64_t *first_step,
+			struct step_metrics *sm)
 {
-	char root[1100];
-	trainer_ckpt_root(tr, root, sizeof(root));
-	int64_t step;
-	int rc = ckpt_find(root, tr->cfg->checkpoint.load_step, &step);
-	if (rc || step < 0)
-		return rc;
 	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 	struct ckpt_trainer_state st = { 0 };
-	rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st);
+	int rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st);
 	free(ct);
 	if (rc)
 		return rc;
@@ -405,6 +400,33 @@ static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_m
 		cJSON_Delete(js);
 	}
 	sm->tokens_seen = st.tokens_seen;
+	return rc;
+}
+
+/* Resume from checkpoint.load_step, which must load; or (-1) from the newest checkpoint that
+ * loads and verifies, falling back to older ones and saying so. Sets the first step to run. */
+static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_metrics *sm)
+{
+	char root[1100];
+	trainer_ckpt_root(tr, root, sizeof(root));
+	if (tr->cfg->checkpoint.load_step >= 0) {
+		int64_t step;
+		int rc = ckpt_find(root, tr->cfg->checkpoint.load_step, &step);
+		return rc ? rc : trainer_load(tr, root, step, first_step, sm);
+	}
+	int64_t steps[256];
+	int n = ckpt_list(root, steps, 256);
+	for (int i = 0; i < n; i++) {
+		if (trainer_load(tr, root, steps[i], first_step, sm) == CT_OK)
+			return CT_OK;
+		if (i + 1 < n)
+			LOG_WARN("checkpoint of step %lld failed to load; falling back to step %lld",
+				 (long long)steps[i], (long long)steps[i + 1]);
+	}
+	if (n > 0) {
+		LOG_ERROR("no checkpoint in '%s' loads (%d tried); refusing to start over", root, n);
+		return CT_ERR_RUNTIME;
+	}
 	return CT_OK;
 }
 
