@@ -25,9 +25,18 @@ struct shape {
 	int64_t B, T, H, KV, D;
 };
 
-static int64_t q_numel(struct shape s) { return s.B * s.T * s.H * s.D; }
-static int64_t kv_numel(struct shape s) { return s.B * s.T * s.KV * s.D; }
-static int64_t lse_numel(struct shape s) { return s.B * s.H * s.T; }
+static int64_t q_numel(struct shape s)
+{
+	return s.B * s.T * s.H * s.D;
+}
+static int64_t kv_numel(struct shape s)
+{
+	return s.B * s.T * s.KV * s.D;
+}
+static int64_t lse_numel(struct shape s)
+{
+	return s.B * s.H * s.T;
+}
 
 /* Inputs and outputs of one problem, in double; f32 copies made on demand. */
 struct problem {
@@ -46,12 +55,18 @@ static void *xmalloc_test(size_t bytes)
 	return p;
 }
 
-static double *dalloc(int64_t n) { return xmalloc_test((size_t)n * sizeof(double)); }
-static float *falloc(int64_t n) { return xmalloc_test((size_t)n * sizeof(float)); }
+static double *dalloc(int64_t n)
+{
+	return xmalloc_test((size_t)n * sizeof(double));
+}
+static float *falloc(int64_t n)
+{
+	return xmalloc_test((size_t)n * sizeof(float));
+}
 
 static struct problem problem_make(struct shape s)
 {
-	struct problem p = { .s = s };
+	struct problem p = {.s = s};
 	p.q = dalloc(q_numel(s)), p.out = dalloc(q_numel(s)), p.g = dalloc(q_numel(s));
 	p.dq = dalloc(q_numel(s));
 	p.k = dalloc(kv_numel(s)), p.v = dalloc(kv_numel(s));
@@ -84,7 +99,7 @@ static void backward_f64(struct problem *p)
 	memset(p->dk, 0, (size_t)kv_numel(s) * sizeof(double));
 	memset(p->dv, 0, (size_t)kv_numel(s) * sizeof(double));
 	attention_backward_f64(p->dq, p->dk, p->dv, p->g, p->out, p->lse, p->q, p->k, p->v, s.B,
-			       s.T, s.H, s.KV, s.D);
+	                       s.T, s.H, s.KV, s.D);
 }
 
 static void set_threads(int n)
@@ -108,7 +123,7 @@ static int max_threads(void)
 /* Reference twin: for each (b, h, t) the full row of scores s_j = q_t.k_j / sqrt(D), j <= t,
  * its softmax, and out_t = sum_j softmax_j v_j. */
 static void attention_forward_ref(double *out, double *lse, const double *q, const double *k,
-				  const double *v, struct shape s)
+                                  const double *v, struct shape s)
 {
 	double *row = dalloc(s.T);
 	double scale = 1.0 / sqrt((double)s.D);
@@ -143,12 +158,12 @@ static void attention_forward_ref(double *out, double *lse, const double *q, con
 }
 
 static const struct shape test_shapes[] = {
-	{ 2, 37, 4, 2, 8 },   /* GQA, one partial tile */
-	{ 1, 70, 2, 2, 8 },   /* MHA, a full and a partial tile */
-	{ 2, 1, 3, 1, 16 },   /* single token, MQA */
-	{ 1, 64, 2, 1, 16 },  /* exactly one tile */
-	{ 1, 130, 2, 1, 6 },  /* three tiles, D not a multiple of the SIMD width */
-	{ 2, 200, 6, 2, 32 }, /* four tiles, GQA group of 3 */
+    {2, 37, 4, 2, 8},   /* GQA, one partial tile */
+    {1, 70, 2, 2, 8},   /* MHA, a full and a partial tile */
+    {2, 1, 3, 1, 16},   /* single token, MQA */
+    {1, 64, 2, 1, 16},  /* exactly one tile */
+    {1, 130, 2, 1, 6},  /* three tiles, D not a multiple of the SIMD width */
+    {2, 200, 6, 2, 32}, /* four tiles, GQA group of 3 */
 };
 enum {
 	N_TEST_SHAPES = sizeof(test_shapes) / sizeof(test_shapes[0]),
@@ -227,9 +242,9 @@ TEST_CASE(backward_matches_finite_differences)
 			const char *name;
 			double *x, *grad;
 			int64_t n;
-		} wrt[] = { { "dq", p.q, p.dq, q_numel(s) },
-			    { "dk", p.k, p.dk, kv_numel(s) },
-			    { "dv", p.v, p.dv, kv_numel(s) } };
+		} wrt[] = {{"dq", p.q, p.dq, q_numel(s)},
+		           {"dk", p.k, p.dk, kv_numel(s)},
+		           {"dv", p.v, p.dv, kv_numel(s)}};
 		for (int w = 0; w < 3; w++) {
 			loss_grad_fd(&p, wrt[w].x, wrt[w].n, fd);
 			double e = grad_err(wrt[w].grad, fd, wrt[w].n);
@@ -268,7 +283,7 @@ struct problem32 {
 static struct problem32 problem32_from(const struct problem *p)
 {
 	struct shape s = p->s;
-	struct problem32 f = { .s = s };
+	struct problem32 f = {.s = s};
 	f.q = to_f32(p->q, q_numel(s)), f.k = to_f32(p->k, kv_numel(s));
 	f.v = to_f32(p->v, kv_numel(s)), f.g = to_f32(p->g, q_numel(s));
 	f.out = falloc(q_numel(s)), f.lse = falloc(lse_numel(s)), f.dq = falloc(q_numel(s));
@@ -290,14 +305,14 @@ static void run_f32(struct problem32 *f)
 	memset(f->dk, 0, (size_t)kv_numel(s) * sizeof(float));
 	memset(f->dv, 0, (size_t)kv_numel(s) * sizeof(float));
 	attention_backward_f32(f->dq, f->dk, f->dv, f->g, f->out, f->lse, f->q, f->k, f->v, s.B,
-			       s.T, s.H, s.KV, s.D);
+	                       s.T, s.H, s.KV, s.D);
 }
 
 TEST_CASE(f32_matches_f64)
 {
 	static const struct shape extra[] = {
-		{ 2, 300, 4, 1, 64 }, /* five tiles, MQA, a Llama head dim */
-		{ 1, 70, 2, 1, ATTN_MAX_HEAD_DIM },
+	    {2, 300, 4, 1, 64}, /* five tiles, MQA, a Llama head dim */
+	    {1, 70, 2, 1, ATTN_MAX_HEAD_DIM},
 	};
 	for (int c = 0; c < N_TEST_SHAPES + 2; c++) {
 		struct shape s = c < N_TEST_SHAPES ? test_shapes[c] : extra[c - N_TEST_SHAPES];
@@ -316,9 +331,11 @@ TEST_CASE(f32_matches_f64)
 			const float *a;
 			const double *b;
 			int64_t n;
-		} cmp[] = { { "out", f.out, p.out, q_numel(s) }, { "lse", f.lse, p.lse, lse_numel(s) },
-			    { "dq", f.dq, p.dq, q_numel(s) },	 { "dk", f.dk, p.dk, kv_numel(s) },
-			    { "dv", f.dv, p.dv, kv_numel(s) } };
+		} cmp[] = {{"out", f.out, p.out, q_numel(s)},
+		           {"lse", f.lse, p.lse, lse_numel(s)},
+		           {"dq", f.dq, p.dq, q_numel(s)},
+		           {"dk", f.dk, p.dk, kv_numel(s)},
+		           {"dv", f.dv, p.dv, kv_numel(s)}};
 		for (int i = 0; i < 5; i++) {
 			double *a = to_f64(cmp[i].a, cmp[i].n);
 			double e = grad_err(a, cmp[i].b, cmp[i].n);
@@ -334,14 +351,14 @@ TEST_CASE(f32_matches_f64)
 
 TEST_CASE(backward_accumulates)
 {
-	struct shape s = { 2, 100, 4, 2, 16 };
+	struct shape s = {2, 100, 4, 2, 16};
 	struct problem p = problem_make(s);
 	forward_f64(&p);
 	backward_f64(&p); /* p.dq, p.dk, p.dv: one call from zero */
 	struct {
 		const double *once;
 		int64_t n;
-	} g[] = { { p.dq, q_numel(s) }, { p.dk, kv_numel(s) }, { p.dv, kv_numel(s) } };
+	} g[] = {{p.dq, q_numel(s)}, {p.dk, kv_numel(s)}, {p.dv, kv_numel(s)}};
 	double *acc[3], *want[3];
 	for (int i = 0; i < 3; i++) {
 		acc[i] = dalloc(g[i].n), want[i] = dalloc(g[i].n);
@@ -351,7 +368,7 @@ TEST_CASE(backward_accumulates)
 	}
 	for (int call = 0; call < 2; call++)
 		attention_backward_f64(acc[0], acc[1], acc[2], p.g, p.out, p.lse, p.q, p.k, p.v,
-				       s.B, s.T, s.H, s.KV, s.D);
+		                       s.B, s.T, s.H, s.KV, s.D);
 	for (int i = 0; i < 3; i++) {
 		double e = rel_err_f64(acc[i], want[i], g[i].n);
 		EXPECT(e < 1e-13, "grad %d: init + 2 calls vs init + 2 * one call: rel err %.3g", i,
@@ -368,7 +385,7 @@ static bool same_bits(const float *a, const float *b, int64_t n)
 
 TEST_CASE(deterministic)
 {
-	struct shape s = { 2, 150, 6, 2, 16 };
+	struct shape s = {2, 150, 6, 2, 16};
 	struct problem p = problem_make(s);
 	struct problem32 f1 = problem32_from(&p), f2 = problem32_from(&p);
 	run_f32(&f1);
@@ -379,13 +396,14 @@ TEST_CASE(deterministic)
 	struct problem32 f3 = problem32_from(&p);
 	run_f32(&f3);
 	set_threads(nt);
-	const struct problem32 *other[] = { &f2, &f3 };
+	const struct problem32 *other[] = {&f2, &f3};
 	for (int o = 0; o < 2; o++) {
 		const struct problem32 *f = other[o];
 		bool same = same_bits(f1.out, f->out, q_numel(s)) &&
-			    same_bits(f1.lse, f->lse, lse_numel(s)) &&
-			    same_bits(f1.dq, f->dq, q_numel(s)) &&
-			    same_bits(f1.dk, f->dk, kv_numel(s)) && same_bits(f1.dv, f->dv, kv_numel(s));
+		            same_bits(f1.lse, f->lse, lse_numel(s)) &&
+		            same_bits(f1.dq, f->dq, q_numel(s)) &&
+		            same_bits(f1.dk, f->dk, kv_numel(s)) &&
+		            same_bits(f1.dv, f->dv, kv_numel(s));
 		EXPECT(same, "%s: results differ bitwise",
 		       o == 0 ? "two calls" : "1 thread vs default threads");
 	}
@@ -409,7 +427,7 @@ static void bench_shape(const char *name, struct shape s)
 		attention_forward_f32(f.out, f.lse, f.q, f.k, f.v, s.B, s.T, s.H, s.KV, s.D);
 		double t1 = timer_now();
 		attention_backward_f32(f.dq, f.dk, f.dv, f.g, f.out, f.lse, f.q, f.k, f.v, s.B, s.T,
-				       s.H, s.KV, s.D);
+		                       s.H, s.KV, s.D);
 		double t2 = timer_now();
 		if (rep >= 2) { /* warm-up first */
 			t_fwd = fmin(t_fwd, t1 - t0);
@@ -428,8 +446,8 @@ static int bench(void)
 {
 	printf("attention f32, %d threads, best of 20 (flops: 2*B*H*T^2*D fwd, 2.5x bwd)\n",
 	       max_threads());
-	bench_shape("(a) debug model", (struct shape){ 8, 256, 16, 16, 16 });
-	bench_shape("(b) GQA, D=64", (struct shape){ 4, 512, 12, 4, 64 });
+	bench_shape("(a) debug model", (struct shape){8, 256, 16, 16, 16});
+	bench_shape("(b) GQA, D=64", (struct shape){4, 512, 12, 4, 64});
 	return 0;
 }
 

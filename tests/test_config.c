@@ -37,7 +37,10 @@ static void write_bytes(const char *path, const char *text, size_t len)
 	fclose(f);
 }
 
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text)
+{
+	write_bytes(path, text, strlen(text));
+}
 
 /* ---- stderr capture ---- */
 
@@ -165,63 +168,64 @@ TEST_CASE(defaults_match_header)
 static const struct {
 	const char *key, *toml, *cli;
 } every_key[] = {
-	{ "job.dump_folder", "\"/tmp/run 1\"", "/tmp/run 1" },
-	{ "job.description", "'say \"hi\" #not a comment'", "say \"hi\" #not a comment" },
-	{ "job.print_config", "true", "true" },
-	{ "job.log_level", "\"warning\"", "warning" },
-	{ "model.name", "\"llama3x\"", "llama3x" },
-	{ "model.flavor", "\"8B\"", "8B" },
-	{ "model.vocab_size", "128_256", "128256" },
-	{ "model.rope_scaling", "true", "true" },
-	{ "model.tokenizer_path", "'tok.model'", "tok.model" },
-	{ "optimizer.name", "\"AdamW\"", "AdamW" },
-	{ "optimizer.lr", "3e-4", "3e-4" },
-	{ "optimizer.beta1", "0.85", "0.85" },
-	{ "optimizer.beta2", "0.999", "0.999" },
-	{ "optimizer.eps", "1E-10", "1E-10" },
-	{ "optimizer.weight_decay", "0", "0" },
-	{ "lr_scheduler.warmup_steps", "0", "0" },
-	{ "lr_scheduler.decay_ratio", "0.8", "0.8" },
-	{ "lr_scheduler.decay_type", "\"cosine\"", "cosine" },
-	{ "lr_scheduler.min_lr_factor", "1", "1" },
-	{ "training.local_batch_size", "+4", "+4" },
-	{ "training.global_batch_size", "64", "64" },
-	{ "training.seq_len", "8_192", "8192" },
-	{ "training.max_norm", "0.5", "0.5" },
-	{ "training.steps", "1_000_000", "1000000" },
-	{ "training.dataset", "'C:\\data\\tokens.bin'", "C:\\data\\tokens.bin" },
-	{ "training.dataset_path", "\"data/x\"", "data/x" },
-	{ "training.mixed_precision_param", "\"bfloat16\"", "bfloat16" },
-	{ "training.mixed_precision_reduce", "\"float32\"", "float32" },
-	{ "parallelism.data_parallel_shard_degree", "4", "4" },
-	{ "parallelism.data_parallel_replicate_degree", "2", "2" },
-	{ "parallelism.tensor_parallel_degree", "8", "8" },
-	{ "parallelism.pipeline_parallel_degree", "3", "3" },
-	{ "parallelism.fsdp_reshard_after_forward", "\"never\"", "never" },
-	{ "validation.enable", "true", "true" },
-	{ "validation.freq", "25", "25" },
-	{ "validation.steps", "3", "3" },
-	{ "checkpoint.enable", "true", "true" },
-	{ "checkpoint.folder", "\"ckpt\"", "ckpt" },
-	{ "checkpoint.interval", "7", "7" },
-	{ "checkpoint.keep_latest_k", "0", "0" },
-	{ "checkpoint.load_step", "12", "12" },
-	{ "activation_checkpoint.mode", "\"ffn\"", "ffn" },
-	{ "comm.progress", "\"thread\"", "thread" },
-	{ "comm.timeout_seconds", "12.5", "12.5" },
-	{ "metrics.log_freq", "10", "10" },
-	{ "metrics.peak_tflops", "989.5", "989.5" },
-	{ "metrics.enable_jsonl", "false", "false" },
-	{ "debug.seed", "9_223_372_036_854_775_807", "9223372036854775807" },
-	{ "debug.deterministic", "false", "false" },
-	{ "debug.fail_rank", "3", "3" },
-	{ "debug.fail_step", "7", "7" },
+    {"job.dump_folder", "\"/tmp/run 1\"", "/tmp/run 1"},
+    {"job.description", "'say \"hi\" #not a comment'", "say \"hi\" #not a comment"},
+    {"job.print_config", "true", "true"},
+    {"job.log_level", "\"warning\"", "warning"},
+    {"model.name", "\"llama3x\"", "llama3x"},
+    {"model.flavor", "\"8B\"", "8B"},
+    {"model.vocab_size", "128_256", "128256"},
+    {"model.rope_scaling", "true", "true"},
+    {"model.tokenizer_path", "'tok.model'", "tok.model"},
+    {"optimizer.name", "\"AdamW\"", "AdamW"},
+    {"optimizer.lr", "3e-4", "3e-4"},
+    {"optimizer.beta1", "0.85", "0.85"},
+    {"optimizer.beta2", "0.999", "0.999"},
+    {"optimizer.eps", "1E-10", "1E-10"},
+    {"optimizer.weight_decay", "0", "0"},
+    {"lr_scheduler.warmup_steps", "0", "0"},
+    {"lr_scheduler.decay_ratio", "0.8", "0.8"},
+    {"lr_scheduler.decay_type", "\"cosine\"", "cosine"},
+    {"lr_scheduler.min_lr_factor", "1", "1"},
+    {"training.local_batch_size", "+4", "+4"},
+    {"training.global_batch_size", "64", "64"},
+    {"training.seq_len", "8_192", "8192"},
+    {"training.max_norm", "0.5", "0.5"},
+    {"training.steps", "1_000_000", "1000000"},
+    {"training.dataset", "'C:\\data\\tokens.bin'", "C:\\data\\tokens.bin"},
+    {"training.dataset_path", "\"data/x\"", "data/x"},
+    {"training.mixed_precision_param", "\"bfloat16\"", "bfloat16"},
+    {"training.mixed_precision_reduce", "\"float32\"", "float32"},
+    {"parallelism.data_parallel_shard_degree", "4", "4"},
+    {"parallelism.data_parallel_replicate_degree", "2", "2"},
+    {"parallelism.tensor_parallel_degree", "8", "8"},
+    {"parallelism.pipeline_parallel_degree", "3", "3"},
+    {"parallelism.fsdp_reshard_after_forward", "\"never\"", "never"},
+    {"validation.enable", "true", "true"},
+    {"validation.freq", "25", "25"},
+    {"validation.steps", "3", "3"},
+    {"checkpoint.enable", "true", "true"},
+    {"checkpoint.folder", "\"ckpt\"", "ckpt"},
+    {"checkpoint.interval", "7", "7"},
+    {"checkpoint.keep_latest_k", "0", "0"},
+    {"checkpoint.load_step", "12", "12"},
+    {"activation_checkpoint.mode", "\"ffn\"", "ffn"},
+    {"comm.progress", "\"thread\"", "thread"},
+    {"comm.timeout_seconds", "12.5", "12.5"},
+    {"metrics.log_freq", "10", "10"},
+    {"metrics.peak_tflops", "989.5", "989.5"},
+    {"metrics.enable_jsonl", "false", "false"},
+    {"debug.seed", "9_223_372_036_854_775_807", "9223372036854775807"},
+    {"debug.deterministic", "false", "false"},
+    {"debug.fail_rank", "3", "3"},
+    {"debug.fail_step", "7", "7"},
 };
 #define N_EVERY (sizeof(every_key) / sizeof(every_key[0]))
 
 static void check_every_key_values(const struct ct_config *c)
 {
-	EXPECT(strcmp(c->job.dump_folder, "/tmp/run 1") == 0, "dump_folder '%s'", c->job.dump_folder);
+	EXPECT(strcmp(c->job.dump_folder, "/tmp/run 1") == 0, "dump_folder '%s'",
+	       c->job.dump_folder);
 	EXPECT(strcmp(c->job.description, "say \"hi\" #not a comment") == 0, "description '%s'",
 	       c->job.description);
 	EXPECT(c->job.print_config == true, "print_config");
@@ -259,8 +263,8 @@ static void check_every_key_values(const struct ct_config *c)
 	EXPECT(c->validation.enable && c->validation.freq == 25 && c->validation.steps == 3,
 	       "validation keys");
 	EXPECT(c->checkpoint.enable && strcmp(c->checkpoint.folder, "ckpt") == 0 &&
-		       c->checkpoint.interval == 7 && c->checkpoint.keep_latest_k == 0 &&
-		       c->checkpoint.load_step == 12,
+	           c->checkpoint.interval == 7 && c->checkpoint.keep_latest_k == 0 &&
+	           c->checkpoint.load_step == 12,
 	       "checkpoint keys");
 	EXPECT(strcmp(c->activation_checkpoint.mode, "ffn") == 0, "ac mode");
 	EXPECT(strcmp(c->comm.progress, "thread") == 0, "comm.progress");
@@ -284,7 +288,7 @@ static void every_key_file(char *buf, size_t n)
 		if (strncmp(sec, every_key[i].key, (size_t)(dot - every_key[i].key)) != 0 ||
 		    sec[dot - every_key[i].key] != '\0') {
 			snprintf(sec, sizeof(sec), "%.*s", (int)(dot - every_key[i].key),
-				 every_key[i].key);
+			         every_key[i].key);
 			j += (size_t)snprintf(buf + j, n - j, "\n[%s]\n", sec);
 		}
 		j += (size_t)snprintf(buf + j, n - j, "%s = %s\n", dot + 1, every_key[i].toml);
@@ -296,80 +300,80 @@ TEST_CASE(full_file_parses)
 	/* Hand-written, with the syntax we accept: comments, blank lines, indentation, tabs,
 	 * CRLF, a BOM, literal and basic strings with escapes, signs, underscores, exponents,
 	 * integers for floats, sections out of the usual order. */
-	const char *text =
-		"\xEF\xBB\xBF# a full config\n"
-		"\n"
-		"[debug]   # trailing comment\n"
-		"seed = 42\n"
-		"deterministic = false\n"
-		"[job]\r\n"
-		"dump_folder = \"out/\\\"q\\\"\\\\x\"\r\n"
-		"description = \"tab\\there\\nnewline # not a comment\"\r\n"
-		"print_config = true\r\n"
-		"  log_level   =   'debug'  \r\n"
-		"\t\n"
-		"[model]\n"
-		"name = \"llama3\"\n"
-		"flavor = '405B'\n"
-		"vocab_size = 1_000\n"
-		"rope_scaling = true\n"
-		"[optimizer]\n"
-		"\tlr = 1.5e-3\n"
-		"beta1 = 0\n"
-		"beta2 = 0.5\n"
-		"eps = 1e+2\n"
-		"weight_decay = 2\n"
-		"[lr_scheduler]\n"
-		"warmup_steps = 10\n"
-		"decay_ratio = 0.25\n"
-		"decay_type = \"sqrt\"\n"
-		"min_lr_factor = 0.1\n"
-		"[training]\n"
-		"local_batch_size = 2\n"
-		"global_batch_size = 16\n"
-		"seq_len = 128\n"
-		"max_norm = 2.5\n"
-		"steps = 10\n"
-		"dataset = \"data/tokens.bin\"\n"
-		"mixed_precision_param = \"bfloat16\"\n"
-		"mixed_precision_reduce = \"float32\"\n"
-		"[parallelism]\n"
-		"data_parallel_shard_degree = -1\n"
-		"data_parallel_replicate_degree = 2\n"
-		"tensor_parallel_degree = 2\n"
-		"pipeline_parallel_degree = 1\n"
-		"fsdp_reshard_after_forward = \"always\"\n"
-		"[metrics]\n"
-		"log_freq = 5\n"
-		"peak_tflops = 100\n"
-		"enable_jsonl = false\n"
-		"# the end, no newline";
+	const char *text = "\xEF\xBB\xBF# a full config\n"
+	                   "\n"
+	                   "[debug]   # trailing comment\n"
+	                   "seed = 42\n"
+	                   "deterministic = false\n"
+	                   "[job]\r\n"
+	                   "dump_folder = \"out/\\\"q\\\"\\\\x\"\r\n"
+	                   "description = \"tab\\there\\nnewline # not a comment\"\r\n"
+	                   "print_config = true\r\n"
+	                   "  log_level   =   'debug'  \r\n"
+	                   "\t\n"
+	                   "[model]\n"
+	                   "name = \"llama3\"\n"
+	                   "flavor = '405B'\n"
+	                   "vocab_size = 1_000\n"
+	                   "rope_scaling = true\n"
+	                   "[optimizer]\n"
+	                   "\tlr = 1.5e-3\n"
+	                   "beta1 = 0\n"
+	                   "beta2 = 0.5\n"
+	                   "eps = 1e+2\n"
+	                   "weight_decay = 2\n"
+	                   "[lr_scheduler]\n"
+	                   "warmup_steps = 10\n"
+	                   "decay_ratio = 0.25\n"
+	                   "decay_type = \"sqrt\"\n"
+	                   "min_lr_factor = 0.1\n"
+	                   "[training]\n"
+	                   "local_batch_size = 2\n"
+	                   "global_batch_size = 16\n"
+	                   "seq_len = 128\n"
+	                   "max_norm = 2.5\n"
+	                   "steps = 10\n"
+	                   "dataset = \"data/tokens.bin\"\n"
+	                   "mixed_precision_param = \"bfloat16\"\n"
+	                   "mixed_precision_reduce = \"float32\"\n"
+	                   "[parallelism]\n"
+	                   "data_parallel_shard_degree = -1\n"
+	                   "data_parallel_replicate_degree = 2\n"
+	                   "tensor_parallel_degree = 2\n"
+	                   "pipeline_parallel_degree = 1\n"
+	                   "fsdp_reshard_after_forward = \"always\"\n"
+	                   "[metrics]\n"
+	                   "log_freq = 5\n"
+	                   "peak_tflops = 100\n"
+	                   "enable_jsonl = false\n"
+	                   "# the end, no newline";
 	struct ct_config c;
 	int rc = load_text(&c, "full.toml", text);
 	EXPECT(rc == 0, "rc %d", rc);
 	EXPECT(c.debug.seed == 42 && !c.debug.deterministic, "debug");
-	EXPECT(strcmp(c.job.dump_folder, "out/\"q\"\\x") == 0, "dump_folder '%s'", c.job.dump_folder);
+	EXPECT(strcmp(c.job.dump_folder, "out/\"q\"\\x") == 0, "dump_folder '%s'",
+	       c.job.dump_folder);
 	EXPECT(strcmp(c.job.description, "tab\there\nnewline # not a comment") == 0, "description");
 	EXPECT(c.job.print_config && strcmp(c.job.log_level, "debug") == 0, "job");
 	EXPECT(strcmp(c.model.flavor, "405B") == 0 && c.model.vocab_size == 1000 &&
-		       c.model.rope_scaling,
+	           c.model.rope_scaling,
 	       "model");
 	EXPECT(c.optimizer.lr == 1.5e-3 && c.optimizer.beta1 == 0 && c.optimizer.beta2 == 0.5 &&
-		       c.optimizer.eps == 100 && c.optimizer.weight_decay == 2,
+	           c.optimizer.eps == 100 && c.optimizer.weight_decay == 2,
 	       "optimizer");
 	EXPECT(c.lr_scheduler.warmup_steps == 10 && c.lr_scheduler.decay_ratio == 0.25 &&
-		       strcmp(c.lr_scheduler.decay_type, "sqrt") == 0 &&
-		       c.lr_scheduler.min_lr_factor == 0.1,
+	           strcmp(c.lr_scheduler.decay_type, "sqrt") == 0 &&
+	           c.lr_scheduler.min_lr_factor == 0.1,
 	       "lr_scheduler");
 	EXPECT(c.training.local_batch_size == 2 && c.training.global_batch_size == 16 &&
-		       c.training.seq_len == 128 && c.training.max_norm == 2.5 &&
-		       c.training.steps == 10 && strcmp(c.training.dataset, "data/tokens.bin") == 0 &&
-		       strcmp(c.training.mixed_precision_param, "bfloat16") == 0,
+	           c.training.seq_len == 128 && c.training.max_norm == 2.5 &&
+	           c.training.steps == 10 && strcmp(c.training.dataset, "data/tokens.bin") == 0 &&
+	           strcmp(c.training.mixed_precision_param, "bfloat16") == 0,
 	       "training");
 	EXPECT(c.parallelism.data_parallel_shard_degree == -1 &&
-		       c.parallelism.data_parallel_replicate_degree == 2 &&
-		       c.parallelism.tensor_parallel_degree == 2 &&
-		       strcmp(c.parallelism.fsdp_reshard_after_forward, "always") == 0,
+	           c.parallelism.data_parallel_replicate_degree == 2 &&
+	           c.parallelism.tensor_parallel_degree == 2 &&
+	           strcmp(c.parallelism.fsdp_reshard_after_forward, "always") == 0,
 	       "parallelism");
 	EXPECT(c.metrics.log_freq == 5 && c.metrics.peak_tflops == 100 && !c.metrics.enable_jsonl,
 	       "metrics");
@@ -386,13 +390,15 @@ TEST_CASE(full_file_parses)
 	struct ct_config d;
 	config_defaults(&d);
 	EXPECT(load_text(&c, "empty.toml", "") == 0 && same_config(&c, &d), "empty file");
-	EXPECT(load_text(&c, "comments.toml", "# x\n\n   # y\r\n[job]\n") == 0 && same_config(&c, &d),
+	EXPECT(load_text(&c, "comments.toml", "# x\n\n   # y\r\n[job]\n") == 0 &&
+	           same_config(&c, &d),
 	       "comments only");
 	/* Arrays parse wherever a value may be, even if no key takes one yet: only the type is
 	 * wrong, which shows the whole array was read (the error names an array). */
 	capture_begin();
-	rc = load_text(&c, "arr.toml",
-		       "[training]\nsteps = [ [1, 2], ['a', \"b\"], [true, 1.5e3,],\n # c\n [],\n]\n");
+	rc = load_text(
+	    &c, "arr.toml",
+	    "[training]\nsteps = [ [1, 2], ['a', \"b\"], [true, 1.5e3,],\n # c\n [],\n]\n");
 	capture_end();
 	EXPECT(rc == CT_ERR_USAGE && strstr(msg, "arr.toml:2:") && strstr(msg, "got an array"),
 	       "nested array: %s", msg);
@@ -409,7 +415,8 @@ TEST_CASE(every_key_on_command_line)
 	char *argv[2 * N_EVERY];
 	char eq_args[N_EVERY][700], key_args[N_EVERY][128];
 	for (size_t i = 0; i < N_EVERY; i++) {
-		snprintf(eq_args[i], sizeof(eq_args[i]), "--%s=%s", every_key[i].key, every_key[i].cli);
+		snprintf(eq_args[i], sizeof(eq_args[i]), "--%s=%s", every_key[i].key,
+		         every_key[i].cli);
 		argv[i] = eq_args[i];
 	}
 	config_defaults(&c);
@@ -433,7 +440,7 @@ TEST_CASE(every_key_on_command_line)
 		const char *dot = strchr(every_key[i].key, '.');
 		char one[1024], path[128];
 		snprintf(one, sizeof(one), "[%.*s]\n%s = %s\n", (int)(dot - every_key[i].key),
-			 every_key[i].key, dot + 1, every_key[i].toml);
+		         every_key[i].key, dot + 1, every_key[i].toml);
 		tmp_path(path, sizeof(path), "one.toml");
 		write_text(path, one);
 		config_defaults(&want);
@@ -446,28 +453,28 @@ TEST_CASE(every_key_on_command_line)
 			EXPECT(memcmp(&d, &want, sizeof(d)) != 0, "%s: value equals the default",
 			       every_key[i].key);
 
-		char *a1[1] = { eq_args[i] };
+		char *a1[1] = {eq_args[i]};
 		config_defaults(&c);
 		EXPECT(config_apply_args(&c, 1, a1) == 0, "%s: --key=value", every_key[i].key);
 		EXPECT(same_config(&c, &want), "%s: --key=value", every_key[i].key);
 
-		char *a2[2] = { key_args[i], (char *)every_key[i].cli };
+		char *a2[2] = {key_args[i], (char *)every_key[i].cli};
 		config_defaults(&c);
 		EXPECT(config_apply_args(&c, 2, a2) == 0, "%s: --key value", every_key[i].key);
 		EXPECT(same_config(&c, &want), "%s: --key value", every_key[i].key);
 	}
 
 	/* Later overrides win; the command line goes on top of a file. */
-	char *later[] = { "--training.steps=5", "--training.steps", "7" };
+	char *later[] = {"--training.steps=5", "--training.steps", "7"};
 	config_defaults(&c);
 	EXPECT(config_apply_args(&c, 3, later) == 0 && c.training.steps == 7, "later wins");
 	/* Negative numbers are values, not options; an empty string is a string. */
-	char *neg[] = { "--model.vocab_size", "-1", "--job.description", "", "--optimizer.lr",
-			" 1e-3 " };
+	char *neg[] = {"--model.vocab_size", "-1",    "--job.description", "",
+	               "--optimizer.lr",     " 1e-3 "};
 	c.model.vocab_size = 5;
 	SET_STR(c.job.description, "x");
 	EXPECT(config_apply_args(&c, 6, neg) == 0 && c.model.vocab_size == -1 &&
-		       c.job.description[0] == '\0' && c.optimizer.lr == 1e-3,
+	           c.job.description[0] == '\0' && c.optimizer.lr == 1e-3,
 	       "negative / empty / padded values");
 	EXPECT(config_apply_args(&c, 0, NULL) == 0, "no arguments");
 }
@@ -544,8 +551,8 @@ TEST_CASE(print_roundtrip)
 	roundtrip(&c, "every key");
 
 	/* Values set by code: awkward strings and floats that need all 17 digits. */
-	static const char *const flavors[] = { "debugmodel", "125M", "1B", "8B", "70B", "405B" };
-	static const char *const decays[] = { "linear", "sqrt", "cosine" };
+	static const char *const flavors[] = {"debugmodel", "125M", "1B", "8B", "70B", "405B"};
+	static const char *const decays[] = {"linear", "sqrt", "cosine"};
 	for (int it = 0; it < 300; it++) {
 		config_defaults(&c);
 		rand_string(c.job.dump_folder, sizeof(c.job.dump_folder));
@@ -574,7 +581,7 @@ TEST_CASE(print_roundtrip)
 		c.metrics.log_freq = rand_i64(1, 1000);
 		c.training.local_batch_size = rand_i64(1, 64);
 		c.training.global_batch_size =
-			it % 2 ? -1 : c.training.local_batch_size * rand_i64(1, 64);
+		    it % 2 ? -1 : c.training.local_batch_size * rand_i64(1, 64);
 		c.parallelism.data_parallel_shard_degree = it % 3 ? -1 : rand_i64(1, 64);
 		c.parallelism.tensor_parallel_degree = rand_i64(1, 8);
 		EXPECT(config_validate(&c) == 0, "random config %d does not validate", it);
@@ -620,14 +627,24 @@ TEST_CASE(print_help_lists_every_key)
 	for (size_t i = 0; i < N_EVERY; i++) {
 		const char *dot = strchr(every_key[i].key, '.');
 		char sec[64], key[80];
-		snprintf(sec, sizeof(sec), "[%.*s]", (int)(dot - every_key[i].key), every_key[i].key);
+		snprintf(sec, sizeof(sec), "[%.*s]", (int)(dot - every_key[i].key),
+		         every_key[i].key);
 		snprintf(key, sizeof(key), "  %s ", dot + 1);
 		EXPECT(strstr(text, sec), "help lacks section %s", sec);
 		EXPECT(strstr(text, key), "help lacks key %s", every_key[i].key);
 	}
-	const char *words[] = { "linear | sqrt | cosine", "\"./outputs\"", "8e-4", "in [0, 1)",
-				"-1 or >= 1", "> 0", "float", "int", "bool", "string",
-				"Peak learning rate", "debugmodel | 125M | 1B | 8B | 70B | 405B" };
+	const char *words[] = {"linear | sqrt | cosine",
+	                       "\"./outputs\"",
+	                       "8e-4",
+	                       "in [0, 1)",
+	                       "-1 or >= 1",
+	                       "> 0",
+	                       "float",
+	                       "int",
+	                       "bool",
+	                       "string",
+	                       "Peak learning rate",
+	                       "debugmodel | 125M | 1B | 8B | 70B | 405B"};
 	for (size_t i = 0; i < sizeof(words) / sizeof(words[0]); i++)
 		EXPECT(strstr(text, words[i]), "help lacks \"%s\"", words[i]);
 	EXPECT(!strstr(text, " \n"), "help has trailing blanks");
@@ -643,141 +660,183 @@ struct bad_file {
 };
 
 static const struct bad_file bad_files[] = {
-	{ "unknown section", "[job]\n[trainin]\nsteps = 1\n",
-	  { "bad.toml:2:", "unknown section 'trainin'", "did you mean 'training'" } },
-	{ "unknown section, no hint", "[float8]\nenable = true\n",
-	  { "bad.toml:1:", "unknown section 'float8'", "job, model, optimizer" } },
-	{ "unknown key", "[training]\n\nstepz = 5\n",
-	  { "bad.toml:3:", "unknown key 'training.stepz'", "did you mean 'training.steps'" } },
-	{ "key in the wrong section", "[training]\nlr = 0.1\n",
-	  { "unknown key 'training.lr'", "did you mean 'optimizer.lr'" } },
-	{ "unknown key, no hint", "[debug]\nfoo_bar_baz = 1\n",
-	  { "unknown key 'debug.foo_bar_baz'", "seed, deterministic" } },
-	{ "bad int", "[training]\nsteps = abc\n",
-	  { "bad.toml:2:", "training.steps", "expected an integer >= 1", "got 'abc'" } },
-	{ "float to int key", "[training]\nsteps = 1.5\n",
-	  { "training.steps", "expected an integer", "got a float (1.5)" } },
-	{ "float with exponent to int key", "[training]\nseq_len = 1e3\n",
-	  { "training.seq_len", "got a float (1e3)" } },
-	{ "int below range", "[training]\nsteps = 0\n", { "training.steps", ">= 1", "got 0" } },
-	{ "negative lr", "[optimizer]\nlr = -1e-3\n",
-	  { "optimizer.lr", "expected a float > 0", "got -1e-3" } },
-	{ "zero lr", "[optimizer]\nlr = 0\n", { "optimizer.lr", "> 0", "got 0" } },
-	{ "beta1 = 1", "[optimizer]\nbeta1 = 1\n",
-	  { "optimizer.beta1", "expected a float in [0, 1)", "got 1" } },
-	{ "beta2 negative", "[optimizer]\nbeta2 = -0.5\n", { "optimizer.beta2", "in [0, 1)" } },
-	{ "negative weight decay", "[optimizer]\nweight_decay = -0.1\n",
-	  { "optimizer.weight_decay", ">= 0" } },
-	{ "decay_ratio > 1", "[lr_scheduler]\ndecay_ratio = 1.5\n",
-	  { "lr_scheduler.decay_ratio", "-1 or a float in [0, 1]", "got 1.5" } },
-	{ "decay_ratio negative", "[lr_scheduler]\ndecay_ratio = -0.5\n",
-	  { "lr_scheduler.decay_ratio", "-1 or a float" } },
-	{ "min_lr_factor > 1", "[lr_scheduler]\nmin_lr_factor = 2\n", { "in [0, 1]", "got 2" } },
-	{ "negative seed", "[debug]\nseed = -1\n", { "debug.seed", "expected an integer >= 0" } },
-	{ "vocab_size 0", "[model]\nvocab_size = 0\n",
-	  { "model.vocab_size", "-1 or an integer >= 1", "got 0" } },
-	{ "shard degree 0", "[parallelism]\ndata_parallel_shard_degree = 0\n",
-	  { "parallelism.data_parallel_shard_degree", "-1 or an integer >= 1" } },
-	{ "tp degree 0", "[parallelism]\ntensor_parallel_degree = 0\n",
-	  { "parallelism.tensor_parallel_degree", ">= 1" } },
-	{ "bad choice", "[lr_scheduler]\ndecay_type = \"exp\"\n",
-	  { "lr_scheduler.decay_type", "expected one of linear | sqrt | cosine", "got \"exp\"" } },
-	{ "bad flavor", "[model]\nflavor = '7B'\n",
-	  { "model.flavor", "debugmodel | 125M | 1B | 8B | 70B | 405B", "got \"7B\"" } },
-	{ "choices are case-sensitive", "[optimizer]\nname = \"adamw\"\n",
-	  { "optimizer.name", "one of AdamW" } },
-	{ "reduce in bf16", "[training]\nmixed_precision_reduce = \"bfloat16\"\n",
-	  { "training.mixed_precision_reduce", "one of float32" } },
-	{ "unquoted string", "[lr_scheduler]\ndecay_type = cosine\n",
-	  { "lr_scheduler.decay_type", "got 'cosine'", "strings need quotes" } },
-	{ "string to int key", "[training]\nsteps = \"10\"\n",
-	  { "expected an integer", "got a string (\"10\")" } },
-	{ "int to string key", "[job]\ndump_folder = 5\n",
-	  { "job.dump_folder", "expected a string", "got an integer (5)" } },
-	{ "int to bool key", "[metrics]\nenable_jsonl = 1\n",
-	  { "metrics.enable_jsonl", "expected a boolean (true or false)", "got an integer (1)" } },
-	{ "bool to int key", "[training]\nsteps = true\n", { "got a boolean (true)" } },
-	{ "bool typo", "[metrics]\nenable_jsonl = ture\n",
-	  { "metrics.enable_jsonl", "expected a boolean (true or false)", "got 'ture'" } },
-	{ "bool capitalised", "[debug]\ndeterministic = True\n", { "got 'True'" } },
-	{ "unterminated string", "[job]\ndescription = \"abc\ndump_folder = 'x'\n",
-	  { "bad.toml:2:", "job.description", "unterminated string" } },
-	{ "unterminated literal string", "[job]\ndescription = 'abc", { "unterminated string" } },
-	{ "string ending in a backslash", "[job]\ndescription = \"abc\\", { "unterminated string" } },
-	{ "bad escape", "[job]\ndescription = \"a\\qb\"\n", { "invalid escape '\\q'" } },
-	{ "unicode escape", "[job]\ndescription = \"caf\\u00e9\"\n",
-	  { "\\u escapes are not supported" } },
-	{ "multi-line string", "[job]\ndescription = \"\"\"abc\"\"\"\n",
-	  { "multi-line strings" } },
-	{ "control character in string", "[job]\ndescription = \"a\x01" "b\"\n",
-	  { "control character 0x01" } },
-	{ "string too long", NULL /* built below */, { "job.description", "string too long", "at most 511" } },
-	{ "short string field too long",
-	  "[model]\nname = \"abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij1234\"\n",
-	  { "model.name", "string too long (64 bytes; at most 63)" } },
-	{ "missing '='", "[training]\nsteps 5\n",
-	  { "bad.toml:2:", "missing '=' after key 'steps'" } },
-	{ "missing value", "[training]\nsteps =\n",
-	  { "bad.toml:2:", "training.steps: missing value", "expected an integer >= 1" } },
-	{ "missing value before comment", "[training]\nsteps =   # none\n", { "missing value" } },
-	{ "missing value at end of file", "[training]\nsteps = ", { "missing value" } },
-	{ "missing key", "[training]\n= 5\n", { "missing key before '='" } },
-	{ "quoted key", "[training]\n\"steps\" = 5\n", { "quoted keys are not supported" } },
-	{ "dotted key", "[job]\ntraining.steps = 5\n",
-	  { "dotted keys are not supported", "'steps = ...' under [training]" } },
-	{ "duplicate key", "[training]\nsteps = 1\nseq_len = 2\nsteps = 2\n",
-	  { "bad.toml:4:", "duplicate key 'training.steps'", "first set at line 2" } },
-	{ "duplicate section", "[training]\nsteps = 1\n[job]\n[training]\n",
-	  { "bad.toml:4:", "section [training] appears twice", "first at line 1" } },
-	{ "key before any section", "# top\nseq_len = 5\n[training]\n",
-	  { "bad.toml:2:", "key 'seq_len' before any [section]", "[training]" } },
-	{ "garbage after value", "[training]\nsteps = 10 20\n",
-	  { "bad.toml:2:", "unexpected '20' after the value" } },
-	{ "garbage after string", "[job]\ndescription = \"a\" b\n",
-	  { "unexpected 'b' after the value" } },
-	{ "garbage after header", "[training] steps = 5\n",
-	  { "unexpected 'steps = 5' after the section header" } },
-	{ "unterminated header", "[training\nsteps = 5\n",
-	  { "bad.toml:1:", "unterminated section header '[training'" } },
-	{ "array of tables", "[[training]]\n", { "arrays of tables" } },
-	{ "nested section", "[training.x]\n", { "nested sections" } },
-	{ "empty section name", "[]\n", { "expected a section name" } },
-	{ "unterminated array", "[training]\nsteps = [1, 2\n\n",
-	  { "bad.toml:2:", "training.steps", "unterminated array (missing ']')" } },
-	{ "unclosed array before the next key", "[training]\nsteps = [1, 2\nseq_len = 3\n",
-	  { "bad.toml:3:", "training.steps", "array opened at line 2", "got 'seq_len = 3'" } },
-	{ "unterminated array at end of file", "[training]\nsteps = [1,", { "unterminated array" } },
-	{ "array to a scalar key", "[training]\nsteps = [1, 2]\n",
-	  { "training.steps", "expected an integer >= 1, got an array" } },
-	{ "array without commas", "[training]\nsteps = [1 2]\n", { "expected ',' or ']'" } },
-	{ "bad array element", "[training]\nsteps = [1, abc]\n",
-	  { "invalid value 'abc' in an array" } },
-	{ "empty array element", "[training]\nsteps = [1, , 2]\n",
-	  { "unexpected ', 2]' where a value should be" } },
-	{ "arrays nested too deep",
-	  "[training]\nsteps = [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
-	  { "nested deeper than" } },
-	{ "int overflow", "[training]\nsteps = 99999999999999999999\n",
-	  { "training.steps", "does not fit in 64 bits" } },
-	{ "float overflow", "[optimizer]\nlr = 1e999\n", { "optimizer.lr", "too large" } },
-	{ "inf", "[optimizer]\nlr = inf\n", { "optimizer.lr", "inf and nan are not allowed" } },
-	{ "nan", "[optimizer]\neps = -nan\n", { "inf and nan are not allowed" } },
-	{ "leading zeros", "[training]\nsteps = 010\n", { "leading zeros are not allowed" } },
-	{ "double underscore", "[training]\nsteps = 1__000\n", { "got '1__000'" } },
-	{ "trailing underscore", "[training]\nsteps = 1000_\n", { "got '1000_'" } },
-	{ "trailing dot", "[optimizer]\nlr = 1.\n", { "got '1.'" } },
-	{ "leading dot", "[optimizer]\nlr = .5\n", { "got '.5'" } },
-	{ "hex integer", "[training]\nsteps = 0x10\n", { "got '0x10'" } },
-	{ "garbage character", "[training]\nsteps = @\n",
-	  { "unexpected '@' where a value should be" } },
-	{ "stray carriage return", "[training]\nsteps = 5\rseq_len = 4\n",
-	  { "bad.toml:2:", "unexpected carriage return after the value" } },
-	{ "line numbers count CRLF lines", "[training]\r\n\r\n# c\r\nsteps = x\r\n",
-	  { "bad.toml:4:", "got 'x'" } },
-	{ "line numbers count array lines", "[training]\nsteps = [\n1, # one\n2,\nabc]\n",
-	  { "bad.toml:5:", "invalid value 'abc' in an array" } },
-	{ "unexpected text at line start", "[training]\n!steps = 5\n",
-	  { "unexpected '!steps = 5'", "expected 'key = value' or '[section]'" } },
+    {"unknown section",
+     "[job]\n[trainin]\nsteps = 1\n",
+     {"bad.toml:2:", "unknown section 'trainin'", "did you mean 'training'"}},
+    {"unknown section, no hint",
+     "[float8]\nenable = true\n",
+     {"bad.toml:1:", "unknown section 'float8'", "job, model, optimizer"}},
+    {"unknown key",
+     "[training]\n\nstepz = 5\n",
+     {"bad.toml:3:", "unknown key 'training.stepz'", "did you mean 'training.steps'"}},
+    {"key in the wrong section",
+     "[training]\nlr = 0.1\n",
+     {"unknown key 'training.lr'", "did you mean 'optimizer.lr'"}},
+    {"unknown key, no hint",
+     "[debug]\nfoo_bar_baz = 1\n",
+     {"unknown key 'debug.foo_bar_baz'", "seed, deterministic"}},
+    {"bad int",
+     "[training]\nsteps = abc\n",
+     {"bad.toml:2:", "training.steps", "expected an integer >= 1", "got 'abc'"}},
+    {"float to int key",
+     "[training]\nsteps = 1.5\n",
+     {"training.steps", "expected an integer", "got a float (1.5)"}},
+    {"float with exponent to int key",
+     "[training]\nseq_len = 1e3\n",
+     {"training.seq_len", "got a float (1e3)"}},
+    {"int below range", "[training]\nsteps = 0\n", {"training.steps", ">= 1", "got 0"}},
+    {"negative lr",
+     "[optimizer]\nlr = -1e-3\n",
+     {"optimizer.lr", "expected a float > 0", "got -1e-3"}},
+    {"zero lr", "[optimizer]\nlr = 0\n", {"optimizer.lr", "> 0", "got 0"}},
+    {"beta1 = 1",
+     "[optimizer]\nbeta1 = 1\n",
+     {"optimizer.beta1", "expected a float in [0, 1)", "got 1"}},
+    {"beta2 negative", "[optimizer]\nbeta2 = -0.5\n", {"optimizer.beta2", "in [0, 1)"}},
+    {"negative weight decay",
+     "[optimizer]\nweight_decay = -0.1\n",
+     {"optimizer.weight_decay", ">= 0"}},
+    {"decay_ratio > 1",
+     "[lr_scheduler]\ndecay_ratio = 1.5\n",
+     {"lr_scheduler.decay_ratio", "-1 or a float in [0, 1]", "got 1.5"}},
+    {"decay_ratio negative",
+     "[lr_scheduler]\ndecay_ratio = -0.5\n",
+     {"lr_scheduler.decay_ratio", "-1 or a float"}},
+    {"min_lr_factor > 1", "[lr_scheduler]\nmin_lr_factor = 2\n", {"in [0, 1]", "got 2"}},
+    {"negative seed", "[debug]\nseed = -1\n", {"debug.seed", "expected an integer >= 0"}},
+    {"vocab_size 0",
+     "[model]\nvocab_size = 0\n",
+     {"model.vocab_size", "-1 or an integer >= 1", "got 0"}},
+    {"shard degree 0",
+     "[parallelism]\ndata_parallel_shard_degree = 0\n",
+     {"parallelism.data_parallel_shard_degree", "-1 or an integer >= 1"}},
+    {"tp degree 0",
+     "[parallelism]\ntensor_parallel_degree = 0\n",
+     {"parallelism.tensor_parallel_degree", ">= 1"}},
+    {"bad choice",
+     "[lr_scheduler]\ndecay_type = \"exp\"\n",
+     {"lr_scheduler.decay_type", "expected one of linear | sqrt | cosine", "got \"exp\""}},
+    {"bad flavor",
+     "[model]\nflavor = '7B'\n",
+     {"model.flavor", "debugmodel | 125M | 1B | 8B | 70B | 405B", "got \"7B\""}},
+    {"choices are case-sensitive",
+     "[optimizer]\nname = \"adamw\"\n",
+     {"optimizer.name", "one of AdamW"}},
+    {"reduce in bf16",
+     "[training]\nmixed_precision_reduce = \"bfloat16\"\n",
+     {"training.mixed_precision_reduce", "one of float32"}},
+    {"unquoted string",
+     "[lr_scheduler]\ndecay_type = cosine\n",
+     {"lr_scheduler.decay_type", "got 'cosine'", "strings need quotes"}},
+    {"string to int key",
+     "[training]\nsteps = \"10\"\n",
+     {"expected an integer", "got a string (\"10\")"}},
+    {"int to string key",
+     "[job]\ndump_folder = 5\n",
+     {"job.dump_folder", "expected a string", "got an integer (5)"}},
+    {"int to bool key",
+     "[metrics]\nenable_jsonl = 1\n",
+     {"metrics.enable_jsonl", "expected a boolean (true or false)", "got an integer (1)"}},
+    {"bool to int key", "[training]\nsteps = true\n", {"got a boolean (true)"}},
+    {"bool typo",
+     "[metrics]\nenable_jsonl = ture\n",
+     {"metrics.enable_jsonl", "expected a boolean (true or false)", "got 'ture'"}},
+    {"bool capitalised", "[debug]\ndeterministic = True\n", {"got 'True'"}},
+    {"unterminated string",
+     "[job]\ndescription = \"abc\ndump_folder = 'x'\n",
+     {"bad.toml:2:", "job.description", "unterminated string"}},
+    {"unterminated literal string", "[job]\ndescription = 'abc", {"unterminated string"}},
+    {"string ending in a backslash", "[job]\ndescription = \"abc\\", {"unterminated string"}},
+    {"bad escape", "[job]\ndescription = \"a\\qb\"\n", {"invalid escape '\\q'"}},
+    {"unicode escape", "[job]\ndescription = \"caf\\u00e9\"\n", {"\\u escapes are not supported"}},
+    {"multi-line string", "[job]\ndescription = \"\"\"abc\"\"\"\n", {"multi-line strings"}},
+    {"control character in string",
+     "[job]\ndescription = \"a\x01"
+     "b\"\n",
+     {"control character 0x01"}},
+    {"string too long",
+     NULL /* built below */,
+     {"job.description", "string too long", "at most 511"}},
+    {"short string field too long",
+     "[model]\nname = \"abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij1234\"\n",
+     {"model.name", "string too long (64 bytes; at most 63)"}},
+    {"missing '='", "[training]\nsteps 5\n", {"bad.toml:2:", "missing '=' after key 'steps'"}},
+    {"missing value",
+     "[training]\nsteps =\n",
+     {"bad.toml:2:", "training.steps: missing value", "expected an integer >= 1"}},
+    {"missing value before comment", "[training]\nsteps =   # none\n", {"missing value"}},
+    {"missing value at end of file", "[training]\nsteps = ", {"missing value"}},
+    {"missing key", "[training]\n= 5\n", {"missing key before '='"}},
+    {"quoted key", "[training]\n\"steps\" = 5\n", {"quoted keys are not supported"}},
+    {"dotted key",
+     "[job]\ntraining.steps = 5\n",
+     {"dotted keys are not supported", "'steps = ...' under [training]"}},
+    {"duplicate key",
+     "[training]\nsteps = 1\nseq_len = 2\nsteps = 2\n",
+     {"bad.toml:4:", "duplicate key 'training.steps'", "first set at line 2"}},
+    {"duplicate section",
+     "[training]\nsteps = 1\n[job]\n[training]\n",
+     {"bad.toml:4:", "section [training] appears twice", "first at line 1"}},
+    {"key before any section",
+     "# top\nseq_len = 5\n[training]\n",
+     {"bad.toml:2:", "key 'seq_len' before any [section]", "[training]"}},
+    {"garbage after value",
+     "[training]\nsteps = 10 20\n",
+     {"bad.toml:2:", "unexpected '20' after the value"}},
+    {"garbage after string", "[job]\ndescription = \"a\" b\n", {"unexpected 'b' after the value"}},
+    {"garbage after header",
+     "[training] steps = 5\n",
+     {"unexpected 'steps = 5' after the section header"}},
+    {"unterminated header",
+     "[training\nsteps = 5\n",
+     {"bad.toml:1:", "unterminated section header '[training'"}},
+    {"array of tables", "[[training]]\n", {"arrays of tables"}},
+    {"nested section", "[training.x]\n", {"nested sections"}},
+    {"empty section name", "[]\n", {"expected a section name"}},
+    {"unterminated array",
+     "[training]\nsteps = [1, 2\n\n",
+     {"bad.toml:2:", "training.steps", "unterminated array (missing ']')"}},
+    {"unclosed array before the next key",
+     "[training]\nsteps = [1, 2\nseq_len = 3\n",
+     {"bad.toml:3:", "training.steps", "array opened at line 2", "got 'seq_len = 3'"}},
+    {"unterminated array at end of file", "[training]\nsteps = [1,", {"unterminated array"}},
+    {"array to a scalar key",
+     "[training]\nsteps = [1, 2]\n",
+     {"training.steps", "expected an integer >= 1, got an array"}},
+    {"array without commas", "[training]\nsteps = [1 2]\n", {"expected ',' or ']'"}},
+    {"bad array element", "[training]\nsteps = [1, abc]\n", {"invalid value 'abc' in an array"}},
+    {"empty array element",
+     "[training]\nsteps = [1, , 2]\n",
+     {"unexpected ', 2]' where a value should be"}},
+    {"arrays nested too deep",
+     "[training]\nsteps = "
+     "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
+     {"nested deeper than"}},
+    {"int overflow",
+     "[training]\nsteps = 99999999999999999999\n",
+     {"training.steps", "does not fit in 64 bits"}},
+    {"float overflow", "[optimizer]\nlr = 1e999\n", {"optimizer.lr", "too large"}},
+    {"inf", "[optimizer]\nlr = inf\n", {"optimizer.lr", "inf and nan are not allowed"}},
+    {"nan", "[optimizer]\neps = -nan\n", {"inf and nan are not allowed"}},
+    {"leading zeros", "[training]\nsteps = 010\n", {"leading zeros are not allowed"}},
+    {"double underscore", "[training]\nsteps = 1__000\n", {"got '1__000'"}},
+    {"trailing underscore", "[training]\nsteps = 1000_\n", {"got '1000_'"}},
+    {"trailing dot", "[optimizer]\nlr = 1.\n", {"got '1.'"}},
+    {"leading dot", "[optimizer]\nlr = .5\n", {"got '.5'"}},
+    {"hex integer", "[training]\nsteps = 0x10\n", {"got '0x10'"}},
+    {"garbage character", "[training]\nsteps = @\n", {"unexpected '@' where a value should be"}},
+    {"stray carriage return",
+     "[training]\nsteps = 5\rseq_len = 4\n",
+     {"bad.toml:2:", "unexpected carriage return after the value"}},
+    {"line numbers count CRLF lines",
+     "[training]\r\n\r\n# c\r\nsteps = x\r\n",
+     {"bad.toml:4:", "got 'x'"}},
+    {"line numbers count array lines",
+     "[training]\nsteps = [\n1, # one\n2,\nabc]\n",
+     {"bad.toml:5:", "invalid value 'abc' in an array"}},
+    {"unexpected text at line start",
+     "[training]\n!steps = 5\n",
+     {"unexpected '!steps = 5'", "expected 'key = value' or '[section]'"}},
 };
 
 TEST_CASE(malformed_files)
@@ -800,7 +859,8 @@ TEST_CASE(malformed_files)
 		capture_end();
 		EXPECT(rc == CT_ERR_USAGE, "%s: rc %d", b->what, rc);
 		EXPECT(strstr(msg, path), "%s: message does not name the file: %s", b->what, msg);
-		EXPECT(strncmp(msg, "error: ", 7) == 0 && strchr(msg, '\n') == msg + strlen(msg) - 1,
+		EXPECT(strncmp(msg, "error: ", 7) == 0 &&
+		           strchr(msg, '\n') == msg + strlen(msg) - 1,
 		       "%s: not one error line: %s", b->what, msg);
 		expect_words(b->what, b->words, 4);
 		EXPECT(memcmp(&c, &before, sizeof(c)) == 0, "%s: config changed on error", b->what);
@@ -837,14 +897,14 @@ TEST_CASE(load_string_with_any_bytes)
 	       "from memory");
 	/* len, not NUL, ends the text. */
 	EXPECT(config_load_string(&c, "[training]\nsteps = 13\nXXX", 22, "mem") == 0 &&
-		       c.training.steps == 13,
+	           c.training.steps == 13,
 	       "len bounds the text");
 	const char nul_value[] = "[training]\nsteps = 5\0\n";
 	capture_begin();
 	int rc = config_load_string(&c, nul_value, sizeof(nul_value) - 1, "mem");
 	capture_end();
 	EXPECT(rc == CT_ERR_USAGE && strstr(msg, "mem:2:") &&
-		       strstr(msg, "unexpected control character 0x00 after the value"),
+	           strstr(msg, "unexpected control character 0x00 after the value"),
 	       "NUL after value: %s", msg);
 	const char nul_string[] = "[job]\ndescription = \"a\0b\"\n";
 	capture_begin();
@@ -864,58 +924,76 @@ struct bad_args {
 };
 
 static const struct bad_args bad_cli[] = {
-	{ "no dashes", { "training.steps=5" },
-	  { "training.steps=5: unexpected argument", "--section.key=value" } },
-	{ "one dash", { "--training.steps=5", "-training.steps=6" },
-	  { "-training.steps=6: unexpected argument" } },
-	{ "the config file among overrides", { "configs/debug.toml" },
-	  { "configs/debug.toml: unexpected argument" } },
-	{ "no section", { "--steps=5" },
-	  { "--steps=5: key 'steps' has no section", "did you mean '--training.steps'" } },
-	{ "no section, no hint", { "--help" }, { "--help: key 'help' has no section" } },
-	{ "empty key", { "--=5" }, { "--=5: expected --section.key=value" } },
-	{ "bare --", { "--" }, { "--: expected --section.key=value" } },
-	{ "unknown section", { "--trainin.steps=5" },
-	  { "--trainin.steps=5: unknown section 'trainin'", "did you mean 'training'" } },
-	{ "unknown key", { "--training.stepz=5" },
-	  { "--training.stepz=5: unknown key 'training.stepz'", "did you mean 'training.steps'" } },
-	{ "unknown key, split form", { "--training.stepz", "5" },
-	  { "--training.stepz: unknown key 'training.stepz'" } },
-	{ "bad int", { "--training.steps=abc" },
-	  { "--training.steps=abc: ", "training.steps", "expected an integer", "got 'abc'" } },
-	{ "bad int, split form", { "--training.steps", "abc" },
-	  { "--training.steps abc: ", "expected an integer" } },
-	{ "missing value at the end", { "--training.steps=5", "--training.seq_len" },
-	  { "--training.seq_len: missing value", "--training.seq_len=VALUE" } },
-	{ "value is an option", { "--job.print_config", "--training.steps=5" },
-	  { "--job.print_config: missing value", "'--training.steps=5' is an option" } },
-	{ "empty value", { "--training.steps=" },
-	  { "--training.steps=: ", "empty value", "expected an integer >= 1" } },
-	{ "blank value", { "--optimizer.lr", "  " }, { "empty value", "a float > 0" } },
-	{ "float to int", { "--training.steps=2.5" }, { "got a float (2.5)" } },
-	{ "out of range", { "--optimizer.beta1=1" },
-	  { "--optimizer.beta1=1: ", "expected a float in [0, 1)", "got 1" } },
-	{ "negative", { "--training.steps", "-5" }, { "--training.steps -5: ", ">= 1" } },
-	{ "bad choice", { "--lr_scheduler.decay_type=exp" },
-	  { "expected one of linear | sqrt | cosine", "got \"exp\"" } },
-	{ "bool typo", { "--metrics.enable_jsonl=yes" },
-	  { "metrics.enable_jsonl", "expected a boolean (true or false)", "got 'yes'" } },
-	{ "bool as int", { "--metrics.enable_jsonl=1" }, { "got an integer (1)" } },
-	{ "garbage after value", { "--training.steps=5 x" }, { "unexpected 'x' after the value" } },
-	{ "comment is not a comment", { "--training.steps=5#x" },
-	  { "unexpected '#x' after the value" } },
-	{ "quoted int", { "--training.steps=\"5\"" }, { "got a string (\"5\")" } },
-	{ "array", { "--training.steps=[1]" }, { "got an array" } },
-	{ "unterminated array", { "--training.steps=[1" }, { "unterminated array" } },
-	{ "unterminated string for a number", { "--optimizer.lr='1" }, { "unterminated string" } },
-	{ "inf", { "--optimizer.lr=inf" }, { "inf and nan are not allowed" } },
-	{ "control character in a string", { "--job.description=a\nb" },
-	  { "--job.description=a?b: ", "job.description", "control character 0x0a" } },
-	{ "string too long", { "--model.flavor=" "0123456789012345678901234567890123456789"
-			       "0123456789012345678901234567890123456789" },
-	  { "model.flavor", "string too long (80 bytes; at most 63)" } },
-	{ "later argument fails", { "--training.steps=5", "--debug.seed=-3" },
-	  { "--debug.seed=-3: ", "debug.seed", ">= 0" } },
+    {"no dashes",
+     {"training.steps=5"},
+     {"training.steps=5: unexpected argument", "--section.key=value"}},
+    {"one dash",
+     {"--training.steps=5", "-training.steps=6"},
+     {"-training.steps=6: unexpected argument"}},
+    {"the config file among overrides",
+     {"configs/debug.toml"},
+     {"configs/debug.toml: unexpected argument"}},
+    {"no section",
+     {"--steps=5"},
+     {"--steps=5: key 'steps' has no section", "did you mean '--training.steps'"}},
+    {"no section, no hint", {"--help"}, {"--help: key 'help' has no section"}},
+    {"empty key", {"--=5"}, {"--=5: expected --section.key=value"}},
+    {"bare --", {"--"}, {"--: expected --section.key=value"}},
+    {"unknown section",
+     {"--trainin.steps=5"},
+     {"--trainin.steps=5: unknown section 'trainin'", "did you mean 'training'"}},
+    {"unknown key",
+     {"--training.stepz=5"},
+     {"--training.stepz=5: unknown key 'training.stepz'", "did you mean 'training.steps'"}},
+    {"unknown key, split form",
+     {"--training.stepz", "5"},
+     {"--training.stepz: unknown key 'training.stepz'"}},
+    {"bad int",
+     {"--training.steps=abc"},
+     {"--training.steps=abc: ", "training.steps", "expected an integer", "got 'abc'"}},
+    {"bad int, split form",
+     {"--training.steps", "abc"},
+     {"--training.steps abc: ", "expected an integer"}},
+    {"missing value at the end",
+     {"--training.steps=5", "--training.seq_len"},
+     {"--training.seq_len: missing value", "--training.seq_len=VALUE"}},
+    {"value is an option",
+     {"--job.print_config", "--training.steps=5"},
+     {"--job.print_config: missing value", "'--training.steps=5' is an option"}},
+    {"empty value",
+     {"--training.steps="},
+     {"--training.steps=: ", "empty value", "expected an integer >= 1"}},
+    {"blank value", {"--optimizer.lr", "  "}, {"empty value", "a float > 0"}},
+    {"float to int", {"--training.steps=2.5"}, {"got a float (2.5)"}},
+    {"out of range",
+     {"--optimizer.beta1=1"},
+     {"--optimizer.beta1=1: ", "expected a float in [0, 1)", "got 1"}},
+    {"negative", {"--training.steps", "-5"}, {"--training.steps -5: ", ">= 1"}},
+    {"bad choice",
+     {"--lr_scheduler.decay_type=exp"},
+     {"expected one of linear | sqrt | cosine", "got \"exp\""}},
+    {"bool typo",
+     {"--metrics.enable_jsonl=yes"},
+     {"metrics.enable_jsonl", "expected a boolean (true or false)", "got 'yes'"}},
+    {"bool as int", {"--metrics.enable_jsonl=1"}, {"got an integer (1)"}},
+    {"garbage after value", {"--training.steps=5 x"}, {"unexpected 'x' after the value"}},
+    {"comment is not a comment", {"--training.steps=5#x"}, {"unexpected '#x' after the value"}},
+    {"quoted int", {"--training.steps=\"5\""}, {"got a string (\"5\")"}},
+    {"array", {"--training.steps=[1]"}, {"got an array"}},
+    {"unterminated array", {"--training.steps=[1"}, {"unterminated array"}},
+    {"unterminated string for a number", {"--optimizer.lr='1"}, {"unterminated string"}},
+    {"inf", {"--optimizer.lr=inf"}, {"inf and nan are not allowed"}},
+    {"control character in a string",
+     {"--job.description=a\nb"},
+     {"--job.description=a?b: ", "job.description", "control character 0x0a"}},
+    {"string too long",
+     {"--model.flavor="
+      "0123456789012345678901234567890123456789"
+      "0123456789012345678901234567890123456789"},
+     {"model.flavor", "string too long (80 bytes; at most 63)"}},
+    {"later argument fails",
+     {"--training.steps=5", "--debug.seed=-3"},
+     {"--debug.seed=-3: ", "debug.seed", ">= 0"}},
 };
 
 TEST_CASE(malformed_command_lines)
@@ -946,37 +1024,37 @@ TEST_CASE(validate_cross_field)
 {
 	struct ct_config c;
 	int rc;
-#define EXPECT_INVALID(setup, word)                                                          \
-	do {                                                                                 \
-		config_defaults(&c);                                                         \
-		setup;                                                                       \
-		capture_begin();                                                             \
-		rc = config_validate(&c);                                                    \
-		capture_end();                                                               \
-		EXPECT(rc == CT_ERR_USAGE, "%s: rc %d", #setup, rc);                         \
-		EXPECT(strstr(msg, word), "%s: message lacks \"%s\": %s", #setup, word, msg); \
+#define EXPECT_INVALID(setup, word)                                                                \
+	do {                                                                                       \
+		config_defaults(&c);                                                               \
+		setup;                                                                             \
+		capture_begin();                                                                   \
+		rc = config_validate(&c);                                                          \
+		capture_end();                                                                     \
+		EXPECT(rc == CT_ERR_USAGE, "%s: rc %d", #setup, rc);                               \
+		EXPECT(strstr(msg, word), "%s: message lacks \"%s\": %s", #setup, word, msg);      \
 	} while (0)
 
 	EXPECT_INVALID(c.parallelism.tensor_parallel_degree = 0,
-		       "parallelism.tensor_parallel_degree: expected an integer >= 1, got 0");
+	               "parallelism.tensor_parallel_degree: expected an integer >= 1, got 0");
 	EXPECT_INVALID(c.parallelism.pipeline_parallel_degree = -1, "pipeline_parallel_degree");
 	EXPECT_INVALID(c.parallelism.data_parallel_replicate_degree = 0, "replicate_degree");
 	EXPECT_INVALID(c.parallelism.data_parallel_shard_degree = 0,
-		       "data_parallel_shard_degree: expected -1 or an integer >= 1");
+	               "data_parallel_shard_degree: expected -1 or an integer >= 1");
 	EXPECT_INVALID(c.parallelism.data_parallel_shard_degree = -2, "data_parallel_shard_degree");
 	EXPECT_INVALID((c.parallelism.tensor_parallel_degree = 1 << 16,
-			c.parallelism.pipeline_parallel_degree = 1 << 16),
-		       "multiply to more than");
+	                c.parallelism.pipeline_parallel_degree = 1 << 16),
+	               "multiply to more than");
 	EXPECT_INVALID((c.training.local_batch_size = 8, c.training.global_batch_size = 12),
-		       "training.global_batch_size (12) must be -1 or a multiple of "
-		       "training.local_batch_size (8)");
+	               "training.global_batch_size (12) must be -1 or a multiple of "
+	               "training.local_batch_size (8)");
 	EXPECT_INVALID(c.training.dataset[0] = '\0', "training.dataset: must not be empty");
 	EXPECT_INVALID(c.job.dump_folder[0] = '\0', "job.dump_folder: must not be empty");
 	EXPECT_INVALID(SET_STR(c.lr_scheduler.decay_type, "exp"), "one of linear | sqrt | cosine");
 	EXPECT_INVALID(c.optimizer.lr = NAN, "optimizer.lr");
 	EXPECT_INVALID(c.optimizer.beta1 = 1.0, "optimizer.beta1: expected a float in [0, 1)");
 	EXPECT_INVALID(memset(c.job.log_level, 'x', sizeof(c.job.log_level)),
-		       "job.log_level: string not terminated");
+	               "job.log_level: string not terminated");
 	EXPECT_INVALID(SET_STR(c.job.description, "a\x01"), "control character 0x01");
 #undef EXPECT_INVALID
 
@@ -1006,10 +1084,9 @@ int main(void)
 	RUN(malformed_command_lines);
 	RUN(validate_cross_field);
 
-	static const char *const files[] = { "stderr.txt", "full.toml",	 "every.toml",
-					     "empty.toml", "comments.toml", "arr.toml",
-					     "one.toml",   "printed.toml", "p1.toml",
-					     "p2.toml",	   "help.txt",	    "bad.toml" };
+	static const char *const files[] = {
+	    "stderr.txt", "full.toml",    "every.toml", "empty.toml", "comments.toml", "arr.toml",
+	    "one.toml",   "printed.toml", "p1.toml",    "p2.toml",    "help.txt",      "bad.toml"};
 	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
 		char path[128];
 		tmp_path(path, sizeof(path), files[i]);

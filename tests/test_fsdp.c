@@ -22,8 +22,8 @@ static struct mesh mesh;
 static uint64_t seed;
 
 #define STEPS 5
-#define B 2
-#define T 32
+#define B     2
+#define T     32
 #define ACCUM 2 /* micro-batches per rank */
 
 static void config(struct llama_config *c)
@@ -34,13 +34,13 @@ static void config(struct llama_config *c)
 }
 
 /* Rows of micro-batch a on data-parallel rank d: step*G + (a*dp + d)*B. */
-static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum,
-		       int32_t *tok, int32_t *tgt)
+static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum, int32_t *tok,
+                       int32_t *tgt)
 {
 	int64_t G = (int64_t)accum * dp * B;
 	for (int a = 0; a < accum; a++)
-		synthetic_batch(seed, vocab, step * G + ((int64_t)a * dp + d) * B, B, T, tok + a * B * T,
-			     tgt + a * B * T);
+		synthetic_batch(seed, vocab, step * G + ((int64_t)a * dp + d) * B, B, T,
+		                tok + a * B * T, tgt + a * B * T);
 }
 
 struct run {
@@ -55,7 +55,7 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	struct llama_config c;
 	config(&c);
 	struct llama_model m;
-	const struct llama_build_opts opts = { .own_params = false };
+	const struct llama_build_opts opts = {.own_params = false};
 	CHECK(llama_build_ex(&m, &c, B, T, &opts) == CT_OK, "build");
 	struct comm_stream *stream = comm_stream_create(mode, 60);
 	struct fsdp f;
@@ -65,16 +65,18 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	struct adamw opt;
 	adamw_init(&opt, f.shard_numel, 0.9, 0.95, 1e-8, 0.1);
 	out->persistent_bytes =
-		mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM) - before;
+	    mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM) - before;
 	struct lr_schedule sched;
 	lr_schedule_init(&sched, 2e-3, 2, -1, "linear", 0.1, steps);
 	int32_t tok[ACCUM * B * T], tgt[ACCUM * B * T];
 	comm_reset_bytes();
 	for (int s = 0; s < steps; s++) {
-		batch_rows(c.vocab_size, s, mesh.dp_group.size, mesh.dp_group.rank, ACCUM, tok, tgt);
+		batch_rows(c.vocab_size, s, mesh.dp_group.size, mesh.dp_group.rank, ACCUM, tok,
+		           tgt);
 		struct train_step_result r;
 		CHECK(fsdp_train_step(&f, &opt, tok, tgt, ACCUM, lr_schedule_at(&sched, s), 0.3,
-				      &r) == CT_OK, "step");
+		                      &r) == CT_OK,
+		      "step");
 		if (s < STEPS)
 			out->losses[s] = r.loss;
 		else
@@ -105,10 +107,12 @@ static void run_single(struct run *out, int dp)
 	for (int s = 0; s < STEPS; s++) {
 		/* the rows of dp ranks x ACCUM micro-batches, as dp*ACCUM micro-batches */
 		int64_t G = (int64_t)ACCUM * dp * B;
-		synthetic_batch(seed, c.vocab_size, s * G, G, T, tok, tgt); /* rows in order (a*dp + d)*B */
+		synthetic_batch(seed, c.vocab_size, s * G, G, T, tok,
+		                tgt); /* rows in order (a*dp + d)*B */
 		struct train_step_result r;
 		CHECK(train_step(&m, &opt, tok, tgt, dp * ACCUM, lr_schedule_at(&sched, s), 0.3,
-				 &r) == CT_OK, "step");
+		                 &r) == CT_OK,
+		      "step");
 		out->losses[s] = r.loss;
 	}
 	out->params = malloc((size_t)m.table.numel * sizeof(float));
@@ -140,10 +144,12 @@ TEST_CASE(test_equivalence)
 		run_single(&ref, mesh.dp_group.size);
 		for (int s = 0; s < STEPS; s++) {
 			fprintf(stderr, "  step %d: loss %.7f (1 rank %.7f)\n", s + 1, a.losses[s],
-				ref.losses[s]);
+			        ref.losses[s]);
 			EXPECT(fabs(a.losses[s] - ref.losses[s]) < 1e-5 * ref.losses[s],
-			       "step %d loss %.9g vs 1-rank %.9g", s + 1, a.losses[s], ref.losses[s]);
-			EXPECT(a.losses[s] == b.losses[s], "rerun (inline stream) loss not bitwise");
+			       "step %d loss %.9g vs 1-rank %.9g", s + 1, a.losses[s],
+			       ref.losses[s]);
+			EXPECT(a.losses[s] == b.losses[s],
+			       "rerun (inline stream) loss not bitwise");
 		}
 		double e = rel_err_f32(a.params, ref.params, n);
 		fprintf(stderr, "  parameters after %d steps: rel err %.3e vs 1 rank\n", STEPS, e);
@@ -152,8 +158,9 @@ TEST_CASE(test_equivalence)
 		       "rerun params not bitwise identical");
 		/* persistent memory: params + grads + 2 moments = 16 bytes per (padded) element */
 		double ideal = 16.0 * (double)n / mesh.dp_shard;
-		fprintf(stderr, "  persistent memory per rank: %.2f MiB (1/%d of 1-rank: %.2f MiB)\n",
-			(double)a.persistent_bytes / 1048576.0, mesh.dp_shard, ideal / 1048576.0);
+		fprintf(stderr,
+		        "  persistent memory per rank: %.2f MiB (1/%d of 1-rank: %.2f MiB)\n",
+		        (double)a.persistent_bytes / 1048576.0, mesh.dp_shard, ideal / 1048576.0);
 		EXPECT(a.persistent_bytes <= ideal * 1.05 + 16.0 * 64 * 1024,
 		       "persistent %lld bytes, ideal %.0f", (long long)a.persistent_bytes, ideal);
 		free(ref.params);
@@ -170,8 +177,10 @@ TEST_CASE(test_bf16_all_gather)
 	run_fsdp(&b, true, STREAM_THREAD, 50);
 	if (mesh.rank == 0) {
 		double la = a.losses[STEPS - 1], lb = b.losses[STEPS - 1];
-		fprintf(stderr, "  after 50 steps: fp32 loss %.4f, bf16 loss %.4f; all-gather bytes "
-				"%lld vs %lld\n", la, lb, (long long)a.ag_bytes, (long long)b.ag_bytes);
+		fprintf(stderr,
+		        "  after 50 steps: fp32 loss %.4f, bf16 loss %.4f; all-gather bytes "
+		        "%lld vs %lld\n",
+		        la, lb, (long long)a.ag_bytes, (long long)b.ag_bytes);
 		EXPECT(fabs(lb - la) < 0.02 * la, "bf16 loss %.4f vs fp32 %.4f", lb, la);
 		EXPECT(b.ag_bytes * 2 == a.ag_bytes, "bf16 bytes %lld, fp32 %lld",
 		       (long long)b.ag_bytes, (long long)a.ag_bytes);
@@ -196,8 +205,8 @@ int main(int argc, char **argv)
 	comm_all_reduce_i64(&mesh.world_group, &s, 1);
 	seed = (uint64_t)s;
 	if (mesh.rank == 0)
-		fprintf(stderr, "world %d = %d replicas x %d shards\n", mesh.world, mesh.dp_replicate,
-			mesh.dp_shard);
+		fprintf(stderr, "world %d = %d replicas x %d shards\n", mesh.world,
+		        mesh.dp_replicate, mesh.dp_shard);
 	if (bf16_check)
 		RUN(test_bf16_all_gather);
 	else

@@ -15,10 +15,13 @@
 /* A scalar loss of the kernel's inputs: L = sum(out * G) for a random G. */
 typedef double (*loss_fn)(void *ctx);
 
-static double *dalloc(int64_t n) { return calloc((size_t)n, sizeof(double)); }
+static double *dalloc(int64_t n)
+{
+	return calloc((size_t)n, sizeof(double));
+}
 
 static double fd_check(const char *what, double *x, int64_t n, loss_fn f, void *ctx,
-		       const double *analytic)
+                       const double *analytic)
 {
 	double *num = dalloc(n);
 	for (int64_t i = 0; i < n; i++) {
@@ -80,7 +83,8 @@ static double rms_loss(void *p)
 TEST_CASE(test_rmsnorm)
 {
 	int64_t N = 7, C = 13;
-	struct rms_ctx c = { dalloc(N * C), dalloc(C), dalloc(N * C), dalloc(N * C), dalloc(N), N, C };
+	struct rms_ctx c = {
+	    dalloc(N * C), dalloc(C), dalloc(N * C), dalloc(N * C), dalloc(N), N, C};
 	test_fill(c.x, N * C, -2, 2);
 	test_fill(c.w, C, 0.5, 1.5);
 	test_fill(c.g, N * C, -1, 1);
@@ -120,7 +124,7 @@ static double mm_loss(void *p)
 TEST_CASE(test_matmul)
 {
 	int64_t N = 9, C = 11, OC = 5;
-	struct mm_ctx c = { dalloc(N * C), dalloc(OC * C), dalloc(N * OC), dalloc(N * OC), N, C, OC };
+	struct mm_ctx c = {dalloc(N * C), dalloc(OC * C), dalloc(N * OC), dalloc(N * OC), N, C, OC};
 	test_fill(c.inp, N * C, -1, 1);
 	test_fill(c.w, OC * C, -1, 1);
 	test_fill(c.g, N * OC, -1, 1);
@@ -191,8 +195,8 @@ static double rope_loss(void *p)
 TEST_CASE(test_rope)
 {
 	int64_t B = 2, T = 5, NH = 3, D = 8, n = B * T * NH * D;
-	struct rope_ctx c = { dalloc(n), dalloc(n), dalloc(n), dalloc(T * D / 2), dalloc(T * D / 2),
-			      B, T, NH, D };
+	struct rope_ctx c = {
+	    dalloc(n), dalloc(n), dalloc(n), dalloc(T * D / 2), dalloc(T * D / 2), B, T, NH, D};
 	test_fill(c.x, n, -1, 1);
 	test_fill(c.g, n, -1, 1);
 	for (int64_t t = 0; t < T; t++)
@@ -229,7 +233,7 @@ static double sw_loss(void *p)
 TEST_CASE(test_swiglu)
 {
 	int64_t n = 37;
-	struct sw_ctx c = { dalloc(n), dalloc(n), dalloc(n), dalloc(n), n };
+	struct sw_ctx c = {dalloc(n), dalloc(n), dalloc(n), dalloc(n), n};
 	test_fill(c.a, n, -6, 6);
 	test_fill(c.b, n, -2, 2);
 	test_fill(c.g, n, -1, 1);
@@ -259,7 +263,7 @@ static double ce_loss(void *p)
 {
 	struct ce_ctx *c = p;
 	return c->dscale * cross_entropy_fused_f64(NULL, NULL, c->x, c->w, c->tgt, c->N, c->C, c->V,
-						   -100, 0.0, c->scratch, c->chunk, NULL);
+	                                           -100, 0.0, c->scratch, c->chunk, NULL);
 }
 
 TEST_CASE(test_cross_entropy)
@@ -268,19 +272,19 @@ TEST_CASE(test_cross_entropy)
 	int32_t tgt[11];
 	for (int i = 0; i < N; i++)
 		tgt[i] = (i % 4 == 2) ? -100 : (int32_t)test_uniform(0, V);
-	struct ce_ctx c = { dalloc(N * C), dalloc(V * C), dalloc(chunk * V), tgt, N, C, V, chunk, 0 };
+	struct ce_ctx c = {dalloc(N * C), dalloc(V * C), dalloc(chunk * V), tgt, N, C, V, chunk, 0};
 	test_fill(c.x, N * C, -1, 1);
 	test_fill(c.w, V * C, -1, 1);
 	int64_t valid = 0;
 	double *dx = dalloc(N * C), *dw = dalloc(V * C);
 	double sum = cross_entropy_fused_f64(dx, dw, c.x, c.w, tgt, N, C, V, -100, 0.0, c.scratch,
-					     chunk, &valid);
+	                                     chunk, &valid);
 	EXPECT(valid == 8, "valid count %lld", (long long)valid);
 	c.dscale = 1.0 / (double)valid;
 	memset(dx, 0, sizeof(double) * (size_t)(N * C));
 	memset(dw, 0, sizeof(double) * (size_t)(V * C));
 	double sum2 = cross_entropy_fused_f64(dx, dw, c.x, c.w, tgt, N, C, V, -100, c.dscale,
-					      c.scratch, chunk, NULL);
+	                                      c.scratch, chunk, NULL);
 	EXPECT(sum == sum2, "loss independent of gradient pass");
 	/* reference loss: full logits, log-softmax */
 	double ref = 0;
@@ -304,10 +308,11 @@ TEST_CASE(test_cross_entropy)
 		for (int64_t k = 0; k < C; k++)
 			EXPECT(dx[n * C + k] == 0.0, "ignored row has gradient");
 	/* float */
-	float *xf = to_f32(c.x, N * C), *wf = to_f32(c.w, V * C), *sf = calloc((size_t)(chunk * V), 4);
+	float *xf = to_f32(c.x, N * C), *wf = to_f32(c.w, V * C),
+	      *sf = calloc((size_t)(chunk * V), 4);
 	float *dxf = calloc((size_t)(N * C), 4), *dwf = calloc((size_t)(V * C), 4);
 	double sumf = cross_entropy_fused_f32(dxf, dwf, xf, wf, tgt, N, C, V, -100, c.dscale, sf,
-					      chunk, NULL);
+	                                      chunk, NULL);
 	EXPECT(fabs(sumf - ref) < 1e-5 * fabs(ref), "ce f32 loss");
 	EXPECT(rel_f32_f64(dxf, dx, N * C) < 1e-5, "ce f32 dx");
 	EXPECT(rel_f32_f64(dwf, dw, V * C) < 1e-5, "ce f32 dw");
@@ -321,8 +326,8 @@ TEST_CASE(test_adamw)
 {
 	/* Against the textbook update computed in double for 3 steps. */
 	int64_t n = 33;
-	float p[33], g[33], m[33] = { 0 }, v[33] = { 0 };
-	double pd[33], md[33] = { 0 }, vd[33] = { 0 };
+	float p[33], g[33], m[33] = {0}, v[33] = {0};
+	double pd[33], md[33] = {0}, vd[33] = {0};
 	test_fill_f32(p, n, -1, 1);
 	for (int i = 0; i < n; i++)
 		pd[i] = p[i];

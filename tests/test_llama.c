@@ -33,16 +33,15 @@ TEST_CASE(test_presets)
 		const char *flavor;
 		int64_t params, ffn;
 	} want[] = {
-		{ "debugmodel", 6163712, 768 },
-		{ "8B", 8030261248LL, 14336 },
-		{ "70B", 70553706496LL, 28672 },
-		{ "405B", 405853388800LL, 53248 },
-		{ "1B", 1498482688LL, 8192 },
+	    {"debugmodel", 6163712, 768},  {"8B", 8030261248LL, 14336},
+	    {"70B", 70553706496LL, 28672}, {"405B", 405853388800LL, 53248},
+	    {"1B", 1498482688LL, 8192},
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		struct llama_config c;
 		struct llama_table t;
-		EXPECT(llama_config_preset(&c, want[i].flavor) == CT_OK, "preset %s", want[i].flavor);
+		EXPECT(llama_config_preset(&c, want[i].flavor) == CT_OK, "preset %s",
+		       want[i].flavor);
 		llama_table_build(&t, &c);
 		EXPECT(t.numel == want[i].params, "%s: %lld parameters, want %lld", want[i].flavor,
 		       (long long)t.numel, (long long)want[i].params);
@@ -92,7 +91,7 @@ TEST_CASE(test_init)
 	struct {
 		const struct llama_param *p;
 		double std;
-	} s[] = { { emb, 1.0 }, { wq, 0.02 }, { wo, 0.02 / sqrt(12.0) }, { out, 1.0 / 16.0 } };
+	} s[] = {{emb, 1.0}, {wq, 0.02}, {wo, 0.02 / sqrt(12.0)}, {out, 1.0 / 16.0}};
 	for (int i = 0; i < 4; i++) {
 		double ss = 0, mx = 0;
 		for (int64_t j = 0; j < s[i].p->numel; j++) {
@@ -150,7 +149,7 @@ TEST_CASE(test_recompute)
 
 /* Run `steps` train steps; returns losses and leaves params in m. */
 static void run_steps(struct llama_model *m, int steps, int64_t accum, const int32_t *tok,
-		      const int32_t *tgt, double *losses, double *norms)
+                      const int32_t *tgt, double *losses, double *norms)
 {
 	struct adamw opt;
 	adamw_init(&opt, m->table.numel, 0.9, 0.95, 1e-8, 0.1);
@@ -208,8 +207,8 @@ TEST_CASE(test_recompute_ffn_bitwise)
 	struct llama_config c;
 	small_config(&c);
 	struct llama_model a, b;
-	const struct llama_build_opts ra = { .own_params = true, .recompute_ffn = false };
-	const struct llama_build_opts rb = { .own_params = true, .recompute_ffn = true };
+	const struct llama_build_opts ra = {.own_params = true, .recompute_ffn = false};
+	const struct llama_build_opts rb = {.own_params = true, .recompute_ffn = true};
 	llama_build_ex(&a, &c, 2, 21, &ra);
 	llama_build_ex(&b, &c, 2, 21, &rb);
 	EXPECT(b.act_bytes < a.act_bytes, "recompute_ffn saves memory");
@@ -252,8 +251,8 @@ TEST_CASE(test_generate_kv_cache)
 	gen_free(g);
 	/* greedy is deterministic; sampling is reproducible for a seed */
 	int32_t a[8], b[8];
-	struct gen_opts o = { .max_new_tokens = 8, .temperature = 0, .top_k = 0, .seed = 1,
-			      .stop_id = -1 };
+	struct gen_opts o = {
+	    .max_new_tokens = 8, .temperature = 0, .top_k = 0, .seed = 1, .stop_id = -1};
 	for (int k = 0; k < 2; k++) {
 		struct gen_opts oo = o;
 		oo.temperature = k ? 0.8 : 0;
@@ -264,7 +263,8 @@ TEST_CASE(test_generate_kv_cache)
 		g = gen_create(&m.cfg, &m.table, m.params, T + 8);
 		int64_t nb = gen_generate(g, m.tokens, 4, &oo, b);
 		gen_free(g);
-		EXPECT(na == 8 && nb == 8 && memcmp(a, b, sizeof(a)) == 0, "generation reproducible");
+		EXPECT(na == 8 && nb == 8 && memcmp(a, b, sizeof(a)) == 0,
+		       "generation reproducible");
 	}
 	free(full);
 	llama_free(&m);
@@ -301,13 +301,13 @@ TEST_CASE(test_activation_memory_linear)
 	 * attention keeps only an O(T) log-sum-exp per head (no T x T scores). */
 	struct llama_config c;
 	llama_config_preset(&c, "debugmodel");
-	int64_t bytes[3], Ts[3] = { 512, 1024, 2048 };
+	int64_t bytes[3], Ts[3] = {512, 1024, 2048};
 	for (int i = 0; i < 3; i++) {
 		struct llama_model m;
 		llama_build(&m, &c, 1, Ts[i]);
 		bytes[i] = m.act_bytes + m.scratch_bytes - m.ce_chunk * c.vocab_size * 4;
 		fprintf(stderr, "  debugmodel T=%lld: activations+scratch %.2f MiB\n",
-			(long long)Ts[i], (double)(m.act_bytes + m.scratch_bytes) / 1048576.0);
+		        (long long)Ts[i], (double)(m.act_bytes + m.scratch_bytes) / 1048576.0);
 		llama_free(&m);
 	}
 	double r1 = (double)bytes[1] / (double)bytes[0], r2 = (double)bytes[2] / (double)bytes[1];
@@ -317,7 +317,7 @@ TEST_CASE(test_activation_memory_linear)
 /* ------------------------------------------------------------ PyTorch reference */
 
 static void add_params(struct st_file *f, const struct llama_table *t, const float *buf,
-		       const char *prefix)
+                       const char *prefix)
 {
 	for (int i = 0; i < t->count; i++) {
 		char name[160];
@@ -363,7 +363,8 @@ static int reference_case(const struct llama_config *c, int64_t B, int64_t T, co
 	for (int s = 0; s < S; s++) {
 		struct train_step_result r;
 		CHECK(train_step(&m, &opt, tok + s * N, tgt + s * N, 1, lr_schedule_at(&sched, s),
-				 max_norm, &r) == CT_OK, "step");
+		                 max_norm, &r) == CT_OK,
+		      "step");
 		losses[s] = r.loss;
 		clipped += r.grad_norm > max_norm;
 	}
@@ -401,14 +402,14 @@ static int reference_case(const struct llama_config *c, int64_t B, int64_t T, co
 	struct st_file in, out;
 	st_init(&in);
 	add_params(&in, &m.table, init, "");
-	int64_t bshape[3] = { S, B, T };
+	int64_t bshape[3] = {S, B, T};
 	st_add(&in, "tokens", ST_I32, 3, bshape, tok);
 	st_add(&in, "targets", ST_I32, 3, bshape, tgt);
 	st_add_meta(&in, "config", cfg_json);
 	snprintf(path, sizeof(path), "%s/inputs.safetensors", dir);
 	int rc = st_write(&in, path);
 	st_init(&out);
-	int64_t lshape[3] = { B, T, V }, one = 1, sdim = S;
+	int64_t lshape[3] = {B, T, V}, one = 1, sdim = S;
 	st_add(&out, "logits", ST_F32, 3, lshape, logits);
 	st_add(&out, "loss", ST_F64, 1, &one, &loss);
 	st_add(&out, "losses", ST_F64, 1, &sdim, losses);
@@ -423,7 +424,7 @@ static int reference_case(const struct llama_config *c, int64_t B, int64_t T, co
 	char cmd[1024];
 	const char *src = getenv("CT_SOURCE_DIR");
 	snprintf(cmd, sizeof(cmd), "/usr/bin/python3 %s/tests/reference/llama_ref.py %s",
-		 src ? src : ".", dir);
+	         src ? src : ".", dir);
 	if (rc == CT_OK)
 		rc = system(cmd);
 	adamw_free(&opt);

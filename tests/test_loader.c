@@ -33,7 +33,10 @@ static int folders;    /* datasets made so far, for unique names */
 
 /* ---------------------------------------------------------------- fixtures */
 
-static int64_t rand_below(int64_t n) { return (int64_t)test_uniform(0, (double)n); }
+static int64_t rand_below(int64_t n)
+{
+	return (int64_t)test_uniform(0, (double)n);
+}
 
 /* A fresh folder under root. */
 static char *new_folder(char *buf, size_t len)
@@ -46,7 +49,7 @@ static char *new_folder(char *buf, size_t len)
 /* Write stream[0..n) as shards <split>_000000.bin ... of the given sizes (sum = n), each with
  * a random width (2 when vocab <= 65536). */
 static void write_split(const char *dir, const char *split, const int32_t *stream,
-			const int64_t *sizes, int shards, int64_t vocab)
+                        const int64_t *sizes, int shards, int64_t vocab)
 {
 	char path[512];
 	for (int i = 0; i < shards; i++) {
@@ -66,7 +69,7 @@ struct dataset {
 /* A folder with a train split of `shards` random-sized shards (one of them possibly empty)
  * and a small val split. */
 static void make_dataset(struct dataset *d, int shards, int64_t min_tokens, int64_t max_tokens,
-			 int64_t vocab)
+                         int64_t vocab)
 {
 	new_folder(d->dir, sizeof(d->dir));
 	d->vocab = vocab;
@@ -81,7 +84,7 @@ static void make_dataset(struct dataset *d, int shards, int64_t min_tokens, int6
 	for (int64_t i = 0; i < d->n; i++)
 		d->stream[i] = (int32_t)rand_below(vocab);
 	write_split(d->dir, "train", d->stream, sizes, shards, vocab);
-	int64_t vsizes[2] = { 40 + rand_below(30), 40 + rand_below(30) };
+	int64_t vsizes[2] = {40 + rand_below(30), 40 + rand_below(30)};
 	int32_t *val = xcalloc((size_t)(vsizes[0] + vsizes[1]), sizeof(int32_t));
 	for (int64_t i = 0; i < vsizes[0] + vsizes[1]; i++)
 		val[i] = (int32_t)rand_below(vocab);
@@ -89,13 +92,23 @@ static void make_dataset(struct dataset *d, int shards, int64_t min_tokens, int6
 	free(val);
 }
 
-static void free_dataset(struct dataset *d) { free(d->stream); }
+static void free_dataset(struct dataset *d)
+{
+	free(d->stream);
+}
 
 static struct loader_config base_config(const struct dataset *d, int64_t T, uint64_t seed)
 {
-	return (struct loader_config){ .folder = d->dir, .split = "train", .vocab = d->vocab,
-				       .seq_len = T, .batch = 1, .micro_batches = 1, .rank = 0,
-				       .ranks = 1, .seed = seed, .ignore_index = IGNORE };
+	return (struct loader_config){.folder = d->dir,
+	                              .split = "train",
+	                              .vocab = d->vocab,
+	                              .seq_len = T,
+	                              .batch = 1,
+	                              .micro_batches = 1,
+	                              .rank = 0,
+	                              .ranks = 1,
+	                              .seed = seed,
+	                              .ignore_index = IGNORE};
 }
 
 /* One data-parallel layout of a global batch. */
@@ -114,7 +127,7 @@ static int64_t layout_global(const struct layout *l)
  * the rows in global order: out + k * 2T holds the k-th position read (T inputs, T targets).
  * *end is the state afterwards, which every rank must agree on. */
 static void run_layout(const struct loader_config *base, const struct layout *l, int64_t steps,
-		       const struct loader_state *from, int32_t *out, struct loader_state *end)
+                       const struct loader_state *from, int32_t *out, struct loader_state *end)
 {
 	int64_t T = base->seq_len, A = l->micro_batches, B = l->batch, R = l->ranks;
 	int64_t G = layout_global(l);
@@ -157,8 +170,8 @@ static void run_layout(const struct loader_config *base, const struct layout *l,
 
 /* Rows [0, count) of out (global positions first..) are the windows of the samples the order
  * assigns to those positions. */
-static int check_windows(const struct dataset *d, const struct loader_config *base,
-			 int64_t first, int64_t count, const int32_t *out)
+static int check_windows(const struct dataset *d, const struct loader_config *base, int64_t first,
+                         int64_t count, const int32_t *out)
 {
 	struct loader *ld;
 	CHECK(loader_open(&ld, base) == CT_OK, "loader_open");
@@ -211,8 +224,8 @@ TEST_CASE(any_rank_count_reads_the_same_samples)
 	int64_t T = 7;
 	struct loader_config base = base_config(&d, T, test_seed());
 	const struct layout layouts[] = {
-		{ 1, 4, 3, false }, { 1, 1, 12, true }, { 2, 2, 3, true }, { 2, 1, 6, false },
-		{ 3, 2, 2, true },  { 3, 1, 4, false }, { 4, 1, 3, true }, { 4, 3, 1, false },
+	    {1, 4, 3, false}, {1, 1, 12, true}, {2, 2, 3, true}, {2, 1, 6, false},
+	    {3, 2, 2, true},  {3, 1, 4, false}, {4, 1, 3, true}, {4, 3, 1, false},
 	};
 	int64_t S = (d.n - 1) / T, G = 12, steps = 2 * ((S + G - 1) / G) + 1;
 	size_t bytes = (size_t)(steps * G * 2 * T) * sizeof(int32_t);
@@ -230,7 +243,8 @@ TEST_CASE(any_rank_count_reads_the_same_samples)
 		EXPECT(memcmp(got, ref, bytes) == 0,
 		       "%d ranks x %lld micro-batches x %lld rows read other samples than 1 rank",
 		       l->ranks, (long long)l->micro_batches, (long long)l->batch);
-		EXPECT(memcmp(&st, &st_ref, sizeof(st)) == 0, "layout %zu ends in another state", i);
+		EXPECT(memcmp(&st, &st_ref, sizeof(st)) == 0, "layout %zu ends in another state",
+		       i);
 	}
 	free(ref);
 	free(got);
@@ -247,8 +261,8 @@ TEST_CASE(resume_on_another_rank_count)
 	struct loader_config base = base_config(&d, T, test_seed() + 7);
 	int64_t S = (d.n - 1) / T, G = 12, total_steps = 2 * ((S + G - 1) / G) + 2;
 	int64_t k = 1 + rand_below(total_steps - 2);
-	const struct layout one = { 1, 1, 12, false }, four = { 4, 1, 3, true },
-			    two = { 2, 2, 3, true }, two8 = { 2, 1, 4, false };
+	const struct layout one = {1, 1, 12, false}, four = {4, 1, 3, true}, two = {2, 2, 3, true},
+	                    two8 = {2, 1, 4, false};
 	size_t row = (size_t)(2 * T);
 	int64_t extra = 5; /* steps of 8 samples after the second cut */
 	int64_t total = total_steps * G + extra * 8;
@@ -270,8 +284,7 @@ TEST_CASE(resume_on_another_rank_count)
 	run_layout(&base, &two, total_steps - k, &st_back, got + k * G * row, &st_end);
 	run_layout(&base, &two8, extra, &st_end, got + total_steps * G * row, &st_unused);
 	EXPECT(memcmp(got, ref, (size_t)total * row * 4) == 0,
-	       "4 ranks for %lld steps then 2 ranks (then G=8) differ from one rank",
-	       (long long)k);
+	       "4 ranks for %lld steps then 2 ranks (then G=8) differ from one rank", (long long)k);
 	EXPECT(st_unused.epoch * S + st_unused.position == total, "final state");
 	free(ref);
 	free(got);
@@ -295,11 +308,11 @@ TEST_CASE(restore_rejects_foreign_state)
 		uint64_t dseed;
 		int rc;
 	} cases[] = {
-		{ "seq_len", "seq_len", 1, 0, 0, 0, 0, CT_ERR_USAGE },
-		{ "samples", "dataset changed", 0, 1, 0, 0, 0, CT_ERR_USAGE },
-		{ "seed", "seed", 0, 0, 0, 0, 1, CT_ERR_USAGE },
-		{ "position", "out of range", 0, 0, 0, good.samples, 0, CT_ERR_RUNTIME },
-		{ "epoch", "out of range", 0, 0, -1, 0, 0, CT_ERR_RUNTIME },
+	    {"seq_len", "seq_len", 1, 0, 0, 0, 0, CT_ERR_USAGE},
+	    {"samples", "dataset changed", 0, 1, 0, 0, 0, CT_ERR_USAGE},
+	    {"seed", "seed", 0, 0, 0, 0, 1, CT_ERR_USAGE},
+	    {"position", "out of range", 0, 0, 0, good.samples, 0, CT_ERR_RUNTIME},
+	    {"epoch", "out of range", 0, 0, -1, 0, 0, CT_ERR_RUNTIME},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		st = good;
@@ -315,15 +328,15 @@ TEST_CASE(restore_rejects_foreign_state)
 		       "restore with another %s: rc %d, message '%s'", cases[i].what, rc, err);
 	}
 	const char *bad_json[] = {
-		"[1]",
-		"{\"seq_len\":4,\"samples\":5,\"epoch\":0,\"position\":0}",
-		"{\"seed\":\"12x\",\"seq_len\":4,\"samples\":5,\"epoch\":0,\"position\":0}",
-		("{\"seed\":\"99999999999999999999\",\"seq_len\":4,\"samples\":5,\"epoch\":0,"
-		 "\"position\":0}"),
-		"{\"seed\":\"1\",\"seq_len\":4.5,\"samples\":5,\"epoch\":0,\"position\":0}",
-		"{\"seed\":\"1\",\"seq_len\":4,\"samples\":5,\"epoch\":-1,\"position\":0}",
-		"{\"seed\":\"1\",\"seq_len\":4,\"samples\":5,\"epoch\":0}",
-		"{\"seed\":1,\"seq_len\":4,\"samples\":5,\"epoch\":0,\"position\":0}",
+	    "[1]",
+	    "{\"seq_len\":4,\"samples\":5,\"epoch\":0,\"position\":0}",
+	    "{\"seed\":\"12x\",\"seq_len\":4,\"samples\":5,\"epoch\":0,\"position\":0}",
+	    ("{\"seed\":\"99999999999999999999\",\"seq_len\":4,\"samples\":5,\"epoch\":0,"
+	     "\"position\":0}"),
+	    "{\"seed\":\"1\",\"seq_len\":4.5,\"samples\":5,\"epoch\":0,\"position\":0}",
+	    "{\"seed\":\"1\",\"seq_len\":4,\"samples\":5,\"epoch\":-1,\"position\":0}",
+	    "{\"seed\":\"1\",\"seq_len\":4,\"samples\":5,\"epoch\":0}",
+	    "{\"seed\":1,\"seq_len\":4,\"samples\":5,\"epoch\":0,\"position\":0}",
 	};
 	for (size_t i = 0; i < sizeof(bad_json) / sizeof(bad_json[0]); i++) {
 		cJSON *j = cJSON_Parse(bad_json[i]);
@@ -346,7 +359,7 @@ TEST_CASE(deterministic_and_seeded)
 	make_dataset(&d, 3, 200, 400, 5000);
 	int64_t T = 6;
 	struct loader_config base = base_config(&d, T, test_seed() ^ 0x5eed);
-	const struct layout l = { 2, 2, 2, true };
+	const struct layout l = {2, 2, 2, true};
 	int64_t steps = 10, G = layout_global(&l);
 	size_t bytes = (size_t)(steps * G * 2 * T) * 4;
 	int32_t *a = malloc(bytes), *b = malloc(bytes), *c = malloc(bytes);
@@ -431,7 +444,7 @@ TEST_CASE(shuffle_is_a_bijection)
 {
 	char dir[300];
 	new_folder(dir, sizeof(dir));
-	int64_t sizes[] = { 1, 2, 3, 4, 5, 7, 15, 16, 17, 63, 64, 65, 100, 257, 30011 };
+	int64_t sizes[] = {1, 2, 3, 4, 5, 7, 15, 16, 17, 63, 64, 65, 100, 257, 30011};
 	for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
 		int64_t S = sizes[k], n = S + 1; /* T = 1: S = n - 1 samples */
 		char sub[340], path[400];
@@ -443,9 +456,15 @@ TEST_CASE(shuffle_is_a_bijection)
 			t[i] = (int32_t)(i % 60000);
 		CHECK(shard_write(path, t, n, 2) == CT_OK, "write");
 		free(t);
-		struct loader_config c = { .folder = sub, .split = "train", .vocab = 60000,
-					   .seq_len = 1, .batch = 1, .micro_batches = 1, .ranks = 1,
-					   .seed = test_seed() + k, .ignore_index = IGNORE };
+		struct loader_config c = {.folder = sub,
+		                          .split = "train",
+		                          .vocab = 60000,
+		                          .seq_len = 1,
+		                          .batch = 1,
+		                          .micro_batches = 1,
+		                          .ranks = 1,
+		                          .seed = test_seed() + k,
+		                          .ignore_index = IGNORE};
 		struct loader *ld;
 		CHECK(loader_open(&ld, &c) == CT_OK, "open");
 		EXPECT(loader_samples(ld) == S, "S %lld", (long long)loader_samples(ld));
@@ -471,16 +490,16 @@ TEST_CASE(malformed_shards_are_named)
 		const char *name, *expect;
 		int rc;
 	} cases[] = {
-		{ "wrong magic", "bad magic", CT_ERR_RUNTIME },
-		{ "truncated header", "truncated header", CT_ERR_RUNTIME },
-		{ "empty file", "truncated header", CT_ERR_RUNTIME },
-		{ "truncated body", "truncated", CT_ERR_RUNTIME },
-		{ "bad width", "bad token width", CT_ERR_RUNTIME },
-		{ "count mismatch", "count mismatch", CT_ERR_RUNTIME },
-		{ "bad version", "version 2", CT_ERR_RUNTIME },
-		{ "token >= vocab", "outside the vocabulary", CT_ERR_RUNTIME },
-		{ "token >= 2^31", "outside the vocabulary", CT_ERR_RUNTIME },
-		{ "folder as shard", "not a regular file", CT_ERR_RUNTIME },
+	    {"wrong magic", "bad magic", CT_ERR_RUNTIME},
+	    {"truncated header", "truncated header", CT_ERR_RUNTIME},
+	    {"empty file", "truncated header", CT_ERR_RUNTIME},
+	    {"truncated body", "truncated", CT_ERR_RUNTIME},
+	    {"bad width", "bad token width", CT_ERR_RUNTIME},
+	    {"count mismatch", "count mismatch", CT_ERR_RUNTIME},
+	    {"bad version", "version 2", CT_ERR_RUNTIME},
+	    {"token >= vocab", "outside the vocabulary", CT_ERR_RUNTIME},
+	    {"token >= 2^31", "outside the vocabulary", CT_ERR_RUNTIME},
+	    {"folder as shard", "not a regular file", CT_ERR_RUNTIME},
 	};
 	int64_t vocab = 1000, n = 64;
 	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
@@ -500,26 +519,44 @@ TEST_CASE(malformed_shards_are_named)
 		FILE *f = fopen(bad, "r+b");
 		unsigned char b4[4];
 		switch (k) {
-		case 0: fwrite("CTTOKENZ", 1, 8, f); break;
-		case 1: CHECK(ftruncate(fileno(f), 10) == 0, "truncate"); break;
-		case 2: CHECK(ftruncate(fileno(f), 0) == 0, "truncate"); break;
-		case 3: CHECK(ftruncate(fileno(f), SHARD_HEADER_BYTES + 2 * n - 3) == 0, "trunc"); break;
-		case 4: fseek(f, 12, SEEK_SET); fwrite("\003\000\000\000", 1, 4, f); break;
-		case 5: fseek(f, 16, SEEK_SET); fputc((int)n - 1, f); break;
-		case 6: fseek(f, 8, SEEK_SET); fwrite("\002\000\000\000", 1, 4, f); break;
+		case 0:
+			fwrite("CTTOKENZ", 1, 8, f);
+			break;
+		case 1:
+			CHECK(ftruncate(fileno(f), 10) == 0, "truncate");
+			break;
+		case 2:
+			CHECK(ftruncate(fileno(f), 0) == 0, "truncate");
+			break;
+		case 3:
+			CHECK(ftruncate(fileno(f), SHARD_HEADER_BYTES + 2 * n - 3) == 0, "trunc");
+			break;
+		case 4:
+			fseek(f, 12, SEEK_SET);
+			fwrite("\003\000\000\000", 1, 4, f);
+			break;
+		case 5:
+			fseek(f, 16, SEEK_SET);
+			fputc((int)n - 1, f);
+			break;
+		case 6:
+			fseek(f, 8, SEEK_SET);
+			fwrite("\002\000\000\000", 1, 4, f);
+			break;
 		case 8: /* token 2^31 + 5 in a 4-byte shard */
 			b4[0] = 5, b4[1] = 0, b4[2] = 0, b4[3] = 0x80;
 			fseek(f, SHARD_HEADER_BYTES + 4 * pos, SEEK_SET);
 			fwrite(b4, 1, 4, f);
 			break;
-		default: break;
+		default:
+			break;
 		}
 		fclose(f);
 		if (k == 9) {
 			remove(bad);
 			mkdir(bad, 0755);
 		}
-		struct dataset d = { .vocab = vocab };
+		struct dataset d = {.vocab = vocab};
 		snprintf(d.dir, sizeof(d.dir), "%s", dir);
 		struct loader_config c = base_config(&d, 4, 1);
 		static char sentinel;
@@ -528,17 +565,18 @@ TEST_CASE(malformed_shards_are_named)
 		int rc = loader_open(&ld, &c);
 		const char *err = capture_end();
 		EXPECT(rc == cases[k].rc && ld == NULL && strstr(err, bad) &&
-			       strstr(err, cases[k].expect),
+		           strstr(err, cases[k].expect),
 		       "%s: rc %d, message '%s'", cases[k].name, rc, err);
 		if (k == 7) {
 			char at[64];
 			snprintf(at, sizeof(at), "position %lld", (long long)pos);
-			EXPECT(strstr(err, at), "%s: the message does not say '%s'", cases[k].name, at);
+			EXPECT(strstr(err, at), "%s: the message does not say '%s'", cases[k].name,
+			       at);
 		}
 	}
 	/* Folders: missing, empty, no shards of the split, too few tokens, not a folder. */
 	char dir[300], path[400];
-	struct dataset d = { .vocab = vocab };
+	struct dataset d = {.vocab = vocab};
 	struct loader_config c = base_config(&d, 4, 1);
 	struct loader *ld;
 	snprintf(d.dir, sizeof(d.dir), "%s/missing", root);
@@ -558,7 +596,7 @@ TEST_CASE(malformed_shards_are_named)
 	       "empty folder: rc %d, '%s'", rc, err);
 
 	snprintf(path, sizeof(path), "%s/train_0.bin", dir);
-	int32_t few[4] = { 1, 2, 3, 4 };
+	int32_t few[4] = {1, 2, 3, 4};
 	CHECK(shard_write(path, few, 4, 2) == CT_OK, "write");
 	capture_begin();
 	rc = loader_open(&ld, &c);
@@ -663,7 +701,7 @@ TEST_CASE(val_split_in_order_once)
 	struct loader_config c = base_config(&d, T, 1);
 	c.split = "val";
 	for (int R = 1; R <= 3; R++) {
-		const struct layout l = { R, 2, 3, R == 2 };
+		const struct layout l = {R, 2, 3, R == 2};
 		struct loader *ld;
 		c.ranks = R;
 		c.micro_batches = 2;
@@ -674,7 +712,7 @@ TEST_CASE(val_split_in_order_once)
 		       (long long)loader_samples(ld), (long long)steps);
 		loader_close(ld);
 		int32_t *rows = xcalloc((size_t)(steps * G * 2 * T), sizeof(int32_t));
-		struct loader_state st, st0 = { .seed = 1, .seq_len = T, .samples = S };
+		struct loader_state st, st0 = {.seed = 1, .seq_len = T, .samples = S};
 		run_layout(&c, &l, steps, NULL, rows, &st);
 		int64_t bad = 0;
 		for (int64_t p = 0; p < steps * G; p++) {
@@ -704,7 +742,7 @@ TEST_CASE(val_split_in_order_once)
  * boundaries; empty shards are skipped). */
 TEST_CASE(windows_span_shard_boundaries)
 {
-	struct dataset d = { .vocab = 65536 };
+	struct dataset d = {.vocab = 65536};
 	int64_t T = 8, sizes[7], n = 0;
 	for (int i = 0; i < 7; i++) {
 		sizes[i] = i == 3 ? 0 : rand_below(3 * T); /* short shards, one empty */
@@ -721,7 +759,7 @@ TEST_CASE(windows_span_shard_boundaries)
 	write_split(new_folder(one, sizeof(one)), "train", d.stream, &n, 1, d.vocab);
 	struct loader_config a = base_config(&d, T, test_seed()), b = a;
 	b.folder = one;
-	const struct layout l = { 2, 1, 3, false };
+	const struct layout l = {2, 1, 3, false};
 	int64_t G = layout_global(&l), steps = 2 * (((n - 1) / T + G - 1) / G) + 1;
 	size_t bytes = (size_t)(steps * G * 2 * T) * 4;
 	int32_t *x = malloc(bytes), *y = malloc(bytes);
@@ -758,7 +796,7 @@ TEST_CASE(writer_round_trip_and_refusal)
 		int32_t *back = xcalloc((size_t)n, sizeof(int32_t));
 		shard_read(&s, 0, n, back);
 		EXPECT(s.count == n && s.width == width &&
-			       memcmp(back, t, (size_t)n * sizeof(int32_t)) == 0,
+		           memcmp(back, t, (size_t)n * sizeof(int32_t)) == 0,
 		       "width %d: round trip", width);
 		shard_close(&s);
 		free(back);
@@ -766,7 +804,7 @@ TEST_CASE(writer_round_trip_and_refusal)
 	}
 	snprintf(path, sizeof(path), "%s/refused.bin", dir);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
-	int32_t t[3] = { 5, 65536, 7 };
+	int32_t t[3] = {5, 65536, 7};
 	capture_begin();
 	int rc = shard_write(path, t, 3, 2);
 	const char *err = capture_end();

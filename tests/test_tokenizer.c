@@ -43,14 +43,22 @@ static struct tok_tokenizer *bytes_only(const char *pattern)
 static char *training_text(size_t *len)
 {
 	static const char *const syl[] = {
-		"the", "an", "re", "in", "er", "on", "at", "es", "or", "te", "of", "ed", "is", "it",
-		"al", "ar", "st", "to", "nt", "ng", "se", "ha", "as", "ou", "io", "le", "ve", "co",
-		"me", "de", "hi", "ri", "ro", "ic", "ne", "ea", "ra", "ce", "li", "ch", "ll", "be",
-		"ma", "si", "om", "ur", "\xc3\xbc", "\xc3\xa9", "\xe5\x8c\x97", "\xd0\xbc\xd0\xb8",
+	    "the", "an",       "re",       "in",           "er",
+	    "on",  "at",       "es",       "or",           "te",
+	    "of",  "ed",       "is",       "it",           "al",
+	    "ar",  "st",       "to",       "nt",           "ng",
+	    "se",  "ha",       "as",       "ou",           "io",
+	    "le",  "ve",       "co",       "me",           "de",
+	    "hi",  "ri",       "ro",       "ic",           "ne",
+	    "ea",  "ra",       "ce",       "li",           "ch",
+	    "ll",  "be",       "ma",       "si",           "om",
+	    "ur",  "\xc3\xbc", "\xc3\xa9", "\xe5\x8c\x97", "\xd0\xbc\xd0\xb8",
 	};
-	static const char *const extra[] = { "don't", "it's", "we'll", "1999", "3.14159", "x += 1;",
-					     "return 0;", "\t", "\n", "\n\n", "(", ")", "," };
-	const int ns = (int)(sizeof(syl) / sizeof(syl[0])), ne = (int)(sizeof(extra) / sizeof(extra[0]));
+	static const char *const extra[] = {"don't",   "it's",      "we'll", "1999", "3.14159",
+	                                    "x += 1;", "return 0;", "\t",    "\n",   "\n\n",
+	                                    "(",       ")",         ","};
+	const int ns = (int)(sizeof(syl) / sizeof(syl[0])),
+	          ne = (int)(sizeof(extra) / sizeof(extra[0]));
 	size_t cap = 1 << 20, n = 0;
 	char *s = xcalloc(cap + 64, 1);
 	FILE *f = fopen("/usr/share/games/fortunes/fortunes", "rb");
@@ -85,7 +93,7 @@ static struct tok_tokenizer *trained(int64_t vocab)
 {
 	size_t n;
 	char *text = training_text(&n);
-	struct tok_train_opts o = { .vocab_size = vocab };
+	struct tok_train_opts o = {.vocab_size = vocab};
 	struct tok_tokenizer *t;
 	CHECK(tok_train(&t, &o, text, n) == 0, "tok_train");
 	free(text);
@@ -94,11 +102,12 @@ static struct tok_tokenizer *trained(int64_t vocab)
 
 static bool roundtrip(struct tok_tokenizer *t, const void *text, size_t n, bool specials)
 {
-	struct tok_ids ids = { 0 };
-	struct tok_bytes out = { 0 };
-	int rc = specials ? tok_encode_with_specials(t, text, n, &ids) : tok_encode(t, text, n, &ids);
+	struct tok_ids ids = {0};
+	struct tok_bytes out = {0};
+	int rc =
+	    specials ? tok_encode_with_specials(t, text, n, &ids) : tok_encode(t, text, n, &ids);
 	bool ok = rc == 0 && tok_decode(t, ids.v, ids.n, &out) == 0 && out.n == n &&
-		  (n == 0 || memcmp(out.v, text, n) == 0);
+	          (n == 0 || memcmp(out.v, text, n) == 0);
 	for (int64_t i = 0; !specials && i < ids.n; i++)
 		ok &= ids.v[i] >= 0 && ids.v[i] < tok_n_vocab(t);
 	tok_ids_free(&ids);
@@ -139,11 +148,12 @@ static void write_file(const char *path, const void *data, size_t n)
 /* A rank file: the 256 bytes (rank = byte) plus `extra` lines, as given. */
 static size_t rank_file(char *buf, size_t cap, const char *extra)
 {
-	static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+	static const char b64[] =
+	    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 	size_t o = 0;
 	for (int b = 0; b < 256; b++)
-		o += (size_t)snprintf(buf + o, cap - o, "%c%c== %d\n", b64[b >> 2], b64[(b & 3) << 4],
-				      b);
+		o += (size_t)snprintf(buf + o, cap - o, "%c%c== %d\n", b64[b >> 2],
+		                      b64[(b & 3) << 4], b);
 	o += (size_t)snprintf(buf + o, cap - o, "%s", extra);
 	return o;
 }
@@ -169,7 +179,7 @@ static int collect(void *ctx, const uint8_t *p, size_t n)
 /* expected: pieces separated by '|' ('|' itself never appears in these cases). */
 static void expect_split(struct tok_tokenizer *t, const char *text, const char *expected)
 {
-	struct pieces ps = { .n = 0 };
+	struct pieces ps = {.n = 0};
 	EXPECT(tok_split(t, text, strlen(text), collect, &ps) == 0, "split failed");
 	char got[1024] = "";
 	for (int i = 0; i < ps.n && i < 64; i++) {
@@ -204,25 +214,35 @@ TEST_CASE(split_pattern)
 	expect_split(t, "\r\n\r\n", "\r\n\r\n");
 	expect_split(t, "a\tb", "a|\tb");
 	/* NEL (U+0085) is \s, as in tiktoken */
-	expect_split(t, "a\xc2\x85\xc2\x85" "b", "a|\xc2\x85|\xc2\x85" "b");
+	expect_split(t,
+	             "a\xc2\x85\xc2\x85"
+	             "b",
+	             "a|\xc2\x85|\xc2\x85"
+	             "b");
 	expect_split(t, "x\u3000\u3000y", "x|\u3000|\u3000y");
 	/* punctuation, symbols, emoji, CJK */
 	expect_split(t, "hi \xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd!",
-		     "hi| \xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd!");
+	             "hi| \xf0\x9f\x91\x8b\xf0\x9f\x8f\xbd!");
 	expect_split(t, "...\n\nok", "...\n\n|ok");
 	expect_split(t, "\u6211\u7231\u5317\u4eac", "\u6211\u7231\u5317\u4eac");
 	expect_split(t, "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 ok",
-		     "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8| ok");
+	             "\u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8| ok");
 	expect_split(t, "\u041f\u0440\u0438\u0432\u0435\u0442, \u03ba\u03cc\u03c3\u03bc\u03b5",
-		     "\u041f\u0440\u0438\u0432\u0435\u0442|,| \u03ba\u03cc\u03c3\u03bc\u03b5");
+	             "\u041f\u0440\u0438\u0432\u0435\u0442|,| \u03ba\u03cc\u03c3\u03bc\u03b5");
 	/* invalid UTF-8 is a barrier: its bytes form pieces of their own */
-	expect_split(t, "ab\x80\x80" "cd", "ab|\x80\x80|cd");
-	expect_split(t, "a\xff" "b", "a|\xff|b");
+	expect_split(t,
+	             "ab\x80\x80"
+	             "cd",
+	             "ab|\x80\x80|cd");
+	expect_split(t,
+	             "a\xff"
+	             "b",
+	             "a|\xff|b");
 	expect_split(t, "\xe2\x82", "\xe2\x82");
 	expect_split(t, "x  \xc0\xaf", "x|  |\xc0\xaf");
 	expect_split(t, "\xed\xa0\x80z", "\xed\xa0\x80|z"); /* a surrogate is invalid */
 	/* the "<|endoftext|>" case: three pieces */
-	struct pieces ps = { .n = 0 };
+	struct pieces ps = {.n = 0};
 	tok_split(t, "<|endoftext|>", 13, collect, &ps);
 	EXPECT(ps.n == 3 && !strcmp(ps.items[0], "<|") && !strcmp(ps.items[1], "endoftext"),
 	       "<|endoftext|> splits into <| endoftext |>");
@@ -248,11 +268,21 @@ TEST_CASE(roundtrip_random_bytes)
 		for (size_t i = 0; i < n; i++) {
 			uint32_t r = rnd();
 			switch (kind) {
-			case 0: buf[i] = (uint8_t)r; break;                      /* any bytes */
-			case 1: buf[i] = (uint8_t)(0x80 | (r & 0x7f)); break;    /* high bytes */
-			case 2: buf[i] = " \t\n\ra'0.\xc3\xa9"[r % 11]; break;  /* splitters */
-			case 3: buf[i] = "etaoin shrdlu"[r % 13]; break;          /* text-like */
-			default: buf[i] = r % 3 ? (uint8_t)("abc \n"[r % 5]) : (uint8_t)r; break;
+			case 0:
+				buf[i] = (uint8_t)r;
+				break; /* any bytes */
+			case 1:
+				buf[i] = (uint8_t)(0x80 | (r & 0x7f));
+				break; /* high bytes */
+			case 2:
+				buf[i] = " \t\n\ra'0.\xc3\xa9"[r % 11];
+				break; /* splitters */
+			case 3:
+				buf[i] = "etaoin shrdlu"[r % 13];
+				break; /* text-like */
+			default:
+				buf[i] = r % 3 ? (uint8_t)("abc \n"[r % 5]) : (uint8_t)r;
+				break;
 			}
 		}
 		bad += !roundtrip(t, buf, n, false) || !roundtrip(b, buf, n, false) ||
@@ -269,9 +299,23 @@ TEST_CASE(roundtrip_invalid_utf8)
 {
 	struct tok_tokenizer *t = trained(600);
 	static const char *const cases[] = {
-		"\x80", "\xbf\xbf", "\xc3", "\xc3(", "\xe2\x82", "\xe2\x28\xa1", "\xf0\x9f\x98",
-		"\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xf5\xff\xfe",
-		"ok\xff", "\xff ok", "a \x80 b", "\xf0\x9f\x98\x80\xf0\x9f\x98", "  \xc3\n\n\xa9  ",
+	    "\x80",
+	    "\xbf\xbf",
+	    "\xc3",
+	    "\xc3(",
+	    "\xe2\x82",
+	    "\xe2\x28\xa1",
+	    "\xf0\x9f\x98",
+	    "\xc0\xaf",
+	    "\xe0\x80\xaf",
+	    "\xed\xa0\x80",
+	    "\xf4\x90\x80\x80",
+	    "\xf5\xff\xfe",
+	    "ok\xff",
+	    "\xff ok",
+	    "a \x80 b",
+	    "\xf0\x9f\x98\x80\xf0\x9f\x98",
+	    "  \xc3\n\n\xa9  ",
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
 		EXPECT(roundtrip(t, cases[i], strlen(cases[i]), false), "case %zu", i);
@@ -283,7 +327,7 @@ TEST_CASE(long_inputs)
 	struct tok_tokenizer *t = trained(600);
 	size_t n = 1 << 20;
 	char *s = xcalloc(n, 1);
-	const char fills[] = { ' ', 'a', '\n', '7', '!' };
+	const char fills[] = {' ', 'a', '\n', '7', '!'};
 	for (int k = 0; k < 5; k++) {
 		memset(s, fills[k], n);
 		EXPECT(roundtrip(t, s, n, false), "1 MiB of 0x%02x", fills[k]);
@@ -303,11 +347,11 @@ TEST_CASE(bpe_matches_reference)
 	rng_state = test_seed() ^ 7;
 	uint8_t buf[700];
 	int bad = 0;
-	struct tok_ids a = { 0 }, b = { 0 };
+	struct tok_ids a = {0}, b = {0};
 	for (int it = 0; it < 2000; it++) {
 		size_t n = 1 + rnd() % (it % 2 ? 60 : sizeof(buf) - 1);
 		for (size_t i = 0; i < n; i++)
-			buf[i] = (uint8_t)"the and tokenizer e\xc3\xa9"[rnd() % 22];
+			buf[i] = (uint8_t) "the and tokenizer e\xc3\xa9"[rnd() % 22];
 		a.n = b.n = 0;
 		tok_bpe(t, buf, n, &a);
 		tok_bpe_ref(t, buf, n, &b);
@@ -324,11 +368,13 @@ TEST_CASE(bpe_matches_reference)
 TEST_CASE(special_tokens)
 {
 	struct tok_tokenizer *t = trained(700);
-	int32_t bos = tok_special_id(t, "<|begin_of_text|>"), eos = tok_special_id(t, "<|end_of_text|>");
+	int32_t bos = tok_special_id(t, "<|begin_of_text|>"),
+	        eos = tok_special_id(t, "<|end_of_text|>");
 	EXPECT(bos == 700 && eos == 701, "special ids after the vocabulary: %d %d", bos, eos);
 	EXPECT(tok_n_ids(t) == 702 && tok_n_special(t) == 2, "ids");
-	const char *text = "<|begin_of_text|>hello <|end_of_text|><|end_of_text|> x<|begin_of_text|";
-	struct tok_ids ids = { 0 };
+	const char *text =
+	    "<|begin_of_text|>hello <|end_of_text|><|end_of_text|> x<|begin_of_text|";
+	struct tok_ids ids = {0};
 	EXPECT(tok_encode(t, text, strlen(text), &ids) == 0, "encode");
 	bool any = false;
 	for (int64_t i = 0; i < ids.n; i++)
@@ -353,8 +399,8 @@ TEST_CASE(special_tokens)
 	/* Llama 3's defaults for a plain rank file */
 	struct tok_tokenizer *b = bytes_only(NULL);
 	EXPECT(tok_n_special(b) == 256 && tok_special_id(b, "<|begin_of_text|>") == 256 &&
-		       tok_special_id(b, "<|eot_id|>") == 256 + 9 &&
-		       tok_special_id(b, "<|reserved_special_token_247|>") == 511,
+	           tok_special_id(b, "<|eot_id|>") == 256 + 9 &&
+	           tok_special_id(b, "<|reserved_special_token_247|>") == 511,
 	       "Llama 3 special tokens");
 	tok_free(b);
 	tok_ids_free(&ids);
@@ -375,12 +421,12 @@ static int do_load(void *arg)
 }
 
 static void expect_load_error(const char *name, const char *content, size_t n, const char *want1,
-			      const char *want2)
+                              const char *want2)
 {
 	char path[256];
 	snprintf(path, sizeof(path), "/tmp/ct_tok_%d_%s", (int)getpid(), name);
 	write_file(path, content, n);
-	struct load_arg a = { path, NULL };
+	struct load_arg a = {path, NULL};
 	int rc;
 	char *msg = capture_stderr(do_load, &a, &rc);
 	EXPECT(rc == CT_ERR_RUNTIME && a.t == NULL, "%s: loaded (rc %d)", name, rc);
@@ -402,8 +448,7 @@ TEST_CASE(loader_errors)
 	snprintf(path, sizeof(path), "/tmp/ct_tok_%d_good", (int)getpid());
 	write_file(path, buf, n);
 	struct tok_tokenizer *t;
-	EXPECT(tok_load(&t, path) == 0 && t && tok_n_vocab(t) == 257 &&
-		       tok_rank(t, "ab", 2) == 256,
+	EXPECT(tok_load(&t, path) == 0 && t && tok_n_vocab(t) == 257 && tok_rank(t, "ab", 2) == 256,
 	       "a valid rank file loads");
 	tok_free(t);
 	unlink(path);
@@ -438,7 +483,7 @@ TEST_CASE(loader_errors)
 	expect_load_error("bad_json", js, strlen(js), "JSON", NULL);
 	js = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"\xe2\x96\x81the\":0}}}";
 	expect_load_error("hf_not_bytelevel", js, strlen(js), "alphabet", NULL);
-	struct load_arg a = { "/nonexistent/ct_tokenizer.model", NULL };
+	struct load_arg a = {"/nonexistent/ct_tokenizer.model", NULL};
 	int rc;
 	char *msg = capture_stderr(do_load, &a, &rc);
 	EXPECT(rc == CT_ERR_RUNTIME && strstr(msg, "/nonexistent/ct_tokenizer.model"),
@@ -457,12 +502,12 @@ TEST_CASE(save_load)
 	if (!u)
 		goto out;
 	EXPECT(tok_n_vocab(u) == 800 && tok_n_special(u) == 2 &&
-		       strcmp(tok_pattern(u), tok_pattern(t)) == 0 &&
-		       tok_special_id(u, "<|end_of_text|>") == 801,
+	           strcmp(tok_pattern(u), tok_pattern(t)) == 0 &&
+	           tok_special_id(u, "<|end_of_text|>") == 801,
 	       "header survives");
 	size_t n;
 	char *text = training_text(&n);
-	struct tok_ids a = { 0 }, b = { 0 };
+	struct tok_ids a = {0}, b = {0};
 	tok_encode(t, text, n, &a);
 	tok_encode(u, text, n, &b);
 	EXPECT(a.n == b.n && memcmp(a.v, b.v, (size_t)a.n * sizeof(int32_t)) == 0,
@@ -472,7 +517,7 @@ TEST_CASE(save_load)
 	char *line = NULL;
 	size_t cap = 0;
 	ssize_t k;
-	struct tok_bytes plain = { 0 };
+	struct tok_bytes plain = {0};
 	while ((k = getline(&line, &cap, f)) > 0) {
 		if (line[0] == '#')
 			continue;
@@ -485,7 +530,7 @@ TEST_CASE(save_load)
 	fclose(f);
 	struct tok_tokenizer *w = NULL;
 	EXPECT(tok_load_ranks_mem(&w, plain.v, plain.n, "plain") == 0 && w &&
-		       tok_n_vocab(w) == 800 && tok_n_special(w) == 256,
+	           tok_n_vocab(w) == 800 && tok_n_special(w) == 256,
 	       "plain rank file");
 	tok_free(w);
 	free(plain.v);
@@ -522,18 +567,20 @@ TEST_CASE(hf_tokenizer_json)
 	/* ids: bytes in GPT-2's order (like real files, the printable ones first), then merges */
 	size_t cap = 1 << 16, o = 0;
 	char *js = xcalloc(cap, 1);
-	o += (size_t)snprintf(js + o, cap - o,
-			      "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":260,\"content\":"
-			      "\"<|endoftext|>\",\"special\":true}],\"pre_tokenizer\":{\"type\":"
-			      "\"ByteLevel\",\"add_prefix_space\":false},\"model\":{\"type\":\"BPE\","
-			      "\"vocab\":{");
+	o += (size_t)snprintf(
+	    js + o, cap - o,
+	    "{\"version\":\"1.0\",\"added_tokens\":[{\"id\":260,\"content\":"
+	    "\"<|endoftext|>\",\"special\":true}],\"pre_tokenizer\":{\"type\":"
+	    "\"ByteLevel\",\"add_prefix_space\":false},\"model\":{\"type\":\"BPE\","
+	    "\"vocab\":{");
 	int id = 0;
 	for (int pass = 0; pass < 2; pass++)
 		for (int b = 0; b < 256; b++) {
-			bool printable = (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
+			bool printable =
+			    (b >= '!' && b <= '~') || (b >= 0xa1 && b <= 0xac) || b >= 0xae;
 			if (printable != (pass == 0))
 				continue;
-			char ch[4] = { 0 };
+			char ch[4] = {0};
 			size_t k = gpt2_char(b, ch);
 			js[o++] = '"';
 			if (b == '"' || b == '\\')
@@ -543,21 +590,24 @@ TEST_CASE(hf_tokenizer_json)
 			o += (size_t)snprintf(js + o, cap - o, "\":%d,", id++);
 		}
 	/* "\u0120" is GPT-2's space */
-	o += (size_t)snprintf(js + o, cap - o,
-			      "\"\\u0120t\":256,\"he\":257,\"\\u0120the\":258,\"\\u0120\\u0120\":259,"
-			      "\"<|endoftext|>\":260},\"merges\":[\"\\u0120 t\",\"h e\",\"\\u0120t he\","
-			      "\"\\u0120 \\u0120\"]}}");
+	o += (size_t)snprintf(
+	    js + o, cap - o,
+	    "\"\\u0120t\":256,\"he\":257,\"\\u0120the\":258,\"\\u0120\\u0120\":259,"
+	    "\"<|endoftext|>\":260},\"merges\":[\"\\u0120 t\",\"h e\",\"\\u0120t he\","
+	    "\"\\u0120 \\u0120\"]}}");
 	struct tok_tokenizer *t = NULL;
-	EXPECT(tok_load_hf_mem(&t, js, o, "handmade.json") == 0 && t, "load handmade tokenizer.json");
+	EXPECT(tok_load_hf_mem(&t, js, o, "handmade.json") == 0 && t,
+	       "load handmade tokenizer.json");
 	if (t) {
 		EXPECT(tok_n_vocab(t) == 260 && tok_n_special(t) == 1 &&
-			       tok_special_id(t, "<|endoftext|>") == 260,
+		           tok_special_id(t, "<|endoftext|>") == 260,
 		       "vocab %lld, specials %d", (long long)tok_n_vocab(t), tok_n_special(t));
-		EXPECT(strcmp(tok_pattern(t), TOK_PATTERN_GPT2) == 0, "ByteLevel means GPT-2's regex");
+		EXPECT(strcmp(tok_pattern(t), TOK_PATTERN_GPT2) == 0,
+		       "ByteLevel means GPT-2's regex");
 		EXPECT(tok_rank(t, " the", 4) == 258 && tok_rank(t, "!", 1) == 0 &&
-			       tok_rank(t, " ", 1) == 188 + 32,
+		           tok_rank(t, " ", 1) == 188 + 32,
 		       "byte-level strings map to bytes");
-		struct tok_ids ids = { 0 };
+		struct tok_ids ids = {0};
 		tok_encode(t, "the the<|endoftext|>", 20, &ids);
 		EXPECT(ids.n >= 3 && ids.v[0] == 't' - '!' && ids.v[1] == 257 && ids.v[2] == 258,
 		       "encode with the handmade merges");
@@ -617,11 +667,11 @@ TEST_CASE(train_matches_naive)
 	char *text = training_text(&n);
 	n = n < 60000 ? n : 60000;
 	const int vocab = 420;
-	struct tok_train_opts o = { .vocab_size = vocab };
+	struct tok_train_opts o = {.vocab_size = vocab};
 	struct tok_tokenizer *t;
 	EXPECT(tok_train(&t, &o, text, n) == 0, "train");
 	struct tok_tokenizer *splitter = bytes_only(NULL);
-	struct naive nv = { 0 };
+	struct naive nv = {0};
 	EXPECT(tok_split(splitter, text, n, naive_piece, &nv) == 0, "naive split");
 	/* token bytes by id */
 	static uint8_t tb[1024][64];
@@ -690,19 +740,19 @@ TEST_CASE(train_compression)
 	size_t n;
 	char *text = training_text(&n);
 	double prev = 1e9;
-	struct tok_ids ids = { 0 };
+	struct tok_ids ids = {0};
 	struct tok_tokenizer *first = NULL;
-	const int64_t sizes[] = { 256, 300, 512, 1024, 2048 };
+	const int64_t sizes[] = {256, 300, 512, 1024, 2048};
 	for (int i = 0; i < 5; i++) {
-		struct tok_train_opts o = { .vocab_size = sizes[i] };
+		struct tok_train_opts o = {.vocab_size = sizes[i]};
 		struct tok_tokenizer *t;
 		EXPECT(tok_train(&t, &o, text, n) == 0, "train %lld", (long long)sizes[i]);
 		ids.n = 0;
 		tok_encode(t, text, n, &ids);
 		double per = (double)ids.n / (double)n;
 		printf("  vocab %5lld: %.3f bytes/token\n", (long long)sizes[i], 1.0 / per);
-		EXPECT(per < prev, "tokens per byte must fall with the vocabulary: %g then %g", prev,
-		       per);
+		EXPECT(per < prev, "tokens per byte must fall with the vocabulary: %g then %g",
+		       prev, per);
 		EXPECT(roundtrip(t, text, n, false), "round trip of the training text");
 		prev = per;
 		/* the first 256 ranks are the bytes in order; training is deterministic */
@@ -730,7 +780,7 @@ TEST_CASE(train_compression)
 	EXPECT(first && tok_n_vocab(first) == 256, "vocab 256 is the bytes alone");
 	tok_free(first);
 	/* a tiny corpus cannot fill a big vocabulary: fewer tokens and a warning, no failure */
-	struct tok_train_opts o = { .vocab_size = 5000 };
+	struct tok_train_opts o = {.vocab_size = 5000};
 	struct tok_tokenizer *t;
 	EXPECT(tok_train(&t, &o, "abcabcabc abc", 13) == 0 && tok_n_vocab(t) < 300, "tiny corpus");
 	tok_free(t);

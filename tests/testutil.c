@@ -15,9 +15,10 @@ uint64_t test_seed(void)
 	static bool have;
 	if (!have) {
 		const char *s = getenv("CT_TEST_SEED");
-		seed = s ? strtoull(s, NULL, 10) : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16));
+		seed =
+		    s ? strtoull(s, NULL, 10) : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16));
 		fprintf(stderr, "test seed %llu (set CT_TEST_SEED to reproduce)\n",
-			(unsigned long long)seed);
+		        (unsigned long long)seed);
 		rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
 		have = true;
 	}

@@ -15,15 +15,15 @@
 extern int test_failures_in_case;
 
 #define TEST_CASE(name) static void name(void)
-#define RUN(name) test_run(#name, name)
-#define EXPECT(cond, ...)                                                       \
-	do {                                                                    \
-		if (!(cond)) {                                                  \
-			fprintf(stderr, "  FAIL %s:%d: ", __FILE__, __LINE__); \
-			fprintf(stderr, __VA_ARGS__);                           \
-			fprintf(stderr, "\n");                                  \
-			test_failures_in_case++;                                \
-		}                                                               \
+#define RUN(name)       test_run(#name, name)
+#define EXPECT(cond, ...)                                                                          \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stderr, "  FAIL %s:%d: ", __FILE__, __LINE__);                     \
+			fprintf(stderr, __VA_ARGS__);                                              \
+			fprintf(stderr, "\n");                                                     \
+			test_failures_in_case++;                                                   \
+		}                                                                                  \
 	} while (0)
 
 void test_run(const char *name, void (*fn)(void));

@@ -9,9 +9,9 @@ static int log_world = 1;
 static enum log_level log_level = LOG_INFO;
 static void (*log_abort_hook)(void);
 
-static const char *const log_level_names[] = { "debug", "info", "warning", "error" };
+static const char *const log_level_names[] = {"debug", "info", "warning", "error"};
 _Static_assert(sizeof(log_level_names) / sizeof(log_level_names[0]) == LOG_LEVEL_COUNT,
-	       "one name per log level");
+               "one name per log level");
 
 void log_set_rank(int rank, int world)
 {
@@ -19,9 +19,18 @@ void log_set_rank(int rank, int world)
 	log_world = world;
 }
 
-void log_set_level(enum log_level level) { log_level = level; }
-enum log_level log_get_level(void) { return log_level; }
-void log_set_abort_hook(void (*hook)(void)) { log_abort_hook = hook; }
+void log_set_level(enum log_level level)
+{
+	log_level = level;
+}
+enum log_level log_get_level(void)
+{
+	return log_level;
+}
+void log_set_abort_hook(void (*hook)(void))
+{
+	log_abort_hook = hook;
+}
 
 void log_msg(enum log_level level, const char *fmt, ...)
 {

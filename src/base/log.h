@@ -30,17 +30,17 @@ enum log_level log_get_level(void);
 
 void log_msg(enum log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 _Noreturn void log_fatal(const char *file, int line, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
+    __attribute__((format(printf, 3, 4)));
 
 #define LOG_DEBUG(...) log_msg(LOG_DEBUG, __VA_ARGS__)
-#define LOG_INFO(...) log_msg(LOG_INFO, __VA_ARGS__)
-#define LOG_WARN(...) log_msg(LOG_WARN, __VA_ARGS__)
+#define LOG_INFO(...)  log_msg(LOG_INFO, __VA_ARGS__)
+#define LOG_WARN(...)  log_msg(LOG_WARN, __VA_ARGS__)
 #define LOG_ERROR(...) log_msg(LOG_ERROR, __VA_ARGS__)
 
-#define CHECK(cond, ...)                                          \
-	do {                                                      \
-		if (!(cond))                                      \
-			log_fatal(__FILE__, __LINE__, __VA_ARGS__); \
+#define CHECK(cond, ...)                                                                           \
+	do {                                                                                       \
+		if (!(cond))                                                                       \
+			log_fatal(__FILE__, __LINE__, __VA_ARGS__);                                \
 	} while (0)
 
 /* Allocation that never returns NULL: out of memory is fatal. Zero-filled. */

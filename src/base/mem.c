@@ -11,11 +11,14 @@ static int64_t mem_cur[MEM_CAT_COUNT];
 static int64_t mem_max[MEM_CAT_COUNT];
 static int64_t mem_tot_cur, mem_tot_max;
 
-static const char *const mem_names[] = { "params",	"grads",       "optimizer", "full_params",
-					 "full_grads", "activations", "comm",	    "other" };
+static const char *const mem_names[] = {"params",     "grads",       "optimizer", "full_params",
+                                        "full_grads", "activations", "comm",      "other"};
 _Static_assert(sizeof(mem_names) / sizeof(mem_names[0]) == MEM_CAT_COUNT, "one name per category");
 
-const char *mem_cat_name(enum mem_cat cat) { return mem_names[cat]; }
+const char *mem_cat_name(enum mem_cat cat)
+{
+	return mem_names[cat];
+}
 
 void *mem_alloc(enum mem_cat cat, size_t bytes)
 {
@@ -24,9 +27,9 @@ void *mem_alloc(enum mem_cat cat, size_t bytes)
 	CHECK(posix_memalign(&p, 64, rounded ? rounded : 64) == 0,
 	      "out of memory allocating %zu bytes for %s", bytes, mem_names[cat]);
 	memset(p, 0, rounded);
-	#pragma omp atomic
+#pragma omp atomic
 	mem_cur[cat] += (int64_t)bytes;
-	#pragma omp critical(mem_peak)
+#pragma omp critical(mem_peak)
 	{
 		if (mem_cur[cat] > mem_max[cat])
 			mem_max[cat] = mem_cur[cat];
@@ -42,17 +45,29 @@ void mem_free(enum mem_cat cat, void *p, size_t bytes)
 	if (!p)
 		return;
 	free(p);
-	#pragma omp critical(mem_peak)
+#pragma omp critical(mem_peak)
 	{
 		mem_cur[cat] -= (int64_t)bytes;
 		mem_tot_cur -= (int64_t)bytes;
 	}
 }
 
-int64_t mem_current(enum mem_cat cat) { return mem_cur[cat]; }
-int64_t mem_peak(enum mem_cat cat) { return mem_max[cat]; }
-int64_t mem_total_current(void) { return mem_tot_cur; }
-int64_t mem_total_peak(void) { return mem_tot_max; }
+int64_t mem_current(enum mem_cat cat)
+{
+	return mem_cur[cat];
+}
+int64_t mem_peak(enum mem_cat cat)
+{
+	return mem_max[cat];
+}
+int64_t mem_total_current(void)
+{
+	return mem_tot_cur;
+}
+int64_t mem_total_peak(void)
+{
+	return mem_tot_max;
+}
 
 void mem_reset_peaks(void)
 {

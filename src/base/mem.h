@@ -11,13 +11,13 @@
 #include <stdint.h>
 
 enum mem_cat {
-	MEM_PARAMS,	 /* master parameters (or this rank's shards) */
-	MEM_GRADS,	 /* gradients */
-	MEM_OPTIM,	 /* AdamW moments */
+	MEM_PARAMS,      /* master parameters (or this rank's shards) */
+	MEM_GRADS,       /* gradients */
+	MEM_OPTIM,       /* AdamW moments */
 	MEM_FULL_PARAMS, /* gathered full parameters (FSDP) */
-	MEM_FULL_GRADS,	 /* unsharded gradients of a unit before its reduce-scatter (FSDP) */
+	MEM_FULL_GRADS,  /* unsharded gradients of a unit before its reduce-scatter (FSDP) */
 	MEM_ACTIVATIONS, /* saved activations and backward scratch */
-	MEM_COMM,	 /* communication buffers */
+	MEM_COMM,        /* communication buffers */
 	MEM_OTHER,
 	MEM_CAT_COUNT
 };

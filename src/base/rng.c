@@ -65,7 +65,7 @@ double rng_normal(uint64_t seed, uint64_t stream, uint64_t index)
 }
 
 double rng_trunc_normal(uint64_t seed, uint64_t stream, uint64_t index, double std, double lo,
-			double hi)
+                        double hi)
 {
 	for (uint32_t attempt = 0;; attempt++) {
 		double x = std * rng_normal_sub(seed, stream, index, attempt);
@@ -82,7 +82,7 @@ uint64_t rng_below(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n)
 }
 
 void rng_fill_normal(float *x, int64_t n, int64_t first, uint64_t seed, uint64_t stream,
-		     double mean, double std)
+                     double mean, double std)
 {
 #pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < n; i++)
@@ -90,7 +90,7 @@ void rng_fill_normal(float *x, int64_t n, int64_t first, uint64_t seed, uint64_t
 }
 
 void rng_fill_trunc_normal(float *x, int64_t n, int64_t first, uint64_t seed, uint64_t stream,
-			   double std, double lo, double hi)
+                           double std, double lo, double hi)
 {
 #pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < n; i++)

@@ -19,15 +19,15 @@ double rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
 /* Normal(0, std) truncated to [lo, hi] by per-element rejection: still a pure function of
  * the element index. */
 double rng_trunc_normal(uint64_t seed, uint64_t stream, uint64_t index, double std, double lo,
-			double hi);
+                        double hi);
 /* Uniform integer in [0, n). */
 uint64_t rng_below(uint64_t seed, uint64_t stream, uint64_t index, uint64_t n);
 
 /* Fill x[0..n) with element indices first..first+n of the named distribution. */
 void rng_fill_normal(float *x, int64_t n, int64_t first, uint64_t seed, uint64_t stream,
-		     double mean, double std);
+                     double mean, double std);
 void rng_fill_trunc_normal(float *x, int64_t n, int64_t first, uint64_t seed, uint64_t stream,
-			   double std, double lo, double hi);
+                           double std, double lo, double hi);
 
 /* A stable 64-bit stream id from a name (FNV-1a), so tensors are keyed by their names. */
 uint64_t rng_stream_id(const char *name);

@@ -27,15 +27,15 @@ struct gen_args {
 static void gen_usage(FILE *f)
 {
 	fprintf(f, "usage: ctitan generate CONFIG.toml [--section.key=value ...] [options]\n\n"
-		   "Samples from the newest checkpoint in <job.dump_folder>/<checkpoint.folder>\n"
-		   "(or checkpoint.load_step).\n\n"
-		   "options:\n"
-		   "  --prompt TEXT         text to continue (needs model.tokenizer_path)\n"
-		   "  --prompt-ids IDS      comma-separated token ids to start from\n"
-		   "  --max-new-tokens N    tokens to generate (default 64)\n"
-		   "  --temperature X       0 = greedy (default 0.8)\n"
-		   "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
-		   "  --seed S              sampling seed (default 0)\n");
+	           "Samples from the newest checkpoint in <job.dump_folder>/<checkpoint.folder>\n"
+	           "(or checkpoint.load_step).\n\n"
+	           "options:\n"
+	           "  --prompt TEXT         text to continue (needs model.tokenizer_path)\n"
+	           "  --prompt-ids IDS      comma-separated token ids to start from\n"
+	           "  --max-new-tokens N    tokens to generate (default 64)\n"
+	           "  --temperature X       0 = greedy (default 0.8)\n"
+	           "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
+	           "  --seed S              sampling seed (default 0)\n");
 }
 
 /* Split argv into generate options and config overrides (kept in place, compacted). */
@@ -44,9 +44,9 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 	int out = 0;
 	for (int i = 0; i < *argc; i++) {
 		const char *k = argv[i];
-		bool mine = strcmp(k, "--prompt-ids") == 0 || strcmp(k, "--prompt") == 0 || strcmp(k, "--max-new-tokens") == 0 ||
-			    strcmp(k, "--temperature") == 0 || strcmp(k, "--top-k") == 0 ||
-			    strcmp(k, "--seed") == 0;
+		bool mine = strcmp(k, "--prompt-ids") == 0 || strcmp(k, "--prompt") == 0 ||
+		            strcmp(k, "--max-new-tokens") == 0 || strcmp(k, "--temperature") == 0 ||
+		            strcmp(k, "--top-k") == 0 || strcmp(k, "--seed") == 0;
 		if (!mine) {
 			argv[out++] = argv[i];
 			continue;
@@ -92,8 +92,9 @@ static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
 		char *end;
 		long v = strtol(p, &end, 10);
 		if (end == p || v < 0 || v >= vocab || (*end && *end != ',')) {
-			LOG_ERROR("--prompt-ids: '%s' is not a list of ids below the vocabulary (%lld)", s,
-				  (long long)vocab);
+			LOG_ERROR(
+			    "--prompt-ids: '%s' is not a list of ids below the vocabulary (%lld)",
+			    s, (long long)vocab);
 			return CT_ERR_USAGE;
 		}
 		(*ids)[(*n)++] = (int32_t)v;
@@ -114,8 +115,10 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	struct ckpt_tensor *ct = xcalloc((size_t)t.count, sizeof(*ct));
 	for (int i = 0; i < t.count; i++) {
 		const struct llama_param *p = &t.p[i];
-		ct[i] = (struct ckpt_tensor){ p->name, p->ndim, p->shape[0], p->numel / p->shape[0], 0,
-					      p->shape[0], params + p->offset, NULL, NULL };
+		ct[i] = (struct ckpt_tensor){
+		    p->name, p->ndim,     p->shape[0],        p->numel / p->shape[0],
+		    0,       p->shape[0], params + p->offset, NULL,
+		    NULL};
 	}
 	char root[1100];
 	snprintf(root, sizeof(root), "%s/%s", cfg->job.dump_folder, cfg->checkpoint.folder);
@@ -128,7 +131,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		rc = ckpt_find(root, cfg->checkpoint.load_step, &step);
 	if (!rc && step < 0) {
 		LOG_ERROR("generate: no checkpoint in '%s' (train with --checkpoint.enable=true)",
-			  root);
+		          root);
 		rc = CT_ERR_USAGE;
 	}
 	struct ckpt_trainer_state st;
@@ -136,8 +139,8 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		rc = ckpt_load(root, step, &mc, &mesh, ct, t.count, &st);
 	int64_t n_prompt = 0;
 	struct tok_tokenizer *tok = NULL;
-	struct tok_ids ids = { 0 };
-	struct tok_bytes text = { 0 };
+	struct tok_ids ids = {0};
+	struct tok_bytes text = {0};
 	if (!rc && cfg->model.tokenizer_path[0])
 		rc = tok_load(&tok, cfg->model.tokenizer_path);
 	if (!rc && a->prompt && !tok) {
@@ -160,7 +163,8 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		int32_t bos = tok ? tok_special_id(tok, "<|begin_of_text|>") : -1;
 		char dflt[16];
 		snprintf(dflt, sizeof(dflt), "%d", bos >= 0 ? bos : 0);
-		rc = parse_ids(a->prompt_ids ? a->prompt_ids : dflt, mc.vocab_size, &prompt, &n_prompt);
+		rc = parse_ids(a->prompt_ids ? a->prompt_ids : dflt, mc.vocab_size, &prompt,
+		               &n_prompt);
 	}
 	if (!rc && n_prompt == 0) {
 		LOG_ERROR("generate: empty prompt");
@@ -215,8 +219,8 @@ int cmd_generate(int argc, char **argv)
 		gen_usage(stderr);
 		return 2;
 	}
-	struct gen_args a = { .o = { .max_new_tokens = 64, .temperature = 0.8, .top_k = 40,
-				     .seed = 0, .stop_id = -1 } };
+	struct gen_args a = {
+	    .o = {.max_new_tokens = 64, .temperature = 0.8, .top_k = 40, .seed = 0, .stop_id = -1}};
 	int n = argc - 1;
 	int rc = parse_gen_args(&n, argv + 1, &a);
 	struct ct_config cfg;

@@ -16,29 +16,33 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f, "ctitan %s: distributed LLM training in C\n\n"
-		   "usage: ctitan <command> [args]\n\n"
-		   "commands:\n"
-		   "  train CONFIG.toml [--section.key=value | --section.key value ...]\n"
-		   "        train a model; `ctitan train --help` lists every config key\n"
-		   "  tokenizer train --vocab-size N --input FILES... --out PATH\n"
-		   "        train a byte-level BPE tokenizer (also: encode, decode)\n"
-		   "  prepare --tokenizer PATH --input FILES_OR_DIRS... --out DIR\n"
-		   "        tokenize text into token shards (training.dataset_path)\n"
-		   "  generate CONFIG.toml [--section.key=value ...] [--prompt-ids IDS ...]\n"
-		   "        sample from the newest checkpoint of a run\n"
-		   "  plot RUN_DIR [--out DIR]\n"
-		   "        loss, learning-rate, throughput and memory charts (PNG) of a run\n"
-		   "  help  this text\n\n"
-		   "exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration\n",
-		CTITAN_VERSION);
+	fprintf(f,
+	        "ctitan %s: distributed LLM training in C\n\n"
+	        "usage: ctitan <command> [args]\n\n"
+	        "commands:\n"
+	        "  train CONFIG.toml [--section.key=value | --section.key value ...]\n"
+	        "        train a model; `ctitan train --help` lists every config key\n"
+	        "  tokenizer train --vocab-size N --input FILES... --out PATH\n"
+	        "        train a byte-level BPE tokenizer (also: encode, decode)\n"
+	        "  prepare --tokenizer PATH --input FILES_OR_DIRS... --out DIR\n"
+	        "        tokenize text into token shards (training.dataset_path)\n"
+	        "  generate CONFIG.toml [--section.key=value ...] [--prompt-ids IDS ...]\n"
+	        "        sample from the newest checkpoint of a run\n"
+	        "  plot RUN_DIR [--out DIR]\n"
+	        "        loss, learning-rate, throughput and memory charts (PNG) of a run\n"
+	        "  help  this text\n\n"
+	        "exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration\n",
+	        CTITAN_VERSION);
 }
 
-static int exit_code(int rc) { return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1); }
+static int exit_code(int rc)
+{
+	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+}
 
 static int log_level_from(const char *s)
 {
-	static const char *const names[] = { "debug", "info", "warning", "error" };
+	static const char *const names[] = {"debug", "info", "warning", "error"};
 	for (int i = 0; i < LOG_LEVEL_COUNT; i++)
 		if (strcmp(s, names[i]) == 0)
 			return i;

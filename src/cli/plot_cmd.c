@@ -16,16 +16,16 @@
 #include "train/metrics.h"
 
 /* Columns of plot.dat, in order. */
-static const char *const plot_cols[] = { "step",
-					 "loss",
-					 "validation_loss",
-					 "lr",
-					 "tps",
-					 "mfu",
-					 "memory_peak_rss_gib",
-					 "memory_params_bytes",
-					 "memory_optimizer_bytes",
-					 "memory_activations_bytes" };
+static const char *const plot_cols[] = {"step",
+                                        "loss",
+                                        "validation_loss",
+                                        "lr",
+                                        "tps",
+                                        "mfu",
+                                        "memory_peak_rss_gib",
+                                        "memory_params_bytes",
+                                        "memory_optimizer_bytes",
+                                        "memory_activations_bytes"};
 #define PLOT_NCOLS (int)(sizeof(plot_cols) / sizeof(plot_cols[0]))
 
 /* metrics.jsonl -> whitespace-separated columns ("NaN" where a record lacks a field). */
@@ -118,28 +118,36 @@ int cmd_plot(int argc, char **argv)
 	}
 	/* one chart per file; columns are 1-based in plot_cols order */
 	fprintf(gp, "set terminal pngcairo size 900,500 font ',11'\n"
-		    "set grid\nset key top right\nset xlabel 'step'\n"
-		    "set datafile missing 'NaN'\n");
-	fprintf(gp, "set output '%s/loss.png'\nset title 'loss'\nset ylabel 'nats/token'\n"
-		    "plot '%s' using 1:2 with lines lw 2 title 'train'%s\n",
-		out, dat, val_rows ? ", '' using 1:3 with linespoints lw 2 pt 7 title 'validation'" : "");
-	fprintf(gp, "set output '%s/lr.png'\nset title 'learning rate'\nset ylabel 'lr'\n"
-		    "plot '%s' using 1:4 with lines lw 2 notitle\n", out, dat);
-	fprintf(gp, "set output '%s/tps.png'\nset title 'throughput'\nset ylabel 'tokens/s per rank'\n"
-		    "set y2label 'MFU %%'\nset y2tics\n"
-		    "plot '%s' using 1:5 with lines lw 2 title 'tokens/s', "
-		    "'' using 1:6 axes x1y2 with lines lw 2 title 'MFU %%'\n"
-		    "unset y2tics\nunset y2label\n", out, dat);
-	fprintf(gp, "set output '%s/memory.png'\nset title 'memory (rank 0)'\nset ylabel 'GiB'\n"
-		    "plot '%s' using 1:7 with lines lw 2 title 'peak RSS', "
-		    "'' using 1:($8/2**30) with lines title 'params', "
-		    "'' using 1:($9/2**30) with lines title 'optimizer', "
-		    "'' using 1:($10/2**30) with lines title 'activations'\n", out, dat);
+	            "set grid\nset key top right\nset xlabel 'step'\n"
+	            "set datafile missing 'NaN'\n");
+	fprintf(gp,
+	        "set output '%s/loss.png'\nset title 'loss'\nset ylabel 'nats/token'\n"
+	        "plot '%s' using 1:2 with lines lw 2 title 'train'%s\n",
+	        out, dat,
+	        val_rows ? ", '' using 1:3 with linespoints lw 2 pt 7 title 'validation'" : "");
+	fprintf(gp,
+	        "set output '%s/lr.png'\nset title 'learning rate'\nset ylabel 'lr'\n"
+	        "plot '%s' using 1:4 with lines lw 2 notitle\n",
+	        out, dat);
+	fprintf(gp,
+	        "set output '%s/tps.png'\nset title 'throughput'\nset ylabel 'tokens/s per rank'\n"
+	        "set y2label 'MFU %%'\nset y2tics\n"
+	        "plot '%s' using 1:5 with lines lw 2 title 'tokens/s', "
+	        "'' using 1:6 axes x1y2 with lines lw 2 title 'MFU %%'\n"
+	        "unset y2tics\nunset y2label\n",
+	        out, dat);
+	fprintf(gp,
+	        "set output '%s/memory.png'\nset title 'memory (rank 0)'\nset ylabel 'GiB'\n"
+	        "plot '%s' using 1:7 with lines lw 2 title 'peak RSS', "
+	        "'' using 1:($8/2**30) with lines title 'params', "
+	        "'' using 1:($9/2**30) with lines title 'optimizer', "
+	        "'' using 1:($10/2**30) with lines title 'activations'\n",
+	        out, dat);
 	if (pclose(gp) != 0) {
 		LOG_ERROR("plot: gnuplot failed (is Debian's gnuplot-nox installed?)");
 		return 1;
 	}
-	static const char *const names[] = { "loss", "lr", "tps", "memory" };
+	static const char *const names[] = {"loss", "lr", "tps", "memory"};
 	for (int i = 0; i < 4; i++)
 		printf("%s/%s.png\n", out, names[i]);
 	return 0;

@@ -41,7 +41,7 @@ struct prep {
 	struct tok_ids ids;
 };
 
-static const char *const split_names[2] = { "train", "val" };
+static const char *const split_names[2] = {"train", "val"};
 
 static int prep_flush_shard(struct prep *p, int s)
 {
@@ -57,7 +57,7 @@ static int prep_emit(struct prep *p, int s, const int32_t *ids, int64_t n)
 		if (!p->open[s]) {
 			char path[1100];
 			snprintf(path, sizeof(path), "%s/%s_%06lld.bin", p->out_dir, split_names[s],
-				 (long long)p->shard_no[s]++);
+			         (long long)p->shard_no[s]++);
 			int rc = shard_writer_open(&p->w[s], path, p->width);
 			if (rc)
 				return rc;
@@ -87,8 +87,8 @@ static void prep_progress(struct prep *p, bool final)
 	double eta = rate > 0 ? (double)(p->total_bytes - p->bytes_in) / rate : 0;
 	int bar = (int)(frac * 30);
 	fprintf(stderr, "\r[%-30.*s] %5.1f%%  %.1f MB/s  ETA %4.0fs  %lld tokens", bar,
-		"==============================", 100 * frac, rate / 1e6, eta,
-		(long long)(p->tokens[0] + p->tokens[1]));
+	        "==============================", 100 * frac, rate / 1e6, eta,
+	        (long long)(p->tokens[0] + p->tokens[1]));
 	if (final)
 		fprintf(stderr, "\n");
 }
@@ -231,14 +231,16 @@ static int prep_path(struct prep *p, const char *path, bool count_only)
 
 static void prep_usage(FILE *f)
 {
-	fprintf(f, "usage: ctitan prepare --tokenizer PATH --input FILES_OR_DIRS... --out DIR\n"
-		   "                      [--doc-separator STR] [--val-fraction F] [--shard-tokens N]\n\n"
-		   "Tokenizes text into token shards for training (training.dataset_path = DIR).\n"
-		   "  --input          files, folders (walked, sorted) or - for stdin\n"
-		   "  --doc-separator  split files into documents at this string, e.g. '\\n\\n'\n"
-		   "                   (escapes \\n and \\t are understood); default: one per file\n"
-		   "  --val-fraction   fraction of documents for the val split (default 0.01)\n"
-		   "  --shard-tokens   tokens per shard file (default 100000000)\n");
+	fprintf(
+	    f,
+	    "usage: ctitan prepare --tokenizer PATH --input FILES_OR_DIRS... --out DIR\n"
+	    "                      [--doc-separator STR] [--val-fraction F] [--shard-tokens N]\n\n"
+	    "Tokenizes text into token shards for training (training.dataset_path = DIR).\n"
+	    "  --input          files, folders (walked, sorted) or - for stdin\n"
+	    "  --doc-separator  split files into documents at this string, e.g. '\\n\\n'\n"
+	    "                   (escapes \\n and \\t are understood); default: one per file\n"
+	    "  --val-fraction   fraction of documents for the val split (default 0.01)\n"
+	    "  --shard-tokens   tokens per shard file (default 100000000)\n");
 }
 
 static char *unescape(const char *s)
@@ -262,7 +264,7 @@ int cmd_prepare(int argc, char **argv)
 	char *sep = NULL;
 	const char **inputs = xcalloc((size_t)argc + 1, sizeof(char *));
 	int n_in = 0, rc = CT_OK;
-	struct prep p = { .val_fraction = 0.01, .shard_tokens = 100000000 };
+	struct prep p = {.val_fraction = 0.01, .shard_tokens = 100000000};
 	for (int i = 0; i < argc && !rc; i++) {
 		const char *a = argv[i];
 		if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -328,12 +330,13 @@ int cmd_prepare(int argc, char **argv)
 	if (!rc) {
 		prep_progress(&p, true);
 		int64_t tokens = p.tokens[0] + p.tokens[1];
-		printf("prepared %s: %lld documents (%lld val), %lld tokens (train %lld, val %lld), "
-		       "%.3f bytes/token, %d-byte tokens, vocabulary %lld\n",
-		       out, (long long)(p.docs[0] + p.docs[1]), (long long)p.docs[1],
-		       (long long)tokens, (long long)p.tokens[0], (long long)p.tokens[1],
-		       tokens ? (double)p.bytes_in / (double)tokens : 0.0, p.width,
-		       (long long)tok_n_ids(p.tok));
+		printf(
+		    "prepared %s: %lld documents (%lld val), %lld tokens (train %lld, val %lld), "
+		    "%.3f bytes/token, %d-byte tokens, vocabulary %lld\n",
+		    out, (long long)(p.docs[0] + p.docs[1]), (long long)p.docs[1],
+		    (long long)tokens, (long long)p.tokens[0], (long long)p.tokens[1],
+		    tokens ? (double)p.bytes_in / (double)tokens : 0.0, p.width,
+		    (long long)tok_n_ids(p.tok));
 	}
 	tok_ids_free(&p.ids);
 	if (p.tok)

@@ -12,30 +12,33 @@
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-		"usage: ctitan tokenizer <command> [options]\n\n"
-		"commands:\n"
-		"  train --vocab-size N --input FILE... --out PATH\n"
-		"        [--min-count N] [--pattern llama3|gpt2|REGEX] [--special-tokens A,B,...]\n"
-		"      train a byte-level BPE vocabulary of N regular tokens (256 bytes + merges)\n"
-		"      on the files ('-' is stdin); special tokens get ids N, N+1, ...\n"
-		"      (default <|begin_of_text|>,<|end_of_text|>; '' for none); writes a\n"
-		"      tiktoken rank file with a ctitan header (docs/tokenizer.md)\n"
-		"  encode --tokenizer PATH [--input FILE] [--output FILE] [--specials]\n"
-		"         [--stats] [--quiet] [--repeat N]\n"
-		"      print the token ids of the input (default stdin), one per line;\n"
-		"      --specials parses special token names; --stats prints bytes, tokens and\n"
-		"      encode speed to stderr (best of --repeat runs); --quiet prints no ids\n"
-		"  decode --tokenizer PATH [--input FILE] [--output FILE]\n"
-		"      read whitespace-separated ids, write their bytes\n"
-		"  info --tokenizer PATH\n"
-		"      vocabulary size, special tokens and pattern\n\n"
-		"PATH is a tiktoken rank file (Llama 3's tokenizer.model, cl100k_base.tiktoken, or\n"
-		"one written by train) or a Hugging Face tokenizer.json (byte-level BPE).\n"
-		"exit codes: 0 success, 1 runtime failure, 2 bad usage\n");
+	fprintf(
+	    f, "usage: ctitan tokenizer <command> [options]\n\n"
+	       "commands:\n"
+	       "  train --vocab-size N --input FILE... --out PATH\n"
+	       "        [--min-count N] [--pattern llama3|gpt2|REGEX] [--special-tokens A,B,...]\n"
+	       "      train a byte-level BPE vocabulary of N regular tokens (256 bytes + merges)\n"
+	       "      on the files ('-' is stdin); special tokens get ids N, N+1, ...\n"
+	       "      (default <|begin_of_text|>,<|end_of_text|>; '' for none); writes a\n"
+	       "      tiktoken rank file with a ctitan header (docs/tokenizer.md)\n"
+	       "  encode --tokenizer PATH [--input FILE] [--output FILE] [--specials]\n"
+	       "         [--stats] [--quiet] [--repeat N]\n"
+	       "      print the token ids of the input (default stdin), one per line;\n"
+	       "      --specials parses special token names; --stats prints bytes, tokens and\n"
+	       "      encode speed to stderr (best of --repeat runs); --quiet prints no ids\n"
+	       "  decode --tokenizer PATH [--input FILE] [--output FILE]\n"
+	       "      read whitespace-separated ids, write their bytes\n"
+	       "  info --tokenizer PATH\n"
+	       "      vocabulary size, special tokens and pattern\n\n"
+	       "PATH is a tiktoken rank file (Llama 3's tokenizer.model, cl100k_base.tiktoken, or\n"
+	       "one written by train) or a Hugging Face tokenizer.json (byte-level BPE).\n"
+	       "exit codes: 0 success, 1 runtime failure, 2 bad usage\n");
 }
 
-static int exit_code(int rc) { return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1); }
+static int exit_code(int rc)
+{
+	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+}
 
 struct opts {
 	const char *tokenizer, *input, *output, *out, *pattern, *specials;
@@ -71,10 +74,11 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct opts *o)
 		memcpy(key, a, klen);
 		key[klen] = 0;
 		bool flag = !strcmp(key, "--specials") || !strcmp(key, "--stats") ||
-			    !strcmp(key, "--quiet");
+		            !strcmp(key, "--quiet");
 		if (flag) {
 			if (eq) {
-				fprintf(stderr, "ctitan tokenizer %s: %s takes no value\n", cmd, key);
+				fprintf(stderr, "ctitan tokenizer %s: %s takes no value\n", cmd,
+				        key);
 				return CT_ERR_USAGE;
 			}
 			o->with_specials |= !strcmp(key, "--specials");
@@ -113,13 +117,13 @@ static int parse_opts(const char *cmd, int argc, char **argv, struct opts *o)
 			while (!eq && i + 1 < argc && (strncmp(argv[i + 1], "--", 2) != 0))
 				o->inputs[o->n_inputs++] = argv[++i];
 		} else {
-			fprintf(stderr, "ctitan tokenizer %s: unknown option %s (see --help)\n", cmd,
-				key);
+			fprintf(stderr, "ctitan tokenizer %s: unknown option %s (see --help)\n",
+			        cmd, key);
 			return CT_ERR_USAGE;
 		}
 		if (!ok) {
 			fprintf(stderr, "ctitan tokenizer %s: bad value for %s: '%s'\n", cmd, key,
-				val);
+			        val);
 			return CT_ERR_USAGE;
 		}
 	}
@@ -185,7 +189,7 @@ static int need(const char *cmd, const char *what, bool have)
 {
 	if (!have)
 		fprintf(stderr, "ctitan tokenizer %s: missing %s (see ctitan tokenizer --help)\n",
-			cmd, what);
+		        cmd, what);
 	return have ? CT_OK : CT_ERR_USAGE;
 }
 
@@ -218,18 +222,18 @@ static int cmd_train(struct opts *o)
 	char *spec = o->specials ? xstrdup(o->specials) : NULL;
 	const char **names = spec ? xcalloc(strlen(spec) + 2, sizeof(*names)) : NULL;
 	struct tok_train_opts to = {
-		.vocab_size = o->vocab_size,
-		.min_count = o->min_count,
-		.pattern = !o->pattern || !strcmp(o->pattern, "llama3") ? TOK_PATTERN_LLAMA3 :
-			   !strcmp(o->pattern, "gpt2")			  ? TOK_PATTERN_GPT2 :
-									    o->pattern,
-		.specials = names,
-		.n_special = spec ? split_specials(spec, names) : 0,
-		.progress = true,
+	    .vocab_size = o->vocab_size,
+	    .min_count = o->min_count,
+	    .pattern = !o->pattern || !strcmp(o->pattern, "llama3") ? TOK_PATTERN_LLAMA3
+	               : !strcmp(o->pattern, "gpt2")                ? TOK_PATTERN_GPT2
+	                                                            : o->pattern,
+	    .specials = names,
+	    .n_special = spec ? split_specials(spec, names) : 0,
+	    .progress = true,
 	};
 	struct tok_trainer *tr = NULL;
 	struct tok_tokenizer *t = NULL;
-	struct tok_bytes text = { 0 };
+	struct tok_bytes text = {0};
 	double t0 = timer_now();
 	rc = tok_trainer_new(&tr, &to);
 	for (int i = 0; !rc && i < o->n_inputs; i++) {
@@ -246,9 +250,9 @@ static int cmd_train(struct opts *o)
 		rc = tok_save(t, o->out);
 	if (!rc)
 		LOG_INFO("trained %lld tokens (+%d special) in %.2f s (pre-split and count %.2f s, "
-			 "merges %.2f s); wrote %s",
-			 (long long)tok_n_vocab(t), tok_n_special(t), t2 - t0, t1 - t0, t2 - t1,
-			 o->out);
+		         "merges %.2f s); wrote %s",
+		         (long long)tok_n_vocab(t), tok_n_special(t), t2 - t0, t1 - t0, t2 - t1,
+		         o->out);
 	tok_free(t);
 	tok_trainer_free(tr);
 	tok_bytes_free(&text);
@@ -278,8 +282,8 @@ static int cmd_encode(struct opts *o)
 	if (rc)
 		return rc;
 	struct tok_tokenizer *t = NULL;
-	struct tok_bytes text = { 0 };
-	struct tok_ids ids = { 0 };
+	struct tok_bytes text = {0};
+	struct tok_ids ids = {0};
 	rc = tok_load(&t, o->tokenizer);
 	if (!rc)
 		rc = slurp(o->input, &text);
@@ -287,16 +291,17 @@ static int cmd_encode(struct opts *o)
 	for (long long r = 0; !rc && r < o->repeat; r++) {
 		ids.n = 0;
 		double t0 = timer_now();
-		rc = o->with_specials ? tok_encode_with_specials(t, text.v, text.n, &ids) :
-					tok_encode(t, text.v, text.n, &ids);
+		rc = o->with_specials ? tok_encode_with_specials(t, text.v, text.n, &ids)
+		                      : tok_encode(t, text.v, text.n, &ids);
 		double dt = timer_now() - t0;
 		best = dt < best ? dt : best;
 	}
 	if (!rc && o->stats)
-		fprintf(stderr,
-			"encode: %zu bytes -> %lld tokens (%.4f bytes/token) in %.4f s: %.2f MB/s\n",
-			text.n, (long long)ids.n, ids.n ? (double)text.n / (double)ids.n : 0.0, best,
-			best > 0 ? (double)text.n / best / 1e6 : 0.0);
+		fprintf(
+		    stderr,
+		    "encode: %zu bytes -> %lld tokens (%.4f bytes/token) in %.4f s: %.2f MB/s\n",
+		    text.n, (long long)ids.n, ids.n ? (double)text.n / (double)ids.n : 0.0, best,
+		    best > 0 ? (double)text.n / best / 1e6 : 0.0);
 	if (!rc && !o->quiet) {
 		FILE *f = open_output(o->output);
 		rc = f ? write_ids(f, &ids) : CT_ERR_RUNTIME;
@@ -314,8 +319,8 @@ static int parse_ids(const struct tok_bytes *text, const char *name, struct tok_
 	size_t i = 0, n = text->n;
 	const uint8_t *s = text->v;
 	while (i < n) {
-		while (i < n && (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' ||
-				 s[i] == ','))
+		while (i < n &&
+		       (s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' || s[i] == ','))
 			i++;
 		if (i == n)
 			break;
@@ -323,11 +328,11 @@ static int parse_ids(const struct tok_bytes *text, const char *name, struct tok_
 		size_t start = i;
 		while (i < n && s[i] >= '0' && s[i] <= '9' && v <= INT32_MAX)
 			v = v * 10 + (s[i++] - '0');
-		if (i == start || v > INT32_MAX || (i < n && !(s[i] == ' ' || s[i] == '\n' ||
-							      s[i] == '\t' || s[i] == '\r' ||
-							      s[i] == ','))) {
-			LOG_ERROR("%s: byte %zu: expected a token id (a non-negative integer)", name,
-				  start);
+		if (i == start || v > INT32_MAX ||
+		    (i < n && !(s[i] == ' ' || s[i] == '\n' || s[i] == '\t' || s[i] == '\r' ||
+		                s[i] == ','))) {
+			LOG_ERROR("%s: byte %zu: expected a token id (a non-negative integer)",
+			          name, start);
 			return CT_ERR_RUNTIME;
 		}
 		if (ids->n == ids->cap) {
@@ -346,8 +351,8 @@ static int cmd_decode(struct opts *o)
 	if (rc)
 		return rc;
 	struct tok_tokenizer *t = NULL;
-	struct tok_bytes text = { 0 }, out = { 0 };
-	struct tok_ids ids = { 0 };
+	struct tok_bytes text = {0}, out = {0};
+	struct tok_ids ids = {0};
 	rc = tok_load(&t, o->tokenizer);
 	if (!rc)
 		rc = slurp(o->input, &text);
@@ -404,11 +409,11 @@ int cmd_tokenizer(int argc, char **argv)
 		return 2;
 	}
 	const char *cmd = argv[0];
-	int (*fn)(struct opts *) = !strcmp(cmd, "train")  ? cmd_train :
-				   !strcmp(cmd, "encode") ? cmd_encode :
-				   !strcmp(cmd, "decode") ? cmd_decode :
-				   !strcmp(cmd, "info")	  ? cmd_info :
-							    NULL;
+	int (*fn)(struct opts *) = !strcmp(cmd, "train")    ? cmd_train
+	                           : !strcmp(cmd, "encode") ? cmd_encode
+	                           : !strcmp(cmd, "decode") ? cmd_decode
+	                           : !strcmp(cmd, "info")   ? cmd_info
+	                                                    : NULL;
 	if (!fn) {
 		fprintf(stderr, "ctitan tokenizer: unknown command '%s'\n\n", cmd);
 		usage(stderr);

@@ -13,9 +13,15 @@
 static int comm_rank_ = 0, comm_size_ = 1;
 static int64_t comm_bytes_[COMM_KIND_COUNT];
 
-static MPI_Comm mpi_comm(const struct comm_group *g) { return (MPI_Comm)(intptr_t)g->handle; }
+static MPI_Comm mpi_comm(const struct comm_group *g)
+{
+	return (MPI_Comm)(intptr_t)g->handle;
+}
 
-static void comm_abort_hook(void) { MPI_Abort(MPI_COMM_WORLD, 1); }
+static void comm_abort_hook(void)
+{
+	MPI_Abort(MPI_COMM_WORLD, 1);
+}
 
 int comm_init(int *argc, char ***argv)
 {
@@ -29,8 +35,8 @@ int comm_init(int *argc, char ***argv)
 	log_set_rank(comm_rank_, comm_size_);
 	if (provided < MPI_THREAD_MULTIPLE) {
 		LOG_ERROR("the MPI library provides thread level %d; ctitan needs "
-			  "MPI_THREAD_MULTIPLE (%d) for its communication thread",
-			  provided, MPI_THREAD_MULTIPLE);
+		          "MPI_THREAD_MULTIPLE (%d) for its communication thread",
+		          provided, MPI_THREAD_MULTIPLE);
 		MPI_Abort(MPI_COMM_WORLD, 1);
 	}
 	MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
@@ -57,8 +63,14 @@ void comm_finalize(void)
 	MPI_Finalize();
 }
 
-int comm_world_rank(void) { return comm_rank_; }
-int comm_world_size(void) { return comm_size_; }
+int comm_world_rank(void)
+{
+	return comm_rank_;
+}
+int comm_world_size(void)
+{
+	return comm_size_;
+}
 
 void comm_abort(int code)
 {
@@ -77,9 +89,9 @@ static void group_from(struct comm_group *g, MPI_Comm c)
 
 /* Split the world keeping ranks that share every coordinate except those in `vary`. */
 static void mesh_split(const struct mesh *m, const int coord[4], const bool vary[4],
-		       struct comm_group *g)
+                       struct comm_group *g)
 {
-	const int dims[4] = { m->pp, m->dp_replicate, m->dp_shard, m->tp };
+	const int dims[4] = {m->pp, m->dp_replicate, m->dp_shard, m->tp};
 	int color = 0, key = 0;
 	for (int d = 0; d < 4; d++) {
 		if (vary[d])
@@ -98,23 +110,27 @@ int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shar
 	m->world = comm_size_;
 	m->rank = comm_rank_;
 	if (pp < 1 || dp_replicate < 1 || tp < 1 || (dp_shard < 1 && dp_shard != -1)) {
-		LOG_ERROR("parallelism: degrees must be >= 1 (data_parallel_shard_degree may be -1)");
+		LOG_ERROR(
+		    "parallelism: degrees must be >= 1 (data_parallel_shard_degree may be -1)");
 		return CT_ERR_USAGE;
 	}
 	int64_t rest = pp * dp_replicate * tp;
 	if (dp_shard == -1) {
 		if (m->world % rest) {
-			LOG_ERROR("parallelism: world size %d is not divisible by pipeline (%lld) x "
-				  "replicate (%lld) x tensor (%lld) degrees", m->world, (long long)pp,
-				  (long long)dp_replicate, (long long)tp);
+			LOG_ERROR(
+			    "parallelism: world size %d is not divisible by pipeline (%lld) x "
+			    "replicate (%lld) x tensor (%lld) degrees",
+			    m->world, (long long)pp, (long long)dp_replicate, (long long)tp);
 			return CT_ERR_USAGE;
 		}
 		dp_shard = m->world / rest;
 	}
 	if (rest * dp_shard != m->world) {
-		LOG_ERROR("parallelism: pipeline %lld x replicate %lld x shard %lld x tensor %lld = "
-			  "%lld ranks, but the world has %d", (long long)pp, (long long)dp_replicate,
-			  (long long)dp_shard, (long long)tp, (long long)(rest * dp_shard), m->world);
+		LOG_ERROR(
+		    "parallelism: pipeline %lld x replicate %lld x shard %lld x tensor %lld = "
+		    "%lld ranks, but the world has %d",
+		    (long long)pp, (long long)dp_replicate, (long long)dp_shard, (long long)tp,
+		    (long long)(rest * dp_shard), m->world);
 		return CT_ERR_USAGE;
 	}
 	m->pp = (int)pp;
@@ -128,20 +144,20 @@ int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shar
 	r /= m->dp_shard;
 	m->dp_replicate_rank = r % m->dp_replicate;
 	m->pp_rank = r / m->dp_replicate;
-	const int coord[4] = { m->pp_rank, m->dp_replicate_rank, m->dp_shard_rank, m->tp_rank };
+	const int coord[4] = {m->pp_rank, m->dp_replicate_rank, m->dp_shard_rank, m->tp_rank};
 	group_from(&m->world_group, MPI_COMM_WORLD);
-	mesh_split(m, coord, (const bool[4]){ true, false, false, false }, &m->pp_group);
-	mesh_split(m, coord, (const bool[4]){ false, true, false, false }, &m->dp_replicate_group);
-	mesh_split(m, coord, (const bool[4]){ false, false, true, false }, &m->dp_shard_group);
-	mesh_split(m, coord, (const bool[4]){ false, false, false, true }, &m->tp_group);
-	mesh_split(m, coord, (const bool[4]){ false, true, true, false }, &m->dp_group);
+	mesh_split(m, coord, (const bool[4]){true, false, false, false}, &m->pp_group);
+	mesh_split(m, coord, (const bool[4]){false, true, false, false}, &m->dp_replicate_group);
+	mesh_split(m, coord, (const bool[4]){false, false, true, false}, &m->dp_shard_group);
+	mesh_split(m, coord, (const bool[4]){false, false, false, true}, &m->tp_group);
+	mesh_split(m, coord, (const bool[4]){false, true, true, false}, &m->dp_group);
 	return CT_OK;
 }
 
 void mesh_free(struct mesh *m)
 {
-	struct comm_group *gs[] = { &m->pp_group, &m->dp_replicate_group, &m->dp_shard_group,
-				    &m->tp_group, &m->dp_group };
+	struct comm_group *gs[] = {&m->pp_group, &m->dp_replicate_group, &m->dp_shard_group,
+	                           &m->tp_group, &m->dp_group};
 	for (size_t i = 0; i < sizeof(gs) / sizeof(gs[0]); i++) {
 		if (!gs[i]->handle)
 			continue;
@@ -157,7 +173,7 @@ void mesh_free(struct mesh *m)
 #define COMM_PIECE ((int64_t)1 << 30)
 
 void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
-		     int64_t bytes_per_rank)
+                     int64_t bytes_per_rank)
 {
 	comm_bytes_[COMM_ALL_GATHER] += bytes_per_rank;
 	if (g->size == 1) {
@@ -167,7 +183,7 @@ void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
 	}
 	if (bytes_per_rank <= COMM_PIECE) {
 		MPI_Allgather(send, (int)bytes_per_rank, MPI_BYTE, recv, (int)bytes_per_rank,
-			      MPI_BYTE, mpi_comm(g));
+		              MPI_BYTE, mpi_comm(g));
 		return;
 	}
 	/* Rare huge case: gather pieces through a strided datatype-free loop. */
@@ -176,7 +192,7 @@ void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
 	for (int64_t off = 0; off < bytes_per_rank; off += COMM_PIECE) {
 		int64_t n = bytes_per_rank - off < COMM_PIECE ? bytes_per_rank - off : COMM_PIECE;
 		MPI_Allgather((const char *)send + off, (int)n, MPI_BYTE, tmp, (int)n, MPI_BYTE,
-			      mpi_comm(g));
+		              mpi_comm(g));
 		for (int r = 0; r < g->size; r++)
 			memcpy((char *)recv + r * bytes_per_rank + off, tmp + r * n, (size_t)n);
 	}
@@ -188,12 +204,12 @@ static void sendrecv_f32(const float *s, int to, float *r, int from, int64_t cou
 	for (int64_t off = 0; off < count; off += COMM_PIECE / 4) {
 		int64_t n = count - off < COMM_PIECE / 4 ? count - off : COMM_PIECE / 4;
 		MPI_Sendrecv(s + off, (int)n, MPI_FLOAT, to, 7, r + off, (int)n, MPI_FLOAT, from, 7,
-			     c, MPI_STATUS_IGNORE);
+		             c, MPI_STATUS_IGNORE);
 	}
 }
 
 void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, float *recv,
-			     int64_t count, float *scratch)
+                             int64_t count, float *scratch)
 {
 	int n = g->size, r = g->rank;
 	comm_bytes_[COMM_REDUCE_SCATTER] += (int64_t)(n - 1) * count * 4;
@@ -248,6 +264,12 @@ void comm_barrier(const struct comm_group *g)
 		MPI_Barrier(mpi_comm(g));
 }
 
-int64_t comm_bytes(enum comm_kind kind) { return comm_bytes_[kind]; }
+int64_t comm_bytes(enum comm_kind kind)
+{
+	return comm_bytes_[kind];
+}
 
-void comm_reset_bytes(void) { memset(comm_bytes_, 0, sizeof(comm_bytes_)); }
+void comm_reset_bytes(void)
+{
+	memset(comm_bytes_, 0, sizeof(comm_bytes_));
+}

@@ -36,10 +36,10 @@ _Noreturn void comm_abort(int code);
 
 struct mesh {
 	int world, rank;
-	int pp, dp_replicate, dp_shard, tp;		 /* degrees */
+	int pp, dp_replicate, dp_shard, tp;                     /* degrees */
 	int pp_rank, dp_replicate_rank, dp_shard_rank, tp_rank; /* this rank's coordinates */
 	struct comm_group world_group, pp_group, dp_replicate_group, dp_shard_group, tp_group,
-		dp_group;
+	    dp_group;
 };
 
 /* dp_shard = -1 fills the rest of the world. CT_ERR_USAGE if the degrees do not multiply to
@@ -49,12 +49,12 @@ void mesh_free(struct mesh *m);
 
 /* Blocking collectives on a group. Buffers are this process's memory. */
 void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
-		     int64_t bytes_per_rank);
+                     int64_t bytes_per_rank);
 /* recv[count] = sum over ranks of send[rank * count .. +count] (float). A ring over
  * point-to-point messages: faster than OpenMPI's reduce_scatter on shared memory and with a
  * fixed summation order, so reruns are bitwise identical. */
 void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, float *recv,
-			     int64_t count, float *scratch /* 2*count floats */);
+                             int64_t count, float *scratch /* 2*count floats */);
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count);
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count);
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count);

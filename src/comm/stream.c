@@ -24,9 +24,9 @@ struct comm_stream {
 	double wait_s;
 };
 
-static const char *const stream_mode_names[] = { "thread", "inline" };
+static const char *const stream_mode_names[] = {"thread", "inline"};
 _Static_assert(sizeof(stream_mode_names) / sizeof(stream_mode_names[0]) == STREAM_MODE_COUNT,
-	       "one name per mode");
+               "one name per mode");
 
 int stream_mode_parse(const char *name, enum stream_mode *mode)
 {
@@ -136,9 +136,10 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket)
 		if (s->done < ticket && timer_now() - t0 > s->timeout_s) {
 			const struct comm_op *op = &s->q[s->done % STREAM_CAP];
 			pthread_mutex_unlock(&s->mu);
-			LOG_ERROR("%s did not complete within %.0f s (comm.timeout_seconds): a peer "
-				  "rank has died or hangs; aborting the job",
-				  op->what ? op->what : "a collective", s->timeout_s);
+			LOG_ERROR(
+			    "%s did not complete within %.0f s (comm.timeout_seconds): a peer "
+			    "rank has died or hangs; aborting the job",
+			    op->what ? op->what : "a collective", s->timeout_s);
 			comm_abort(1);
 		}
 	}
@@ -146,6 +147,12 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket)
 	s->wait_s += timer_now() - t0;
 }
 
-void comm_stream_sync(struct comm_stream *s) { comm_stream_wait(s, s->enqueued); }
+void comm_stream_sync(struct comm_stream *s)
+{
+	comm_stream_wait(s, s->enqueued);
+}
 
-double comm_stream_wait_seconds(const struct comm_stream *s) { return s->wait_s; }
+double comm_stream_wait_seconds(const struct comm_stream *s)
+{
+	return s->wait_s;
+}

@@ -25,8 +25,8 @@ struct comm_op {
 	const struct comm_group *group;
 	const void *send;
 	void *recv;
-	int64_t count;	/* all-gather: bytes per rank; reduce-scatter: floats per rank */
-	float *scratch; /* reduce-scatter: 2*count floats */
+	int64_t count;    /* all-gather: bytes per rank; reduce-scatter: floats per rank */
+	float *scratch;   /* reduce-scatter: 2*count floats */
 	const char *what; /* label for errors and traces, e.g. "all-gather unit 3" */
 };
 

@@ -19,10 +19,10 @@ struct loader {
 	struct loader_config cfg; /* folder and split point at the copies below */
 	char *folder, *split;
 	struct shard_set set;
-	bool shuffle;	 /* train: a new permutation per epoch; else in order, once */
+	bool shuffle;    /* train: a new permutation per epoch; else in order, once */
 	int64_t samples; /* S */
-	int64_t global;	 /* G: positions per step, all ranks */
-	int64_t rows;	 /* micro_batches x batch rows on this rank */
+	int64_t global;  /* G: positions per step, all ranks */
+	int64_t rows;    /* micro_batches x batch rows on this rank */
 	int feistel_half;
 	uint64_t feistel_mask, shuffle_stream;
 	int64_t pos; /* global position of the step the next loader_next returns */
@@ -33,7 +33,7 @@ struct loader {
 	pthread_mutex_t mu;
 	pthread_cond_t cv; /* broadcast on every change of want, buf_pos, filling, stop */
 	int32_t *buf_tokens, *buf_targets;
-	int64_t want;	 /* the step the consumer needs next; -1 none */
+	int64_t want;    /* the step the consumer needs next; -1 none */
 	int64_t buf_pos; /* the step held in buf; -1 none */
 	bool filling, stop;
 };
@@ -75,8 +75,7 @@ int64_t loader_sample_at(const struct loader *ld, int64_t position)
 }
 
 /* The step starting at global position first: this rank's rows, as in the header's Layout. */
-static void loader_fill(const struct loader *ld, int64_t first, int32_t *tokens,
-			int32_t *targets)
+static void loader_fill(const struct loader *ld, int64_t first, int32_t *tokens, int32_t *targets)
 {
 	const struct loader_config *c = &ld->cfg;
 	int64_t T = c->seq_len, B = c->batch;
@@ -152,7 +151,7 @@ static int loader_start_worker(struct loader *ld)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	if (err) {
 		LOG_ERROR("data loader for %s: cannot start the prefetch thread: %s", ld->folder,
-			  strerror(err));
+		          strerror(err));
 		pthread_cond_destroy(&ld->cv);
 		pthread_mutex_destroy(&ld->mu);
 		return CT_ERR_RUNTIME;
@@ -209,9 +208,10 @@ static int loader_check_config(const struct loader_config *c)
 		bad = "ranks x micro-batches x batch x seq_len overflows";
 	if (bad) {
 		LOG_ERROR("data loader for %s: %s (vocab %lld, seq_len %lld, batch %lld, "
-			  "micro-batches %lld, rank %d of %d, ignore_index %d)", c->folder, bad,
-			  (long long)c->vocab, (long long)c->seq_len, (long long)c->batch,
-			  (long long)c->micro_batches, c->rank, c->ranks, c->ignore_index);
+		          "micro-batches %lld, rank %d of %d, ignore_index %d)",
+		          c->folder, bad, (long long)c->vocab, (long long)c->seq_len,
+		          (long long)c->batch, (long long)c->micro_batches, c->rank, c->ranks,
+		          c->ignore_index);
 		return CT_ERR_USAGE;
 	}
 	return CT_OK;
@@ -248,8 +248,8 @@ int loader_open(struct loader **out, const struct loader_config *cfg)
 	ld->samples = ld->set.tokens > 0 ? (ld->set.tokens - 1) / T : 0;
 	if (ld->samples < 1) {
 		LOG_ERROR("dataset folder '%s': split %s has %lld tokens, fewer than one sample of "
-			  "seq_len + 1 = %lld tokens", ld->folder, ld->split,
-			  (long long)ld->set.tokens, (long long)T + 1);
+		          "seq_len + 1 = %lld tokens",
+		          ld->folder, ld->split, (long long)ld->set.tokens, (long long)T + 1);
 		rc = CT_ERR_USAGE;
 		goto out_free;
 	}
@@ -262,10 +262,10 @@ int loader_open(struct loader **out, const struct loader_config *cfg)
 			goto out_free;
 	}
 	LOG_INFO("data %s/%s_*.bin: %lld shards, %lld tokens, %lld samples of %lld+1 tokens, "
-		 "%lld steps of %lld samples per epoch, %s", ld->folder, ld->split,
-		 (long long)ld->set.n, (long long)ld->set.tokens, (long long)ld->samples,
-		 (long long)T, (long long)loader_steps_per_epoch(ld), (long long)ld->global,
-		 ld->shuffle ? "shuffled per epoch" : "in order");
+	         "%lld steps of %lld samples per epoch, %s",
+	         ld->folder, ld->split, (long long)ld->set.n, (long long)ld->set.tokens,
+	         (long long)ld->samples, (long long)T, (long long)loader_steps_per_epoch(ld),
+	         (long long)ld->global, ld->shuffle ? "shuffled per epoch" : "in order");
 	*out = ld;
 	return CT_OK;
 out_free:
@@ -302,7 +302,10 @@ void loader_next(struct loader *ld, int32_t *tokens, int32_t *targets)
 	pthread_mutex_unlock(&ld->mu);
 }
 
-int64_t loader_samples(const struct loader *ld) { return ld->samples; }
+int64_t loader_samples(const struct loader *ld)
+{
+	return ld->samples;
+}
 
 int64_t loader_steps_per_epoch(const struct loader *ld)
 {
@@ -335,35 +338,40 @@ int loader_restore(struct loader *ld, const struct loader_state *st)
 	const char *what = "data loader state";
 	if (st->seq_len != ld->cfg.seq_len) {
 		LOG_ERROR("%s: saved at seq_len %lld, this run uses seq_len %lld", what,
-			  (long long)st->seq_len, (long long)ld->cfg.seq_len);
+		          (long long)st->seq_len, (long long)ld->cfg.seq_len);
 		return CT_ERR_USAGE;
 	}
 	if (st->samples != ld->samples) {
-		LOG_ERROR("%s: saved for %lld samples per epoch, but split %s of '%s' now has %lld: "
-			  "the dataset changed", what, (long long)st->samples, ld->split, ld->folder,
-			  (long long)ld->samples);
+		LOG_ERROR(
+		    "%s: saved for %lld samples per epoch, but split %s of '%s' now has %lld: "
+		    "the dataset changed",
+		    what, (long long)st->samples, ld->split, ld->folder, (long long)ld->samples);
 		return CT_ERR_USAGE;
 	}
 	if (st->seed != ld->cfg.seed) {
 		LOG_ERROR("%s: saved with shuffle seed %" PRIu64 ", this run uses seed %" PRIu64,
-			  what, st->seed, ld->cfg.seed);
+		          what, st->seed, ld->cfg.seed);
 		return CT_ERR_USAGE;
 	}
 	bool ok = st->epoch >= 0 && st->position >= 0 &&
-		  (ld->shuffle ? st->position < ld->samples &&
-					 st->epoch <= (INT64_MAX - st->position) / ld->samples
-			       : st->epoch == 0);
+	          (ld->shuffle ? st->position < ld->samples &&
+	                             st->epoch <= (INT64_MAX - st->position) / ld->samples
+	                       : st->epoch == 0);
 	if (!ok) {
-		LOG_ERROR("%s: epoch %lld, position %lld is out of range for split %s (%lld samples)",
-			  what, (long long)st->epoch, (long long)st->position, ld->split,
-			  (long long)ld->samples);
+		LOG_ERROR(
+		    "%s: epoch %lld, position %lld is out of range for split %s (%lld samples)",
+		    what, (long long)st->epoch, (long long)st->position, ld->split,
+		    (long long)ld->samples);
 		return CT_ERR_RUNTIME;
 	}
 	loader_seek(ld, st->epoch * ld->samples + st->position);
 	return CT_OK;
 }
 
-void loader_rewind(struct loader *ld) { loader_seek(ld, 0); }
+void loader_rewind(struct loader *ld)
+{
+	loader_seek(ld, 0);
+}
 
 cJSON *loader_state_to_json(const struct loader_state *st)
 {
@@ -407,7 +415,7 @@ int loader_state_from_json(struct loader_state *st, const cJSON *obj, const char
 		LOG_ERROR("%s: \"seed\" must be a string holding a decimal 64-bit integer", where);
 		return CT_ERR_RUNTIME;
 	}
-	struct loader_state t = { .seed = (uint64_t)v };
+	struct loader_state t = {.seed = (uint64_t)v};
 	int rc = json_count(obj, "seq_len", where, &t.seq_len);
 	if (rc == CT_OK)
 		rc = json_count(obj, "samples", where, &t.samples);

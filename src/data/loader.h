@@ -46,16 +46,16 @@ struct cJSON;
 struct loader;
 
 struct loader_config {
-	const char *folder;	/* dataset folder holding <split>_*.bin shards */
-	const char *split;	/* "train": shuffled per epoch; other names ("val"): in order, once */
-	int64_t vocab;		/* token ids must be < vocab */
-	int64_t seq_len;	/* T */
-	int64_t batch;		/* B: rows per micro-batch (training.local_batch_size) */
-	int64_t micro_batches;	/* A: micro-batches per step on each rank (accumulation) */
-	int rank, ranks;	/* data-parallel rank r of R */
-	uint64_t seed;		/* shuffle key */
-	int32_t ignore_index;	/* targets of padding rows; must lie outside [0, vocab) */
-	bool prefetch;		/* build the next batch on a background thread */
+	const char *folder; /* dataset folder holding <split>_*.bin shards */
+	const char *split;  /* "train": shuffled per epoch; other names ("val"): in order, once */
+	int64_t vocab;      /* token ids must be < vocab */
+	int64_t seq_len;    /* T */
+	int64_t batch;      /* B: rows per micro-batch (training.local_batch_size) */
+	int64_t micro_batches; /* A: micro-batches per step on each rank (accumulation) */
+	int rank, ranks;       /* data-parallel rank r of R */
+	uint64_t seed;         /* shuffle key */
+	int32_t ignore_index;  /* targets of padding rows; must lie outside [0, vocab) */
+	bool prefetch;         /* build the next batch on a background thread */
 };
 
 /* Open the split and start reading the first batch. *out is NULL on failure. */
@@ -78,7 +78,7 @@ struct loader_state {
 	uint64_t seed;
 	int64_t seq_len;
 	int64_t samples;  /* samples per epoch of the split it was saved from */
-	int64_t epoch;	  /* always 0 for in-order splits */
+	int64_t epoch;    /* always 0 for in-order splits */
 	int64_t position; /* position within the epoch (train: < samples) */
 };
 

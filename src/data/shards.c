@@ -78,8 +78,8 @@ static uint32_t shard_max_token(const unsigned char *data, int width, int64_t co
 
 static int shard_check_tokens(const struct shard *s, const char *name, int64_t vocab)
 {
-	uint64_t limit = vocab > 0 && vocab < ((int64_t)1 << 31) ? (uint64_t)vocab
-								  : (uint64_t)1 << 31;
+	uint64_t limit =
+	    vocab > 0 && vocab < ((int64_t)1 << 31) ? (uint64_t)vocab : (uint64_t)1 << 31;
 	if (shard_max_token(s->data, s->width, s->count) < limit)
 		return CT_OK;
 	for (int64_t i = 0; i < s->count; i++) {
@@ -87,11 +87,12 @@ static int shard_check_tokens(const struct shard *s, const char *name, int64_t v
 		if (t < limit)
 			continue;
 		if (vocab > 0)
-			LOG_ERROR("%s: token %u at position %lld is outside the vocabulary (%lld ids)",
-				  name, t, (long long)i, (long long)vocab);
+			LOG_ERROR(
+			    "%s: token %u at position %lld is outside the vocabulary (%lld ids)",
+			    name, t, (long long)i, (long long)vocab);
 		else
 			LOG_ERROR("%s: token %u at position %lld does not fit in int32", name, t,
-				  (long long)i);
+			          (long long)i);
 		break;
 	}
 	return CT_ERR_RUNTIME;
@@ -103,19 +104,20 @@ int shard_view(struct shard *s, const void *base, size_t bytes, const char *name
 	const unsigned char *p = base;
 	if (bytes < SHARD_HEADER_BYTES) {
 		LOG_ERROR("%s: truncated header: %zu bytes, a token shard starts with a %d-byte "
-			  "header", name, bytes, SHARD_HEADER_BYTES);
+		          "header",
+		          name, bytes, SHARD_HEADER_BYTES);
 		return CT_ERR_RUNTIME;
 	}
 	if (memcmp(p, SHARD_MAGIC, 8) != 0) {
 		LOG_ERROR("%s: bad magic: not a ctitan token shard (expected \"%s\")", name,
-			  SHARD_MAGIC);
+		          SHARD_MAGIC);
 		return CT_ERR_RUNTIME;
 	}
 	uint32_t version = rd_u32(p + 8), width = rd_u32(p + 12);
 	uint64_t count = rd_u64(p + 16);
 	if (version != SHARD_VERSION) {
 		LOG_ERROR("%s: shard version %u, this build reads version %u", name, version,
-			  SHARD_VERSION);
+		          SHARD_VERSION);
 		return CT_ERR_RUNTIME;
 	}
 	if (width != 2 && width != 4) {
@@ -125,14 +127,14 @@ int shard_view(struct shard *s, const void *base, size_t bytes, const char *name
 	uint64_t body = bytes - SHARD_HEADER_BYTES;
 	if (count > body / width) {
 		LOG_ERROR("%s: truncated: header says %llu tokens of %u bytes but only %llu bytes "
-			  "follow the header", name, (unsigned long long)count, width,
-			  (unsigned long long)body);
+		          "follow the header",
+		          name, (unsigned long long)count, width, (unsigned long long)body);
 		return CT_ERR_RUNTIME;
 	}
 	if (count * width != body) {
 		LOG_ERROR("%s: count mismatch: header says %llu tokens of %u bytes but %llu bytes "
-			  "follow the header", name, (unsigned long long)count, width,
-			  (unsigned long long)body);
+		          "follow the header",
+		          name, (unsigned long long)count, width, (unsigned long long)body);
 		return CT_ERR_RUNTIME;
 	}
 	s->data = p + SHARD_HEADER_BYTES;
@@ -396,7 +398,7 @@ int shard_writer_append(struct shard_writer *w, const int32_t *tokens, int64_t n
 			int32_t t = tokens[i0 + i];
 			if (t < 0 || t >= limit) {
 				LOG_ERROR("%s: token %d at position %lld does not fit in %d bytes",
-					  w->path, t, (long long)(w->count + i0 + i), w->width);
+				          w->path, t, (long long)(w->count + i0 + i), w->width);
 				w->failed = 1;
 				return CT_ERR_USAGE;
 			}
@@ -420,8 +422,9 @@ int shard_writer_close(struct shard_writer *w)
 	if (w->f && rc == CT_OK) {
 		unsigned char hdr[SHARD_HEADER_BYTES];
 		shard_header(hdr, w->width, w->count);
-		if (fseeko(w->f, 0, SEEK_SET) != 0 || fwrite(hdr, 1, sizeof(hdr), w->f) != sizeof(hdr) ||
-		    fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) {
+		if (fseeko(w->f, 0, SEEK_SET) != 0 ||
+		    fwrite(hdr, 1, sizeof(hdr), w->f) != sizeof(hdr) || fflush(w->f) != 0 ||
+		    fsync(fileno(w->f)) != 0) {
 			LOG_ERROR("%s: write failed: %s", w->tmp_path, strerror(errno));
 			rc = CT_ERR_RUNTIME;
 		}
@@ -432,7 +435,8 @@ int shard_writer_close(struct shard_writer *w)
 	}
 	if (w->tmp_path) {
 		if (rc == CT_OK && rename(w->tmp_path, w->path) != 0) {
-			LOG_ERROR("%s: cannot rename to %s: %s", w->tmp_path, w->path, strerror(errno));
+			LOG_ERROR("%s: cannot rename to %s: %s", w->tmp_path, w->path,
+			          strerror(errno));
 			rc = CT_ERR_RUNTIME;
 		}
 		if (rc != CT_OK)

@@ -32,17 +32,17 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define SHARD_MAGIC "CTTOKENS"
-#define SHARD_VERSION 1u
+#define SHARD_MAGIC        "CTTOKENS"
+#define SHARD_VERSION      1u
 #define SHARD_HEADER_BYTES 24
 
 struct shard {
-	char *path;		   /* name used in messages */
-	const unsigned char *map;  /* the whole file when memory-mapped, else NULL */
+	char *path;               /* name used in messages */
+	const unsigned char *map; /* the whole file when memory-mapped, else NULL */
 	size_t map_bytes;
 	const unsigned char *data; /* first token */
-	int width;		   /* bytes per token: 2 or 4 */
-	int64_t count;		   /* tokens */
+	int width;                 /* bytes per token: 2 or 4 */
+	int64_t count;             /* tokens */
 };
 
 /* Validate a shard image of `bytes` bytes at `base` (not copied: it must outlive s). Token ids
@@ -57,10 +57,10 @@ void shard_read(const struct shard *s, int64_t first, int64_t n, int32_t *out);
 
 struct shard_set {
 	char *folder, *split;
-	int64_t n;		/* shards */
-	struct shard *shards;	/* n, ordered by file name */
-	int64_t *start;		/* n + 1: shard i holds stream tokens start[i] .. start[i+1] */
-	int64_t tokens;		/* start[n]: tokens in the split */
+	int64_t n;            /* shards */
+	struct shard *shards; /* n, ordered by file name */
+	int64_t *start;       /* n + 1: shard i holds stream tokens start[i] .. start[i+1] */
+	int64_t tokens;       /* start[n]: tokens in the split */
 };
 
 /* Open every "<split>_*.bin" file in folder, sorted by name (strcmp). */

@@ -10,6 +10,6 @@
 
 /* Inputs and targets (rows x T) of global rows first_row .. first_row + rows. */
 void synthetic_batch(uint64_t seed, int64_t vocab, int64_t first_row, int64_t rows, int64_t T,
-		     int32_t *inputs, int32_t *targets);
+                     int32_t *inputs, int32_t *targets);
 
 #endif

@@ -83,9 +83,9 @@ static void b64_encode(struct tok_bytes *out, const uint8_t *p, size_t n)
 			v |= (uint32_t)p[i + 1] << 8;
 		if (i + 2 < n)
 			v |= p[i + 2];
-		char q[4] = { b64_chars[v >> 18], b64_chars[(v >> 12) & 63],
-			      i + 1 < n ? b64_chars[(v >> 6) & 63] : '=',
-			      i + 2 < n ? b64_chars[v & 63] : '=' };
+		char q[4] = {b64_chars[v >> 18], b64_chars[(v >> 12) & 63],
+		             i + 1 < n ? b64_chars[(v >> 6) & 63] : '=',
+		             i + 2 < n ? b64_chars[v & 63] : '='};
 		bytes_append(out, q, 4);
 	}
 }
@@ -127,7 +127,7 @@ static int64_t b64_decode(const uint8_t *s, size_t n, uint8_t *out)
 				return -1;
 		}
 		uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 |
-			     (uint32_t)v[3];
+		             (uint32_t)v[3];
 		if ((pad == 1 && (w & 0xff)) || (pad == 2 && (w & 0xffff)))
 			return -1; /* non-zero bits under the padding: not canonical */
 		out[o++] = (uint8_t)(w >> 16);
@@ -180,8 +180,8 @@ static uint64_t pow2_at_least(uint64_t n)
 /* ---- the tokenizer ------------------------------------------------------------------------- */
 
 struct tok_slot {
-	uint32_t tag;  /* high half of the hash */
-	int32_t rank;  /* -1: empty */
+	uint32_t tag; /* high half of the hash */
+	int32_t rank; /* -1: empty */
 };
 
 struct tok_merge {
@@ -198,7 +198,7 @@ struct tok_special {
 /* Direct-mapped cache of merged pieces (pieces that are not tokens themselves). */
 #define TOK_CACHE_SLOTS 4096
 #define TOK_CACHE_BYTES 32
-#define TOK_CACHE_IDS 12
+#define TOK_CACHE_IDS   12
 struct tok_cache_entry {
 	uint64_t hash;
 	uint8_t len, n_ids; /* len 0: empty */
@@ -217,10 +217,10 @@ struct tok_merge_buf {
 struct tok_tokenizer {
 	char name[512];
 	int64_t n_vocab;
-	uint8_t *bytes;  /* token bytes, concatenated in rank order */
-	int64_t *off;    /* n_vocab + 1 offsets into bytes */
+	uint8_t *bytes; /* token bytes, concatenated in rank order */
+	int64_t *off;   /* n_vocab + 1 offsets into bytes */
 	int32_t byte_rank[256];
-	int32_t *pair2;  /* 65536: rank of the 2-byte token (b0 << 8 | b1), or -1 */
+	int32_t *pair2; /* 65536: rank of the 2-byte token (b0 << 8 | b1), or -1 */
 	struct tok_slot *slots;
 	uint64_t mask;
 	/* merges: (left rank, right rank) -> rank of their concatenation, for every split of every
@@ -231,7 +231,8 @@ struct tok_tokenizer {
 
 	struct tok_special *sp; /* sorted by id */
 	int n_special;
-	/* encode_with_specials: specials hashed by bytes; the distinct name lengths, longest first */
+	/* encode_with_specials: specials hashed by bytes; the distinct name lengths, longest first
+	 */
 	int32_t *sp_slots; /* index into sp, -1 empty */
 	uint64_t sp_mask;
 	size_t *sp_lens;
@@ -249,9 +250,18 @@ struct tok_tokenizer {
 	struct tok_cache_entry *cache;
 };
 
-int64_t tok_n_vocab(const struct tok_tokenizer *t) { return t->n_vocab; }
-int tok_n_special(const struct tok_tokenizer *t) { return t->n_special; }
-const char *tok_pattern(const struct tok_tokenizer *t) { return t->pattern; }
+int64_t tok_n_vocab(const struct tok_tokenizer *t)
+{
+	return t->n_vocab;
+}
+int tok_n_special(const struct tok_tokenizer *t)
+{
+	return t->n_special;
+}
+const char *tok_pattern(const struct tok_tokenizer *t)
+{
+	return t->pattern;
+}
 
 int64_t tok_n_ids(const struct tok_tokenizer *t)
 {
@@ -293,7 +303,10 @@ static inline int32_t rank_lookup(const struct tok_tokenizer *t, const uint8_t *
 	}
 }
 
-static inline uint64_t merge_hash(uint64_t key) { return mix64(key * 0x9e3779b97f4a7c15ull); }
+static inline uint64_t merge_hash(uint64_t key)
+{
+	return mix64(key * 0x9e3779b97f4a7c15ull);
+}
 
 /* Rank of tokens a and b merged, or -1. */
 static inline int32_t merge_rank(const struct tok_tokenizer *t, int32_t a, int32_t b)
@@ -435,14 +448,15 @@ static int regex_compile(struct tok_tokenizer *t, const char *pattern)
 	char *pcre_pat = pattern_translate(pattern);
 	int errcode;
 	PCRE2_SIZE erroff;
-	t->re = pcre2_compile((PCRE2_SPTR)pcre_pat, PCRE2_ZERO_TERMINATED,
-			      PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &errcode, &erroff, NULL);
+	t->re =
+	    pcre2_compile((PCRE2_SPTR)pcre_pat, PCRE2_ZERO_TERMINATED,
+	                  PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &errcode, &erroff, NULL);
 	free(pcre_pat);
 	if (!t->re) {
 		PCRE2_UCHAR msg[256];
 		pcre2_get_error_message(errcode, msg, sizeof(msg));
 		LOG_ERROR("%s: bad pre-tokenization pattern at offset %zu: %s", t->name,
-			  (size_t)erroff, (const char *)msg);
+		          (size_t)erroff, (const char *)msg);
 		return CT_ERR_RUNTIME;
 	}
 	t->jit = pcre2_jit_compile(t->re, PCRE2_JIT_COMPLETE) == 0;
@@ -450,7 +464,8 @@ static int regex_compile(struct tok_tokenizer *t, const char *pattern)
 	t->mctx = pcre2_match_context_create(NULL);
 	CHECK(t->md && t->mctx, "out of memory (PCRE2)");
 	if (t->jit) {
-		/* Long whitespace or symbol runs backtrack deeply; 64 MiB is plenty for any input. */
+		/* Long whitespace or symbol runs backtrack deeply; 64 MiB is plenty for any input.
+		 */
 		t->jstack = pcre2_jit_stack_create(32 * 1024, 64 * 1024 * 1024, NULL);
 		CHECK(t->jstack, "out of memory (PCRE2 JIT stack)");
 		pcre2_jit_stack_assign(t->mctx, NULL, t->jstack);
@@ -462,7 +477,7 @@ static int regex_compile(struct tok_tokenizer *t, const char *pattern)
 }
 
 static int regex_match(struct tok_tokenizer *t, const uint8_t *s, size_t n, size_t at,
-		       uint32_t opts)
+                       uint32_t opts)
 {
 	if (t->jit)
 		return pcre2_jit_match(t->re, s, n, at, opts, t->md, t->mctx);
@@ -522,7 +537,7 @@ int tok_split(struct tok_tokenizer *t, const void *text, size_t len, tok_piece_f
  * rk[k] is the rank of parts k and k+1 merged (INT32_MAX: not a token); tk[k] is the token of
  * part k. */
 static void bpe_small(const struct tok_tokenizer *t, const uint8_t *p, size_t n,
-		      struct tok_ids *out)
+                      struct tok_ids *out)
 {
 	uint32_t st[TOK_SMALL_PIECE + 1];
 	int32_t rk[TOK_SMALL_PIECE + 1], tk[TOK_SMALL_PIECE];
@@ -680,7 +695,7 @@ void tok_bpe(struct tok_tokenizer *t, const uint8_t *piece, size_t len, struct t
 }
 
 void tok_bpe_ref(const struct tok_tokenizer *t, const uint8_t *piece, size_t len,
-		 struct tok_ids *out)
+                 struct tok_ids *out)
 {
 	if (len == 0)
 		return;
@@ -759,13 +774,13 @@ static int encode_piece_cb(void *ctx, const uint8_t *p, size_t n)
 
 int tok_encode(struct tok_tokenizer *t, const void *text, size_t len, struct tok_ids *out)
 {
-	struct encode_ctx c = { t, out };
+	struct encode_ctx c = {t, out};
 	ids_reserve(out, (int64_t)(len / 4 + 16));
 	return tok_split(t, text, len, encode_piece_cb, &c);
 }
 
 int tok_encode_with_specials(struct tok_tokenizer *t, const void *text, size_t len,
-			     struct tok_ids *out)
+                             struct tok_ids *out)
 {
 	const uint8_t *s = text;
 	size_t start = 0;
@@ -798,7 +813,7 @@ int tok_decode(const struct tok_tokenizer *t, const int32_t *ids, int64_t n, str
 		const uint8_t *p = tok_token_bytes(t, ids[i], &len);
 		if (!p) {
 			LOG_ERROR("%s: token id %d (position %lld) is not assigned (ids 0..%lld)",
-				  t->name, (int)ids[i], (long long)i, (long long)tok_n_ids(t) - 1);
+			          t->name, (int)ids[i], (long long)i, (long long)tok_n_ids(t) - 1);
 			return CT_ERR_RUNTIME;
 		}
 		bytes_append(out, p, len);
@@ -895,14 +910,15 @@ static int specials_set(struct tok_tokenizer *t, struct tok_special *sp, int n)
 	t->sp_lens = xcalloc((size_t)n + 1, sizeof(*t->sp_lens));
 	for (int k = 0; k < n; k++) {
 		if (sp[k].id < t->n_vocab || (k && sp[k].id == sp[k - 1].id)) {
-			LOG_ERROR("%s: special token '%s' has id %d: ids must be unique and >= %lld "
-				  "(the regular vocabulary size)",
-				  t->name, sp[k].name, (int)sp[k].id, (long long)t->n_vocab);
+			LOG_ERROR(
+			    "%s: special token '%s' has id %d: ids must be unique and >= %lld "
+			    "(the regular vocabulary size)",
+			    t->name, sp[k].name, (int)sp[k].id, (long long)t->n_vocab);
 			return CT_ERR_RUNTIME;
 		}
 		if (sp[k].len == 0) {
 			LOG_ERROR("%s: special token with id %d has an empty name", t->name,
-				  (int)sp[k].id);
+			          (int)sp[k].id);
 			return CT_ERR_RUNTIME;
 		}
 		if (special_lookup(t, (const uint8_t *)sp[k].name, sp[k].len) >= 0) {
@@ -928,10 +944,17 @@ static int specials_set(struct tok_tokenizer *t, struct tok_special *sp, int n)
 static struct tok_special *llama3_specials(int64_t n_vocab)
 {
 	static const char *const named[] = {
-		"<|begin_of_text|>",	     "<|end_of_text|>",	  "<|reserved_special_token_0|>",
-		"<|reserved_special_token_1|>", "<|finetune_right_pad_id|>",
-		"<|reserved_special_token_2|>", "<|start_header_id|>", "<|end_header_id|>",
-		"<|eom_id|>",		     "<|eot_id|>",	  "<|python_tag|>",
+	    "<|begin_of_text|>",
+	    "<|end_of_text|>",
+	    "<|reserved_special_token_0|>",
+	    "<|reserved_special_token_1|>",
+	    "<|finetune_right_pad_id|>",
+	    "<|reserved_special_token_2|>",
+	    "<|start_header_id|>",
+	    "<|end_header_id|>",
+	    "<|eom_id|>",
+	    "<|eot_id|>",
+	    "<|python_tag|>",
 	};
 	const int n_named = (int)(sizeof(named) / sizeof(named[0]));
 	struct tok_special *sp = xcalloc(TOK_LLAMA3_N_SPECIAL, sizeof(*sp));
@@ -940,7 +963,8 @@ static struct tok_special *llama3_specials(int64_t n_vocab)
 		if (i < n_named)
 			snprintf(buf, sizeof(buf), "%s", named[i]);
 		else
-			snprintf(buf, sizeof(buf), "<|reserved_special_token_%d|>", i - n_named + 3);
+			snprintf(buf, sizeof(buf), "<|reserved_special_token_%d|>",
+			         i - n_named + 3);
 		sp[i].name = xstrdup(buf);
 		sp[i].len = strlen(buf);
 		sp[i].id = (int32_t)(n_vocab + i);
@@ -991,13 +1015,14 @@ static void merges_build(struct tok_tokenizer *t)
 /* Takes the concatenated token bytes and offsets (ranks 0..n-1) and `line` (for messages, may be
  * NULL: line of rank r in the source file). Validates uniqueness and the 256 single bytes. */
 static int tok_init(struct tok_tokenizer *t, uint8_t *bytes, int64_t *off, int64_t n,
-		    const int64_t *line)
+                    const int64_t *line)
 {
 	t->bytes = bytes;
 	t->off = off;
 	t->n_vocab = n;
 	if (n <= 0 || n > INT32_MAX - (1 << 20)) {
-		LOG_ERROR("%s: %lld regular tokens (need 256 .. 2^31 - 2^20)", t->name, (long long)n);
+		LOG_ERROR("%s: %lld regular tokens (need 256 .. 2^31 - 2^20)", t->name,
+		          (long long)n);
 		return CT_ERR_RUNTIME;
 	}
 	t->mask = pow2_at_least(2 * (uint64_t)n) - 1;
@@ -1015,7 +1040,7 @@ static int tok_init(struct tok_tokenizer *t, uint8_t *bytes, int64_t *off, int64
 		if (len == 0) {
 			if (line)
 				LOG_ERROR("%s:%lld: empty token (rank %lld)", t->name,
-					  (long long)line[r], (long long)r);
+				          (long long)line[r], (long long)r);
 			else
 				LOG_ERROR("%s: empty token (rank %lld)", t->name, (long long)r);
 			return CT_ERR_RUNTIME;
@@ -1024,12 +1049,13 @@ static int tok_init(struct tok_tokenizer *t, uint8_t *bytes, int64_t *off, int64
 		if (dup >= 0) {
 			render_bytes(shown, sizeof(shown), p, len);
 			if (line)
-				LOG_ERROR("%s:%lld: token '%s' (rank %lld) duplicates rank %d (line %lld)",
-					  t->name, (long long)line[r], shown, (long long)r, (int)dup,
-					  (long long)line[dup]);
+				LOG_ERROR("%s:%lld: token '%s' (rank %lld) duplicates rank %d "
+				          "(line %lld)",
+				          t->name, (long long)line[r], shown, (long long)r,
+				          (int)dup, (long long)line[dup]);
 			else
 				LOG_ERROR("%s: token '%s' (rank %lld) duplicates rank %d", t->name,
-					  shown, (long long)r, (int)dup);
+				          shown, (long long)r, (int)dup);
 			return CT_ERR_RUNTIME;
 		}
 		if (len == 1)
@@ -1039,9 +1065,10 @@ static int tok_init(struct tok_tokenizer *t, uint8_t *bytes, int64_t *off, int64
 	}
 	for (int k = 0; k < 256; k++)
 		if (t->byte_rank[k] < 0) {
-			LOG_ERROR("%s: byte 0x%02x is not a token (byte-level BPE needs all 256 single "
-				  "bytes)",
-				  t->name, k);
+			LOG_ERROR(
+			    "%s: byte 0x%02x is not a token (byte-level BPE needs all 256 single "
+			    "bytes)",
+			    t->name, k);
 			return CT_ERR_RUNTIME;
 		}
 	merges_build(t);
@@ -1058,8 +1085,8 @@ static struct tok_tokenizer *tok_alloc(const char *name)
 
 /* Common tail of every constructor: vocabulary, specials (owned), pattern. */
 static int tok_finish(struct tok_tokenizer **out, struct tok_tokenizer *t, uint8_t *bytes,
-		      int64_t *off, int64_t n, const int64_t *line, struct tok_special *sp,
-		      int n_special, const char *pattern)
+                      int64_t *off, int64_t n, const int64_t *line, struct tok_special *sp,
+                      int n_special, const char *pattern)
 {
 	int rc = tok_init(t, bytes, off, n, line);
 	if (rc) {
@@ -1082,8 +1109,8 @@ out_free:
 }
 
 int tok_build(struct tok_tokenizer **out, const uint8_t *const *tokens, const size_t *lens,
-	      int64_t n, const char *pattern, const char *const *specials, int n_special,
-	      const char *name)
+              int64_t n, const char *pattern, const char *const *specials, int n_special,
+              const char *name)
 {
 	struct tok_tokenizer *t = tok_alloc(name);
 	size_t total = 0;
@@ -1119,7 +1146,7 @@ static int read_file(const char *path, char **data, size_t *len)
 		LOG_ERROR("%s: cannot open: %s", path, strerror(errno));
 		return CT_ERR_RUNTIME;
 	}
-	struct tok_bytes b = { 0 };
+	struct tok_bytes b = {0};
 	char buf[1 << 16];
 	size_t k;
 	while ((k = fread(buf, 1, sizeof(buf), f)) > 0)
@@ -1153,7 +1180,7 @@ static int64_t parse_uint(const uint8_t *s, size_t n, int64_t max)
 
 /* One "#..." header line of a ctitan rank file. */
 static int parse_directive(const char *name, int64_t lineno, const uint8_t *s, size_t n,
-			   char **pattern, struct tok_special **sp, int *n_sp, int *cap_sp)
+                           char **pattern, struct tok_special **sp, int *n_sp, int *cap_sp)
 {
 	const uint8_t *sep = memchr(s, ' ', n);
 	size_t kw = sep ? (size_t)(sep - s) : n;
@@ -1165,7 +1192,7 @@ static int parse_directive(const char *name, int64_t lineno, const uint8_t *s, s
 		int64_t k = b64_decode(arg, alen, dec);
 		if (k < 0 || *pattern || memchr(dec, 0, (size_t)k)) {
 			LOG_ERROR("%s:%lld: bad #pattern line (base64 of the pattern, once)", name,
-				  (long long)lineno);
+			          (long long)lineno);
 			goto out;
 		}
 		*pattern = (char *)dec;
@@ -1174,11 +1201,11 @@ static int parse_directive(const char *name, int64_t lineno, const uint8_t *s, s
 	if (kw == 8 && memcmp(s, "#special", 8) == 0) {
 		const uint8_t *sp2 = memchr(arg, ' ', alen);
 		int64_t k = sp2 ? b64_decode(arg, (size_t)(sp2 - arg), dec) : -1;
-		int64_t id = sp2 ? parse_uint(sp2 + 1, (size_t)(arg + alen - sp2 - 1), INT32_MAX - 1)
-				 : -1;
+		int64_t id =
+		    sp2 ? parse_uint(sp2 + 1, (size_t)(arg + alen - sp2 - 1), INT32_MAX - 1) : -1;
 		if (k <= 0 || id < 0 || memchr(dec, 0, (size_t)k)) {
 			LOG_ERROR("%s:%lld: bad #special line (want '#special BASE64(name) ID')",
-				  name, (long long)lineno);
+			          name, (long long)lineno);
 			goto out;
 		}
 		if (*n_sp == *cap_sp) {
@@ -1192,7 +1219,7 @@ static int parse_directive(const char *name, int64_t lineno, const uint8_t *s, s
 		return CT_OK;
 	}
 	LOG_ERROR("%s:%lld: unknown header line (known: #ctitan-tokenizer, #pattern, #special)",
-		  name, (long long)lineno);
+	          name, (long long)lineno);
 out:
 	free(dec);
 	return rc;
@@ -1208,10 +1235,11 @@ int tok_load_ranks_mem(struct tok_tokenizer **out, const void *data, size_t len,
 	for (size_t i = 0; i < len; i++)
 		cap += s[i] == '\n';
 	uint8_t *bytes = xcalloc(len + 1, 1);
-	int64_t *pos = xcalloc((size_t)cap, sizeof(*pos));    /* by line order: offset in bytes */
-	int64_t *ln = xcalloc((size_t)cap, sizeof(*ln));      /* by line order: line number */
-	int64_t *rk = xcalloc((size_t)cap, sizeof(*rk));      /* by line order: rank */
-	int64_t *by_rank = xcalloc((size_t)cap, sizeof(*by_rank)); /* rank -> line order index + 1 */
+	int64_t *pos = xcalloc((size_t)cap, sizeof(*pos)); /* by line order: offset in bytes */
+	int64_t *ln = xcalloc((size_t)cap, sizeof(*ln));   /* by line order: line number */
+	int64_t *rk = xcalloc((size_t)cap, sizeof(*rk));   /* by line order: rank */
+	int64_t *by_rank =
+	    xcalloc((size_t)cap, sizeof(*by_rank)); /* rank -> line order index + 1 */
 	char *pattern = NULL;
 	struct tok_special *sp = NULL;
 	int n_sp = 0, cap_sp = 0;
@@ -1223,7 +1251,7 @@ int tok_load_ranks_mem(struct tok_tokenizer **out, const void *data, size_t len,
 		lineno++;
 		if (!nl) {
 			LOG_ERROR("%s:%lld: last line has no newline (truncated file?)", name,
-				  (long long)lineno);
+			          (long long)lineno);
 			goto out_free;
 		}
 		size_t e = (size_t)(nl - s), L = e - i;
@@ -1234,14 +1262,15 @@ int tok_load_ranks_mem(struct tok_tokenizer **out, const void *data, size_t len,
 		if (L == 0)
 			continue;
 		if (line[0] == '#') {
-			if (lineno == 1 && L == 19 && memcmp(line, "#ctitan-tokenizer 1", 19) == 0) {
+			if (lineno == 1 && L == 19 &&
+			    memcmp(line, "#ctitan-tokenizer 1", 19) == 0) {
 				header = true;
 				continue;
 			}
 			if (!header || n > 0) {
 				LOG_ERROR("%s:%lld: '#' line %s", name, (long long)lineno,
-					  header ? "after the first token" :
-						   "without '#ctitan-tokenizer 1' on line 1");
+				          header ? "after the first token"
+				                 : "without '#ctitan-tokenizer 1' on line 1");
 				goto out_free;
 			}
 			rc = parse_directive(name, lineno, line, L, &pattern, &sp, &n_sp, &cap_sp);
@@ -1263,7 +1292,7 @@ int tok_load_ranks_mem(struct tok_tokenizer **out, const void *data, size_t len,
 		int64_t r = parse_uint(sep + 1, (size_t)(line + L - sep - 1), INT32_MAX);
 		if (r < 0) {
 			LOG_ERROR("%s:%lld: bad rank (want a decimal integer)", name,
-				  (long long)lineno);
+			          (long long)lineno);
 			goto out_free;
 		}
 		pos[n] = (int64_t)used;
@@ -1276,15 +1305,15 @@ int tok_load_ranks_mem(struct tok_tokenizer **out, const void *data, size_t len,
 	for (int64_t j = 0; j < n; j++) {
 		if (rk[j] >= n) {
 			LOG_ERROR("%s:%lld: rank %lld, but the file has %lld tokens: ranks must be "
-				  "0..%lld, so some rank is missing",
-				  name, (long long)ln[j], (long long)rk[j], (long long)n,
-				  (long long)n - 1);
+			          "0..%lld, so some rank is missing",
+			          name, (long long)ln[j], (long long)rk[j], (long long)n,
+			          (long long)n - 1);
 			goto out_free;
 		}
 		if (by_rank[rk[j]]) {
 			LOG_ERROR("%s:%lld: rank %lld already given on line %lld", name,
-				  (long long)ln[j], (long long)rk[j],
-				  (long long)ln[by_rank[rk[j]] - 1]);
+			          (long long)ln[j], (long long)rk[j],
+			          (long long)ln[by_rank[rk[j]] - 1]);
 			goto out_free;
 		}
 		by_rank[rk[j]] = j + 1;
@@ -1377,15 +1406,14 @@ static int hf_pattern(const char *name, const cJSON *pre, const char **pattern)
 	const char *ty = cJSON_IsString(type) ? type->valuestring : "";
 	if (strcmp(ty, "Sequence") == 0) {
 		const cJSON *list = cJSON_GetObjectItemCaseSensitive(pre, "pretokenizers"), *p;
-		cJSON_ArrayForEach(p, list)
-		{
+		cJSON_ArrayForEach (p, list) {
 			const char *pat = NULL;
 			if (hf_pattern(name, p, &pat))
 				return CT_ERR_RUNTIME;
 			if (pat && *pattern) {
 				LOG_ERROR("%s: pre_tokenizer has more than one regex split "
-					  "(unsupported)",
-					  name);
+				          "(unsupported)",
+				          name);
 				return CT_ERR_RUNTIME;
 			}
 			if (pat)
@@ -1398,7 +1426,7 @@ static int hf_pattern(const char *name, const cJSON *pre, const char **pattern)
 		const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
 		if (!cJSON_IsString(re)) {
 			LOG_ERROR("%s: pre_tokenizer Split without a Regex pattern (unsupported)",
-				  name);
+			          name);
 			return CT_ERR_RUNTIME;
 		}
 		*pattern = re->valuestring;
@@ -1411,8 +1439,8 @@ static int hf_pattern(const char *name, const cJSON *pre, const char **pattern)
 		return CT_OK;
 	}
 	LOG_ERROR("%s: pre_tokenizer type '%s' is not supported (byte-level BPE needs Split or "
-		  "ByteLevel)",
-		  name, ty);
+	          "ByteLevel)",
+	          name, ty);
 	return CT_ERR_RUNTIME;
 }
 
@@ -1433,7 +1461,7 @@ int tok_load_hf_mem(struct tok_tokenizer **out, const char *json, size_t len, co
 	cJSON *root = cJSON_ParseWithLength(json, len);
 	if (!root) {
 		LOG_ERROR("%s: not valid JSON (near byte %lld)", name,
-			  (long long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : 0));
+		          (long long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - json : 0));
 		return CT_ERR_RUNTIME;
 	}
 	int rc = CT_ERR_RUNTIME;
@@ -1445,8 +1473,8 @@ int tok_load_hf_mem(struct tok_tokenizer **out, const char *json, size_t len, co
 	const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
 	const cJSON *type = cJSON_GetObjectItemCaseSensitive(model, "type");
 	const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
-	if (!cJSON_IsObject(model) || (type && !(cJSON_IsString(type) &&
-						 strcmp(type->valuestring, "BPE") == 0))) {
+	if (!cJSON_IsObject(model) ||
+	    (type && !(cJSON_IsString(type) && strcmp(type->valuestring, "BPE") == 0))) {
 		LOG_ERROR("%s: model.type must be \"BPE\"", name);
 		goto out_free;
 	}
@@ -1462,14 +1490,14 @@ int tok_load_hf_mem(struct tok_tokenizer **out, const char *json, size_t len, co
 	const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), *a;
 	int n_added = cJSON_GetArraySize(added);
 	sp = xcalloc((size_t)n_added + 1, sizeof(*sp));
-	cJSON_ArrayForEach(a, added)
-	{
+	cJSON_ArrayForEach (a, added) {
 		const cJSON *id = cJSON_GetObjectItemCaseSensitive(a, "id");
 		const cJSON *content = cJSON_GetObjectItemCaseSensitive(a, "content");
 		if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX - 1 ||
-		    id->valuedouble != (double)(int64_t)id->valuedouble || !cJSON_IsString(content)) {
+		    id->valuedouble != (double)(int64_t)id->valuedouble ||
+		    !cJSON_IsString(content)) {
 			LOG_ERROR("%s: added_tokens[%d] needs an integer id and a string content",
-				  name, n_sp);
+			          name, n_sp);
 			goto out_free;
 		}
 		sp[n_sp].name = xstrdup(content->valuestring);
@@ -1482,18 +1510,17 @@ int tok_load_hf_mem(struct tok_tokenizer **out, const char *json, size_t len, co
 	ent = xcalloc((size_t)n + 1, sizeof(*ent));
 	int m = 0;
 	const cJSON *v;
-	cJSON_ArrayForEach(v, vocab)
-	{
+	cJSON_ArrayForEach (v, vocab) {
 		if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX - 1 ||
 		    v->valuedouble != (double)(int64_t)v->valuedouble) {
 			LOG_ERROR("%s: model.vocab[\"%s\"] is not a non-negative integer id", name,
-				  v->string);
+			          v->string);
 			goto out_free;
 		}
 		bool is_special = false;
 		for (int k = 0; k < n_sp; k++)
 			is_special |= sp[k].id == (int32_t)v->valuedouble &&
-				      strcmp(sp[k].name, v->string) == 0;
+			              strcmp(sp[k].name, v->string) == 0;
 		if (is_special)
 			continue;
 		ent[m].id = (int64_t)v->valuedouble;
@@ -1510,10 +1537,11 @@ int tok_load_hf_mem(struct tok_tokenizer **out, const char *json, size_t len, co
 	off = xcalloc((size_t)m + 1, sizeof(*off));
 	for (int k = 0; k < m; k++) {
 		if (ent[k].id != k) {
-			LOG_ERROR("%s: model.vocab ids must be 0..%d without gaps or repeats; id %lld "
-				  "%s",
-				  name, m - 1, (long long)(k < ent[k].id ? k : ent[k].id),
-				  k < ent[k].id ? "is missing" : "is repeated");
+			LOG_ERROR(
+			    "%s: model.vocab ids must be 0..%d without gaps or repeats; id %lld "
+			    "%s",
+			    name, m - 1, (long long)(k < ent[k].id ? k : ent[k].id),
+			    k < ent[k].id ? "is missing" : "is repeated");
 			goto out_free;
 		}
 		const uint8_t *s = (const uint8_t *)ent[k].key;
@@ -1522,9 +1550,10 @@ int tok_load_hf_mem(struct tok_tokenizer **out, const char *json, size_t len, co
 			uint32_t cp;
 			int c = utf8_decode(s + i, L - i, &cp);
 			if (!c || cp >= 0x144 || u2b[cp] < 0) {
-				LOG_ERROR("%s: model.vocab token \"%s\" is not in GPT-2's byte-level "
-					  "alphabet (not a byte-level BPE?)",
-					  name, ent[k].key);
+				LOG_ERROR(
+				    "%s: model.vocab token \"%s\" is not in GPT-2's byte-level "
+				    "alphabet (not a byte-level BPE?)",
+				    name, ent[k].key);
 				goto out_free;
 			}
 			bytes[o++] = (uint8_t)u2b[cp];
@@ -1585,7 +1614,7 @@ int tok_load(struct tok_tokenizer **out, const char *path)
 
 int tok_save(const struct tok_tokenizer *t, const char *path)
 {
-	struct tok_bytes b = { 0 };
+	struct tok_bytes b = {0};
 	char num[32];
 	bytes_append(&b, "#ctitan-tokenizer 1\n#pattern ", 29);
 	b64_encode(&b, (const uint8_t *)t->pattern, strlen(t->pattern));
@@ -1637,10 +1666,10 @@ struct tok_trainer {
 	struct tok_train_opts o;
 	struct tok_tokenizer *splitter; /* the regex; its vocabulary is the 256 bytes */
 	/* distinct pieces while counting */
-	struct tok_bytes wbytes;        /* concatenated piece bytes */
-	int64_t *woff, *wcount;         /* woff[w]..woff[w+1]; count */
+	struct tok_bytes wbytes; /* concatenated piece bytes */
+	int64_t *woff, *wcount;  /* woff[w]..woff[w+1]; count */
 	int64_t n_words, cap_words;
-	int64_t *wslots;                /* word index, -1 empty */
+	int64_t *wslots; /* word index, -1 empty */
 	uint64_t wmask;
 	int64_t bytes_seen;
 };
@@ -1651,27 +1680,27 @@ struct pair_list {
 };
 
 struct train_state {
-	int32_t *sym;       /* symbols of all words */
-	int64_t *soff;      /* start of word w in sym */
-	int32_t *slen;      /* current length of word w */
-	int64_t *cnt;       /* count of word w */
-	int64_t *stamp;     /* last merge that visited word w */
+	int32_t *sym;   /* symbols of all words */
+	int64_t *soff;  /* start of word w in sym */
+	int32_t *slen;  /* current length of word w */
+	int64_t *cnt;   /* count of word w */
+	int64_t *stamp; /* last merge that visited word w */
 	int64_t n_words;
 	/* pairs */
-	uint64_t *pkey;     /* a << 32 | b */
+	uint64_t *pkey; /* a << 32 | b */
 	int64_t *pcount;
 	struct pair_list *pwords;
 	int64_t n_pairs, cap_pairs;
-	int64_t *pslots;    /* pair index, -1 empty */
+	int64_t *pslots; /* pair index, -1 empty */
 	uint64_t pmask;
-	int64_t *touched;   /* pairs whose count rose during this merge */
+	int64_t *touched; /* pairs whose count rose during this merge */
 	int64_t n_touched, cap_touched;
-	int64_t *tstamp;    /* per pair: last merge that touched it */
+	int64_t *tstamp; /* per pair: last merge that touched it */
 	/* heap of pair indices, ordered by (count desc, key asc) at push time */
 	struct heap_ent {
 		int64_t count;
 		int64_t pair;
-	} *heap;
+	} * heap;
 	int64_t hn, hcap;
 	/* vocabulary being built, and a map from its bytes to ids */
 	struct tok_bytes vbytes;
@@ -1723,7 +1752,8 @@ static int trainer_piece(void *ctx, const uint8_t *p, size_t n)
 {
 	struct tok_trainer *tr = ctx;
 	if (n >= INT32_MAX || tr->n_words >= INT32_MAX - 2) {
-		LOG_ERROR("tokenizer training: a piece of %zu bytes or over 2^31 distinct pieces", n);
+		LOG_ERROR("tokenizer training: a piece of %zu bytes or over 2^31 distinct pieces",
+		          n);
 		return CT_ERR_RUNTIME;
 	}
 	uint64_t i = hash_bytes(p, n) & tr->wmask;
@@ -1757,7 +1787,7 @@ int tok_trainer_new(struct tok_trainer **out, const struct tok_train_opts *o)
 	*out = NULL;
 	if (o->vocab_size < 256 || o->vocab_size > INT32_MAX / 2) {
 		LOG_ERROR("tokenizer training: vocab_size %lld out of range (256 .. 2^30)",
-			  (long long)o->vocab_size);
+		          (long long)o->vocab_size);
 		return CT_ERR_USAGE;
 	}
 	uint8_t b256[256];
@@ -1768,11 +1798,11 @@ int tok_trainer_new(struct tok_trainer **out, const struct tok_train_opts *o)
 		toks[i] = b256 + i;
 		lens[i] = 1;
 	}
-	static const char *const no_specials[1] = { NULL };
+	static const char *const no_specials[1] = {NULL};
 	struct tok_trainer *tr = xcalloc(1, sizeof(*tr));
 	tr->o = *o;
 	int rc = tok_build(&tr->splitter, toks, lens, 256, o->pattern, no_specials, 0,
-			   "tokenizer training");
+	                   "tokenizer training");
 	if (rc) {
 		free(tr);
 		return CT_ERR_USAGE; /* a bad pattern is a bad option */
@@ -1806,7 +1836,7 @@ void tok_trainer_free(struct tok_trainer *tr)
 }
 
 static inline bool heap_less(const struct heap_ent *x, const struct heap_ent *y,
-			     const uint64_t *pkey)
+                             const uint64_t *pkey)
 {
 	/* x ranks below y: fewer occurrences, or as many and a larger pair */
 	if (x->count != y->count)
@@ -1820,7 +1850,7 @@ static void train_heap_push(struct train_state *s, int64_t pair)
 		s->hcap = s->hcap ? 2 * s->hcap : 1024;
 		s->heap = xrealloc(s->heap, (size_t)s->hcap * sizeof(*s->heap));
 	}
-	struct heap_ent e = { s->pcount[pair], pair };
+	struct heap_ent e = {s->pcount[pair], pair};
 	int64_t i = s->hn++;
 	while (i > 0) {
 		int64_t up = (i - 1) / 2;
@@ -1911,7 +1941,7 @@ static void pair_add_word(struct train_state *s, int64_t p, int64_t w)
 
 /* A count change from a merge; rises are remembered so the heap gets the new count once. */
 static void pair_change(struct train_state *s, int32_t a, int32_t b, int64_t delta, int64_t w,
-			int64_t merge)
+                        int64_t merge)
 {
 	int64_t p = pair_get(s, a, b);
 	s->pcount[p] += delta;
@@ -1922,7 +1952,7 @@ static void pair_change(struct train_state *s, int32_t a, int32_t b, int64_t del
 			if (s->n_touched == s->cap_touched) {
 				s->cap_touched = s->cap_touched ? 2 * s->cap_touched : 1024;
 				s->touched = xrealloc(s->touched,
-						      (size_t)s->cap_touched * sizeof(*s->touched));
+				                      (size_t)s->cap_touched * sizeof(*s->touched));
 			}
 			s->touched[s->n_touched++] = p;
 		}
@@ -1931,7 +1961,7 @@ static void pair_change(struct train_state *s, int32_t a, int32_t b, int64_t del
 
 /* Replace every (a, b) in word w by c, left to right, updating neighbour pair counts. */
 static void word_merge(struct train_state *s, int64_t w, int32_t a, int32_t b, int32_t c,
-		       int64_t merge)
+                       int64_t merge)
 {
 	int32_t *x = s->sym + s->soff[w];
 	int32_t n = s->slen[w], o = 0;
@@ -2037,7 +2067,8 @@ int tok_trainer_finish(struct tok_trainer *tr, struct tok_tokenizer **out)
 			break;
 		int32_t a = (int32_t)(s.pkey[p] >> 32), b = (int32_t)(uint32_t)s.pkey[p];
 		/* the new token's bytes; reuse the id if they already are a token */
-		size_t la = (size_t)(s.voff[a + 1] - s.voff[a]), lb = (size_t)(s.voff[b + 1] - s.voff[b]);
+		size_t la = (size_t)(s.voff[a + 1] - s.voff[a]),
+		       lb = (size_t)(s.voff[b + 1] - s.voff[b]);
 		uint8_t *nb = xcalloc(la + lb, 1);
 		memcpy(nb, s.vbytes.v + s.voff[a], la);
 		memcpy(nb + la, s.vbytes.v + s.voff[b], lb);
@@ -2062,12 +2093,12 @@ int tok_trainer_finish(struct tok_trainer *tr, struct tok_tokenizer **out)
 		merge++;
 		if (tr->o.progress && merge % progress_every == 0)
 			LOG_INFO("tokenizer training: %lld / %lld tokens", (long long)s.n_vocab,
-				 (long long)tr->o.vocab_size);
+			         (long long)tr->o.vocab_size);
 	}
 	if (s.n_vocab < tr->o.vocab_size)
 		LOG_WARN("tokenizer training: the corpus supports only %lld tokens (no pair occurs "
-			 "%lld times or more); asked for %lld",
-			 (long long)s.n_vocab, (long long)min_count, (long long)tr->o.vocab_size);
+		         "%lld times or more); asked for %lld",
+		         (long long)s.n_vocab, (long long)min_count, (long long)tr->o.vocab_size);
 	/* build the tokenizer: ranks = ids */
 	const uint8_t **toks = xcalloc((size_t)s.n_vocab, sizeof(*toks));
 	size_t *lens = xcalloc((size_t)s.n_vocab, sizeof(*lens));
@@ -2075,11 +2106,11 @@ int tok_trainer_finish(struct tok_trainer *tr, struct tok_tokenizer **out)
 		toks[r] = s.vbytes.v + s.voff[r];
 		lens[r] = (size_t)(s.voff[r + 1] - s.voff[r]);
 	}
-	static const char *const default_specials[] = { "<|begin_of_text|>", "<|end_of_text|>" };
+	static const char *const default_specials[] = {"<|begin_of_text|>", "<|end_of_text|>"};
 	const char *const *specials = tr->o.specials ? tr->o.specials : default_specials;
 	int n_special = tr->o.specials ? tr->o.n_special : 2;
 	int rc = tok_build(&vocab_map, toks, lens, s.n_vocab, tok_pattern(tr->splitter), specials,
-			   n_special, "trained tokenizer");
+	                   n_special, "trained tokenizer");
 	free(toks);
 	free(lens);
 	train_state_free(&s);
@@ -2087,14 +2118,14 @@ int tok_trainer_finish(struct tok_trainer *tr, struct tok_tokenizer **out)
 		return rc;
 	if (tr->o.progress)
 		LOG_INFO("tokenizer training: %lld tokens from %lld bytes (%lld distinct pieces)",
-			 (long long)tok_n_vocab(vocab_map), (long long)tr->bytes_seen,
-			 (long long)tr->n_words);
+		         (long long)tok_n_vocab(vocab_map), (long long)tr->bytes_seen,
+		         (long long)tr->n_words);
 	*out = vocab_map;
 	return CT_OK;
 }
 
 int tok_train(struct tok_tokenizer **out, const struct tok_train_opts *o, const void *text,
-	      size_t len)
+              size_t len)
 {
 	struct tok_trainer *tr;
 	*out = NULL;

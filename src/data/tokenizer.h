@@ -48,11 +48,12 @@
 #include <stdint.h>
 
 /* Llama 3 / cl100k_base pre-tokenization. */
-#define TOK_PATTERN_LLAMA3                                                                     \
-	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+" \
+#define TOK_PATTERN_LLAMA3                                                                         \
+	"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                 \
+	"?[^\\s\\p{L}\\p{N}]+"                                                                     \
 	"[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* GPT-2 / r50k_base pre-tokenization (Hugging Face's ByteLevel pre-tokenizer). */
-#define TOK_PATTERN_GPT2 \
+#define TOK_PATTERN_GPT2                                                                           \
 	"'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
 
 /* Llama 3 (3.1 naming) has 256 special tokens after its 128000 regular ones. */
@@ -78,8 +79,8 @@ void tok_bytes_free(struct tok_bytes *b);
  * bytes among them, no duplicates), a pattern (NULL: Llama 3) and special token names given ids
  * n, n+1, ... (specials == NULL: Llama 3's 256). `name` is used in messages. */
 int tok_build(struct tok_tokenizer **out, const uint8_t *const *tokens, const size_t *lens,
-	      int64_t n, const char *pattern, const char *const *specials, int n_special,
-	      const char *name);
+              int64_t n, const char *pattern, const char *const *specials, int n_special,
+              const char *name);
 /* Rank file or tokenizer.json, chosen by content (a JSON file starts with '{'). */
 int tok_load(struct tok_tokenizer **out, const char *path);
 int tok_load_ranks(struct tok_tokenizer **out, const char *path);
@@ -92,8 +93,8 @@ void tok_free(struct tok_tokenizer *t);
 
 /* ---- queries ------------------------------------------------------------------------------ */
 
-int64_t tok_n_vocab(const struct tok_tokenizer *t);  /* regular tokens N */
-int64_t tok_n_ids(const struct tok_tokenizer *t);    /* 1 + the largest id, specials included */
+int64_t tok_n_vocab(const struct tok_tokenizer *t); /* regular tokens N */
+int64_t tok_n_ids(const struct tok_tokenizer *t);   /* 1 + the largest id, specials included */
 int tok_n_special(const struct tok_tokenizer *t);
 const char *tok_pattern(const struct tok_tokenizer *t);
 /* The i-th special token (in id order): its name, and its id as the return value. */
@@ -113,7 +114,7 @@ int tok_encode(struct tok_tokenizer *t, const void *text, size_t len, struct tok
 /* As tok_encode, but every occurrence of a special token's name becomes its id (longest name
  * first); the text between them is encoded as independent texts, as tiktoken does. */
 int tok_encode_with_specials(struct tok_tokenizer *t, const void *text, size_t len,
-			     struct tok_ids *out);
+                             struct tok_ids *out);
 /* Append the bytes of ids to out; an unassigned id is an error (CT_ERR_RUNTIME, named). */
 int tok_decode(const struct tok_tokenizer *t, const int32_t *ids, int64_t n, struct tok_bytes *out);
 
@@ -127,7 +128,7 @@ int tok_split(struct tok_tokenizer *t, const void *text, size_t len, tok_piece_f
  * O(n^2) loop written as plainly as possible. */
 void tok_bpe(struct tok_tokenizer *t, const uint8_t *piece, size_t len, struct tok_ids *out);
 void tok_bpe_ref(const struct tok_tokenizer *t, const uint8_t *piece, size_t len,
-		 struct tok_ids *out);
+                 struct tok_ids *out);
 
 /* ---- training ------------------------------------------------------------------------------ */
 
@@ -152,6 +153,6 @@ int tok_trainer_finish(struct tok_trainer *tr, struct tok_tokenizer **out);
 void tok_trainer_free(struct tok_trainer *tr);
 /* One text in one call. */
 int tok_train(struct tok_tokenizer **out, const struct tok_train_opts *o, const void *text,
-	      size_t len);
+              size_t len);
 
 #endif

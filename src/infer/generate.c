@@ -30,7 +30,7 @@ static const float *weight(const struct gen_state *g, const char *fmt, int64_t l
 }
 
 struct gen_state *gen_create(const struct llama_config *c, const struct llama_table *t,
-			     const float *params, int64_t max_len)
+                             const float *params, int64_t max_len)
 {
 	struct gen_state *g = xcalloc(1, sizeof(*g));
 	g->c = *c;
@@ -41,14 +41,27 @@ struct gen_state *gen_create(const struct llama_config *c, const struct llama_ta
 	int64_t HD = c->n_heads * c->head_dim, F = c->ffn_hidden, V = c->vocab_size;
 	int64_t half = c->head_dim / 2;
 	int64_t floats = 2 * L * max_len * KVD + 2 * max_len * half + 3 * C + HD * 2 + 2 * KVD +
-			 3 * F + max_len + V;
+	                 3 * F + max_len + V;
 	g->bytes = (size_t)floats * sizeof(float);
 	float *p = mem_alloc(MEM_ACTIVATIONS, g->bytes);
-	float **views[] = { &g->kcache, &g->vcache, &g->cos_tab, &g->sin_tab, &g->x, &g->xn,
-			    &g->q,	&g->k,	    &g->v,	 &g->att,     &g->h1, &g->h3,
-			    &g->g,	&g->scores, &g->logits };
-	int64_t sizes[] = { L * max_len * KVD, L * max_len * KVD, max_len * half, max_len * half,
-			    C, 2 * C, HD, KVD, KVD, HD, F, F, F, max_len, V };
+	float **views[] = {&g->kcache, &g->vcache, &g->cos_tab, &g->sin_tab, &g->x,
+	                   &g->xn,     &g->q,      &g->k,       &g->v,       &g->att,
+	                   &g->h1,     &g->h3,     &g->g,       &g->scores,  &g->logits};
+	int64_t sizes[] = {L * max_len * KVD,
+	                   L * max_len * KVD,
+	                   max_len * half,
+	                   max_len * half,
+	                   C,
+	                   2 * C,
+	                   HD,
+	                   KVD,
+	                   KVD,
+	                   HD,
+	                   F,
+	                   F,
+	                   F,
+	                   max_len,
+	                   V};
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		*views[i] = p;
 		p += sizes[i];
@@ -65,7 +78,10 @@ void gen_free(struct gen_state *g)
 	free(g);
 }
 
-int64_t gen_position(const struct gen_state *g) { return g->pos; }
+int64_t gen_position(const struct gen_state *g)
+{
+	return g->pos;
+}
 
 /* Causal attention of one query row over cached positions 0..pos (GQA). */
 static void decode_attention(struct gen_state *g, int64_t l)
@@ -115,28 +131,29 @@ const float *gen_step(struct gen_state *g, int32_t token)
 	for (int64_t l = 0; l < c->n_layers; l++) {
 		float *kslot = g->kcache + (l * g->max_len + g->pos) * KVD;
 		float *vslot = g->vcache + (l * g->max_len + g->pos) * KVD;
-		rmsnorm_forward_f32(g->xn, NULL, g->x, weight(g, "layers.%d.attention_norm.weight", l),
-				    1, C, c->norm_eps);
-		matmul_forward_f32(g->q, g->xn, weight(g, "layers.%d.attention.wq.weight", l), 1, C, HD,
-				   0);
-		matmul_forward_f32(kslot, g->xn, weight(g, "layers.%d.attention.wk.weight", l), 1, C,
-				   KVD, 0);
-		matmul_forward_f32(vslot, g->xn, weight(g, "layers.%d.attention.wv.weight", l), 1, C,
-				   KVD, 0);
+		rmsnorm_forward_f32(g->xn, NULL, g->x,
+		                    weight(g, "layers.%d.attention_norm.weight", l), 1, C,
+		                    c->norm_eps);
+		matmul_forward_f32(g->q, g->xn, weight(g, "layers.%d.attention.wq.weight", l), 1, C,
+		                   HD, 0);
+		matmul_forward_f32(kslot, g->xn, weight(g, "layers.%d.attention.wk.weight", l), 1,
+		                   C, KVD, 0);
+		matmul_forward_f32(vslot, g->xn, weight(g, "layers.%d.attention.wv.weight", l), 1,
+		                   C, KVD, 0);
 		rope_forward_f32(g->q, ct, st, 1, 1, H, D);
 		rope_forward_f32(kslot, ct, st, 1, 1, KV, D);
 		decode_attention(g, l);
-		matmul_forward_f32(g->x, g->att, weight(g, "layers.%d.attention.wo.weight", l), 1, HD,
-				   C, 1);
-		rmsnorm_forward_f32(g->xn, NULL, g->x, weight(g, "layers.%d.ffn_norm.weight", l), 1, C,
-				    c->norm_eps);
-		matmul_forward_f32(g->h1, g->xn, weight(g, "layers.%d.feed_forward.w1.weight", l), 1, C,
-				   F, 0);
-		matmul_forward_f32(g->h3, g->xn, weight(g, "layers.%d.feed_forward.w3.weight", l), 1, C,
-				   F, 0);
+		matmul_forward_f32(g->x, g->att, weight(g, "layers.%d.attention.wo.weight", l), 1,
+		                   HD, C, 1);
+		rmsnorm_forward_f32(g->xn, NULL, g->x, weight(g, "layers.%d.ffn_norm.weight", l), 1,
+		                    C, c->norm_eps);
+		matmul_forward_f32(g->h1, g->xn, weight(g, "layers.%d.feed_forward.w1.weight", l),
+		                   1, C, F, 0);
+		matmul_forward_f32(g->h3, g->xn, weight(g, "layers.%d.feed_forward.w3.weight", l),
+		                   1, C, F, 0);
 		swiglu_forward_f32(g->g, g->h1, g->h3, F);
-		matmul_forward_f32(g->x, g->g, weight(g, "layers.%d.feed_forward.w2.weight", l), 1, F,
-				   C, 1);
+		matmul_forward_f32(g->x, g->g, weight(g, "layers.%d.feed_forward.w2.weight", l), 1,
+		                   F, C, 1);
 	}
 	rmsnorm_forward_f32(g->xn, NULL, g->x, weight(g, "norm.weight", 0), 1, C, c->norm_eps);
 	matmul_forward_f32(g->logits, g->xn, weight(g, "output.weight", 0), 1, C, c->vocab_size, 0);
@@ -147,7 +164,7 @@ const float *gen_step(struct gen_state *g, int32_t token)
 /* Greedy, or temperature sampling among the top_k most likely (counter-based RNG keyed by
  * (seed, position): reproducible). */
 static int32_t sample(const float *logits, int64_t V, const struct gen_opts *o, int64_t pos,
-		      float *work)
+                      float *work)
 {
 	int64_t best = 0;
 	for (int64_t i = 1; i < V; i++)
@@ -183,7 +200,7 @@ static int32_t sample(const float *logits, int64_t V, const struct gen_opts *o, 
 }
 
 int64_t gen_generate(struct gen_state *g, const int32_t *prompt, int64_t n_prompt,
-		     const struct gen_opts *o, int32_t *out)
+                     const struct gen_opts *o, int32_t *out)
 {
 	CHECK(n_prompt >= 1, "generate: empty prompt");
 	const float *logits = NULL;

@@ -15,7 +15,7 @@
 struct gen_opts {
 	int64_t max_new_tokens;
 	double temperature; /* 0: greedy (argmax) */
-	int64_t top_k;	    /* 0: no top-k filter */
+	int64_t top_k;      /* 0: no top-k filter */
 	uint64_t seed;
 	int32_t stop_id; /* stop after producing this id; -1: none */
 };
@@ -25,7 +25,7 @@ struct gen_state;
 /* A decoder over parameters in table layout (not copied; must outlive the state), for
  * sequences of up to max_len positions. */
 struct gen_state *gen_create(const struct llama_config *c, const struct llama_table *t,
-			     const float *params, int64_t max_len);
+                             const float *params, int64_t max_len);
 void gen_free(struct gen_state *g);
 /* Feed one token at the next position; returns the logits (V floats, owned by the state). */
 const float *gen_step(struct gen_state *g, int32_t token);
@@ -34,6 +34,6 @@ int64_t gen_position(const struct gen_state *g);
 /* Prompt in, up to max_new_tokens out (appended to out, which holds max_new_tokens);
  * returns how many were produced. */
 int64_t gen_generate(struct gen_state *g, const int32_t *prompt, int64_t n_prompt,
-		     const struct gen_opts *o, int32_t *out);
+                     const struct gen_opts *o, int32_t *out);
 
 #endif

@@ -28,12 +28,12 @@
 
 enum cfg_type { CFG_STRING, CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_TYPE_COUNT };
 
-static const char *const cfg_type_names[] = { "string", "int", "float", "bool" };
+static const char *const cfg_type_names[] = {"string", "int", "float", "bool"};
 _Static_assert(ARRAY_SIZE(cfg_type_names) == CFG_TYPE_COUNT, "one name per type");
 
 /* "expected <noun>" */
-static const char *const cfg_type_nouns[] = { "a string", "an integer", "a float",
-					      "a boolean (true or false)" };
+static const char *const cfg_type_nouns[] = {"a string", "an integer", "a float",
+                                             "a boolean (true or false)"};
 _Static_assert(ARRAY_SIZE(cfg_type_nouns) == CFG_TYPE_COUNT, "one noun per type");
 
 enum cfg_bound { BOUND_NONE, BOUND_INCL, BOUND_EXCL };
@@ -49,158 +49,161 @@ struct cfg_key {
 	const char *name;
 	enum cfg_type type;
 	size_t offset;
-	size_t size;		    /* bytes of the field; a string holds size - 1 bytes */
-	const char *def;	    /* the default, written as on the command line */
-	struct cfg_range range;	    /* numbers only */
+	size_t size;                /* bytes of the field; a string holds size - 1 bytes */
+	const char *def;            /* the default, written as on the command line */
+	struct cfg_range range;     /* numbers only */
 	const char *const *choices; /* strings only; NULL-terminated, or NULL for any string */
 	const char *help;
 };
 
 /* Sections in the order they are printed; rows below are grouped in this order. */
-static const char *const cfg_sections[] = { "job",	    "model",	   "optimizer",
-					    "lr_scheduler", "training",	   "parallelism",
-					    "validation",   "checkpoint",   "activation_checkpoint",
-					    "comm",
-					    "metrics",	    "debug" };
+static const char *const cfg_sections[] = {"job",          "model",      "optimizer",
+                                           "lr_scheduler", "training",   "parallelism",
+                                           "validation",   "checkpoint", "activation_checkpoint",
+                                           "comm",         "metrics",    "debug"};
 #define CFG_N_SECTIONS ARRAY_SIZE(cfg_sections)
 
 #define CFG_FIELD(sec, key) (((struct ct_config *)0)->sec.key)
-#define CFG_TYPE_OF(sec, key)                                                        \
+#define CFG_TYPE_OF(sec, key)                                                                      \
 	_Generic(CFG_FIELD(sec, key), char *: CFG_STRING, int64_t: CFG_INT, double: CFG_FLOAT, \
 		 bool: CFG_BOOL)
-#define ROW(sec, key)                                                                    \
-	.section = #sec, .name = #key, .type = CFG_TYPE_OF(sec, key),                   \
+#define ROW(sec, key)                                                                              \
+	.section = #sec, .name = #key, .type = CFG_TYPE_OF(sec, key),                              \
 	.offset = offsetof(struct ct_config, sec.key), .size = sizeof(CFG_FIELD(sec, key))
 
-#define GE(a) .range = { .lo_kind = BOUND_INCL, .lo = (a) }
-#define GT(a) .range = { .lo_kind = BOUND_EXCL, .lo = (a) }
-#define IN_CO(a, b) .range = { .lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_EXCL, .hi = (b) }
-#define IN_CC(a, b) .range = { .lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_INCL, .hi = (b) }
-#define UNSET_OR_GE(a) .range = { .lo_kind = BOUND_INCL, .lo = (a), .minus_one_ok = true }
-#define UNSET_OR_IN_CC(a, b)                                                             \
-	.range = { .lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_INCL, .hi = (b),  \
-		   .minus_one_ok = true }
-#define CHOICES(...) .choices = (const char *const[]){ __VA_ARGS__, NULL }
+#define GE(a)          .range = {.lo_kind = BOUND_INCL, .lo = (a)}
+#define GT(a)          .range = {.lo_kind = BOUND_EXCL, .lo = (a)}
+#define IN_CO(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_EXCL, .hi = (b)}
+#define IN_CC(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_INCL, .hi = (b)}
+#define UNSET_OR_GE(a) .range = {.lo_kind = BOUND_INCL, .lo = (a), .minus_one_ok = true}
+#define UNSET_OR_IN_CC(a, b)                                                                       \
+	.range = {.lo_kind = BOUND_INCL,                                                           \
+	          .lo = (a),                                                                       \
+	          .hi_kind = BOUND_INCL,                                                           \
+	          .hi = (b),                                                                       \
+	          .minus_one_ok = true}
+#define CHOICES(...)                                                                               \
+	.choices = (const char *const[])                                                           \
+	{                                                                                          \
+		__VA_ARGS__, NULL                                                                  \
+	}
 
 static const struct cfg_key cfg_schema[] = {
-	{ ROW(job, dump_folder), .def = "./outputs",
-	  .help = "Folder for metrics.jsonl, checkpoints and traces." },
-	{ ROW(job, description), .def = "", .help = "Free-form description of the run." },
-	{ ROW(job, print_config), .def = "false",
-	  .help = "Print the effective config as TOML and exit." },
-	{ ROW(job, log_level), .def = "info", CHOICES("debug", "info", "warning", "error"),
-	  .help = "Least severe log message shown." },
+    {ROW(job, dump_folder), .def = "./outputs",
+     .help = "Folder for metrics.jsonl, checkpoints and traces."},
+    {ROW(job, description), .def = "", .help = "Free-form description of the run."},
+    {ROW(job, print_config), .def = "false",
+     .help = "Print the effective config as TOML and exit."},
+    {ROW(job, log_level), .def = "info", CHOICES("debug", "info", "warning", "error"),
+     .help = "Least severe log message shown."},
 
-	{ ROW(model, name), .def = "llama3", .help = "Model family." },
-	{ ROW(model, flavor), .def = "debugmodel",
-	  CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B"),
-	  .help = "Model size within the family." },
-	{ ROW(model, vocab_size), .def = "-1", UNSET_OR_GE(1),
-	  .help = "Vocabulary size; -1: the flavor's vocabulary." },
-	{ ROW(model, rope_scaling), .def = "false",
-	  .help = "Llama 3.1 RoPE frequency scaling (factor 8, low 1, high 4, original context "
-		  "8192)." },
-	{ ROW(model, tokenizer_path), .def = "",
-	  .help = "Tokenizer (rank file or tokenizer.json) of the dataset; generate uses it for "
-		  "text, train checks that its ids fit the vocabulary." },
+    {ROW(model, name), .def = "llama3", .help = "Model family."},
+    {ROW(model, flavor), .def = "debugmodel",
+     CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B"),
+     .help = "Model size within the family."},
+    {ROW(model, vocab_size), .def = "-1", UNSET_OR_GE(1),
+     .help = "Vocabulary size; -1: the flavor's vocabulary."},
+    {ROW(model, rope_scaling), .def = "false",
+     .help = "Llama 3.1 RoPE frequency scaling (factor 8, low 1, high 4, original context "
+             "8192)."},
+    {ROW(model, tokenizer_path), .def = "",
+     .help = "Tokenizer (rank file or tokenizer.json) of the dataset; generate uses it for "
+             "text, train checks that its ids fit the vocabulary."},
 
-	{ ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer." },
-	{ ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate." },
-	{ ROW(optimizer, beta1), .def = "0.9", IN_CO(0, 1),
-	  .help = "Decay rate of the first moment." },
-	{ ROW(optimizer, beta2), .def = "0.95", IN_CO(0, 1),
-	  .help = "Decay rate of the second moment." },
-	{ ROW(optimizer, eps), .def = "1e-8", GT(0),
-	  .help = "Added to the root of the second moment." },
-	{ ROW(optimizer, weight_decay), .def = "0.1", GE(0), .help = "Decoupled weight decay." },
+    {ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer."},
+    {ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate."},
+    {ROW(optimizer, beta1), .def = "0.9", IN_CO(0, 1), .help = "Decay rate of the first moment."},
+    {ROW(optimizer, beta2), .def = "0.95", IN_CO(0, 1), .help = "Decay rate of the second moment."},
+    {ROW(optimizer, eps), .def = "1e-8", GT(0), .help = "Added to the root of the second moment."},
+    {ROW(optimizer, weight_decay), .def = "0.1", GE(0), .help = "Decoupled weight decay."},
 
-	{ ROW(lr_scheduler, warmup_steps), .def = "200", GE(0),
-	  .help = "Steps of linear warmup to optimizer.lr." },
-	{ ROW(lr_scheduler, decay_ratio), .def = "-1", UNSET_OR_IN_CC(0, 1),
-	  .help = "Fraction of the steps spent decaying, at the end; -1: decay starts right "
-		  "after warmup." },
-	{ ROW(lr_scheduler, decay_type), .def = "linear", CHOICES("linear", "sqrt", "cosine"),
-	  .help = "Shape of the decay." },
-	{ ROW(lr_scheduler, min_lr_factor), .def = "0.0", IN_CC(0, 1),
-	  .help = "Final learning rate as a fraction of optimizer.lr." },
+    {ROW(lr_scheduler, warmup_steps), .def = "200", GE(0),
+     .help = "Steps of linear warmup to optimizer.lr."},
+    {ROW(lr_scheduler, decay_ratio), .def = "-1", UNSET_OR_IN_CC(0, 1),
+     .help = "Fraction of the steps spent decaying, at the end; -1: decay starts right "
+             "after warmup."},
+    {ROW(lr_scheduler, decay_type), .def = "linear", CHOICES("linear", "sqrt", "cosine"),
+     .help = "Shape of the decay."},
+    {ROW(lr_scheduler, min_lr_factor), .def = "0.0", IN_CC(0, 1),
+     .help = "Final learning rate as a fraction of optimizer.lr."},
 
-	{ ROW(training, local_batch_size), .def = "8", GE(1),
-	  .help = "Sequences per rank per micro-batch." },
-	{ ROW(training, global_batch_size), .def = "-1", UNSET_OR_GE(1),
-	  .help = "Sequences per step; -1: local * dp, else a multiple of local * dp "
-		  "(gradient accumulation)." },
-	{ ROW(training, seq_len), .def = "2048", GE(1), .help = "Tokens per sequence." },
-	{ ROW(training, max_norm), .def = "1.0", GT(0),
-	  .help = "Gradient clipping threshold on the global gradient norm." },
-	{ ROW(training, steps), .def = "10000", GE(1), .help = "Optimizer steps to run." },
-	{ ROW(training, dataset), .def = "synthetic",
-	  .help = "\"synthetic\" (seeded sequences with a learnable rule), \"default\" (the "
-		  "corpus `make run` prepares in outputs/data/default) or the name of the dataset "
-		  "in training.dataset_path." },
-	{ ROW(training, dataset_path), .def = "",
-	  .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
-		  "used unless training.dataset is \"synthetic\"." },
-	{ ROW(training, mixed_precision_param), .def = "float32", CHOICES("float32", "bfloat16"),
-	  .help = "Type of the parameters in forward and backward." },
-	{ ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
-	  .help = "Type of gradient reductions." },
+    {ROW(training, local_batch_size), .def = "8", GE(1),
+     .help = "Sequences per rank per micro-batch."},
+    {ROW(training, global_batch_size), .def = "-1", UNSET_OR_GE(1),
+     .help = "Sequences per step; -1: local * dp, else a multiple of local * dp "
+             "(gradient accumulation)."},
+    {ROW(training, seq_len), .def = "2048", GE(1), .help = "Tokens per sequence."},
+    {ROW(training, max_norm), .def = "1.0", GT(0),
+     .help = "Gradient clipping threshold on the global gradient norm."},
+    {ROW(training, steps), .def = "10000", GE(1), .help = "Optimizer steps to run."},
+    {ROW(training, dataset), .def = "synthetic",
+     .help = "\"synthetic\" (seeded sequences with a learnable rule), \"default\" (the "
+             "corpus `make run` prepares in outputs/data/default) or the name of the dataset "
+             "in training.dataset_path."},
+    {ROW(training, dataset_path), .def = "",
+     .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
+             "used unless training.dataset is \"synthetic\"."},
+    {ROW(training, mixed_precision_param), .def = "float32", CHOICES("float32", "bfloat16"),
+     .help = "Type of the parameters in forward and backward."},
+    {ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
+     .help = "Type of gradient reductions."},
 
-	{ ROW(parallelism, data_parallel_shard_degree), .def = "-1", UNSET_OR_GE(1),
-	  .help = "FSDP degree; -1: the ranks left after the other degrees." },
-	{ ROW(parallelism, data_parallel_replicate_degree), .def = "1", GE(1),
-	  .help = "Replicated data-parallel degree (HSDP when sharded too)." },
-	{ ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
-	  .help = "Tensor-parallel degree." },
-	{ ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
-	  .help = "Pipeline-parallel degree." },
-	{ ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
-	  CHOICES("default", "always", "never"),
-	  .help = "Free gathered parameters after forward (default: except the last stage)." },
+    {ROW(parallelism, data_parallel_shard_degree), .def = "-1", UNSET_OR_GE(1),
+     .help = "FSDP degree; -1: the ranks left after the other degrees."},
+    {ROW(parallelism, data_parallel_replicate_degree), .def = "1", GE(1),
+     .help = "Replicated data-parallel degree (HSDP when sharded too)."},
+    {ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
+     .help = "Tensor-parallel degree."},
+    {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
+     .help = "Pipeline-parallel degree."},
+    {ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
+     CHOICES("default", "always", "never"),
+     .help = "Free gathered parameters after forward (default: except the last stage)."},
 
-	{ ROW(validation, enable), .def = "false",
-	  .help = "Report the loss on the val split of training.dataset_path." },
-	{ ROW(validation, freq), .def = "100", GE(1),
-	  .help = "Evaluate every this many steps and at the last step." },
-	{ ROW(validation, steps), .def = "-1", UNSET_OR_GE(1),
-	  .help = "Steps per evaluation; -1: the whole val split." },
+    {ROW(validation, enable), .def = "false",
+     .help = "Report the loss on the val split of training.dataset_path."},
+    {ROW(validation, freq), .def = "100", GE(1),
+     .help = "Evaluate every this many steps and at the last step."},
+    {ROW(validation, steps), .def = "-1", UNSET_OR_GE(1),
+     .help = "Steps per evaluation; -1: the whole val split."},
 
-	{ ROW(checkpoint, enable), .def = "false",
-	  .help = "Save checkpoints, and resume from the newest one (or checkpoint.load_step)." },
-	{ ROW(checkpoint, folder), .def = "checkpoint",
-	  .help = "Checkpoint folder, inside job.dump_folder." },
-	{ ROW(checkpoint, interval), .def = "500", GE(1),
-	  .help = "Save every this many steps, at the last step and on SIGTERM/SIGINT." },
-	{ ROW(checkpoint, keep_latest_k), .def = "10", GE(0),
-	  .help = "Keep this many newest checkpoints and delete older ones; 0 keeps all." },
-	{ ROW(checkpoint, load_step), .def = "-1", UNSET_OR_GE(0),
-	  .help = "Resume from this step; -1: the newest complete checkpoint, if any." },
+    {ROW(checkpoint, enable), .def = "false",
+     .help = "Save checkpoints, and resume from the newest one (or checkpoint.load_step)."},
+    {ROW(checkpoint, folder), .def = "checkpoint",
+     .help = "Checkpoint folder, inside job.dump_folder."},
+    {ROW(checkpoint, interval), .def = "500", GE(1),
+     .help = "Save every this many steps, at the last step and on SIGTERM/SIGINT."},
+    {ROW(checkpoint, keep_latest_k), .def = "10", GE(0),
+     .help = "Keep this many newest checkpoints and delete older ones; 0 keeps all."},
+    {ROW(checkpoint, load_step), .def = "-1", UNSET_OR_GE(0),
+     .help = "Resume from this step; -1: the newest complete checkpoint, if any."},
 
-	{ ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn"),
-	  .help = "none: save every activation; ffn: recompute each block's FFN up-projections "
-		  "(w1, w3 outputs, the largest activations) in backward instead of saving them." },
+    {ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn"),
+     .help = "none: save every activation; ffn: recompute each block's FFN up-projections "
+             "(w1, w3 outputs, the largest activations) in backward instead of saving them."},
 
-	{ ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
-	  .help = "How collectives advance: inline on the compute thread, or on a communication "
-		  "thread that overlaps them with compute once collectives are issued ahead "
-		  "(prefetch); today every collective is waited on at once and inline measures "
-		  "faster." },
-	{ ROW(comm, timeout_seconds), .def = "300", GT(0),
-	  .help = "A collective that takes longer aborts the job (a peer died or hangs)." },
+    {ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
+     .help = "How collectives advance: inline on the compute thread, or on a communication "
+             "thread that overlaps them with compute once collectives are issued ahead "
+             "(prefetch); today every collective is waited on at once and inline measures "
+             "faster."},
+    {ROW(comm, timeout_seconds), .def = "300", GT(0),
+     .help = "A collective that takes longer aborts the job (a peer died or hangs)."},
 
-	{ ROW(metrics, log_freq), .def = "1", GE(1), .help = "Log every this many steps." },
-	{ ROW(metrics, peak_tflops), .def = "0.0", GE(0),
-	  .help = "Peak TFLOP/s per rank for MFU; 0: measure sgemm on a large square at "
-		  "start-up." },
-	{ ROW(metrics, enable_jsonl), .def = "true",
-	  .help = "Write metrics.jsonl into job.dump_folder." },
+    {ROW(metrics, log_freq), .def = "1", GE(1), .help = "Log every this many steps."},
+    {ROW(metrics, peak_tflops), .def = "0.0", GE(0),
+     .help = "Peak TFLOP/s per rank for MFU; 0: measure sgemm on a large square at "
+             "start-up."},
+    {ROW(metrics, enable_jsonl), .def = "true",
+     .help = "Write metrics.jsonl into job.dump_folder."},
 
-	{ ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data." },
-	{ ROW(debug, deterministic), .def = "true",
-	  .help = "Kept for TorchTitan configs; ctitan is always deterministic." },
-	{ ROW(debug, fail_rank), .def = "-1", UNSET_OR_GE(0),
-	  .help = "Fault injection for tests: this rank kills itself during debug.fail_step." },
-	{ ROW(debug, fail_step), .def = "0", GE(0),
-	  .help = "The 1-based step in which debug.fail_rank dies." },
+    {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
+    {ROW(debug, deterministic), .def = "true",
+     .help = "Kept for TorchTitan configs; ctitan is always deterministic."},
+    {ROW(debug, fail_rank), .def = "-1", UNSET_OR_GE(0),
+     .help = "Fault injection for tests: this rank kills itself during debug.fail_step."},
+    {ROW(debug, fail_step), .def = "0", GE(0),
+     .help = "The 1-based step in which debug.fail_rank dies."},
 };
 #define CFG_N_KEYS ARRAY_SIZE(cfg_schema)
 
@@ -252,11 +255,11 @@ static void cfg_snippet(const char *s, size_t n, size_t max, char *buf, size_t s
 
 struct cfg_where {
 	const char *name; /* file name, or the command-line argument */
-	int line;	  /* 1-based; 0 for a command-line argument */
+	int line;         /* 1-based; 0 for a command-line argument */
 };
 
 __attribute__((format(printf, 2, 3))) static int cfg_fail(const struct cfg_where *w,
-							  const char *fmt, ...)
+                                                          const char *fmt, ...)
 {
 	char msg[2048], name[1100];
 	va_list ap;
@@ -275,7 +278,7 @@ static void cfg_range_text(const struct cfg_range *r, char *buf, size_t n)
 {
 	if (r->lo_kind != BOUND_NONE && r->hi_kind != BOUND_NONE)
 		snprintf(buf, n, "in %c%g, %g%c", r->lo_kind == BOUND_INCL ? '[' : '(', r->lo,
-			 r->hi, r->hi_kind == BOUND_INCL ? ']' : ')');
+		         r->hi, r->hi_kind == BOUND_INCL ? ']' : ')');
 	else if (r->lo_kind != BOUND_NONE)
 		snprintf(buf, n, "%s %g", r->lo_kind == BOUND_INCL ? ">=" : ">", r->lo);
 	else if (r->hi_kind != BOUND_NONE)
@@ -315,7 +318,7 @@ static void cfg_expect_text(const struct cfg_key *k, char *buf, size_t n)
 	} else if (k->type == CFG_INT || k->type == CFG_FLOAT) {
 		cfg_range_text(&k->range, c, sizeof(c));
 		snprintf(buf, n, "%s%s%s%s", k->range.minus_one_ok ? "-1 or " : "",
-			 cfg_type_nouns[k->type], c[0] ? " " : "", c);
+		         cfg_type_nouns[k->type], c[0] ? " " : "", c);
 	} else {
 		snprintf(buf, n, "%s", cfg_type_nouns[k->type]);
 	}
@@ -348,7 +351,10 @@ static size_t cfg_distance(const char *a, size_t na, const char *b, size_t nb)
 	return row[nb];
 }
 
-static bool cfg_close_enough(size_t d, size_t len) { return d <= 3 && 2 * d < len + 1; }
+static bool cfg_close_enough(size_t d, size_t len)
+{
+	return d <= 3 && 2 * d < len + 1;
+}
 
 /* The closest section name, or NULL. */
 static const char *cfg_suggest_section(const char *s, size_t n)
@@ -367,8 +373,7 @@ static const char *cfg_suggest_section(const char *s, size_t n)
 
 /* The closest key to sec.key: the same key name in another section, else the nearest
  * "section.key" by edit distance; NULL if nothing is close. */
-static const struct cfg_key *cfg_suggest_key(const char *sec, size_t sn, const char *key,
-					     size_t kn)
+static const struct cfg_key *cfg_suggest_key(const char *sec, size_t sn, const char *key, size_t kn)
 {
 	char want[160], have[160];
 	const struct cfg_key *best = NULL;
@@ -377,10 +382,10 @@ static const struct cfg_key *cfg_suggest_key(const char *sec, size_t sn, const c
 		if (strlen(cfg_schema[i].name) == kn && memcmp(cfg_schema[i].name, key, kn) == 0)
 			return &cfg_schema[i];
 	int nw = snprintf(want, sizeof(want), "%.*s.%.*s", (int)(sn < 64 ? sn : 64), sec,
-			  (int)(kn < 64 ? kn : 64), key);
+	                  (int)(kn < 64 ? kn : 64), key);
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
 		int nh = snprintf(have, sizeof(have), "%s.%s", cfg_schema[i].section,
-				  cfg_schema[i].name);
+		                  cfg_schema[i].name);
 		size_t d = cfg_distance(want, (size_t)nw, have, (size_t)nh);
 		if (d < best_d && cfg_close_enough(d, (size_t)nh)) {
 			best = &cfg_schema[i];
@@ -397,15 +402,14 @@ static int cfg_unknown_section(const struct cfg_where *w, const char *s, size_t 
 	size_t j = 0;
 	for (size_t i = 0; i < CFG_N_SECTIONS; i++)
 		j += (size_t)snprintf(all + j, sizeof(all) - j, "%s%s", i ? ", " : "",
-				      cfg_sections[i]);
+		                      cfg_sections[i]);
 	cfg_snippet(s, n, 64, shown, sizeof(shown));
 	if (hint)
 		return cfg_fail(w, "unknown section '%s' (did you mean '%s'?)", shown, hint);
 	return cfg_fail(w, "unknown section '%s'; the sections are %s", shown, all);
 }
 
-static int cfg_unknown_key(const struct cfg_where *w, const char *sec, const char *key,
-			   size_t kn)
+static int cfg_unknown_key(const struct cfg_where *w, const char *sec, const char *key, size_t kn)
 {
 	char shown[80], all[1024] = "";
 	const struct cfg_key *hint = cfg_suggest_key(sec, strlen(sec), key, kn);
@@ -413,11 +417,11 @@ static int cfg_unknown_key(const struct cfg_where *w, const char *sec, const cha
 	cfg_snippet(key, kn, 64, shown, sizeof(shown));
 	if (hint)
 		return cfg_fail(w, "unknown key '%s.%s' (did you mean '%s.%s'?)", sec, shown,
-				hint->section, hint->name);
+		                hint->section, hint->name);
 	for (size_t i = 0; i < CFG_N_KEYS && j < sizeof(all); i++)
 		if (strcmp(cfg_schema[i].section, sec) == 0)
 			j += (size_t)snprintf(all + j, sizeof(all) - j, "%s%s", j ? ", " : "",
-					      cfg_schema[i].name);
+			                      cfg_schema[i].name);
 	return cfg_fail(w, "unknown key '%s.%s'; the keys of [%s] are %s", sec, shown, sec, all);
 }
 
@@ -425,11 +429,18 @@ static int cfg_unknown_key(const struct cfg_where *w, const char *sec, const cha
  * Values: the TOML subset's literals, parsed before we look at what the key wants.
  */
 
-enum cfg_vkind { VAL_STRING, VAL_INTEGER, VAL_FLOAT, VAL_BOOL, VAL_ARRAY, VAL_INVALID,
-		 VAL_KIND_COUNT };
+enum cfg_vkind {
+	VAL_STRING,
+	VAL_INTEGER,
+	VAL_FLOAT,
+	VAL_BOOL,
+	VAL_ARRAY,
+	VAL_INVALID,
+	VAL_KIND_COUNT
+};
 
-static const char *const cfg_vkind_nouns[] = { "a string",  "an integer", "a float",
-					       "a boolean", "an array",	  "an invalid value" };
+static const char *const cfg_vkind_nouns[] = {"a string",  "an integer", "a float",
+                                              "a boolean", "an array",   "an invalid value"};
 _Static_assert(ARRAY_SIZE(cfg_vkind_nouns) == VAL_KIND_COUNT, "one noun per value kind");
 
 struct cfg_value {
@@ -438,24 +449,24 @@ struct cfg_value {
 	double f;
 	bool b;
 	char s[CONFIG_STR_MAX]; /* VAL_STRING: the first CONFIG_STR_MAX - 1 bytes */
-	size_t len;		/* VAL_STRING: the full length */
-	char text[72];		/* the literal as written (numbers, invalid tokens) */
-	const char *note;	/* VAL_INVALID: why, if more can be said than "got 'text'" */
+	size_t len;             /* VAL_STRING: the full length */
+	char text[72];          /* the literal as written (numbers, invalid tokens) */
+	const char *note;       /* VAL_INVALID: why, if more can be said than "got 'text'" */
 };
 
 /* Parse functions return 0, or -1 for a syntax error described in err but not yet reported
  * (the caller adds the place and the key), or CT_ERR_USAGE for an error already reported. */
 struct cfg_parser {
 	const char *p, *end;
-	int line;	/* 0 when parsing a command-line value */
-	char err[256];	/* the syntax error, when a parse function returns -1 */
+	int line;      /* 0 when parsing a command-line value */
+	char err[256]; /* the syntax error, when a parse function returns -1 */
 	int err_line;
 };
 
 #define CFG_MAX_DEPTH 32
 
-__attribute__((format(printf, 2, 3))) static int cfg_syntax(struct cfg_parser *ps,
-							    const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) static int cfg_syntax(struct cfg_parser *ps, const char *fmt,
+                                                            ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
@@ -473,7 +484,10 @@ static bool cfg_is_bare(char c)
 }
 
 /* Characters of an unquoted literal: numbers, booleans, and the words we reject. */
-static bool cfg_is_token(char c) { return cfg_is_bare(c) || c == '+' || c == '.'; }
+static bool cfg_is_token(char c)
+{
+	return cfg_is_bare(c) || c == '+' || c == '.';
+}
 
 static void cfg_skip_ws(struct cfg_parser *ps)
 {
@@ -547,8 +561,8 @@ static int cfg_parse_string(struct cfg_parser *ps, struct cfg_value *v)
 	v->kind = VAL_STRING;
 	v->len = 0;
 	if (ps->end - ps->p >= 2 && ps->p[0] == quote && ps->p[1] == quote)
-		return cfg_syntax(ps, "multi-line strings (%c%c%c) are not supported", quote,
-				  quote, quote);
+		return cfg_syntax(ps, "multi-line strings (%c%c%c) are not supported", quote, quote,
+		                  quote);
 	for (;;) {
 		if (ps->p >= ps->end || *ps->p == '\n' || *ps->p == '\r')
 			return cfg_syntax(ps, "unterminated string (missing closing %c)", quote);
@@ -565,22 +579,40 @@ static int cfg_parse_string(struct cfg_parser *ps, struct cfg_value *v)
 			return cfg_syntax(ps, "unterminated string (missing closing %c)", quote);
 		char e = *ps->p++;
 		switch (e) {
-		case 'b': cfg_string_push(v, '\b'); break;
-		case 't': cfg_string_push(v, '\t'); break;
-		case 'n': cfg_string_push(v, '\n'); break;
-		case 'f': cfg_string_push(v, '\f'); break;
-		case 'r': cfg_string_push(v, '\r'); break;
-		case '"': cfg_string_push(v, '"'); break;
-		case '\\': cfg_string_push(v, '\\'); break;
+		case 'b':
+			cfg_string_push(v, '\b');
+			break;
+		case 't':
+			cfg_string_push(v, '\t');
+			break;
+		case 'n':
+			cfg_string_push(v, '\n');
+			break;
+		case 'f':
+			cfg_string_push(v, '\f');
+			break;
+		case 'r':
+			cfg_string_push(v, '\r');
+			break;
+		case '"':
+			cfg_string_push(v, '"');
+			break;
+		case '\\':
+			cfg_string_push(v, '\\');
+			break;
 		case 'u':
 		case 'U':
-			return cfg_syntax(ps, "\\%c escapes are not supported; write the character "
-					      "itself (UTF-8)", e);
+			return cfg_syntax(ps,
+			                  "\\%c escapes are not supported; write the character "
+			                  "itself (UTF-8)",
+			                  e);
 		default: {
 			char s[8];
 			cfg_snippet(&e, 1, 1, s, sizeof(s));
-			return cfg_syntax(ps, "invalid escape '\\%s' in a string (valid: \\b \\t \\n "
-					      "\\f \\r \\\" \\\\)", s);
+			return cfg_syntax(ps,
+			                  "invalid escape '\\%s' in a string (valid: \\b \\t \\n "
+			                  "\\f \\r \\\" \\\\)",
+			                  s);
 		}
 		}
 	}
@@ -687,7 +719,7 @@ static int cfg_parse_array(struct cfg_parser *ps, struct cfg_value *v, int depth
 			return -1;
 		if (elem.kind == VAL_INVALID)
 			return cfg_syntax(ps, "invalid value '%s' in an array%s%s", elem.text,
-					  elem.note ? ": " : "", elem.note ? elem.note : "");
+			                  elem.note ? ": " : "", elem.note ? elem.note : "");
 		cfg_skip_ws_lines(ps);
 		if (ps->p >= ps->end)
 			goto unterminated;
@@ -699,8 +731,10 @@ static int cfg_parse_array(struct cfg_parser *ps, struct cfg_value *v, int depth
 		} else {
 			cfg_here(ps, here, sizeof(here));
 			if (ps->line > start_line)
-				return cfg_syntax(ps, "expected ',' or ']' in the array opened at "
-						      "line %d, got %s", start_line, here);
+				return cfg_syntax(ps,
+				                  "expected ',' or ']' in the array opened at "
+				                  "line %d, got %s",
+				                  start_line, here);
 			return cfg_syntax(ps, "expected ',' or ']' in an array, got %s", here);
 		}
 	}
@@ -748,9 +782,11 @@ static bool cfg_in_range(const struct cfg_range *r, double x)
 		return false;
 	if (r->minus_one_ok && x == -1)
 		return true;
-	if ((r->lo_kind == BOUND_INCL && !(x >= r->lo)) || (r->lo_kind == BOUND_EXCL && !(x > r->lo)))
+	if ((r->lo_kind == BOUND_INCL && !(x >= r->lo)) ||
+	    (r->lo_kind == BOUND_EXCL && !(x > r->lo)))
 		return false;
-	if ((r->hi_kind == BOUND_INCL && !(x <= r->hi)) || (r->hi_kind == BOUND_EXCL && !(x < r->hi)))
+	if ((r->hi_kind == BOUND_INCL && !(x <= r->hi)) ||
+	    (r->hi_kind == BOUND_EXCL && !(x < r->hi)))
 		return false;
 	return true;
 }
@@ -770,17 +806,23 @@ static void cfg_value_text(const struct cfg_value *v, char *buf, size_t n)
 	switch (v->kind) {
 	case VAL_STRING:
 		cfg_snippet(v->s, v->len < sizeof(v->s) ? v->len : sizeof(v->s) - 1, 60, s,
-			    sizeof(s));
+		            sizeof(s));
 		snprintf(buf, n, "\"%s\"", s);
 		break;
-	case VAL_BOOL: snprintf(buf, n, "%s", v->b ? "true" : "false"); break;
-	case VAL_ARRAY: snprintf(buf, n, "an array"); break;
-	default: snprintf(buf, n, "%s", v->text); break;
+	case VAL_BOOL:
+		snprintf(buf, n, "%s", v->b ? "true" : "false");
+		break;
+	case VAL_ARRAY:
+		snprintf(buf, n, "an array");
+		break;
+	default:
+		snprintf(buf, n, "%s", v->text);
+		break;
 	}
 }
 
 static int cfg_type_error(const struct cfg_where *w, const struct cfg_key *k,
-			  const struct cfg_value *v, const char *want)
+                          const struct cfg_value *v, const char *want)
 {
 	char got[96];
 	cfg_value_text(v, got, sizeof(got));
@@ -789,16 +831,16 @@ static int cfg_type_error(const struct cfg_where *w, const struct cfg_key *k,
 		if (!note && k->type == CFG_STRING && w->line > 0)
 			note = "strings need quotes in a TOML file";
 		return cfg_fail(w, "%s.%s: expected %s, got '%s'%s%s%s", k->section, k->name, want,
-				got, note ? " (" : "", note ? note : "", note ? ")" : "");
+		                got, note ? " (" : "", note ? note : "", note ? ")" : "");
 	}
 	if (v->kind == VAL_ARRAY)
 		return cfg_fail(w, "%s.%s: expected %s, got an array", k->section, k->name, want);
 	return cfg_fail(w, "%s.%s: expected %s, got %s (%s)", k->section, k->name, want,
-			cfg_vkind_nouns[v->kind], got);
+	                cfg_vkind_nouns[v->kind], got);
 }
 
 static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const struct cfg_value *v,
-		      const struct cfg_where *w)
+                      const struct cfg_where *w)
 {
 	char want[256], got[96];
 	void *field = cfg_field(cfg, k);
@@ -811,10 +853,10 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 			return cfg_type_error(w, k, v, want);
 		if (v->len >= k->size)
 			return cfg_fail(w, "%s.%s: string too long (%zu bytes; at most %zu)",
-					k->section, k->name, v->len, k->size - 1);
+			                k->section, k->name, v->len, k->size - 1);
 		if (k->choices && !cfg_is_choice(k->choices, v->s))
 			return cfg_fail(w, "%s.%s: expected %s, got %s", k->section, k->name, want,
-					got);
+			                got);
 		memset(field, 0, k->size);
 		memcpy(field, v->s, v->len);
 		return 0;
@@ -823,7 +865,7 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 			return cfg_type_error(w, k, v, want);
 		if (!cfg_in_range(&k->range, (double)v->i))
 			return cfg_fail(w, "%s.%s: expected %s, got %s", k->section, k->name, want,
-					got);
+			                got);
 		memcpy(field, &v->i, sizeof(v->i));
 		return 0;
 	case CFG_FLOAT:
@@ -832,7 +874,7 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 		x = v->kind == VAL_INTEGER ? (double)v->i : v->f;
 		if (!cfg_in_range(&k->range, x))
 			return cfg_fail(w, "%s.%s: expected %s, got %s", k->section, k->name, want,
-					got);
+			                got);
 		memcpy(field, &x, sizeof(x));
 		return 0;
 	case CFG_BOOL:
@@ -840,7 +882,8 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 			return cfg_type_error(w, k, v, want);
 		memcpy(field, &v->b, sizeof(v->b));
 		return 0;
-	case CFG_TYPE_COUNT: break;
+	case CFG_TYPE_COUNT:
+		break;
 	}
 	CHECK(0, "bad type %d for %s.%s", (int)k->type, k->section, k->name);
 }
@@ -848,16 +891,16 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 /* A value as written on the command line (and in the schema's defaults): strings as they
  * are, everything else as a TOML literal. */
 static int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const char *text,
-			   const struct cfg_where *w)
+                           const struct cfg_where *w)
 {
-	struct cfg_value v = { .kind = VAL_INVALID };
+	struct cfg_value v = {.kind = VAL_INVALID};
 	char want[256], here[64];
-	struct cfg_parser ps = { .p = text, .end = text + strlen(text) };
+	struct cfg_parser ps = {.p = text, .end = text + strlen(text)};
 	if (k->type == CFG_STRING) {
 		for (const char *c = text; *c; c++)
 			if ((unsigned char)*c < 0x20 ? *c != '\t' : *c == 0x7f)
 				return cfg_fail(w, "%s.%s: control character 0x%02x in a string",
-						k->section, k->name, (unsigned char)*c);
+				                k->section, k->name, (unsigned char)*c);
 		v.kind = VAL_STRING;
 		v.len = strlen(text);
 		memcpy(v.s, text, v.len < sizeof(v.s) ? v.len : sizeof(v.s) - 1);
@@ -874,7 +917,7 @@ static int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const
 	if (ps.p < ps.end) {
 		cfg_here(&ps, here, sizeof(here));
 		return cfg_fail(w, "%s.%s: unexpected %s after the value; expected %s", k->section,
-				k->name, here, want);
+		                k->name, here, want);
 	}
 	return cfg_assign(cfg, k, &v, w);
 }
@@ -884,9 +927,9 @@ static int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const
  */
 
 struct cfg_file_state {
-	int section;		       /* index in cfg_sections, -1 before the first header */
+	int section;                      /* index in cfg_sections, -1 before the first header */
 	int section_line[CFG_N_SECTIONS]; /* where each section was opened, 0 if not yet */
-	int key_line[CFG_N_KEYS];      /* where each key was set, 0 if not yet */
+	int key_line[CFG_N_KEYS];         /* where each key was set, 0 if not yet */
 	const char *name;
 };
 
@@ -911,12 +954,13 @@ static int cfg_end_line(struct cfg_parser *ps, const char *after)
 		return 0;
 	}
 	cfg_here(ps, here, sizeof(here));
-	return cfg_syntax(ps, "unexpected %s%s%s", here, after ? " after " : "", after ? after : "");
+	return cfg_syntax(ps, "unexpected %s%s%s", here, after ? " after " : "",
+	                  after ? after : "");
 }
 
 static int cfg_parse_header(struct cfg_parser *ps, struct cfg_file_state *st)
 {
-	struct cfg_where w = { st->name, ps->line };
+	struct cfg_where w = {st->name, ps->line};
 	char here[64], shown[80];
 	ps->p++;
 	if (ps->p < ps->end && *ps->p == '[')
@@ -944,7 +988,7 @@ static int cfg_parse_header(struct cfg_parser *ps, struct cfg_file_state *st)
 		return cfg_unknown_section(&w, name, n);
 	if (st->section_line[idx])
 		return cfg_fail(&w, "section [%s] appears twice (first at line %d)", shown,
-				st->section_line[idx]);
+		                st->section_line[idx]);
 	st->section_line[idx] = ps->line;
 	st->section = idx;
 	return 0;
@@ -963,10 +1007,9 @@ static const char *cfg_section_of(const char *key, size_t n)
 	return found;
 }
 
-static int cfg_parse_keyval(struct cfg_parser *ps, struct cfg_file_state *st,
-			    struct ct_config *cfg)
+static int cfg_parse_keyval(struct cfg_parser *ps, struct cfg_file_state *st, struct ct_config *cfg)
 {
-	struct cfg_where w = { st->name, ps->line };
+	struct cfg_where w = {st->name, ps->line};
 	char here[64], shown[80], want[256];
 	const char *key = ps->p;
 	while (ps->p < ps->end && cfg_is_bare(*ps->p))
@@ -990,12 +1033,13 @@ static int cfg_parse_keyval(struct cfg_parser *ps, struct cfg_file_state *st,
 		char rshown[80];
 		cfg_snippet(rest, rn, 64, rshown, sizeof(rshown));
 		return cfg_syntax(ps, "dotted keys are not supported; write '%s = ...' under [%s]",
-				  rshown, shown);
+		                  rshown, shown);
 	}
 	if (st->section < 0) {
 		const char *sec = cfg_section_of(key, n);
 		return cfg_syntax(ps, "key '%s' before any [section] header%s%s%s", shown,
-				  sec ? " (it belongs under [" : "", sec ? sec : "", sec ? "])" : "");
+		                  sec ? " (it belongs under [" : "", sec ? sec : "",
+		                  sec ? "])" : "");
 	}
 	const char *sec = cfg_sections[st->section];
 	if (ps->p >= ps->end || *ps->p != '=') {
@@ -1009,27 +1053,26 @@ static int cfg_parse_keyval(struct cfg_parser *ps, struct cfg_file_state *st,
 	const struct cfg_key *k = &cfg_schema[idx];
 	if (st->key_line[idx])
 		return cfg_fail(&w, "duplicate key '%s.%s' (first set at line %d)", k->section,
-				k->name, st->key_line[idx]);
+		                k->name, st->key_line[idx]);
 	st->key_line[idx] = ps->line;
 	cfg_skip_ws(ps);
 	cfg_expect_text(k, want, sizeof(want));
 	if (ps->p >= ps->end || *ps->p == '\n' || *ps->p == '\r' || *ps->p == '#')
 		return cfg_fail(&w, "%s.%s: missing value after '='; expected %s", k->section,
-				k->name, want);
+		                k->name, want);
 	struct cfg_value v;
 	if (cfg_parse_value(ps, &v, 0)) {
-		struct cfg_where we = { st->name, ps->err_line };
+		struct cfg_where we = {st->name, ps->err_line};
 		return cfg_fail(&we, "%s.%s: %s", k->section, k->name, ps->err);
 	}
 	return cfg_assign(cfg, k, &v, &w);
 }
 
 /* Parses a whole document into *cfg, which the caller commits only on success. */
-static int cfg_parse_document(struct ct_config *cfg, const char *text, size_t len,
-			      const char *name)
+static int cfg_parse_document(struct ct_config *cfg, const char *text, size_t len, const char *name)
 {
-	struct cfg_parser ps = { .p = text, .end = text + len, .line = 1 };
-	struct cfg_file_state st = { .section = -1, .name = name };
+	struct cfg_parser ps = {.p = text, .end = text + len, .line = 1};
+	struct cfg_file_state st = {.section = -1, .name = name};
 	if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
 		ps.p += 3; /* UTF-8 byte order mark */
 	while (ps.p < ps.end) {
@@ -1050,7 +1093,7 @@ static int cfg_parse_document(struct ct_config *cfg, const char *text, size_t le
 		if (rc == CT_ERR_USAGE)
 			return rc; /* already reported */
 		if (rc) {
-			struct cfg_where w = { name, ps.err_line ? ps.err_line : ps.line };
+			struct cfg_where w = {name, ps.err_line ? ps.err_line : ps.line};
 			return cfg_fail(&w, "%s", ps.err);
 		}
 	}
@@ -1083,7 +1126,8 @@ int config_load_file(struct ct_config *cfg, const char *path)
 	for (;;) {
 		if (len == cap) {
 			if (cap >= CFG_FILE_MAX) {
-				LOG_ERROR("%s: config file larger than %d MiB", path, CFG_FILE_MAX >> 20);
+				LOG_ERROR("%s: config file larger than %d MiB", path,
+				          CFG_FILE_MAX >> 20);
 				rc = CT_ERR_USAGE;
 				goto out_free;
 			}
@@ -1128,7 +1172,7 @@ static int cfg_arg_key(const char *name, size_t n, const struct cfg_where *w)
 		const struct cfg_key *hint = cfg_suggest_key("", 0, name, n);
 		if (hint)
 			cfg_fail(w, "key '%s' has no section (did you mean '--%s.%s'?)", shown,
-				 hint->section, hint->name);
+			         hint->section, hint->name);
 		else
 			cfg_fail(w, "key '%s' has no section; expected --section.key=value", shown);
 		return -1;
@@ -1147,10 +1191,11 @@ static int cfg_apply_args(struct ct_config *cfg, int argc, char **argv)
 	char joined[1024];
 	for (int i = 0; i < argc; i++) {
 		const char *a = argv[i];
-		struct cfg_where w = { a, 0 };
+		struct cfg_where w = {a, 0};
 		if (strncmp(a, "--", 2) != 0)
-			return cfg_fail(&w, "unexpected argument; overrides are --section.key=value "
-					    "or --section.key value");
+			return cfg_fail(&w,
+			                "unexpected argument; overrides are --section.key=value "
+			                "or --section.key value");
 		const char *name = a + 2, *eq = strchr(name, '='), *val;
 		int idx = cfg_arg_key(name, eq ? (size_t)(eq - name) : strlen(name), &w);
 		if (idx < 0)
@@ -1159,10 +1204,13 @@ static int cfg_apply_args(struct ct_config *cfg, int argc, char **argv)
 			val = eq + 1;
 		} else {
 			if (i + 1 >= argc)
-				return cfg_fail(&w, "missing value (write %s=VALUE or %s VALUE)", a, a);
+				return cfg_fail(&w, "missing value (write %s=VALUE or %s VALUE)", a,
+				                a);
 			if (strncmp(argv[i + 1], "--", 2) == 0)
-				return cfg_fail(&w, "missing value: the next argument '%s' is an "
-						    "option (write %s=VALUE)", argv[i + 1], a);
+				return cfg_fail(&w,
+				                "missing value: the next argument '%s' is an "
+				                "option (write %s=VALUE)",
+				                argv[i + 1], a);
 			val = argv[++i];
 			snprintf(joined, sizeof(joined), "%s %s", a, val);
 			w.name = joined;
@@ -1203,8 +1251,8 @@ static void cfg_schema_check(void)
 		      "schema: %s.%s appears twice", k->section, k->name);
 		CHECK(k->type != CFG_STRING || (k->size >= 2 && k->size <= CONFIG_STR_MAX),
 		      "schema: %s.%s: bad string size %zu", k->section, k->name, k->size);
-		CHECK(!k->choices || k->type == CFG_STRING, "schema: %s.%s: choices on a non-string",
-		      k->section, k->name);
+		CHECK(!k->choices || k->type == CFG_STRING,
+		      "schema: %s.%s: choices on a non-string", k->section, k->name);
 		CHECK(k->def && k->help, "schema: %s.%s: no default or help", k->section, k->name);
 	}
 }
@@ -1215,7 +1263,7 @@ void config_defaults(struct ct_config *cfg)
 	cfg_schema_check();
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
 		const struct cfg_key *k = &cfg_schema[i];
-		struct cfg_where w = { "schema default", 0 };
+		struct cfg_where w = {"schema default", 0};
 		int rc = cfg_assign_text(cfg, k, k->def, &w);
 		CHECK(rc == 0, "schema: default of %s.%s is invalid", k->section, k->name);
 	}
@@ -1224,7 +1272,7 @@ void config_defaults(struct ct_config *cfg)
 /* One field of a struct that may have been filled by code rather than by this module. */
 static int cfg_validate_field(const struct ct_config *cfg, const struct cfg_key *k)
 {
-	const struct cfg_where w = { "config", 0 };
+	const struct cfg_where w = {"config", 0};
 	const void *field = cfg_field_const(cfg, k);
 	char want[256];
 	cfg_expect_text(k, want, sizeof(want));
@@ -1237,29 +1285,30 @@ static int cfg_validate_field(const struct ct_config *cfg, const struct cfg_key 
 			unsigned char c = (unsigned char)s[j];
 			if ((c < 0x20 && !strchr("\b\t\n\f\r", c)) || c == 0x7f)
 				return cfg_fail(&w, "%s.%s: control character 0x%02x in a string",
-						k->section, k->name, c);
+				                k->section, k->name, c);
 		}
 		if (k->choices && !cfg_is_choice(k->choices, s))
 			return cfg_fail(&w, "%s.%s: expected %s, got \"%s\"", k->section, k->name,
-					want, s);
+			                want, s);
 	} else if (k->type == CFG_INT) {
 		int64_t v;
 		memcpy(&v, field, sizeof(v));
 		if (!cfg_in_range(&k->range, (double)v))
-			return cfg_fail(&w, "%s.%s: expected %s, got %lld", k->section, k->name, want,
-					(long long)v);
+			return cfg_fail(&w, "%s.%s: expected %s, got %lld", k->section, k->name,
+			                want, (long long)v);
 	} else if (k->type == CFG_FLOAT) {
 		double v;
 		memcpy(&v, field, sizeof(v));
 		if (!isfinite(v) || !cfg_in_range(&k->range, v))
-			return cfg_fail(&w, "%s.%s: expected %s, got %g", k->section, k->name, want, v);
+			return cfg_fail(&w, "%s.%s: expected %s, got %g", k->section, k->name, want,
+			                v);
 	}
 	return 0;
 }
 
 int config_validate(const struct ct_config *cfg)
 {
-	const struct cfg_where w = { "config", 0 };
+	const struct cfg_where w = {"config", 0};
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
 		int rc = cfg_validate_field(cfg, &cfg_schema[i]);
 		if (rc)
@@ -1268,28 +1317,31 @@ int config_validate(const struct ct_config *cfg)
 	if (cfg->job.dump_folder[0] == '\0')
 		return cfg_fail(&w, "job.dump_folder: must not be empty");
 	if (cfg->training.dataset[0] == '\0')
-		return cfg_fail(&w, "training.dataset: must not be empty (\"synthetic\" or a path)");
+		return cfg_fail(&w,
+		                "training.dataset: must not be empty (\"synthetic\" or a path)");
 	/* Divisibility by local * dp needs the world size and is the trainer's; dividing by
 	 * local alone is necessary for it and known now. */
 	if (cfg->training.global_batch_size != -1 &&
 	    cfg->training.global_batch_size % cfg->training.local_batch_size != 0)
-		return cfg_fail(&w, "training.global_batch_size (%lld) must be -1 or a multiple of "
-				    "training.local_batch_size (%lld)",
-				(long long)cfg->training.global_batch_size,
-				(long long)cfg->training.local_batch_size);
+		return cfg_fail(&w,
+		                "training.global_batch_size (%lld) must be -1 or a multiple of "
+		                "training.local_batch_size (%lld)",
+		                (long long)cfg->training.global_batch_size,
+		                (long long)cfg->training.local_batch_size);
 	/* Ranks are an int in MPI: the fixed degrees must multiply to something that fits. */
 	const struct ct_config *c = cfg;
-	int64_t degrees[] = { c->parallelism.data_parallel_replicate_degree,
-			      c->parallelism.tensor_parallel_degree,
-			      c->parallelism.pipeline_parallel_degree,
-			      c->parallelism.data_parallel_shard_degree == -1 ?
-				      1 :
-				      c->parallelism.data_parallel_shard_degree };
+	int64_t degrees[] = {c->parallelism.data_parallel_replicate_degree,
+	                     c->parallelism.tensor_parallel_degree,
+	                     c->parallelism.pipeline_parallel_degree,
+	                     c->parallelism.data_parallel_shard_degree == -1
+	                         ? 1
+	                         : c->parallelism.data_parallel_shard_degree};
 	int64_t ranks = 1;
 	for (size_t i = 0; i < ARRAY_SIZE(degrees); i++) {
 		if (degrees[i] > INT32_MAX / ranks)
-			return cfg_fail(&w, "parallelism: the degrees multiply to more than %d ranks",
-					INT32_MAX);
+			return cfg_fail(&w,
+			                "parallelism: the degrees multiply to more than %d ranks",
+			                INT32_MAX);
 		ranks *= degrees[i];
 	}
 	return 0;
@@ -1317,14 +1369,30 @@ static void cfg_print_string(const char *s, FILE *f)
 	fputc('"', f);
 	for (; *s; s++) {
 		switch (*s) {
-		case '"': fputs("\\\"", f); break;
-		case '\\': fputs("\\\\", f); break;
-		case '\b': fputs("\\b", f); break;
-		case '\t': fputs("\\t", f); break;
-		case '\n': fputs("\\n", f); break;
-		case '\f': fputs("\\f", f); break;
-		case '\r': fputs("\\r", f); break;
-		default: fputc(*s, f); break;
+		case '"':
+			fputs("\\\"", f);
+			break;
+		case '\\':
+			fputs("\\\\", f);
+			break;
+		case '\b':
+			fputs("\\b", f);
+			break;
+		case '\t':
+			fputs("\\t", f);
+			break;
+		case '\n':
+			fputs("\\n", f);
+			break;
+		case '\f':
+			fputs("\\f", f);
+			break;
+		case '\r':
+			fputs("\\r", f);
+			break;
+		default:
+			fputc(*s, f);
+			break;
 		}
 	}
 	fputc('"', f);
@@ -1338,7 +1406,9 @@ static void cfg_print_value(const struct ct_config *cfg, const struct cfg_key *k
 	double x;
 	bool b;
 	switch (k->type) {
-	case CFG_STRING: cfg_print_string(field, f); break;
+	case CFG_STRING:
+		cfg_print_string(field, f);
+		break;
 	case CFG_INT:
 		memcpy(&i, field, sizeof(i));
 		fprintf(f, "%lld", (long long)i);
@@ -1352,7 +1422,8 @@ static void cfg_print_value(const struct ct_config *cfg, const struct cfg_key *k
 		memcpy(&b, field, sizeof(b));
 		fputs(b ? "true" : "false", f);
 		break;
-	case CFG_TYPE_COUNT: break;
+	case CFG_TYPE_COUNT:
+		break;
 	}
 }
 
@@ -1404,9 +1475,9 @@ void config_print_help(FILE *f)
 			wdef = dn;
 	}
 	fprintf(f, "Configuration keys: set them in the TOML file under [section], or override "
-		   "them with --section.key=value or --section.key value.\n\n");
+	           "them with --section.key=value or --section.key value.\n\n");
 	snprintf(line, sizeof(line), "  %-*s  %-6s  %-*s  %s", wname, "key", "type", wdef,
-		 "default", "allowed");
+	         "default", "allowed");
 	cfg_put_line(line, f);
 	for (size_t s = 0; s < CFG_N_SECTIONS; s++) {
 		fprintf(f, "\n[%s]\n", cfg_sections[s]);
@@ -1417,7 +1488,7 @@ void config_print_help(FILE *f)
 			snprintf(def, sizeof(def), k->type == CFG_STRING ? "\"%s\"" : "%s", k->def);
 			cfg_constraint_text(k, cons, sizeof(cons));
 			snprintf(line, sizeof(line), "  %-*s  %-6s  %-*s  %s", wname, k->name,
-				 cfg_type_names[k->type], wdef, def, cons);
+			         cfg_type_names[k->type], wdef, def, cons);
 			cfg_put_line(line, f);
 			fprintf(f, "  %*s  %s\n", wname, "", k->help);
 		}

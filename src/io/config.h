@@ -23,24 +23,24 @@ struct ct_config {
 	struct {
 		char dump_folder[CONFIG_STR_MAX]; /* "./outputs" */
 		char description[CONFIG_STR_MAX]; /* "" */
-		bool print_config;		  /* false: print the effective config and exit */
-		char log_level[16];		  /* "info": debug | info | warning | error */
+		bool print_config;                /* false: print the effective config and exit */
+		char log_level[16];               /* "info": debug | info | warning | error */
 	} job;
 	struct {
-		char name[64];	 /* "llama3" */
-		char flavor[64]; /* "debugmodel": debugmodel | 125M | 1B | 8B | 70B | 405B */
+		char name[64];      /* "llama3" */
+		char flavor[64];    /* "debugmodel": debugmodel | 125M | 1B | 8B | 70B | 405B */
 		int64_t vocab_size; /* -1: the flavor's vocab */
 		bool rope_scaling;  /* false: Llama 3.1 RoPE frequency scaling (factor 8, low 1,
-				       high 4, original context 8192) */
+		                       high 4, original context 8192) */
 		char tokenizer_path[CONFIG_STR_MAX]; /* "": the tokenizer of the dataset (rank
-							file or tokenizer.json) */
+		                                        file or tokenizer.json) */
 	} model;
 	struct {
-		char name[32];	     /* "AdamW" (only choice) */
-		double lr;	     /* 8e-4, > 0 */
-		double beta1;	     /* 0.9, [0,1) */
-		double beta2;	     /* 0.95, [0,1) */
-		double eps;	     /* 1e-8, > 0 */
+		char name[32];       /* "AdamW" (only choice) */
+		double lr;           /* 8e-4, > 0 */
+		double beta1;        /* 0.9, [0,1) */
+		double beta2;        /* 0.95, [0,1) */
+		double eps;          /* 1e-8, > 0 */
 		double weight_decay; /* 0.1, >= 0 */
 	} optimizer;
 	struct {
@@ -50,24 +50,24 @@ struct ct_config {
 		double min_lr_factor; /* 0.0, [0,1] */
 	} lr_scheduler;
 	struct {
-		int64_t local_batch_size;  /* 8, >= 1 */
-		int64_t global_batch_size; /* -1 (= local * dp), else multiple of local * dp */
-		int64_t seq_len;	   /* 2048, >= 1 */
-		double max_norm;	   /* 1.0, > 0; gradient clipping on the global norm */
-		int64_t steps;		   /* 10000, >= 1 */
+		int64_t local_batch_size;     /* 8, >= 1 */
+		int64_t global_batch_size;    /* -1 (= local * dp), else multiple of local * dp */
+		int64_t seq_len;              /* 2048, >= 1 */
+		double max_norm;              /* 1.0, > 0; gradient clipping on the global norm */
+		int64_t steps;                /* 10000, >= 1 */
 		char dataset[CONFIG_STR_MAX]; /* "synthetic" (seeded sequences with a learnable
-						 rule) or a dataset name (needs dataset_path) */
+		                                 rule) or a dataset name (needs dataset_path) */
 		char dataset_path[CONFIG_STR_MAX]; /* "": a folder of token shards (train_*.bin,
-						      val_*.bin) from `ctitan prepare` */
-		char mixed_precision_param[16];	 /* "float32": float32 | bfloat16 */
-		char mixed_precision_reduce[16]; /* "float32": float32 */
+		                                      val_*.bin) from `ctitan prepare` */
+		char mixed_precision_param[16];    /* "float32": float32 | bfloat16 */
+		char mixed_precision_reduce[16];   /* "float32": float32 */
 	} training;
 	struct {
-		int64_t data_parallel_shard_degree;	/* -1: fill the rest of the world */
+		int64_t data_parallel_shard_degree;     /* -1: fill the rest of the world */
 		int64_t data_parallel_replicate_degree; /* 1, >= 1 */
-		int64_t tensor_parallel_degree;		/* 1, >= 1 */
-		int64_t pipeline_parallel_degree;	/* 1, >= 1 */
-		char fsdp_reshard_after_forward[16];	/* "default": default | always | never */
+		int64_t tensor_parallel_degree;         /* 1, >= 1 */
+		int64_t pipeline_parallel_degree;       /* 1, >= 1 */
+		char fsdp_reshard_after_forward[16];    /* "default": default | always | never */
 	} parallelism;
 	struct {
 		bool enable;   /* false: report the loss on the val split of dataset_path */
@@ -75,31 +75,33 @@ struct ct_config {
 		int64_t steps; /* -1 (the whole split), else >= 1: steps per evaluation */
 	} validation;
 	struct {
-		bool enable;	       /* false: save and resume checkpoints */
+		bool enable;                 /* false: save and resume checkpoints */
 		char folder[CONFIG_STR_MAX]; /* "checkpoint": under job.dump_folder */
-		int64_t interval;      /* 500, >= 1: save every this many steps (and at the end) */
-		int64_t keep_latest_k; /* 10, >= 0: keep this many newest checkpoints; 0 keeps all */
-		int64_t load_step;     /* -1, >= -1: resume from this step; -1 the newest one */
+		int64_t interval; /* 500, >= 1: save every this many steps (and at the end) */
+		int64_t
+		    keep_latest_k; /* 10, >= 0: keep this many newest checkpoints; 0 keeps all */
+		int64_t load_step; /* -1, >= -1: resume from this step; -1 the newest one */
 	} checkpoint;
 	struct {
 		char mode[16]; /* "none": none | ffn — "ffn" recomputes the FFN up-projections in
-				  backward instead of saving them (less memory, ~15% more FLOPs) */
+		                  backward instead of saving them (less memory, ~15% more FLOPs) */
 	} activation_checkpoint;
 	struct {
-		char progress[16];	/* "inline": inline | thread — how the comm stream advances */
+		char progress[16]; /* "inline": inline | thread — how the comm stream advances */
 		double timeout_seconds; /* 300, > 0: a collective waiting longer aborts the job */
 	} comm;
 	struct {
-		int64_t log_freq;     /* 1, >= 1 */
-		double peak_tflops;   /* 0: measure sgemm on a large square at start-up; > 0: use this */
-		bool enable_jsonl;    /* true: write metrics.jsonl into job.dump_folder */
+		int64_t log_freq; /* 1, >= 1 */
+		double
+		    peak_tflops; /* 0: measure sgemm on a large square at start-up; > 0: use this */
+		bool enable_jsonl; /* true: write metrics.jsonl into job.dump_folder */
 	} metrics;
 	struct {
-		int64_t seed;	     /* 0, >= 0: weights and synthetic data */
-		bool deterministic;  /* true (ctitan is always deterministic; kept for TorchTitan
-					configs) */
-		int64_t fail_rank;   /* -1, >= -1: fault injection for tests — this rank kills */
-		int64_t fail_step;   /* 0, >= 0: itself (SIGKILL) in the middle of this step */
+		int64_t seed;       /* 0, >= 0: weights and synthetic data */
+		bool deterministic; /* true (ctitan is always deterministic; kept for TorchTitan
+		                       configs) */
+		int64_t fail_rank;  /* -1, >= -1: fault injection for tests — this rank kills */
+		int64_t fail_step;  /* 0, >= 0: itself (SIGKILL) in the middle of this step */
 	} debug;
 };
 

@@ -9,14 +9,20 @@
 
 #include "base/log.h"
 
-static const char *const st_dtype_names[] = { "F32", "F64", "I32", "I64", "BF16", "U8" };
-static const int st_dtype_sizes[] = { 4, 8, 4, 8, 2, 1 };
+static const char *const st_dtype_names[] = {"F32", "F64", "I32", "I64", "BF16", "U8"};
+static const int st_dtype_sizes[] = {4, 8, 4, 8, 2, 1};
 _Static_assert(sizeof(st_dtype_names) / sizeof(st_dtype_names[0]) == ST_DTYPE_COUNT, "names");
 _Static_assert(sizeof(st_dtype_sizes) / sizeof(st_dtype_sizes[0]) == ST_DTYPE_COUNT, "sizes");
 
-int st_dtype_size(enum st_dtype d) { return st_dtype_sizes[d]; }
+int st_dtype_size(enum st_dtype d)
+{
+	return st_dtype_sizes[d];
+}
 
-void st_init(struct st_file *f) { memset(f, 0, sizeof(*f)); }
+void st_init(struct st_file *f)
+{
+	memset(f, 0, sizeof(*f));
+}
 
 static int64_t st_numel(const struct st_tensor *t)
 {
@@ -27,7 +33,7 @@ static int64_t st_numel(const struct st_tensor *t)
 }
 
 void st_add(struct st_file *f, const char *name, enum st_dtype dtype, int ndim,
-	    const int64_t *shape, const void *data)
+            const int64_t *shape, const void *data)
 {
 	CHECK(ndim >= 0 && ndim <= ST_MAX_DIMS, "safetensors: %d dims for %s", ndim, name);
 	if (f->count == f->cap) {
@@ -124,29 +130,32 @@ static int st_parse_tensor(struct st_file *f, const cJSON *o, const char *path, 
 		if (strcmp(dt->valuestring, st_dtype_names[i]) == 0)
 			dtype = i;
 	if (dtype < 0) {
-		LOG_ERROR("%s: tensor '%s' has unsupported dtype '%s'", path, name, dt->valuestring);
+		LOG_ERROR("%s: tensor '%s' has unsupported dtype '%s'", path, name,
+		          dt->valuestring);
 		return CT_ERR_RUNTIME;
 	}
 	int64_t shp[ST_MAX_DIMS];
 	int nd = 0;
 	const cJSON *it;
-	cJSON_ArrayForEach(it, shape)
-	{
+	cJSON_ArrayForEach (it, shape) {
 		if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 1e15) {
 			LOG_ERROR("%s: tensor '%s' has a bad shape", path, name);
 			return CT_ERR_RUNTIME;
 		}
 		shp[nd++] = (int64_t)it->valuedouble;
 	}
-	double b = cJSON_GetArrayItem(off, 0)->valuedouble, e = cJSON_GetArrayItem(off, 1)->valuedouble;
+	double b = cJSON_GetArrayItem(off, 0)->valuedouble,
+	       e = cJSON_GetArrayItem(off, 1)->valuedouble;
 	st_add(f, name, (enum st_dtype)dtype, nd, shp, NULL);
 	struct st_tensor *t = &f->t[f->count - 1];
 	int64_t want = t->end - t->begin;
 	t->begin = (int64_t)b;
 	t->end = (int64_t)e;
 	if (b < 0 || e < b || e > (double)data_len || t->end - t->begin != want) {
-		LOG_ERROR("%s: tensor '%s' byte range [%.0f, %.0f) does not match its shape or lies "
-			  "outside the file", path, name, b, e);
+		LOG_ERROR(
+		    "%s: tensor '%s' byte range [%.0f, %.0f) does not match its shape or lies "
+		    "outside the file",
+		    path, name, b, e);
 		return CT_ERR_RUNTIME;
 	}
 	t->data = (const char *)f->blob + f->data_offset + t->begin;
@@ -182,7 +191,7 @@ int st_read(struct st_file *f, const char *path)
 		hlen |= (uint64_t)p[i] << (8 * i);
 	if (hlen > (uint64_t)size - 8) {
 		LOG_ERROR("%s: header length %llu exceeds the file (%lld bytes): truncated?", path,
-			  (unsigned long long)hlen, (long long)size);
+		          (unsigned long long)hlen, (long long)size);
 		goto out;
 	}
 	f->data_offset = 8 + (int64_t)hlen;
@@ -192,12 +201,12 @@ int st_read(struct st_file *f, const char *path)
 		goto out;
 	}
 	const cJSON *o;
-	cJSON_ArrayForEach(o, root)
-	{
+	cJSON_ArrayForEach (o, root) {
 		if (strcmp(o->string, "__metadata__") == 0) {
 			const cJSON *kv;
-			cJSON_ArrayForEach(kv, o) if (cJSON_IsString(kv))
-				st_add_meta(f, kv->string, kv->valuestring);
+			cJSON_ArrayForEach (kv, o)
+				if (cJSON_IsString(kv))
+					st_add_meta(f, kv->string, kv->valuestring);
 			continue;
 		}
 		if (st_parse_tensor(f, o, path, size - f->data_offset))

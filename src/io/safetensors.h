@@ -38,7 +38,7 @@ int st_dtype_size(enum st_dtype d);
 /* Writer: add tensors and metadata, then write. Names and metadata are copied. */
 void st_init(struct st_file *f);
 void st_add(struct st_file *f, const char *name, enum st_dtype dtype, int ndim,
-	    const int64_t *shape, const void *data);
+            const int64_t *shape, const void *data);
 void st_add_meta(struct st_file *f, const char *key, const char *value);
 int st_write(const struct st_file *f, const char *path);
 

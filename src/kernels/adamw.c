@@ -5,8 +5,8 @@
 #include "kernels/kernels.h"
 
 void adamw_update(float *p, const float *grad, float *m, float *v, int64_t n, double lr,
-		  double beta1, double beta2, double eps, double weight_decay, int64_t t,
-		  double gscale)
+                  double beta1, double beta2, double eps, double weight_decay, int64_t t,
+                  double gscale)
 {
 	double bc1 = 1.0 - pow(beta1, (double)t);
 	double bc2 = 1.0 - pow(beta2, (double)t);

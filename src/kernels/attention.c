@@ -57,8 +57,8 @@ typedef real rvec __attribute__((vector_size(RVEC_BYTES)));
 typedef real rvec_u __attribute__((vector_size(RVEC_BYTES), aligned(sizeof(real)), may_alias));
 
 enum {
-	ATTN_TILE = 64,					/* query and key tile size */
-	VL = (int)(sizeof(rvec) / sizeof(real)),	/* reals per vector */
+	ATTN_TILE = 64,                          /* query and key tile size */
+	VL = (int)(sizeof(rvec) / sizeof(real)), /* reals per vector */
 };
 _Static_assert(ATTN_TILE % (2 * VL) == 0, "tile rows are whole pairs of vectors");
 _Static_assert(2 * MM_ROWS_2V <= MM_ROWS_1V, "both register tiles use the same accumulators");
@@ -80,9 +80,16 @@ static struct attn_dims attn_dims_make(int64_t B, int64_t T, int64_t H, int64_t 
 	CHECK(D <= ATTN_MAX_HEAD_DIM, "attention: head dim %lld > ATTN_MAX_HEAD_DIM=%d",
 	      (long long)D, ATTN_MAX_HEAD_DIM);
 	struct attn_dims a = {
-		.B = B, .T = T, .H = H, .KV = KV, .D = D, .group = H / KV,
-		.ntiles = (T + ATTN_TILE - 1) / ATTN_TILE, .q_rs = H * D, .kv_rs = KV * D,
-		.scale = (real)(1.0 / sqrt((double)D)),
+	    .B = B,
+	    .T = T,
+	    .H = H,
+	    .KV = KV,
+	    .D = D,
+	    .group = H / KV,
+	    .ntiles = (T + ATTN_TILE - 1) / ATTN_TILE,
+	    .q_rs = H * D,
+	    .kv_rs = KV * D,
+	    .scale = (real)(1.0 / sqrt((double)D)),
 	};
 	return a;
 }
@@ -93,7 +100,10 @@ static inline int64_t tile_len(const struct attn_dims *a, int64_t tile)
 	return n < ATTN_TILE ? n : ATTN_TILE;
 }
 
-static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+static inline int64_t min64(int64_t x, int64_t y)
+{
+	return x < y ? x : y;
+}
 
 /* ---- micro-kernel ---------------------------------------------------------------------- */
 
@@ -114,13 +124,12 @@ enum mm_tri {
  * FMAs, each scalar of a (broadcast) feeds nv. rows and nv are compile-time constants. */
 static inline __attribute__((always_inline)) void
 mm_block(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs, int64_t a_ks,
-	 const real *restrict b, int64_t b_ks, int64_t K, bool load_c, const int rows,
-	 const int nv)
+         const real *restrict b, int64_t b_ks, int64_t K, bool load_c, const int rows, const int nv)
 {
 	rvec acc[MM_ROWS_1V];
 	for (int r = 0; r < rows; r++)
 		for (int v = 0; v < nv; v++)
-			acc[r * nv + v] = (rvec){ 0 };
+			acc[r * nv + v] = (rvec){0};
 	if (load_c)
 		for (int r = 0; r < rows; r++)
 			for (int v = 0; v < nv; v++)
@@ -143,8 +152,8 @@ mm_block(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs, i
 /* Rows r0..R-1 of mm_acc, one at a time (leftovers of the register tiling, odd N). Ignores
  * the triangle: the skipped terms are zero or masked anyway. */
 static void mm_rows(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs,
-		    int64_t a_ks, const real *restrict b, int64_t b_ks, int64_t r0, int64_t R,
-		    int64_t K, int64_t N, bool load_c)
+                    int64_t a_ks, const real *restrict b, int64_t b_ks, int64_t r0, int64_t R,
+                    int64_t K, int64_t N, bool load_c)
 {
 	for (int64_t r = r0; r < R; r++) {
 		real *cr = c + r * c_rs;
@@ -164,8 +173,8 @@ static void mm_rows(real *restrict c, int64_t c_rs, const real *restrict a, int6
  * is needed at all, follows the triangle. */
 static inline __attribute__((always_inline)) void
 mm_tiles(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs, int64_t a_ks,
-	 const real *restrict b, int64_t b_ks, int64_t R, int64_t K, int64_t N, enum mm_tri tri,
-	 bool load_c, const int rows, const int nv)
+         const real *restrict b, int64_t b_ks, int64_t R, int64_t K, int64_t N, enum mm_tri tri,
+         bool load_c, const int rows, const int nv)
 {
 	const int64_t w = nv * VL;
 	int64_t r0 = 0;
@@ -175,11 +184,11 @@ mm_tiles(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs, i
 			    (tri == MM_TRI_C_N_LE_R && n0 >= r0 + rows))
 				continue;
 			int64_t k0 = tri == MM_TRI_B_K_GE_N ? min64(n0, K) : 0;
-			int64_t k1 = tri == MM_TRI_B_K_LE_N ? min64(n0 + w, K)
-				     : tri == MM_TRI_A_K_LE_R ? min64(r0 + rows, K)
-							   : K;
+			int64_t k1 = tri == MM_TRI_B_K_LE_N   ? min64(n0 + w, K)
+			             : tri == MM_TRI_A_K_LE_R ? min64(r0 + rows, K)
+			                                      : K;
 			mm_block(c + r0 * c_rs + n0, c_rs, a + r0 * a_rs + k0 * a_ks, a_rs, a_ks,
-				 b + k0 * b_ks + n0, b_ks, k1 - k0, load_c, rows, nv);
+			         b + k0 * b_ks + n0, b_ks, k1 - k0, load_c, rows, nv);
 		}
 	}
 	mm_rows(c, c_rs, a, a_rs, a_ks, b, b_ks, r0, R, K, N, load_c);
@@ -190,12 +199,12 @@ mm_tiles(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs, i
  * row k of b at b + k*b_ks; c is overwritten unless load_c. The sum over k always runs in
  * increasing k, from a zero or loaded accumulator: deterministic. */
 static void mm_acc(real *restrict c, int64_t c_rs, const real *restrict a, int64_t a_rs,
-		   int64_t a_ks, const real *restrict b, int64_t b_ks, int64_t R, int64_t K,
-		   int64_t N, enum mm_tri tri, bool load_c)
+                   int64_t a_ks, const real *restrict b, int64_t b_ks, int64_t R, int64_t K,
+                   int64_t N, enum mm_tri tri, bool load_c)
 {
 	if (MM_ROWS_2V > 0 && N % (2 * VL) == 0)
 		mm_tiles(c, c_rs, a, a_rs, a_ks, b, b_ks, R, K, N, tri, load_c,
-			 MM_ROWS_2V > 0 ? MM_ROWS_2V : 1, 2);
+		         MM_ROWS_2V > 0 ? MM_ROWS_2V : 1, 2);
 	else if (N % VL == 0)
 		mm_tiles(c, c_rs, a, a_rs, a_ks, b, b_ks, R, K, N, tri, load_c, MM_ROWS_1V, 1);
 	else
@@ -207,7 +216,7 @@ static void mm_acc(real *restrict c, int64_t c_rs, const real *restrict a, int64
 /* dst[d][i] = alpha * (row i of src)[d] for i < n; columns n..ATTN_TILE-1 are zero.
  * Turns a tile of strided token rows into a transposed (D, ATTN_TILE) operand. */
 static void tile_load_t(real *restrict dst, const real *restrict src, int64_t src_rs, int64_t n,
-			int64_t D, real alpha)
+                        int64_t D, real alpha)
 {
 	for (int64_t d = 0; d < D; d++) {
 		real *row = dst + d * ATTN_TILE;
@@ -221,7 +230,7 @@ static void tile_load_t(real *restrict dst, const real *restrict src, int64_t sr
 /* (row i of dst)[d] += src[d][i] for i < n: adds a transposed (D, ATTN_TILE) accumulator
  * into strided token rows. */
 static void tile_add_t(real *restrict dst, int64_t dst_rs, const real *restrict src, int64_t n,
-		       int64_t D)
+                       int64_t D)
 {
 	for (int64_t i = 0; i < n; i++)
 		for (int64_t d = 0; d < D; d++)
@@ -280,7 +289,7 @@ static void mask_causal_t(real *st, int64_t nk)
  *   p_ji = exp(s_ji - m'_i),      l_i = l_i corr_i + sum_j p_ji.
  * Masked scores are -inf, so their p is 0. st is overwritten by p. */
 static void softmax_online(real *restrict st, real *restrict m, real *restrict l,
-			   real *restrict corr, int64_t nk)
+                           real *restrict corr, int64_t nk)
 {
 	real mnew[ATTN_TILE];
 	for (int64_t i = 0; i < ATTN_TILE; i++)
@@ -304,13 +313,13 @@ static void softmax_online(real *restrict st, real *restrict m, real *restrict l
 
 /* One (b, h, query tile): walks key tiles 0..qtile, writes nq rows of out and lse. */
 static void attn_forward_tile(const struct attn_dims *a, struct attn_scratch *w, real *out,
-			      real *lse, const real *q, const real *k, const real *v, int64_t b,
-			      int64_t h, int64_t qtile)
+                              real *lse, const real *q, const real *k, const real *v, int64_t b,
+                              int64_t h, int64_t qtile)
 {
 	const int64_t D = a->D, q0 = qtile * ATTN_TILE, nq = tile_len(a, qtile);
 	const int64_t qoff = ((b * a->T + q0) * a->H + h) * D;
 	const int64_t kvoff = (b * a->T * a->KV + h / a->group) * D; /* token 0 of the kv head */
-	real *qt = w->dt[0];   /* (D, TILE): scale q^T */
+	real *qt = w->dt[0];                                         /* (D, TILE): scale q^T */
 	real *acct = w->dt[1]; /* (D, TILE): out^T, unnormalised */
 	real *st = w->tt[0];   /* (TILE, TILE): st[j][i] = s_ij, then p */
 	real *m = w->vec[0], *l = w->vec[1], *corr = w->vec[2];
@@ -352,7 +361,7 @@ static void attn_forward_tile(const struct attn_dims *a, struct attn_scratch *w,
 }
 
 void KFN(attention_forward)(real *out, real *lse, const real *q, const real *k, const real *v,
-			    int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
+                            int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
 	const struct attn_dims a = attn_dims_make(B, T, H, KV, D);
 	const int64_t nbh = B * H, nitems = nbh * a.ntiles;
@@ -378,8 +387,8 @@ void KFN(attention_forward)(real *out, real *lse, const real *q, const real *k, 
  * kt/vt are scale k^T and v^T of the key tile; dkt/dvt its accumulators; dsum holds D_i of
  * this query tile. */
 static void attn_backward_pair(const struct attn_dims *a, struct attn_scratch *w, real *dq,
-			       const real *dout, const real *lse, const real *dsum, const real *q,
-			       const real *k, int64_t b, int64_t h, int64_t qtile, int64_t ktile)
+                               const real *dout, const real *lse, const real *dsum, const real *q,
+                               const real *k, int64_t b, int64_t h, int64_t qtile, int64_t ktile)
 {
 	const int64_t D = a->D, q0 = qtile * ATTN_TILE, nq = tile_len(a, qtile);
 	const int64_t nk = tile_len(a, ktile);
@@ -427,7 +436,7 @@ static void attn_backward_pair(const struct attn_dims *a, struct attn_scratch *w
 
 /* dsum[hh*T + t] = D_t = dout_t . out_t for the query heads hh of kv group g. */
 static void attn_backward_dsum(const struct attn_dims *a, real *dsum, const real *dout,
-			       const real *out, int64_t b, int64_t g)
+                               const real *out, int64_t b, int64_t g)
 {
 	for (int64_t hh = 0; hh < a->group; hh++)
 		for (int64_t t = 0; t < a->T; t++) {
@@ -441,10 +450,9 @@ static void attn_backward_dsum(const struct attn_dims *a, real *dsum, const real
 
 /* Backward of one (b, kv head): for each key tile, every query head of the group and every
  * query tile at or below it, in a fixed order. Owns dk/dv of that kv head. */
-static void attn_backward_kv(const struct attn_dims *a, struct attn_scratch *w, real *dq,
-			     real *dk, real *dv, const real *dout, const real *out,
-			     const real *lse, const real *q, const real *k, const real *v,
-			     int64_t b, int64_t g)
+static void attn_backward_kv(const struct attn_dims *a, struct attn_scratch *w, real *dq, real *dk,
+                             real *dv, const real *dout, const real *out, const real *lse,
+                             const real *q, const real *k, const real *v, int64_t b, int64_t g)
 {
 	const int64_t D = a->D, kvoff = (b * a->T * a->KV + g) * D;
 	attn_backward_dsum(a, w->rows, dout, out, b, g);
@@ -460,16 +468,16 @@ static void attn_backward_kv(const struct attn_dims *a, struct attn_scratch *w, 
 		for (int64_t hh = 0; hh < a->group; hh++)
 			for (int64_t qt = kt; qt < a->ntiles; qt++)
 				attn_backward_pair(a, w, dq, dout, lse,
-						   w->rows + hh * a->T + qt * ATTN_TILE, q, k, b,
-						   g * a->group + hh, qt, kt);
+				                   w->rows + hh * a->T + qt * ATTN_TILE, q, k, b,
+				                   g * a->group + hh, qt, kt);
 		tile_add_t(dkj, a->kv_rs, w->dt[2], nk, D);
 		tile_add_t(dvj, a->kv_rs, w->dt[3], nk, D);
 	}
 }
 
 void KFN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, const real *out,
-			     const real *lse, const real *q, const real *k, const real *v,
-			     int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
+                             const real *lse, const real *q, const real *k, const real *v,
+                             int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
 	const struct attn_dims a = attn_dims_make(B, T, H, KV, D);
 #pragma omp parallel
@@ -479,7 +487,7 @@ void KFN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, con
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < B * KV; it++)
 			attn_backward_kv(&a, &w, dq, dk, dv, dout, out, lse, q, k, v, it / KV,
-					 it % KV);
+			                 it % KV);
 		free(w.mem);
 	}
 }

@@ -9,9 +9,9 @@
 #include "kernels/kreal.h"
 
 double KFN(cross_entropy_fused)(real *dx, real *dw, const real *x, const real *w,
-				const int32_t *targets, int64_t N, int64_t C, int64_t V,
-				int32_t ignore_index, double dscale, real *scratch, int64_t chunk,
-				int64_t *n_valid)
+                                const int32_t *targets, int64_t N, int64_t C, int64_t V,
+                                int32_t ignore_index, double dscale, real *scratch, int64_t chunk,
+                                int64_t *n_valid)
 {
 	double loss_sum = 0.0;
 	int64_t valid = 0;
@@ -51,7 +51,8 @@ double KFN(cross_entropy_fused)(real *dx, real *dw, const real *x, const real *w
 		loss_sum += chunk_loss;
 		valid += chunk_valid;
 		if (want_grad)
-			KFN(matmul_backward)(dx ? dx + n0 * C : NULL, dw, scratch, xc, w, rows, C, V);
+			KFN(matmul_backward)
+			(dx ? dx + n0 * C : NULL, dw, scratch, xc, w, rows, C, V);
 	}
 	if (n_valid)
 		*n_valid = valid;

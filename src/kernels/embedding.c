@@ -3,8 +3,7 @@
 
 #include "kernels/kreal.h"
 
-void KFN(embedding_forward)(real *out, const int32_t *tokens, const real *wte, int64_t N,
-			    int64_t C)
+void KFN(embedding_forward)(real *out, const int32_t *tokens, const real *wte, int64_t N, int64_t C)
 {
 #pragma omp parallel for schedule(static)
 	for (int64_t n = 0; n < N; n++)
@@ -14,7 +13,7 @@ void KFN(embedding_forward)(real *out, const int32_t *tokens, const real *wte, i
 /* dwte[tok] += dout[n]. Threads split the channel range, not the tokens, so two tokens with
  * the same id never race and the summation order (n ascending) is fixed. */
 void KFN(embedding_backward)(real *dwte, const real *dout, const int32_t *tokens, int64_t N,
-			     int64_t C)
+                             int64_t C)
 {
 #pragma omp parallel
 	{

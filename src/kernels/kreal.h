@@ -14,17 +14,17 @@
 #ifdef KERNELS_F64
 typedef double real;
 #define KFN(name) name##_f64
-#define KGEMM cblas_dgemm
-#define KEXP(x) exp(x)
-#define KLOG(x) log(x)
-#define KSQRT(x) sqrt(x)
+#define KGEMM     cblas_dgemm
+#define KEXP(x)   exp(x)
+#define KLOG(x)   log(x)
+#define KSQRT(x)  sqrt(x)
 #else
 typedef float real;
 #define KFN(name) name##_f32
-#define KGEMM cblas_sgemm
-#define KEXP(x) kexpf(x)
-#define KLOG(x) logf(x)
-#define KSQRT(x) sqrtf(x)
+#define KGEMM     cblas_sgemm
+#define KEXP(x)   kexpf(x)
+#define KLOG(x)   logf(x)
+#define KSQRT(x)  sqrtf(x)
 #endif
 
 /* expf that GCC and clang vectorise inside loops: Cody-Waite range reduction to

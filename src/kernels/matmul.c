@@ -2,15 +2,15 @@
 #include "kernels/kreal.h"
 
 void KFN(matmul_forward)(real *out, const real *inp, const real *w, int64_t N, int64_t C,
-			 int64_t OC, int accumulate)
+                         int64_t OC, int accumulate)
 {
 	/* out(N,OC) = inp(N,C) . w(OC,C)^T */
-	KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0, inp, (int)C,
-	      w, (int)C, accumulate ? 1.0 : 0.0, out, (int)OC);
+	KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0, inp, (int)C, w,
+	      (int)C, accumulate ? 1.0 : 0.0, out, (int)OC);
 }
 
-void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *inp,
-			  const real *w, int64_t N, int64_t C, int64_t OC)
+void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
+                          int64_t N, int64_t C, int64_t OC)
 {
 	/* dinp(N,C) += dout(N,OC) . w(OC,C) */
 	if (dinp)

@@ -1,8 +1,8 @@
 /* RMSNorm (Zhang & Sennrich 2019), as in Llama: y = x * rstd * w, rstd = 1/sqrt(mean(x^2)+eps). */
 #include "kernels/kreal.h"
 
-void KFN(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t N,
-			  int64_t C, double eps)
+void KFN(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, int64_t N, int64_t C,
+                          double eps)
 {
 #pragma omp parallel for schedule(static)
 	for (int64_t n = 0; n < N; n++) {
@@ -22,7 +22,7 @@ void KFN(rmsnorm_forward)(real *out, real *rstd, const real *x, const real *w, i
 /* With xhat = x*r:  dw += sum_n dy*xhat;  dx = r * (g - xhat * mean(g*xhat)),  g = dy*w.
  * dw is reduced per thread over a fixed token range, then summed in thread order. */
 void KFN(rmsnorm_backward)(real *dx, real *dw, const real *dout, const real *x, const real *w,
-			   const real *rstd, int64_t N, int64_t C)
+                           const real *rstd, int64_t N, int64_t C)
 {
 #pragma omp parallel for schedule(static)
 	for (int64_t n = 0; n < N; n++) {

@@ -3,7 +3,7 @@
 #include "kernels/kreal.h"
 
 static void rope_rotate(real *x, const real *cos_tab, const real *sin_tab, int64_t B, int64_t T,
-			int64_t NH, int64_t D, real sign)
+                        int64_t NH, int64_t D, real sign)
 {
 	int64_t half = D / 2;
 #pragma omp parallel for collapse(2) schedule(static)
@@ -24,14 +24,14 @@ static void rope_rotate(real *x, const real *cos_tab, const real *sin_tab, int64
 }
 
 void KFN(rope_forward)(real *x, const real *cos_tab, const real *sin_tab, int64_t B, int64_t T,
-		       int64_t NH, int64_t D)
+                       int64_t NH, int64_t D)
 {
 	rope_rotate(x, cos_tab, sin_tab, B, T, NH, D, (real)1);
 }
 
 /* A rotation's transpose is its inverse: rotate the gradient by -angle. */
 void KFN(rope_backward)(real *dx, const real *cos_tab, const real *sin_tab, int64_t B, int64_t T,
-			int64_t NH, int64_t D)
+                        int64_t NH, int64_t D)
 {
 	rope_rotate(dx, cos_tab, sin_tab, B, T, NH, D, (real)-1);
 }

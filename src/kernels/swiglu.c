@@ -12,7 +12,7 @@ void KFN(swiglu_forward)(real *out, const real *a, const real *b, int64_t n)
 
 /* silu'(a) = sig * (1 + a * (1 - sig)) */
 void KFN(swiglu_backward)(real *da, real *db, const real *dout, const real *a, const real *b,
-			  int64_t n)
+                          int64_t n)
 {
 #pragma omp parallel for simd schedule(static)
 	for (int64_t i = 0; i < n; i++) {

@@ -25,15 +25,15 @@ struct llama_preset {
 /* TorchTitan's llama3 flavors (debugmodel, 8B, 70B, 405B), Llama 3.2's 1B shapes (untied),
  * and a 125M-class model for CPU experiments. */
 static const struct llama_preset llama_presets[] = {
-	{ "debugmodel", 256, 6, 16, 16, 2048, 0.0, 256 },
-	{ "125M", 768, 12, 12, 4, 8192, 0.0, 256 },
-	{ "1B", 2048, 16, 32, 8, 128256, 1.5, 256 },
-	{ "8B", 4096, 32, 32, 8, 128256, 1.3, 1024 },
-	{ "70B", 8192, 80, 64, 8, 128256, 1.3, 4096 },
-	{ "405B", 16384, 126, 128, 8, 128256, 1.2, 4096 },
+    {"debugmodel", 256, 6, 16, 16, 2048, 0.0, 256}, {"125M", 768, 12, 12, 4, 8192, 0.0, 256},
+    {"1B", 2048, 16, 32, 8, 128256, 1.5, 256},      {"8B", 4096, 32, 32, 8, 128256, 1.3, 1024},
+    {"70B", 8192, 80, 64, 8, 128256, 1.3, 4096},    {"405B", 16384, 126, 128, 8, 128256, 1.2, 4096},
 };
 
-const char *llama_flavor_list(void) { return "debugmodel, 125M, 1B, 8B, 70B, 405B"; }
+const char *llama_flavor_list(void)
+{
+	return "debugmodel, 125M, 1B, 8B, 70B, 405B";
+}
 
 int llama_config_finish(struct llama_config *c)
 {
@@ -43,14 +43,16 @@ int llama_config_finish(struct llama_config *c)
 		return CT_ERR_USAGE;
 	}
 	if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2) {
-		LOG_ERROR("model: dim %lld must divide into %lld heads of even size, and heads into "
-			  "%lld kv heads", (long long)c->dim, (long long)c->n_heads,
-			  (long long)c->n_kv_heads);
+		LOG_ERROR(
+		    "model: dim %lld must divide into %lld heads of even size, and heads into "
+		    "%lld kv heads",
+		    (long long)c->dim, (long long)c->n_heads, (long long)c->n_kv_heads);
 		return CT_ERR_USAGE;
 	}
 	c->head_dim = c->dim / c->n_heads;
 	if (c->head_dim > ATTN_MAX_HEAD_DIM) {
-		LOG_ERROR("model: head dim %lld exceeds %d", (long long)c->head_dim, ATTN_MAX_HEAD_DIM);
+		LOG_ERROR("model: head dim %lld exceeds %d", (long long)c->head_dim,
+		          ATTN_MAX_HEAD_DIM);
 		return CT_ERR_USAGE;
 	}
 	int64_t hidden = (int64_t)(8 * c->dim / 3);
@@ -84,14 +86,15 @@ int llama_config_preset(struct llama_config *c, const char *flavor)
 		c->rope_original_ctx = 8192;
 		return llama_config_finish(c);
 	}
-	LOG_ERROR("model.flavor: unknown flavor '%s' (choose from %s)", flavor, llama_flavor_list());
+	LOG_ERROR("model.flavor: unknown flavor '%s' (choose from %s)", flavor,
+	          llama_flavor_list());
 	return CT_ERR_USAGE;
 }
 
 /* ---------------------------------------------------------------- parameter table */
 
 static void table_add(struct llama_table *t, int *cap, const char *name, int unit, int64_t d0,
-		      int64_t d1)
+                      int64_t d1)
 {
 	if (t->count == *cap) {
 		*cap = *cap ? 2 * *cap : 64;
@@ -126,10 +129,10 @@ int llama_table_build(struct llama_table *t, const struct llama_config *c)
 	t->numel_embedding = V * C;
 	for (int l = 0; l < L; l++) {
 		t->unit_begin[l + 1] = t->numel;
-#define ADD(suffix, d0, d1)                                                  \
-	do {                                                                  \
-		snprintf(name, sizeof(name), "layers.%d." suffix, l);        \
-		table_add(t, &cap, name, l + 1, d0, d1);                     \
+#define ADD(suffix, d0, d1)                                                                        \
+	do {                                                                                       \
+		snprintf(name, sizeof(name), "layers.%d." suffix, l);                              \
+		table_add(t, &cap, name, l + 1, d0, d1);                                           \
 	} while (0)
 		ADD("attention_norm.weight", C, 0);
 		ADD("attention.wq.weight", HD, C);
@@ -165,7 +168,7 @@ const struct llama_param *llama_table_find(const struct llama_table *t, const ch
 }
 
 double llama_flops_per_token(const struct llama_config *c, const struct llama_table *t,
-			     int64_t seq_len)
+                             int64_t seq_len)
 {
 	return 6.0 * (double)(t->numel - t->numel_embedding) +
 	       12.0 * (double)c->n_layers * (double)c->dim * (double)seq_len;
@@ -176,8 +179,8 @@ double llama_flops_per_token(const struct llama_config *c, const struct llama_ta
 /* TorchTitan's llama3 init: embeddings N(0,1); wq, wk, wv, w1 trunc-normal std 0.02 (cut at
  * +-2, absolute, as torch's trunc_normal_ default); wo, w2, w3 std 0.02/sqrt(2(l+1))
  * (depth init); norms 1; output std dim^-0.5 cut at 3 sigma. */
-static void param_init_spec(const struct llama_config *c, const struct llama_param *p,
-			    int *kind, double *std, double *cut)
+static void param_init_spec(const struct llama_config *c, const struct llama_param *p, int *kind,
+                            double *std, double *cut)
 {
 	*kind = 2; /* 0 ones, 1 normal, 2 truncated normal */
 	*std = 0.02;
@@ -191,14 +194,14 @@ static void param_init_spec(const struct llama_config *c, const struct llama_par
 		*std = 1.0 / sqrt((double)c->dim);
 		*cut = 3.0 * *std;
 	} else if (strstr(p->name, "wo.weight") || strstr(p->name, "w2.weight") ||
-		   strstr(p->name, "w3.weight")) {
+	           strstr(p->name, "w3.weight")) {
 		int layer = atoi(p->name + strlen("layers."));
 		*std = 0.02 / sqrt(2.0 * (layer + 1));
 	}
 }
 
 void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
-		       float *out, int64_t first, int64_t n)
+                       float *out, int64_t first, int64_t n)
 {
 	int64_t last = first + n;
 	for (int i = 0; i < t->count; i++) {
@@ -227,8 +230,8 @@ void llama_init_params(const struct llama_config *c, const struct llama_table *t
 
 /* Table indices: 0 tok_embeddings, 1 + 9l + k the k-th tensor of block l (attention_norm,
  * wq, wk, wv, wo, ffn_norm, w1, w2, w3), then norm, output. */
-#define PARAM_TOK_EMB 0
-#define PARAM_NORM(m) ((m)->table.count - 2)
+#define PARAM_TOK_EMB   0
+#define PARAM_NORM(m)   ((m)->table.count - 2)
 #define PARAM_OUTPUT(m) ((m)->table.count - 1)
 
 /* Address of tensor i inside its unit's current buffer (params or grads). */
@@ -239,11 +242,11 @@ static float *tensor_at(const struct llama_model *m, float *const *unit_base, in
 }
 
 static struct llama_block_ptrs block_ptrs(const struct llama_model *m, float *const *unit_base,
-					  int l)
+                                          int l)
 {
 	struct llama_block_ptrs b;
-	float **dst[9] = { &b.attn_norm, &b.wq, &b.wk, &b.wv, &b.wo,
-			   &b.ffn_norm,  &b.w1, &b.w2, &b.w3 };
+	float **dst[9] = {&b.attn_norm, &b.wq, &b.wk, &b.wv, &b.wo,
+	                  &b.ffn_norm,  &b.w1, &b.w2, &b.w3};
 	for (int k = 0; k < 9; k++)
 		*dst[k] = tensor_at(m, unit_base, 1 + 9 * l + k);
 	return b;
@@ -271,8 +274,9 @@ void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, 
 			} else if (wavelen > low_wavelen) {
 				freq /= c->rope_factor;
 			} else {
-				double smooth = (old_ctx / wavelen - c->rope_low_freq_factor) /
-						(c->rope_high_freq_factor - c->rope_low_freq_factor);
+				double smooth =
+				    (old_ctx / wavelen - c->rope_low_freq_factor) /
+				    (c->rope_high_freq_factor - c->rope_low_freq_factor);
 				freq = (1.0 - smooth) * freq / c->rope_factor + smooth * freq;
 			}
 		}
@@ -352,7 +356,7 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 }
 
 int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
-		   const struct llama_build_opts *opts)
+                   const struct llama_build_opts *opts)
 {
 	memset(m, 0, sizeof(*m));
 	m->cfg = *c;
@@ -377,19 +381,19 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 		m->grads = mem_alloc(MEM_GRADS, pbytes);
 		for (int u = 0; u < m->table.n_units; u++)
 			llama_bind_unit(m, u, m->params + m->table.unit_begin[u],
-					m->grads + m->table.unit_begin[u]);
+			                m->grads + m->table.unit_begin[u]);
 	}
 
 	m->acts = xcalloc((size_t)L, sizeof(*m->acts));
-	struct carver cv = { 0 };
+	struct carver cv = {0};
 	plan_acts(m, &cv);
 	m->act_bytes = cv.off;
-	cv = (struct carver){ mem_alloc(MEM_ACTIVATIONS, (size_t)m->act_bytes), 0 };
+	cv = (struct carver){mem_alloc(MEM_ACTIVATIONS, (size_t)m->act_bytes), 0};
 	plan_acts(m, &cv);
-	struct carver sv = { 0 };
+	struct carver sv = {0};
 	plan_scratch(m, &sv);
 	m->scratch_bytes = sv.off;
-	sv = (struct carver){ mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes), 0 };
+	sv = (struct carver){mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes), 0};
 	plan_scratch(m, &sv);
 	llama_rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
 	return CT_OK;
@@ -420,7 +424,6 @@ int64_t llama_count_valid(const int32_t *targets, int64_t n)
 }
 
 /* ---------------------------------------------------------------- units: forward */
-
 
 static float *block_output(struct llama_model *m, int l)
 {
@@ -464,14 +467,14 @@ static double head_forward(struct llama_model *m, int64_t *n_valid)
 {
 	const struct llama_config *c = &m->cfg;
 	bool grads = m->loss_dscale > 0.0;
-	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, c->dim,
-			    c->norm_eps);
+	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final,
+	                    tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, c->dim, c->norm_eps);
 	if (grads)
 		memset(m->dxn, 0, (size_t)(m->N * c->dim) * sizeof(float));
-	double loss = cross_entropy_fused_f32(grads ? m->dxn : NULL, grads ? tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)) : NULL,
-					      m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
-					      c->vocab_size, LLAMA_IGNORE_INDEX, m->loss_dscale,
-					      m->ce_scratch, m->ce_chunk, n_valid);
+	double loss = cross_entropy_fused_f32(
+	    grads ? m->dxn : NULL, grads ? tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)) : NULL,
+	    m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
+	    c->vocab_size, LLAMA_IGNORE_INDEX, m->loss_dscale, m->ce_scratch, m->ce_chunk, n_valid);
 	m->head_grads_ready = grads;
 	return loss;
 }
@@ -483,7 +486,8 @@ double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 		*n_valid = 0;
 	if (u == 0) {
 		float *x0 = L > 0 ? m->acts[0].x : m->x_final;
-		embedding_forward_f32(x0, m->tokens, tensor_at(m, m->unit_w, PARAM_TOK_EMB), m->N, m->cfg.dim);
+		embedding_forward_f32(x0, m->tokens, tensor_at(m, m->unit_w, PARAM_TOK_EMB), m->N,
+		                      m->cfg.dim);
 		return 0.0;
 	}
 	if (u <= L) {
@@ -502,8 +506,9 @@ void llama_unit_recompute(struct llama_model *m, int u)
 	else if (u == 0)
 		llama_unit_forward(m, 0, NULL);
 	else
-		rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N,
-				    m->cfg.dim, m->cfg.norm_eps);
+		rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final,
+		                    tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, m->cfg.dim,
+		                    m->cfg.norm_eps);
 }
 
 /* ---------------------------------------------------------------- units: backward */
@@ -546,8 +551,8 @@ static void block_backward(struct llama_model *m, int l)
 	memset(m->dq, 0, (size_t)(N * HD) * sizeof(float));
 	memset(m->dk, 0, (size_t)(N * KVD) * sizeof(float));
 	memset(m->dv, 0, (size_t)(N * KVD) * sizeof(float));
-	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B,
-			       T, H, KV, D);
+	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T,
+	                       H, KV, D);
 	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, B, T, H, D);
 	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, B, T, KV, D);
 	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
@@ -566,22 +571,26 @@ void llama_unit_backward(struct llama_model *m, int u, double dscale)
 	if (u == L + 1) {
 		/* loss -> d(xn_final) -> d(x_final), starting the residual gradient chain */
 		if (!m->head_grads_ready || m->loss_dscale != dscale) {
-			CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
-			      m->loss_dscale, dscale);
+			CHECK(!m->head_grads_ready,
+			      "loss gradient made with scale %g, asked for %g", m->loss_dscale,
+			      dscale);
 			memset(m->dxn, 0, nc);
-			cross_entropy_fused_f32(m->dxn, tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)), m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)),
-						m->targets, m->N, c->dim, c->vocab_size,
-						LLAMA_IGNORE_INDEX, dscale, m->ce_scratch,
-						m->ce_chunk, NULL);
+			cross_entropy_fused_f32(
+			    m->dxn, tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)), m->xn_final,
+			    tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
+			    c->vocab_size, LLAMA_IGNORE_INDEX, dscale, m->ce_scratch, m->ce_chunk,
+			    NULL);
 		}
 		m->head_grads_ready = false;
 		memset(m->dres, 0, nc);
-		rmsnorm_backward_f32(m->dres, tensor_at(m, m->unit_dw, PARAM_NORM(m)), m->dxn, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->rstd_f,
-				     m->N, c->dim);
+		rmsnorm_backward_f32(m->dres, tensor_at(m, m->unit_dw, PARAM_NORM(m)), m->dxn,
+		                     m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->rstd_f,
+		                     m->N, c->dim);
 	} else if (u >= 1) {
 		block_backward(m, u - 1);
 	} else {
-		embedding_backward_f32(tensor_at(m, m->unit_dw, PARAM_TOK_EMB), m->dres, m->tokens, m->N, c->dim);
+		embedding_backward_f32(tensor_at(m, m->unit_dw, PARAM_TOK_EMB), m->dres, m->tokens,
+		                       m->N, c->dim);
 	}
 }
 
@@ -603,7 +612,9 @@ void llama_logits(struct llama_model *m, float *logits)
 {
 	for (int u = 0; u < m->table.n_units - 1; u++)
 		llama_unit_forward(m, u, NULL);
-	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, m->cfg.dim,
-			    m->cfg.norm_eps);
-	matmul_forward_f32(logits, m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->N, m->cfg.dim, m->cfg.vocab_size, 0);
+	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final,
+	                    tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, m->cfg.dim,
+	                    m->cfg.norm_eps);
+	matmul_forward_f32(logits, m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->N,
+	                   m->cfg.dim, m->cfg.vocab_size, 0);
 }

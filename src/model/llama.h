@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #define LLAMA_IGNORE_INDEX (-100)
-#define LLAMA_NAME_MAX 96
+#define LLAMA_NAME_MAX     96
 
 struct llama_config {
 	char flavor[32];
@@ -50,9 +50,9 @@ struct llama_param {
 struct llama_table {
 	struct llama_param *p;
 	int count;
-	int n_units;	     /* L + 2 */
+	int n_units;         /* L + 2 */
 	int64_t *unit_begin; /* n_units + 1 offsets */
-	int64_t numel;	     /* total parameters */
+	int64_t numel;       /* total parameters */
 	int64_t numel_embedding;
 };
 
@@ -64,14 +64,14 @@ const struct llama_param *llama_table_find(const struct llama_table *t, const ch
  * same weights on any number of ranks. Writes elements [first, first+n) of the flat buffer
  * into out (so a rank can initialise just its shard). */
 void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
-		       float *out, int64_t first, int64_t n);
+                       float *out, int64_t first, int64_t n);
 
 /* RoPE tables (T, head_dim/2): cos and sin of t * f_i (with Llama 3.1 scaling if enabled). */
 void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab);
 
 /* FLOPs per token, TorchTitan's formula: 6*(N - N_embedding) + 12*L*C*T. */
 double llama_flops_per_token(const struct llama_config *c, const struct llama_table *t,
-			     int64_t seq_len);
+                             int64_t seq_len);
 
 /* Pointers to one block's tensors inside a flat buffer (params or grads). */
 struct llama_block_ptrs {
@@ -80,14 +80,14 @@ struct llama_block_ptrs {
 
 /* Saved activations of one block (per micro-batch). */
 struct llama_block_acts {
-	float *x;     /* (N,C) block input (residual stream) */
-	float *rstd1; /* (N) */
-	float *q;     /* (N,H*D) after RoPE */
-	float *k, *v; /* (N,KV*D), k after RoPE */
-	float *att;   /* (N,H*D) attention output, before wo */
-	float *lse;   /* (B,H,T) */
-	float *xmid;  /* (N,C) residual after attention */
-	float *rstd2; /* (N) */
+	float *x;       /* (N,C) block input (residual stream) */
+	float *rstd1;   /* (N) */
+	float *q;       /* (N,H*D) after RoPE */
+	float *k, *v;   /* (N,KV*D), k after RoPE */
+	float *att;     /* (N,H*D) attention output, before wo */
+	float *lse;     /* (B,H,T) */
+	float *xmid;    /* (N,C) residual after attention */
+	float *rstd2;   /* (N) */
 	float *h1, *h3; /* (N,F) w1 and w3 outputs (NULL when recomputed in backward) */
 };
 
@@ -95,8 +95,8 @@ struct llama_block_acts {
 struct llama_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
 	bool recompute_ffn; /* do not save the FFN up-projections (w1, w3 outputs: 2*N*F floats
-			       per block, the largest activations); recompute them in backward
-			       from the recomputed norm output (two extra matmuls per block) */
+	                       per block, the largest activations); recompute them in backward
+	                       from the recomputed norm output (two extra matmuls per block) */
 };
 
 struct llama_model {
@@ -107,25 +107,25 @@ struct llama_model {
 	 * own_params both point into the flat buffers below; under FSDP they point at gathered
 	 * unit buffers that come and go (llama_bind_unit). */
 	float **unit_w, **unit_dw; /* n_units each */
-	float *params;	/* flat, table.numel (own_params only, else NULL) */
-	float *grads;	/* flat, table.numel (own_params only, else NULL) */
+	float *params;             /* flat, table.numel (own_params only, else NULL) */
+	float *grads;              /* flat, table.numel (own_params only, else NULL) */
 	/* activations */
-	int32_t *tokens, *targets; /* (N) current micro-batch */
+	int32_t *tokens, *targets;     /* (N) current micro-batch */
 	struct llama_block_acts *acts; /* L */
-	float *x_final;	 /* (N,C) output of the last block */
-	float *rstd_f;	 /* (N) */
-	float *xn_final; /* (N,C) final norm output */
-	float *rope_cos, *rope_sin; /* (T, D/2) */
+	float *x_final;                /* (N,C) output of the last block */
+	float *rstd_f;                 /* (N) */
+	float *xn_final;               /* (N,C) final norm output */
+	float *rope_cos, *rope_sin;    /* (T, D/2) */
 	/* backward scratch */
-	float *dres;	 /* (N,C) gradient of the residual stream */
-	float *xn;	 /* (N,C) recomputed norm output */
-	float *dxn;	 /* (N,C) */
-	float *gate;	 /* (N,F) swiglu output / its gradient */
+	float *dres;      /* (N,C) gradient of the residual stream */
+	float *xn;        /* (N,C) recomputed norm output */
+	float *dxn;       /* (N,C) */
+	float *gate;      /* (N,F) swiglu output / its gradient */
 	float *dh1, *dh3; /* (N,F) */
 	float *h1s, *h3s; /* (N,F) recomputed w1/w3 outputs (recompute_ffn only) */
 	bool recompute_ffn;
 	float *dq, *dk, *dv, *datt; /* (N,H*D) / (N,KV*D) */
-	float *ce_scratch; /* ce_chunk * V */
+	float *ce_scratch;          /* ce_chunk * V */
 	int64_t ce_chunk;
 	int64_t act_bytes, scratch_bytes;
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this (the trainer
@@ -138,11 +138,11 @@ struct llama_model {
  * also the flat parameter (zero) and gradient buffers, bound to every unit.
  * Returns CT_OK or an error code with a message. */
 int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
-		   const struct llama_build_opts *opts);
+                   const struct llama_build_opts *opts);
 static inline int llama_build(struct llama_model *m, const struct llama_config *c, int64_t B,
-			      int64_t T)
+                              int64_t T)
 {
-	const struct llama_build_opts opts = { .own_params = true, .recompute_ffn = false };
+	const struct llama_build_opts opts = {.own_params = true, .recompute_ffn = false};
 	return llama_build_ex(m, c, B, T, &opts);
 }
 /* Point unit u at its parameters and gradients (each unit_begin[u+1]-unit_begin[u] floats). */

@@ -12,21 +12,21 @@
 
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r)
 {
-	static const char *const names[] = { "default", "always", "never" };
+	static const char *const names[] = {"default", "always", "never"};
 	for (int i = 0; i < 3; i++)
 		if (strcmp(name, names[i]) == 0) {
 			*r = (enum fsdp_reshard)i;
 			return CT_OK;
 		}
 	LOG_ERROR("parallelism.fsdp_reshard_after_forward: unknown '%s' (default, always, never)",
-		  name);
+	          name);
 	return CT_ERR_USAGE;
 }
 
 /* ---------------------------------------------------------------- plan */
 
 int fsdp_build(struct fsdp *f, struct llama_model *m, const struct mesh *mesh, bool bf16,
-	       enum fsdp_reshard reshard, struct comm_stream *stream)
+               enum fsdp_reshard reshard, struct comm_stream *stream)
 {
 	memset(f, 0, sizeof(*f));
 	f->mesh = mesh;
@@ -119,14 +119,15 @@ void fsdp_init_params(struct fsdp *f, uint64_t seed)
 		const struct fsdp_param *p = &f->p[i];
 		float *dst = f->shard_w + f->u[t->p[i].unit].shard_base + p->shard_off;
 		llama_init_params(&f->model->cfg, t, seed, dst,
-				  t->p[i].offset + r * p->chunk_rows * p->cols, p->my_rows * p->cols);
+		                  t->p[i].offset + r * p->chunk_rows * p->cols,
+		                  p->my_rows * p->cols);
 	}
 }
 
 /* ---------------------------------------------------------------- slots */
 
 static int slot_acquire(float **slots, bool *busy, int n, enum mem_cat cat, int64_t floats,
-			const char *what)
+                        const char *what)
 {
 	for (int i = 0; i < n; i++) {
 		if (busy[i])
@@ -163,8 +164,8 @@ static void unit_zero_grads(struct fsdp *f, int u)
 {
 	struct fsdp_unit *un = &f->u[u];
 	if (un->g_slot < 0)
-		un->g_slot = slot_acquire(f->gslot, f->gslot_busy, f->n_gslots, MEM_FULL_GRADS, f->max_full,
-					  "gradient");
+		un->g_slot = slot_acquire(f->gslot, f->gslot_busy, f->n_gslots, MEM_FULL_GRADS,
+		                          f->max_full, "gradient");
 	float *g = f->gslot[un->g_slot];
 	memset(g, 0, (size_t)un->full_numel * sizeof(float));
 	f->model->unit_dw[u] = g;
@@ -215,12 +216,17 @@ static void unit_gather(struct fsdp *f, int u)
 	}
 	char what[64];
 	snprintf(what, sizeof(what), "all-gather of unit %d", u);
-	struct comm_op op = { COMM_ALL_GATHER, &f->mesh->dp_shard_group, send, f->ag_recv,
-			      S * (f->bf16 ? 2 : 4), NULL, what };
+	struct comm_op op = {COMM_ALL_GATHER,
+	                     &f->mesh->dp_shard_group,
+	                     send,
+	                     f->ag_recv,
+	                     S * (f->bf16 ? 2 : 4),
+	                     NULL,
+	                     what};
 	comm_stream_wait(f->stream, comm_stream_enqueue(f->stream, &op));
 
-	un->w_slot = slot_acquire(f->wslot, f->wslot_busy, f->n_wslots, MEM_FULL_PARAMS, f->max_full,
-				  "parameter");
+	un->w_slot = slot_acquire(f->wslot, f->wslot_busy, f->n_wslots, MEM_FULL_PARAMS,
+	                          f->max_full, "parameter");
 	unit_copy_out(f, u, f->ag_recv, f->bf16, f->wslot[un->w_slot]);
 	f->model->unit_w[u] = f->wslot[un->w_slot];
 }
@@ -245,8 +251,13 @@ static void unit_reduce_scatter(struct fsdp *f, int u)
 		}
 	char what[64];
 	snprintf(what, sizeof(what), "reduce-scatter of unit %d", u);
-	struct comm_op op = { COMM_REDUCE_SCATTER, &f->mesh->dp_shard_group, f->rs_send, f->rs_recv,
-			      S, f->rs_scratch, what };
+	struct comm_op op = {COMM_REDUCE_SCATTER,
+	                     &f->mesh->dp_shard_group,
+	                     f->rs_send,
+	                     f->rs_recv,
+	                     S,
+	                     f->rs_scratch,
+	                     what};
 	comm_stream_wait(f->stream, comm_stream_enqueue(f->stream, &op));
 	if (f->mesh->dp_replicate > 1)
 		comm_all_reduce_f32(&f->mesh->dp_replicate_group, f->rs_recv, S);
@@ -271,8 +282,8 @@ static bool reshard_after_forward(const struct fsdp *f, int u)
 }
 
 int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
-		    const int32_t *targets, int64_t accum, double lr, double max_norm,
-		    struct train_step_result *res)
+                    const int32_t *targets, int64_t accum, double lr, double max_norm,
+                    struct train_step_result *res)
 {
 	struct llama_model *m = f->model;
 	const struct mesh *mesh = f->mesh;
@@ -308,7 +319,7 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 	for (int u = 0; u < U; u++)
 		unit_release_params(f, u);
 
-	double sums[2] = { loss_sum, sumsq_f32(f->shard_g, f->shard_numel) };
+	double sums[2] = {loss_sum, sumsq_f32(f->shard_g, f->shard_numel)};
 	comm_all_reduce_f64(&mesh->dp_group, &sums[0], 1);
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sums[1], 1);
 	res->valid = valid;
@@ -316,7 +327,8 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 	res->grad_norm = sqrt(sums[1]);
 	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
 		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
-			  isfinite(res->loss) ? "gradient norm" : "loss", res->loss, res->grad_norm);
+		          isfinite(res->loss) ? "gradient norm" : "loss", res->loss,
+		          res->grad_norm);
 		return CT_ERR_RUNTIME;
 	}
 	double gscale = clip_coefficient(res->grad_norm, max_norm);
@@ -326,13 +338,12 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 		const struct fsdp_param *p = &f->p[i];
 		int64_t at = f->u[t->p[i].unit].shard_base + p->shard_off;
 		adamw_update_slice(opt, f->shard_w + at, f->shard_g + at, at, p->my_rows * p->cols,
-				   lr, p->decay, gscale);
+		                   lr, p->decay, gscale);
 	}
 	return CT_OK;
 }
 
-double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targets,
-		      int64_t *valid)
+double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targets, int64_t *valid)
 {
 	struct llama_model *m = f->model;
 	memcpy(m->tokens, tokens, (size_t)m->N * sizeof(int32_t));
@@ -369,7 +380,7 @@ void fsdp_gather_full(struct fsdp *f, float *out)
 	for (int u = 0; u < f->n_units; u++) {
 		const struct fsdp_unit *un = &f->u[u];
 		comm_all_gather(&f->mesh->dp_shard_group, f->shard_w + un->shard_base, recv,
-				un->shard_numel * (int64_t)sizeof(float));
+		                un->shard_numel * (int64_t)sizeof(float));
 		unit_copy_out(f, u, recv, false, out + t->unit_begin[u]);
 	}
 	free(recv);

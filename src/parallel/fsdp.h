@@ -27,7 +27,7 @@ enum fsdp_reshard { FSDP_RESHARD_DEFAULT, FSDP_RESHARD_ALWAYS, FSDP_RESHARD_NEVE
 
 struct fsdp_param {
 	int64_t rows, cols, chunk_rows, my_rows; /* my_rows: valid rows this rank owns */
-	int64_t full_off;  /* offset inside the unit's full buffer */
+	int64_t full_off;                        /* offset inside the unit's full buffer */
 	int64_t shard_off; /* offset inside the unit's shard (per rank: chunk_rows*cols each) */
 	bool decay;
 };
@@ -48,7 +48,7 @@ struct fsdp {
 	int n_units;
 	bool bf16;
 	enum fsdp_reshard reshard;
-	int64_t shard_numel;	  /* this rank's total shard elements (with padding) */
+	int64_t shard_numel;      /* this rank's total shard elements (with padding) */
 	float *shard_w, *shard_g; /* master params, gradients (MEM_PARAMS, MEM_GRADS) */
 	int64_t max_full, max_shard;
 	/* slot pools */
@@ -62,7 +62,7 @@ struct fsdp {
 
 /* Plan the shards for model m (built with own_params = false) and allocate everything. */
 int fsdp_build(struct fsdp *f, struct llama_model *m, const struct mesh *mesh, bool bf16,
-	       enum fsdp_reshard reshard, struct comm_stream *stream);
+               enum fsdp_reshard reshard, struct comm_stream *stream);
 void fsdp_free(struct fsdp *f);
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r);
 
@@ -74,13 +74,13 @@ void fsdp_init_params(struct fsdp *f, uint64_t seed);
  * the shards. Loss and valid tokens are reduced over all data-parallel ranks. */
 struct train_step_result;
 int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
-		    const int32_t *targets, int64_t accum, double lr, double max_norm,
-		    struct train_step_result *res);
+                    const int32_t *targets, int64_t accum, double lr, double max_norm,
+                    struct train_step_result *res);
 
 /* Forward only over one micro-batch (evaluation): returns the sum of token losses and sets
  * *valid; no gradients. */
 double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targets,
-		      int64_t *valid);
+                      int64_t *valid);
 
 /* Where this rank's rows of table tensor i live: rows [*row0, *row0 + *nrows), stored at
  * element *at of the shard buffers (shard_w, shard_g, and optimizer moments alike). */

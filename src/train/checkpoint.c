@@ -148,7 +148,7 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n)
 	for (int i = 0; i < n; i++) {
 		if (t[i].nrows == 0)
 			continue;
-		int64_t shape[2] = { t[i].nrows, t[i].cols };
+		int64_t shape[2] = {t[i].nrows, t[i].cols};
 		st_add(&f, t[i].name, ST_F32, t[i].ndim, shape, t[i].param);
 		snprintf(name, sizeof(name), "%s.exp_avg", t[i].name);
 		st_add(&f, name, ST_F32, t[i].ndim, shape, t[i].exp_avg);
@@ -161,8 +161,8 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n)
 }
 
 static char *manifest_text(const struct llama_config *cfg, const struct mesh *mesh,
-			   const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-			   const struct file_sum *sums, const int64_t *rows0, const int64_t *nrows)
+                           const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
+                           const struct file_sum *sums, const int64_t *rows0, const int64_t *nrows)
 {
 	/* rows0/nrows: world x n tables of every rank's row ranges */
 	cJSON *o = cJSON_CreateObject();
@@ -256,8 +256,8 @@ static void prune(const char *root, int64_t keep)
 }
 
 int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
-	      const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-	      int64_t keep_latest_k)
+              const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
+              int64_t keep_latest_k)
 {
 	char tmp[1100], final[1100], path[1200];
 	step_dir(tmp, sizeof(tmp), root, st->step, ".tmp");
@@ -276,7 +276,7 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 		return CT_ERR_RUNTIME;
 
 	/* every rank of replica 0 writes its rows */
-	struct file_sum mine = { 0, 0, mesh->dp_replicate_rank == 0, CT_OK };
+	struct file_sum mine = {0, 0, mesh->dp_replicate_rank == 0, CT_OK};
 	if (mine.wrote) {
 		snprintf(path, sizeof(path), "%s/rank-%05d.safetensors", tmp, mesh->rank);
 		mine.rc = save_rank_file(path, t, n);
@@ -287,7 +287,8 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 	comm_all_gather(&mesh->world_group, &mine, sums, sizeof(mine));
 	int64_t *r0 = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
 	int64_t *nr = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
-	int64_t *my0 = xcalloc((size_t)n, sizeof(int64_t)), *myn = xcalloc((size_t)n, sizeof(int64_t));
+	int64_t *my0 = xcalloc((size_t)n, sizeof(int64_t)),
+	        *myn = xcalloc((size_t)n, sizeof(int64_t));
 	for (int i = 0; i < n; i++) {
 		my0[i] = t[i].row0;
 		myn[i] = t[i].nrows;
@@ -309,7 +310,7 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 			remove_tree(final); /* an older save of the same step */
 			if (rename(tmp, final) != 0) {
 				LOG_ERROR("checkpoint: cannot rename '%s' to '%s': %s", tmp, final,
-					  strerror(errno));
+				          strerror(errno));
 				rc = CT_ERR_RUNTIME;
 			}
 		}
@@ -342,8 +343,9 @@ int ckpt_find(const char *root, int64_t want, int64_t *step)
 	if (want >= 0) {
 		step_dir(p, sizeof(p), root, want, "/manifest.json");
 		if (access(p, R_OK) != 0) {
-			LOG_ERROR("checkpoint.load_step: no complete checkpoint of step %lld in '%s'",
-				  (long long)want, root);
+			LOG_ERROR(
+			    "checkpoint.load_step: no complete checkpoint of step %lld in '%s'",
+			    (long long)want, root);
 			return CT_ERR_USAGE;
 		}
 		*step = want;
@@ -408,7 +410,7 @@ struct open_file {
 
 /* Open (once) and verify a checkpoint file named in the manifest. */
 static struct st_file *get_file(struct open_file *cache, int *ncache, const char *dir,
-				const cJSON *files, const char *name)
+                                const cJSON *files, const char *name)
 {
 	for (int i = 0; i < *ncache; i++)
 		if (strcmp(cache[i].name, name) == 0)
@@ -429,7 +431,7 @@ static struct st_file *get_file(struct open_file *cache, int *ncache, const char
 	snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)h);
 	if (strcmp(hex, hx->valuestring) != 0) {
 		LOG_ERROR("checkpoint: '%s' is corrupted (xxh3 %s, manifest says %s)", path, hex,
-			  hx->valuestring);
+		          hx->valuestring);
 		return NULL;
 	}
 	struct open_file *of = &cache[(*ncache)++];
@@ -442,23 +444,24 @@ static struct st_file *get_file(struct open_file *cache, int *ncache, const char
 }
 
 static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char *dir,
-		       const cJSON *files, struct open_file *cache, int *ncache)
+                       const cJSON *files, struct open_file *cache, int *ncache)
 {
 	const cJSON *shape = cJSON_GetObjectItemCaseSensitive(to, "shape");
 	int64_t rows = (int64_t)cJSON_GetArrayItem(shape, 0)->valuedouble;
 	int64_t cols = t->ndim == 2 && cJSON_GetArraySize(shape) == 2
-			       ? (int64_t)cJSON_GetArrayItem(shape, 1)->valuedouble
-			       : 1;
+	                   ? (int64_t)cJSON_GetArrayItem(shape, 1)->valuedouble
+	                   : 1;
 	if (rows != t->rows || cols != t->cols || cJSON_GetArraySize(shape) != t->ndim) {
-		LOG_ERROR("checkpoint: tensor '%s' has shape [%lld, %lld] in the checkpoint, the model "
-			  "has [%lld, %lld]", t->name, (long long)rows, (long long)cols,
-			  (long long)t->rows, (long long)t->cols);
+		LOG_ERROR(
+		    "checkpoint: tensor '%s' has shape [%lld, %lld] in the checkpoint, the model "
+		    "has [%lld, %lld]",
+		    t->name, (long long)rows, (long long)cols, (long long)t->rows,
+		    (long long)t->cols);
 		return CT_ERR_USAGE;
 	}
 	int64_t covered = 0, lo = t->row0, hi = t->row0 + t->nrows;
 	const cJSON *p;
-	cJSON_ArrayForEach(p, cJSON_GetObjectItemCaseSensitive(to, "pieces"))
-	{
+	cJSON_ArrayForEach (p, cJSON_GetObjectItemCaseSensitive(to, "pieces")) {
 		const cJSON *fn = cJSON_GetObjectItemCaseSensitive(p, "file");
 		const cJSON *rr = cJSON_GetObjectItemCaseSensitive(p, "rows");
 		if (!cJSON_IsString(fn) || cJSON_GetArraySize(rr) != 2)
@@ -471,8 +474,8 @@ static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char 
 		struct st_file *f = get_file(cache, ncache, dir, files, fn->valuestring);
 		if (!f)
 			return CT_ERR_RUNTIME;
-		const char *suffix[3] = { "", ".exp_avg", ".exp_avg_sq" };
-		float *dst[3] = { t->param, t->exp_avg, t->exp_avg_sq };
+		const char *suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
+		float *dst[3] = {t->param, t->exp_avg, t->exp_avg_sq};
 		for (int k = 0; k < 3; k++) {
 			if (!dst[k]) /* e.g. generation loads parameters only */
 				continue;
@@ -482,7 +485,7 @@ static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char 
 			if (!s || s->dtype != ST_F32 || s->shape[0] != b - a ||
 			    (s->end - s->begin) != (b - a) * cols * 4) {
 				LOG_ERROR("checkpoint: %s lacks tensor '%s' rows [%lld, %lld)",
-					  fn->valuestring, name, (long long)a, (long long)b);
+				          fn->valuestring, name, (long long)a, (long long)b);
 				return CT_ERR_RUNTIME;
 			}
 			memcpy(dst[k] + (x0 - lo) * cols, (const float *)s->data + (x0 - a) * cols,
@@ -492,14 +495,14 @@ static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char 
 	}
 	if (covered != t->nrows) {
 		LOG_ERROR("checkpoint: rows [%lld, %lld) of '%s' are not all in the checkpoint",
-			  (long long)lo, (long long)hi, t->name);
+		          (long long)lo, (long long)hi, t->name);
 		return CT_ERR_RUNTIME;
 	}
 	return CT_OK;
 }
 
 int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
-	      const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st)
+              const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st)
 {
 	char dir[1100], path[1200];
 	step_dir(dir, sizeof(dir), root, step, "");
@@ -519,17 +522,17 @@ int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
 		rc = CT_ERR_RUNTIME;
 	} else if (version != CKPT_FORMAT_VERSION) {
 		LOG_ERROR("checkpoint: '%s' has format version %lld, this build reads %d", path,
-			  (long long)version, CKPT_FORMAT_VERSION);
+		          (long long)version, CKPT_FORMAT_VERSION);
 		rc = CT_ERR_RUNTIME;
 	}
 	if (!rc) {
 		const cJSON *ds = cJSON_GetObjectItemCaseSensitive(man, "data_state");
 		snprintf(st->data_state, sizeof(st->data_state), "%s",
-			 cJSON_IsString(ds) ? ds->valuestring : "");
+		         cJSON_IsString(ds) ? ds->valuestring : "");
 	}
 	(void)cfg;
 	struct open_file *cache =
-		xcalloc((size_t)(files ? cJSON_GetArraySize(files) : 0) + 1, sizeof(*cache));
+	    xcalloc((size_t)(files ? cJSON_GetArraySize(files) : 0) + 1, sizeof(*cache));
 	int ncache = 0;
 	for (int i = 0; !rc && i < n; i++) {
 		const cJSON *to = cJSON_GetObjectItemCaseSensitive(tensors, t[i].name);

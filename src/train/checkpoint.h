@@ -34,17 +34,18 @@ struct ckpt_tensor {
 };
 
 struct ckpt_trainer_state {
-	int64_t step;	     /* optimizer steps completed */
+	int64_t step;        /* optimizer steps completed */
 	int64_t tokens_seen; /* all ranks */
 	int64_t optimizer_step;
-	char data_state[256]; /* the data loader's position, JSON text ("" when derived from step) */
+	char
+	    data_state[256]; /* the data loader's position, JSON text ("" when derived from step) */
 };
 
 /* Save a checkpoint of `step`. Collective over mesh->world_group. Returns CT_OK or an error
  * (the previous checkpoints are untouched on error). */
 int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
-	      const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-	      int64_t keep_latest_k);
+              const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
+              int64_t keep_latest_k);
 
 /* Find the step to load: `want` >= 0 exactly that step; -1 the newest complete checkpoint.
  * Sets *step = -1 (and returns CT_OK) when there is none. */
@@ -57,6 +58,6 @@ int ckpt_list(const char *root, int64_t *steps, int max);
 /* Load checkpoint `step` into the tensors (each rank its rows). Collective. The model shape
  * must match the saved one (errors name the tensor). */
 int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
-	      const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st);
+              const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st);
 
 #endif

@@ -5,12 +5,12 @@
 
 #include "base/log.h"
 
-static const char *const lr_decay_names[] = { "linear", "sqrt", "cosine" };
+static const char *const lr_decay_names[] = {"linear", "sqrt", "cosine"};
 _Static_assert(sizeof(lr_decay_names) / sizeof(lr_decay_names[0]) == LR_DECAY_COUNT,
-	       "one name per decay type");
+               "one name per decay type");
 
 int lr_schedule_init(struct lr_schedule *s, double lr, int64_t warmup_steps, double decay_ratio,
-		     const char *decay_type, double min_lr_factor, int64_t total_steps)
+                     const char *decay_type, double min_lr_factor, int64_t total_steps)
 {
 	memset(s, 0, sizeof(*s));
 	int type = -1;
@@ -19,7 +19,7 @@ int lr_schedule_init(struct lr_schedule *s, double lr, int64_t warmup_steps, dou
 			type = i;
 	if (type < 0) {
 		LOG_ERROR("lr_scheduler.decay_type: unknown '%s' (linear, sqrt or cosine)",
-			  decay_type);
+		          decay_type);
 		return CT_ERR_USAGE;
 	}
 	s->type = (enum lr_decay)type;
@@ -27,7 +27,8 @@ int lr_schedule_init(struct lr_schedule *s, double lr, int64_t warmup_steps, dou
 	s->min_lr_factor = min_lr_factor;
 	s->warmup = warmup_steps < total_steps ? warmup_steps : total_steps;
 	if (decay_ratio >= 0)
-		s->decay = (int64_t)llrint((double)total_steps * decay_ratio); /* half to even, as Python round() */
+		s->decay = (int64_t)llrint((double)total_steps *
+		                           decay_ratio); /* half to even, as Python round() */
 	else
 		s->decay = total_steps - s->warmup;
 	if (s->warmup + s->decay > total_steps)

@@ -23,7 +23,7 @@ struct lr_schedule {
 
 /* decay_ratio < 0 means unset. Returns CT_ERR_USAGE for an unknown decay type. */
 int lr_schedule_init(struct lr_schedule *s, double lr, int64_t warmup_steps, double decay_ratio,
-		     const char *decay_type, double min_lr_factor, int64_t total_steps);
+                     const char *decay_type, double min_lr_factor, int64_t total_steps);
 /* Learning rate for 0-based optimizer step `step`. */
 double lr_schedule_at(const struct lr_schedule *s, int64_t step);
 

@@ -25,8 +25,8 @@ double metrics_measure_peak_flops(void)
 	double best = 1e30;
 	for (int r = 0; r < 4; r++) {
 		double t = timer_now();
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
-			    c, n);
+		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n,
+		            0.0f, c, n);
 		t = timer_now() - t;
 		if (r > 0 && t < best)
 			best = t;
@@ -58,7 +58,7 @@ fail:
 }
 
 int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool append,
-		 double flops_per_token, double peak_flops)
+                 double flops_per_token, double peak_flops)
 {
 	memset(mt, 0, sizeof(*mt));
 	mt->flops_per_token = flops_per_token;
@@ -98,10 +98,11 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	double rss_gib = (double)rss_peak / gib;
 	double rss_pct = machine > 0 ? 100.0 * (double)rss_peak / (double)machine : 0.0;
 	const char *bold = mt->tty ? "\033[1m" : "", *reset = mt->tty ? "\033[0m" : "";
-	LOG_INFO("%sstep: %5lld%s  loss: %8.4f  grad_norm: %7.4f  lr: %.3e  memory: %5.2fGiB(%4.1f%%)"
-		 "  tps: %.0f  tflops: %.3f  mfu: %.2f%%",
-		 bold, (long long)s->step, reset, s->loss, s->grad_norm, s->lr, rss_gib, rss_pct,
-		 s->tps, s->tflops, s->mfu);
+	LOG_INFO(
+	    "%sstep: %5lld%s  loss: %8.4f  grad_norm: %7.4f  lr: %.3e  memory: %5.2fGiB(%4.1f%%)"
+	    "  tps: %.0f  tflops: %.3f  mfu: %.2f%%",
+	    bold, (long long)s->step, reset, s->loss, s->grad_norm, s->lr, rss_gib, rss_pct, s->tps,
+	    s->tflops, s->mfu);
 	if (s->val_loss >= 0)
 		LOG_INFO("step: %5lld  validation loss: %8.4f", (long long)s->step, s->val_loss);
 	if (!mt->jsonl)

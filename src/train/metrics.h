@@ -8,19 +8,19 @@
 #include <stdio.h>
 
 struct step_metrics {
-	int64_t step;	      /* 1-based */
-	double loss;	      /* global average loss (sum of token losses / valid tokens) */
-	double grad_norm;     /* total norm before clipping */
+	int64_t step;     /* 1-based */
+	double loss;      /* global average loss (sum of token losses / valid tokens) */
+	double grad_norm; /* total norm before clipping */
 	double lr;
-	double step_s;	      /* wall time of the step */
-	double data_s;	      /* time spent producing the batch */
-	double comm_wait_s;   /* time blocked waiting for collectives (exposed communication) */
-	int64_t tokens;	      /* tokens processed by this rank in the step */
-	int64_t tokens_seen;  /* cumulative, all ranks */
-	double tps;	      /* tokens/s per rank */
-	double tflops;	      /* achieved TFLOP/s per rank */
-	double mfu;	      /* percent of peak */
-	double val_loss;      /* validation loss of this step, < 0 when not evaluated */
+	double step_s;       /* wall time of the step */
+	double data_s;       /* time spent producing the batch */
+	double comm_wait_s;  /* time blocked waiting for collectives (exposed communication) */
+	int64_t tokens;      /* tokens processed by this rank in the step */
+	int64_t tokens_seen; /* cumulative, all ranks */
+	double tps;          /* tokens/s per rank */
+	double tflops;       /* achieved TFLOP/s per rank */
+	double mfu;          /* percent of peak */
+	double val_loss;     /* validation loss of this step, < 0 when not evaluated */
 };
 
 struct metrics {
@@ -33,7 +33,7 @@ struct metrics {
 /* Achieved sgemm FLOP/s on a large square (best of a few runs) with the current threads. */
 double metrics_measure_peak_flops(void);
 int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool append,
-		 double flops_per_token, double peak_flops);
+                 double flops_per_token, double peak_flops);
 void metrics_close(struct metrics *mt);
 /* Fills tps/tflops/mfu from tokens and time, prints the console line, writes the record. */
 void metrics_log_step(struct metrics *mt, struct step_metrics *s);

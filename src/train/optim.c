@@ -6,7 +6,7 @@
 #include "kernels/kernels.h"
 
 void adamw_init(struct adamw *o, int64_t numel, double beta1, double beta2, double eps,
-		double weight_decay)
+                double weight_decay)
 {
 	memset(o, 0, sizeof(*o));
 	o->beta1 = beta1;
@@ -25,23 +25,26 @@ void adamw_free(struct adamw *o)
 	memset(o, 0, sizeof(*o));
 }
 
-void adamw_begin_step(struct adamw *o) { o->t++; }
+void adamw_begin_step(struct adamw *o)
+{
+	o->t++;
+}
 
 void adamw_update_slice(struct adamw *o, float *params, const float *grads, int64_t at, int64_t n,
-			double lr, bool decay, double gscale)
+                        double lr, bool decay, double gscale)
 {
 	adamw_update(params, grads, o->m + at, o->v + at, n, lr, o->beta1, o->beta2, o->eps,
-		     decay ? o->weight_decay : 0.0, o->t, gscale);
+	             decay ? o->weight_decay : 0.0, o->t, gscale);
 }
 
 void adamw_step(struct adamw *o, const struct llama_table *t, float *params, const float *grads,
-		double lr, double gscale)
+                double lr, double gscale)
 {
 	adamw_begin_step(o);
 	for (int i = 0; i < t->count; i++) {
 		const struct llama_param *p = &t->p[i];
-		adamw_update_slice(o, params + p->offset, grads + p->offset, p->offset, p->numel, lr,
-				   p->weight_decay, gscale);
+		adamw_update_slice(o, params + p->offset, grads + p->offset, p->offset, p->numel,
+		                   lr, p->weight_decay, gscale);
 	}
 }
 

@@ -33,8 +33,8 @@ struct trainer {
 	bool sharded;
 	struct adamw opt;
 	struct lr_schedule lr;
-	struct loader *train_ld;   /* a shard folder */
-	struct loader *val_ld;	   /* its val split, when validation is on */
+	struct loader *train_ld; /* a shard folder */
+	struct loader *val_ld;   /* its val split, when validation is on */
 	struct metrics metrics;
 	int64_t accum; /* micro-batches per step and rank */
 	int64_t dp;    /* data-parallel ranks */
@@ -67,14 +67,15 @@ static int trainer_build_model(struct trainer *tr)
 	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
 	tr->sharded = tr->dp > 1;
 	if (bf16 && !tr->sharded)
-		LOG_WARN("training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
-			 "on one rank parameters stay float32");
+		LOG_WARN(
+		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
+		    "on one rank parameters stay float32");
 	const struct llama_build_opts opts = {
-		.own_params = !tr->sharded,
-		.recompute_ffn = strcmp(cfg->activation_checkpoint.mode, "ffn") == 0,
+	    .own_params = !tr->sharded,
+	    .recompute_ffn = strcmp(cfg->activation_checkpoint.mode, "ffn") == 0,
 	};
 	rc = llama_build_ex(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
-			    &opts);
+	                    &opts);
 	if (rc)
 		return rc;
 	struct llama_model *m = &tr->model;
@@ -92,7 +93,7 @@ static int trainer_build_model(struct trainer *tr)
 		llama_init_params(&m->cfg, &m->table, seed, m->params, 0, m->table.numel);
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
-		   cfg->optimizer.eps, cfg->optimizer.weight_decay);
+	           cfg->optimizer.eps, cfg->optimizer.weight_decay);
 	return CT_OK;
 }
 
@@ -110,8 +111,9 @@ static int trainer_open_data(struct trainer *tr)
 		tok_free(tok);
 		if (ids > m->cfg.vocab_size) {
 			LOG_ERROR("model.tokenizer_path: '%s' has %lld ids, more than the model's "
-				  "vocabulary (%lld); set model.vocab_size", cfg->model.tokenizer_path,
-				  (long long)ids, (long long)m->cfg.vocab_size);
+			          "vocabulary (%lld); set model.vocab_size",
+			          cfg->model.tokenizer_path, (long long)ids,
+			          (long long)m->cfg.vocab_size);
 			return CT_ERR_USAGE;
 		}
 	}
@@ -122,16 +124,24 @@ static int trainer_open_data(struct trainer *tr)
 	if (!folder[0] && strcmp(cfg->training.dataset, "default") == 0)
 		folder = TRAINER_DEFAULT_DATASET;
 	if (!folder[0]) {
-		LOG_ERROR("training.dataset = \"%s\" needs training.dataset_path (a folder of token "
-			  "shards from `ctitan prepare`)", cfg->training.dataset);
+		LOG_ERROR(
+		    "training.dataset = \"%s\" needs training.dataset_path (a folder of token "
+		    "shards from `ctitan prepare`)",
+		    cfg->training.dataset);
 		return CT_ERR_USAGE;
 	}
 	struct loader_config lc = {
-		.folder = folder, .split = "train", .vocab = m->cfg.vocab_size,
-		.seq_len = m->T, .batch = m->B, .micro_batches = tr->accum,
-		.rank = tr->mesh.dp_group.rank, .ranks = (int)tr->dp,
-		.seed = (uint64_t)cfg->debug.seed, .ignore_index = LLAMA_IGNORE_INDEX,
-		.prefetch = true,
+	    .folder = folder,
+	    .split = "train",
+	    .vocab = m->cfg.vocab_size,
+	    .seq_len = m->T,
+	    .batch = m->B,
+	    .micro_batches = tr->accum,
+	    .rank = tr->mesh.dp_group.rank,
+	    .ranks = (int)tr->dp,
+	    .seed = (uint64_t)cfg->debug.seed,
+	    .ignore_index = LLAMA_IGNORE_INDEX,
+	    .prefetch = true,
 	};
 	int rc = loader_open(&tr->train_ld, &lc);
 	if (rc || !cfg->validation.enable)
@@ -148,12 +158,12 @@ static int trainer_setup(struct trainer *tr)
 	int64_t pp = cfg->parallelism.pipeline_parallel_degree;
 	if (tp > 1 || pp > 1) {
 		LOG_ERROR("parallelism: tensor and pipeline parallelism are not yet supported "
-			  "(tensor_parallel_degree = %lld, pipeline_parallel_degree = %lld)",
-			  (long long)tp, (long long)pp);
+		          "(tensor_parallel_degree = %lld, pipeline_parallel_degree = %lld)",
+		          (long long)tp, (long long)pp);
 		return CT_ERR_USAGE;
 	}
 	int rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
-			    cfg->parallelism.data_parallel_shard_degree, tp);
+	                    cfg->parallelism.data_parallel_shard_degree, tp);
 	if (rc)
 		return rc;
 	enum stream_mode mode;
@@ -164,11 +174,13 @@ static int trainer_setup(struct trainer *tr)
 	tr->stream = comm_stream_create(mode, cfg->comm.timeout_seconds);
 	tr->dp = tr->mesh.dp_group.size;
 	int64_t per_step = cfg->training.local_batch_size * tr->dp;
-	int64_t global = cfg->training.global_batch_size < 0 ? per_step
-							      : cfg->training.global_batch_size;
+	int64_t global =
+	    cfg->training.global_batch_size < 0 ? per_step : cfg->training.global_batch_size;
 	if (global % per_step) {
-		LOG_ERROR("training.global_batch_size: %lld is not a multiple of local_batch_size x "
-			  "data-parallel degree = %lld", (long long)global, (long long)per_step);
+		LOG_ERROR(
+		    "training.global_batch_size: %lld is not a multiple of local_batch_size x "
+		    "data-parallel degree = %lld",
+		    (long long)global, (long long)per_step);
 		return CT_ERR_USAGE;
 	}
 	tr->accum = global / per_step;
@@ -176,8 +188,8 @@ static int trainer_setup(struct trainer *tr)
 	if (rc)
 		return rc;
 	rc = lr_schedule_init(&tr->lr, cfg->optimizer.lr, cfg->lr_scheduler.warmup_steps,
-			      cfg->lr_scheduler.decay_ratio, cfg->lr_scheduler.decay_type,
-			      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
+	                      cfg->lr_scheduler.decay_ratio, cfg->lr_scheduler.decay_type,
+	                      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
 	if (rc)
 		return rc;
 	rc = trainer_open_data(tr);
@@ -189,24 +201,25 @@ static int trainer_setup(struct trainer *tr)
 
 	/* One MFU denominator for all ranks: the mean of what each measured. */
 	double peak = cfg->metrics.peak_tflops > 0 ? cfg->metrics.peak_tflops * 1e12
-						   : metrics_measure_peak_flops();
+	                                           : metrics_measure_peak_flops();
 	comm_all_reduce_f64(&tr->mesh.world_group, &peak, 1);
 	peak /= tr->mesh.world;
 	double fpt = llama_flops_per_token(&tr->model.cfg, &tr->model.table, cfg->training.seq_len);
 	const struct llama_config *mc = &tr->model.cfg;
 	LOG_INFO("model llama3 %s: %lld parameters (dim %lld, %lld layers, %lld heads, %lld kv "
-		 "heads, ffn %lld, vocab %lld)", mc->flavor, (long long)tr->model.table.numel,
-		 (long long)mc->dim, (long long)mc->n_layers, (long long)mc->n_heads,
-		 (long long)mc->n_kv_heads, (long long)mc->ffn_hidden, (long long)mc->vocab_size);
+	         "heads, ffn %lld, vocab %lld)",
+	         mc->flavor, (long long)tr->model.table.numel, (long long)mc->dim,
+	         (long long)mc->n_layers, (long long)mc->n_heads, (long long)mc->n_kv_heads,
+	         (long long)mc->ffn_hidden, (long long)mc->vocab_size);
 	LOG_INFO("parallelism: %d ranks = %d replicas x %d shards (%s); comm progress %s",
-		 tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
-		 tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
+	         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
+	         tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
-		 "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
-		 (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
-		 (long long)cfg->training.seq_len, (long long)tr->accum, (long long)tr->dp,
-		 cfg->training.dataset, fpt, peak / 1e9,
-		 cfg->metrics.peak_tflops > 0 ? "from config" : "measured sgemm");
+	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
+	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
+	         (long long)cfg->training.seq_len, (long long)tr->accum, (long long)tr->dp,
+	         cfg->training.dataset, fpt, peak / 1e9,
+	         cfg->metrics.peak_tflops > 0 ? "from config" : "measured sgemm");
 	tr->flops_per_token = fpt;
 	tr->peak_flops = peak;
 	return CT_OK;
@@ -232,8 +245,8 @@ static void trainer_teardown(struct trainer *tr)
 }
 
 int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
-	       const int32_t *targets, int64_t accum, double lr, double max_norm,
-	       struct train_step_result *res)
+               const int32_t *targets, int64_t accum, double lr, double max_norm,
+               struct train_step_result *res)
 {
 	int64_t N = m->N;
 	int64_t valid = llama_count_valid(targets, accum * N);
@@ -251,11 +264,12 @@ int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
 	res->grad_norm = sqrt(sumsq_f32(m->grads, m->table.numel));
 	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
 		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
-			  isfinite(res->loss) ? "gradient norm" : "loss", res->loss, res->grad_norm);
+		          isfinite(res->loss) ? "gradient norm" : "loss", res->loss,
+		          res->grad_norm);
 		return CT_ERR_RUNTIME;
 	}
 	adamw_step(opt, &m->table, m->params, m->grads, lr,
-		   clip_coefficient(res->grad_norm, max_norm));
+	           clip_coefficient(res->grad_norm, max_norm));
 	return CT_OK;
 }
 
@@ -272,8 +286,8 @@ static void trainer_batch(struct trainer *tr, int64_t step)
 	int64_t G = tr->accum * tr->dp * m->B, d = tr->mesh.dp_group.rank;
 	for (int64_t a = 0; a < tr->accum; a++)
 		synthetic_batch((uint64_t)tr->cfg->debug.seed, m->cfg.vocab_size,
-				step * G + (a * tr->dp + d) * m->B, m->B, m->T,
-			     tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
+		                step * G + (a * tr->dp + d) * m->B, m->B, m->T,
+		                tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
 }
 
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
@@ -285,16 +299,16 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	double t_data = timer_now() - t0;
 	if (cfg->debug.fail_rank == tr->mesh.rank && cfg->debug.fail_step == step + 1) {
 		LOG_WARN("debug.fail_rank: rank %d kills itself in step %lld", tr->mesh.rank,
-			 (long long)step + 1);
+		         (long long)step + 1);
 		raise(SIGKILL);
 	}
 	double lr = lr_schedule_at(&tr->lr, step);
 	struct train_step_result res;
-	int rc = tr->sharded ? fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens,
-					       tr->batch_targets, tr->accum, lr,
-					       cfg->training.max_norm, &res)
-			     : train_step(m, &tr->opt, tr->batch_tokens, tr->batch_targets,
-					  tr->accum, lr, cfg->training.max_norm, &res);
+	int rc = tr->sharded
+	             ? fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens, tr->batch_targets,
+	                               tr->accum, lr, cfg->training.max_norm, &res)
+	             : train_step(m, &tr->opt, tr->batch_tokens, tr->batch_targets, tr->accum, lr,
+	                          cfg->training.max_norm, &res);
 	if (rc) {
 		LOG_ERROR("step %lld failed", (long long)step + 1);
 		return rc;
@@ -319,7 +333,7 @@ static int trainer_validate(struct trainer *tr, double *loss)
 	if (tr->cfg->validation.steps > 0 && tr->cfg->validation.steps < steps)
 		steps = tr->cfg->validation.steps;
 	loader_rewind(tr->val_ld);
-	double sums[2] = { 0, 0 };
+	double sums[2] = {0, 0};
 	for (int64_t s = 0; s < steps; s++) {
 		loader_next(tr->val_ld, tr->batch_tokens, tr->batch_targets);
 		for (int64_t a = 0; a < tr->accum; a++) {
@@ -352,7 +366,10 @@ static int trainer_validate(struct trainer *tr, double *loss)
 
 static volatile sig_atomic_t trainer_signal;
 
-static void trainer_on_signal(int sig) { trainer_signal = sig; }
+static void trainer_on_signal(int sig)
+{
+	trainer_signal = sig;
+}
 
 /* What this rank holds of every tensor: the whole tensor on one rank, its shard rows under
  * FSDP. Parameters and both AdamW moments share one layout. */
@@ -368,8 +385,9 @@ static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr)
 			fsdp_local_rows(&tr->fsdp, i, &row0, &nrows, &at);
 			w = tr->fsdp.shard_w;
 		}
-		ct[i] = (struct ckpt_tensor){ p->name, p->ndim, p->shape[0], p->numel / p->shape[0],
-					      row0, nrows, w + at, tr->opt.m + at, tr->opt.v + at };
+		ct[i] = (struct ckpt_tensor){
+		    p->name, p->ndim, p->shape[0],    p->numel / p->shape[0], row0,
+		    nrows,   w + at,  tr->opt.m + at, tr->opt.v + at};
 	}
 	return ct;
 }
@@ -381,10 +399,10 @@ static void trainer_ckpt_root(const struct trainer *tr, char *out, size_t n)
 
 /* Load checkpoint `step` into the model, optimizer and data loader. */
 static int trainer_load(struct trainer *tr, const char *root, int64_t step, int64_t *first_step,
-			struct step_metrics *sm)
+                        struct step_metrics *sm)
 {
 	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
-	struct ckpt_trainer_state st = { 0 };
+	struct ckpt_trainer_state st = {0};
 	int rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st);
 	free(ct);
 	if (rc)
@@ -420,11 +438,13 @@ static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_m
 		if (trainer_load(tr, root, steps[i], first_step, sm) == CT_OK)
 			return CT_OK;
 		if (i + 1 < n)
-			LOG_WARN("checkpoint of step %lld failed to load; falling back to step %lld",
-				 (long long)steps[i], (long long)steps[i + 1]);
+			LOG_WARN(
+			    "checkpoint of step %lld failed to load; falling back to step %lld",
+			    (long long)steps[i], (long long)steps[i + 1]);
 	}
 	if (n > 0) {
-		LOG_ERROR("no checkpoint in '%s' loads (%d tried); refusing to start over", root, n);
+		LOG_ERROR("no checkpoint in '%s' loads (%d tried); refusing to start over", root,
+		          n);
 		return CT_ERR_RUNTIME;
 	}
 	return CT_OK;
@@ -435,8 +455,8 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 	char root[1100];
 	trainer_ckpt_root(tr, root, sizeof(root));
 	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
-	struct ckpt_trainer_state st = { .step = steps_done, .tokens_seen = sm->tokens_seen,
-					 .optimizer_step = tr->opt.t };
+	struct ckpt_trainer_state st = {
+	    .step = steps_done, .tokens_seen = sm->tokens_seen, .optimizer_step = tr->opt.t};
 	if (tr->train_ld) {
 		struct loader_state ls;
 		loader_state(tr->train_ld, &ls);
@@ -447,7 +467,7 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 		cJSON_Delete(js);
 	}
 	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st,
-			   tr->cfg->checkpoint.keep_latest_k);
+	                   tr->cfg->checkpoint.keep_latest_k);
 	free(ct);
 	return rc;
 }
@@ -462,10 +482,10 @@ static bool trainer_should_stop(struct trainer *tr)
 
 int trainer_run(const struct ct_config *cfg)
 {
-	struct trainer tr = { .cfg = cfg };
-	struct step_metrics sm = { 0 };
+	struct trainer tr = {.cfg = cfg};
+	struct step_metrics sm = {0};
 	int64_t first = 0, steps = cfg->training.steps;
-	struct sigaction sa = { .sa_handler = trainer_on_signal }, old_term, old_int;
+	struct sigaction sa = {.sa_handler = trainer_on_signal}, old_term, old_int;
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, &old_term);
 	sigaction(SIGINT, &sa, &old_int);
@@ -475,11 +495,12 @@ int trainer_run(const struct ct_config *cfg)
 	/* a resumed run appends to the metrics of the run it continues */
 	if (rc == CT_OK)
 		rc = metrics_open(&tr.metrics, cfg->job.dump_folder,
-				  cfg->metrics.enable_jsonl && tr.mesh.rank == 0, first > 0,
-				  tr.flops_per_token, tr.peak_flops);
+		                  cfg->metrics.enable_jsonl && tr.mesh.rank == 0, first > 0,
+		                  tr.flops_per_token, tr.peak_flops);
 	if (rc == CT_OK && first >= steps)
-		LOG_INFO("checkpoint is at step %lld: nothing left to train (training.steps = %lld)",
-			 (long long)first, (long long)steps);
+		LOG_INFO(
+		    "checkpoint is at step %lld: nothing left to train (training.steps = %lld)",
+		    (long long)first, (long long)steps);
 	int64_t step = first;
 	for (; rc == CT_OK && step < steps; step++) {
 		rc = trainer_step(&tr, step, &sm);
@@ -491,7 +512,8 @@ int trainer_run(const struct ct_config *cfg)
 			if (rc)
 				break;
 		}
-		if ((step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps || sm.val_loss >= 0)
+		if ((step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps ||
+		    sm.val_loss >= 0)
 			metrics_log_step(&tr.metrics, &sm);
 		bool stop = trainer_should_stop(&tr);
 		if (cfg->checkpoint.enable &&
@@ -499,15 +521,15 @@ int trainer_run(const struct ct_config *cfg)
 			rc = trainer_save(&tr, step + 1, &sm);
 		if (stop) {
 			LOG_INFO("stopping after step %lld on signal %d", (long long)step + 1,
-				 (int)trainer_signal);
+			         (int)trainer_signal);
 			step++;
 			break;
 		}
 	}
 	if (rc == CT_OK)
 		LOG_INFO("training done: %lld steps, final loss %.4f, peak RSS %.2f GiB",
-			 (long long)step, sm.loss,
-			 (double)mem_rss_peak_bytes() / (1024.0 * 1024.0 * 1024.0));
+		         (long long)step, sm.loss,
+		         (double)mem_rss_peak_bytes() / (1024.0 * 1024.0 * 1024.0));
 	trainer_teardown(&tr);
 	sigaction(SIGTERM, &old_term, NULL);
 	sigaction(SIGINT, &old_int, NULL);

@@ -13,9 +13,9 @@
 #define TRAINER_DEFAULT_DATASET "outputs/data/default"
 
 struct train_step_result {
-	double loss;	  /* sum of token losses / valid tokens of the whole step */
+	double loss;      /* sum of token losses / valid tokens of the whole step */
 	double grad_norm; /* before clipping */
-	int64_t valid;	  /* valid target tokens in the step */
+	int64_t valid;    /* valid target tokens in the step */
 };
 
 /* One optimizer step on `accum` micro-batches of (B, T) tokens/targets laid out one after
@@ -24,8 +24,8 @@ struct train_step_result {
  * global norm, AdamW at learning rate lr. Returns CT_ERR_RUNTIME on a non-finite loss or
  * gradient norm (parameters are then left untouched). */
 int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
-	       const int32_t *targets, int64_t accum, double lr, double max_norm,
-	       struct train_step_result *res);
+               const int32_t *targets, int64_t accum, double lr, double max_norm,
+               struct train_step_result *res);
 
 /* The model a config describes ([model] flavor, vocab_size, rope_scaling). */
 int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc);

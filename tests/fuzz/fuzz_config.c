@@ -65,8 +65,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	config_defaults(&cfg);
 	memcpy(&before, &cfg, sizeof(cfg));
-	int rc = data[0] & 1 ? fuzz_args(&cfg, data + 1, size - 1) :
-			       config_load_string(&cfg, (const char *)data + 1, size - 1, "fuzz");
+	int rc = data[0] & 1 ? fuzz_args(&cfg, data + 1, size - 1)
+	                     : config_load_string(&cfg, (const char *)data + 1, size - 1, "fuzz");
 	if (rc != 0) {
 		if (memcmp(&cfg, &before, sizeof(cfg)) != 0)
 			__builtin_trap(); /* a failed load changed the config */

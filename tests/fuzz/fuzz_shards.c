@@ -34,13 +34,13 @@
 #include "data/loader.h"
 #include "data/shards.h"
 
-#define FUZZ_ASSERT(cond)                                                              \
-	do {                                                                           \
-		if (!(cond)) {                                                         \
-			fprintf(stdout, "fuzz_shards: property failed: %s (line %d)\n", \
-				#cond, __LINE__);                                      \
-			abort();                                                       \
-		}                                                                      \
+#define FUZZ_ASSERT(cond)                                                                          \
+	do {                                                                                       \
+		if (!(cond)) {                                                                     \
+			fprintf(stdout, "fuzz_shards: property failed: %s (line %d)\n", #cond,     \
+			        __LINE__);                                                         \
+			abort();                                                                   \
+		}                                                                                  \
 	} while (0)
 
 static char fuzz_dir[64];
@@ -81,8 +81,8 @@ static void fuzz_clear_dir(void)
 
 /* Every row of the step starting at `first` on this rank is the right window or padding. */
 static void fuzz_check_rows(struct loader *ld, const struct loader_config *c,
-			    const struct shard_set *set, int64_t first, const int32_t *tok,
-			    const int32_t *tgt, int32_t *win)
+                            const struct shard_set *set, int64_t first, const int32_t *tok,
+                            const int32_t *tgt, int32_t *win)
 {
 	int64_t T = c->seq_len;
 	for (int64_t a = 0; a < c->micro_batches; a++)
@@ -129,10 +129,16 @@ static void fuzz_loader(const uint8_t *data, size_t size)
 	}
 	int64_t v = knobs >> 1 & 7;
 	struct loader_config c = {
-		.folder = fuzz_dir, .split = split, .vocab = v ? 300 * v : 70000,
-		.seq_len = 1 + seq % 16, .batch = 1 + layout % 3,
-		.micro_batches = 1 + (layout >> 2) % 2, .ranks = 1 + (layout >> 3) % 3,
-		.seed = knobs, .ignore_index = -100, .prefetch = knobs & 0x80,
+	    .folder = fuzz_dir,
+	    .split = split,
+	    .vocab = v ? 300 * v : 70000,
+	    .seq_len = 1 + seq % 16,
+	    .batch = 1 + layout % 3,
+	    .micro_batches = 1 + (layout >> 2) % 2,
+	    .ranks = 1 + (layout >> 3) % 3,
+	    .seed = knobs,
+	    .ignore_index = -100,
+	    .prefetch = knobs & 0x80,
 	};
 	c.rank = (int)((layout >> 5) % c.ranks);
 	struct loader *ld;
@@ -193,9 +199,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (size < 1)
 		return 0;
 	switch (data[0] % 3) {
-	case 0: fuzz_view(data + 1, size - 1); break;
-	case 1: fuzz_loader(data + 1, size - 1); break;
-	default: fuzz_state_json(data + 1, size - 1); break;
+	case 0:
+		fuzz_view(data + 1, size - 1);
+		break;
+	case 1:
+		fuzz_loader(data + 1, size - 1);
+		break;
+	default:
+		fuzz_state_json(data + 1, size - 1);
+		break;
 	}
 	return 0;
 }

@@ -26,7 +26,7 @@
 #include "base/log.h"
 
 static const char sample[] = "Hello world! don't 12345 \xe4\xbd\xa0\xe5\xa5\xbd  \n\n\t<|eot_id|> "
-			     "\xf0\x9f\x98\x80 \xff\xc3( x";
+                             "\xf0\x9f\x98\x80 \xff\xc3( x";
 
 static void fail(const char *what)
 {
@@ -54,22 +54,23 @@ static int check_piece(void *ctx, const uint8_t *p, size_t n)
 
 static void roundtrip(struct tok_tokenizer *t, const uint8_t *text, size_t n)
 {
-	struct tok_ids ids = { 0 };
-	struct tok_bytes out = { 0 };
+	struct tok_ids ids = {0};
+	struct tok_bytes out = {0};
 	for (int specials = 0; specials < 2; specials++) {
 		ids.n = 0;
 		out.n = 0;
-		int rc = specials ? tok_encode_with_specials(t, text, n, &ids) :
-				    tok_encode(t, text, n, &ids);
+		int rc = specials ? tok_encode_with_specials(t, text, n, &ids)
+		                  : tok_encode(t, text, n, &ids);
 		if (rc)
 			fail("encode failed");
 		for (int64_t i = 0; !specials && i < ids.n; i++)
 			if (ids.v[i] < 0 || ids.v[i] >= tok_n_vocab(t))
 				fail("plain encode produced an id outside the regular vocabulary");
-		if (tok_decode(t, ids.v, ids.n, &out) || out.n != n || (n && memcmp(out.v, text, n)))
+		if (tok_decode(t, ids.v, ids.n, &out) || out.n != n ||
+		    (n && memcmp(out.v, text, n)))
 			fail("decode(encode(x)) != x");
 	}
-	struct piece_check c = { .t = t };
+	struct piece_check c = {.t = t};
 	if (tok_split(t, text, n, check_piece, &c))
 		fail("split failed");
 	tok_ids_free(&c.a);
@@ -92,16 +93,16 @@ static struct tok_tokenizer *trained;
 static void train_once(void)
 {
 	static const char text[] =
-		"the quick brown fox jumps over the lazy dog; the dog doesn't care. 1234567 "
-		"\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c aaaa bbbb    \n\n\t\t the the the "
-		"tokenizer tokenizers tokenized token tokens  <|end_of_text|> \xc3\xa9t\xc3\xa9 ";
+	    "the quick brown fox jumps over the lazy dog; the dog doesn't care. 1234567 "
+	    "\xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c aaaa bbbb    \n\n\t\t the the the "
+	    "tokenizer tokenizers tokenized token tokens  <|end_of_text|> \xc3\xa9t\xc3\xa9 ";
 	char big[sizeof(text) * 40];
 	size_t n = 0;
 	for (int i = 0; i < 40; i++) {
 		memcpy(big + n, text, sizeof(text) - 1);
 		n += sizeof(text) - 1;
 	}
-	struct tok_train_opts o = { .vocab_size = 400 };
+	struct tok_train_opts o = {.vocab_size = 400};
 	CHECK(tok_train(&trained, &o, big, n) == 0, "training the fuzz tokenizer");
 }
 
@@ -132,7 +133,7 @@ static struct tok_tokenizer *random_vocab(const uint8_t *data, size_t n)
 		i = e + 1;
 	}
 	struct tok_tokenizer *t = NULL;
-	static const char *const specials[] = { "<|eot_id|>", "<|a|>", "x" };
+	static const char *const specials[] = {"<|eot_id|>", "<|a|>", "x"};
 	if (tok_build(&t, toks, lens, m, NULL, specials, 3, "fuzz vocabulary"))
 		fail("tok_build rejected a valid vocabulary");
 	return t;
