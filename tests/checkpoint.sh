@@ -41,6 +41,16 @@ grep -q "loaded step 3" "$tmp/b2.log"; check "resume loads step 3" $?
 losses "$tmp/a/metrics.jsonl" > "$tmp/a.l"; losses "$tmp/b/metrics.jsonl" > "$tmp/b.l"
 cmp -s "$tmp/a.l" "$tmp/b.l"; check "resumed steps 4-6 bitwise equal the uninterrupted run" $?
 
+# generation from the checkpoint alone (it carries config.toml) equals generation via the config
+[ -f "$tmp/b/checkpoint/step-00000006/config.toml" ]; check "checkpoint carries its config" $?
+"$CTITAN" generate --checkpoint "$tmp/b/checkpoint" --prompt-ids 1,2,3 --max-new-tokens 5 \
+  --temperature 0 > "$tmp/g1" 2> "$tmp/g1.err"
+rc=$?
+"$CTITAN" generate "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/b" \
+  --prompt-ids 1,2,3 --max-new-tokens 5 --temperature 0 > "$tmp/g2" 2>&1
+[ $rc -eq 0 ] && [ "$(grep -c '^generated: [0-9]* [0-9]* [0-9]* [0-9]* [0-9]*$' "$tmp/g1")" -eq 1 ] \
+  && cmp -s "$tmp/g1" "$tmp/g2"; check "generate --checkpoint DIR: 5 greedy tokens, same as via the config" $?
+
 # 2. reshard: save on 4 ranks (FSDP), resume on 2 ranks and on 1 rank
 "$LAUNCH" 4 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/c" \
   --checkpoint.enable=true --debug.fail_rank=2 --debug.fail_step=4 > "$tmp/c1.log" 2>&1

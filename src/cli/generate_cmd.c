@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
@@ -21,16 +22,22 @@
 
 struct gen_args {
 	const char *prompt_ids, *prompt;
+	const char *checkpoint; /* a step folder, or a checkpoint folder (its newest step) */
+	const char *root;	/* resolved from checkpoint: the checkpoint folder ... */
+	int64_t step;		/* ... and the step (-1: newest) */
 	struct gen_opts o;
 };
 
 static void gen_usage(FILE *f)
 {
-	fprintf(f, "usage: ctitan generate CONFIG.toml [--section.key=value ...] [options]\n\n"
+	fprintf(f, "usage: ctitan generate CONFIG.toml [--section.key=value ...] [options]\n"
+	           "       ctitan generate --checkpoint DIR [--section.key=value ...] [options]\n\n"
 	           "Samples from the newest checkpoint in <job.dump_folder>/<checkpoint.folder>\n"
 	           "(or checkpoint.load_step).\n\n"
 	           "options:\n"
-	           "  --prompt TEXT         text to continue (needs model.tokenizer_path)\n"
+	           "  --checkpoint DIR      a step-NNNNNNNN folder, or a folder of them (newest);\n"
+	           "                        its config.toml and tokenizer.model are used\n"
+	           "  --prompt TEXT         text to continue (needs a tokenizer)\n"
 	           "  --prompt-ids IDS      comma-separated token ids to start from\n"
 	           "  --max-new-tokens N    tokens to generate (default 64)\n"
 	           "  --temperature X       0 = greedy (default 0.8)\n"
@@ -45,6 +52,7 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 	for (int i = 0; i < *argc; i++) {
 		const char *k = argv[i];
 		bool mine = strcmp(k, "--prompt-ids") == 0 || strcmp(k, "--prompt") == 0 ||
+		            strcmp(k, "--checkpoint") == 0 ||
 		            strcmp(k, "--max-new-tokens") == 0 || strcmp(k, "--temperature") == 0 ||
 		            strcmp(k, "--top-k") == 0 || strcmp(k, "--seed") == 0;
 		if (!mine) {
@@ -63,6 +71,10 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 		}
 		if (strcmp(k, "--prompt") == 0) {
 			a->prompt = v;
+			continue;
+		}
+		if (strcmp(k, "--checkpoint") == 0) {
+			a->checkpoint = v;
 			continue;
 		}
 		double x = strtod(v, &end);
@@ -121,14 +133,17 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		    NULL};
 	}
 	char root[1100];
-	snprintf(root, sizeof(root), "%s/%s", cfg->job.dump_folder, cfg->checkpoint.folder);
-	int64_t step = -1;
+	int64_t step = a->step;
+	if (a->root)
+		snprintf(root, sizeof(root), "%s", a->root);
+	else
+		snprintf(root, sizeof(root), "%s/%s", cfg->job.dump_folder, cfg->checkpoint.folder);
 	struct mesh mesh;
 	int32_t *prompt = NULL, *out = NULL;
 	struct gen_state *g = NULL;
 	rc = mesh_build(&mesh, 1, 1, 1, 1);
-	if (!rc)
-		rc = ckpt_find(root, cfg->checkpoint.load_step, &step);
+	if (!rc && step < 0)
+		rc = ckpt_find(root, a->root ? -1 : cfg->checkpoint.load_step, &step);
 	if (!rc && step < 0) {
 		LOG_ERROR("generate: no checkpoint in '%s' (train with --checkpoint.enable=true)",
 		          root);
@@ -208,6 +223,41 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	return rc;
 }
 
+/* --checkpoint DIR: DIR/manifest.json means a step folder (its parent holds the steps),
+ * otherwise DIR holds step folders and the newest is used. */
+static int resolve_checkpoint(struct gen_args *a, char *root, size_t n, char *stepdir, size_t sn)
+{
+	char probe[1200];
+	snprintf(probe, sizeof(probe), "%s/manifest.json", a->checkpoint);
+	if (access(probe, R_OK) == 0) {
+		snprintf(root, n, "%s", a->checkpoint);
+		char *slash = strrchr(root, '/');
+		const char *base = slash ? slash + 1 : root;
+		long long s;
+		if (sscanf(base, "step-%lld", &s) != 1) {
+			LOG_ERROR("--checkpoint: '%s' is not a step-NNNNNNNN folder", a->checkpoint);
+			return CT_ERR_USAGE;
+		}
+		if (slash)
+			*slash = 0;
+		else
+			snprintf(root, n, ".");
+		a->step = s;
+	} else {
+		snprintf(root, n, "%s", a->checkpoint);
+		int rc = ckpt_find(root, -1, &a->step);
+		if (rc)
+			return rc;
+		if (a->step < 0) {
+			LOG_ERROR("--checkpoint: no checkpoint in '%s'", a->checkpoint);
+			return CT_ERR_USAGE;
+		}
+	}
+	snprintf(stepdir, sn, "%s/step-%08lld", root, (long long)a->step);
+	a->root = root;
+	return CT_OK;
+}
+
 int cmd_generate(int argc, char **argv)
 {
 	for (int i = 0; i < argc; i++)
@@ -215,20 +265,39 @@ int cmd_generate(int argc, char **argv)
 			gen_usage(stdout);
 			return 0;
 		}
-	if (argc < 1 || strncmp(argv[0], "--", 2) == 0) {
+	struct gen_args a = {
+	    .step = -1,
+	    .o = {.max_new_tokens = 64, .temperature = 0.8, .top_k = 40, .seed = 0, .stop_id = -1}};
+	/* CONFIG.toml is optional with --checkpoint (the checkpoint carries its config) */
+	const char *config_path = argc >= 1 && strncmp(argv[0], "--", 2) != 0 ? argv[0] : NULL;
+	int first = config_path ? 1 : 0, n = argc - first;
+	int rc = parse_gen_args(&n, argv + first, &a);
+	if (!rc && !config_path && !a.checkpoint) {
 		gen_usage(stderr);
 		return 2;
 	}
-	struct gen_args a = {
-	    .o = {.max_new_tokens = 64, .temperature = 0.8, .top_k = 40, .seed = 0, .stop_id = -1}};
-	int n = argc - 1;
-	int rc = parse_gen_args(&n, argv + 1, &a);
 	struct ct_config cfg;
 	config_defaults(&cfg);
+	char root[1100], stepdir[1200], path[CONFIG_STR_MAX];
+	if (!rc && a.checkpoint)
+		rc = resolve_checkpoint(&a, root, sizeof(root), stepdir, sizeof(stepdir));
+	if (!rc && config_path) {
+		rc = config_load_file(&cfg, config_path);
+	} else if (!rc) {
+		if (snprintf(path, sizeof(path), "%s/config.toml", stepdir) >= (int)sizeof(path)) {
+			LOG_ERROR("--checkpoint: path too long");
+			rc = CT_ERR_USAGE;
+		} else {
+			rc = config_load_file(&cfg, path);
+		}
+	}
+	if (!rc && a.checkpoint) {
+		int len = snprintf(path, sizeof(path), "%s/tokenizer.model", stepdir);
+		if (len < (int)sizeof(path) && access(path, R_OK) == 0) /* the checkpoint's copy */
+			memcpy(cfg.model.tokenizer_path, path, (size_t)len + 1);
+	}
 	if (!rc)
-		rc = config_load_file(&cfg, argv[0]);
-	if (!rc)
-		rc = config_apply_args(&cfg, n, argv + 1);
+		rc = config_apply_args(&cfg, n, argv + first);
 	if (!rc)
 		rc = config_validate(&cfg);
 	if (!rc) {

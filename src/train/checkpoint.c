@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,7 +163,9 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n)
 
 static char *manifest_text(const struct llama_config *cfg, const struct mesh *mesh,
                            const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-                           const struct file_sum *sums, const int64_t *rows0, const int64_t *nrows)
+                           const struct file_sum *sums, const int64_t *rows0, const int64_t *nrows,
+                           const struct ckpt_extra *extra, const struct file_sum *extra_sums,
+                           int n_extra)
 {
 	/* rows0/nrows: world x n tables of every rank's row ranges */
 	cJSON *o = cJSON_CreateObject();
@@ -189,6 +192,12 @@ static char *manifest_text(const struct llama_config *cfg, const struct mesh *me
 		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)sums[r].hash);
 		cJSON_AddStringToObject(fo, "xxh3_64", hex);
 		cJSON_AddNumberToObject(fo, "bytes", (double)sums[r].bytes);
+	}
+	for (int i = 0; i < n_extra; i++) {
+		cJSON *fo = cJSON_AddObjectToObject(files, extra[i].name);
+		snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)extra_sums[i].hash);
+		cJSON_AddStringToObject(fo, "xxh3_64", hex);
+		cJSON_AddNumberToObject(fo, "bytes", (double)extra_sums[i].bytes);
 	}
 	cJSON *tensors = cJSON_AddObjectToObject(o, "tensors");
 	for (int i = 0; i < n; i++) {
@@ -255,9 +264,34 @@ static void prune(const char *root, int64_t keep)
 	}
 }
 
+/* Rank 0: the extra files, durable, with their checksums. */
+static int save_extras(const char *dir, const struct ckpt_extra *extra, int n,
+                       struct file_sum *sums)
+{
+	char path[1300];
+	for (int i = 0; i < n; i++) {
+		snprintf(path, sizeof(path), "%s/%s", dir, extra[i].name);
+		FILE *f = fopen(path, "wb");
+		bool ok = f != NULL;
+		if (ok) {
+			size_t wrote = fwrite(extra[i].data, 1, extra[i].len, f);
+			ok = wrote == extra[i].len && fflush(f) == 0 && fsync(fileno(f)) == 0;
+		}
+		if (f)
+			ok = (fclose(f) == 0) && ok;
+		if (!ok) {
+			LOG_ERROR("checkpoint: cannot write '%s': %s", path, strerror(errno));
+			return CT_ERR_RUNTIME;
+		}
+		sums[i].hash = XXH3_64bits(extra[i].data, extra[i].len);
+		sums[i].bytes = (int64_t)extra[i].len;
+	}
+	return CT_OK;
+}
+
 int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
               const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-              int64_t keep_latest_k)
+              const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k)
 {
 	char tmp[1100], final[1100], path[1200];
 	step_dir(tmp, sizeof(tmp), root, st->step, ".tmp");
@@ -299,8 +333,12 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 	for (int r = 0; r < mesh->world; r++)
 		if (sums[r].rc)
 			rc = CT_ERR_RUNTIME;
+	struct file_sum *extra_sums = xcalloc((size_t)n_extra + 1, sizeof(*extra_sums));
+	if (mesh->rank == 0 && !rc)
+		rc = save_extras(tmp, extra, n_extra, extra_sums);
 	if (mesh->rank == 0 && !rc) {
-		char *text = manifest_text(cfg, mesh, t, n, st, sums, r0, nr);
+		char *text = manifest_text(cfg, mesh, t, n, st, sums, r0, nr, extra, extra_sums,
+		                           n_extra);
 		snprintf(path, sizeof(path), "%s/manifest.json", tmp);
 		rc = write_text_durable(path, text);
 		free(text);
@@ -328,7 +366,7 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 			remove_tree(tmp);
 	}
 	comm_all_reduce_i64(&mesh->world_group, &rc, 1);
-	free(sums), free(r0), free(nr), free(my0), free(myn);
+	free(sums), free(r0), free(nr), free(my0), free(myn), free(extra_sums);
 	if (!rc)
 		LOG_INFO("checkpoint: saved step %lld to %s", (long long)st->step, final);
 	return rc ? CT_ERR_RUNTIME : CT_OK;

@@ -17,6 +17,7 @@
 #ifndef CT_TRAIN_CHECKPOINT_H
 #define CT_TRAIN_CHECKPOINT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "comm/comm.h"
@@ -41,11 +42,19 @@ struct ckpt_trainer_state {
 	    data_state[256]; /* the data loader's position, JSON text ("" when derived from step) */
 };
 
+/* A small file stored with the checkpoint by rank 0 (its config, its tokenizer), listed with a
+ * checksum in the manifest, so that generate and export need nothing else. */
+struct ckpt_extra {
+	const char *name; /* file name inside the step folder */
+	const void *data;
+	size_t len;
+};
+
 /* Save a checkpoint of `step`. Collective over mesh->world_group. Returns CT_OK or an error
  * (the previous checkpoints are untouched on error). */
 int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
               const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-              int64_t keep_latest_k);
+              const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k);
 
 /* Find the step to load: `want` >= 0 exactly that step; -1 the newest complete checkpoint.
  * Sets *step = -1 (and returns CT_OK) when there is none. */

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -450,6 +451,23 @@ static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_m
 	return CT_OK;
 }
 
+static int read_file(const char *path, char **data, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	if (!f) {
+		LOG_ERROR("cannot read '%s': %s", path, strerror(errno));
+		return CT_ERR_RUNTIME;
+	}
+	fseeko(f, 0, SEEK_END);
+	off_t n = ftello(f);
+	fseeko(f, 0, SEEK_SET);
+	*data = malloc((size_t)(n > 0 ? n : 1));
+	CHECK(*data, "out of memory");
+	*len = fread(*data, 1, (size_t)(n > 0 ? n : 0), f);
+	fclose(f);
+	return CT_OK;
+}
+
 static int trainer_save(struct trainer *tr, int64_t steps_done, const struct step_metrics *sm)
 {
 	char root[1100];
@@ -466,9 +484,23 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 		free(txt);
 		cJSON_Delete(js);
 	}
-	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st,
-	                   tr->cfg->checkpoint.keep_latest_k);
+	/* the effective config and the tokenizer travel with the weights */
+	char *cfg_text = NULL, *tok_data = NULL;
+	size_t cfg_len = 0, tok_len = 0;
+	FILE *mf = open_memstream(&cfg_text, &cfg_len);
+	CHECK(mf, "out of memory");
+	config_print(tr->cfg, mf);
+	fclose(mf);
+	struct ckpt_extra extra[2] = { { "config.toml", cfg_text, cfg_len } };
+	int n_extra = 1;
+	if (tr->cfg->model.tokenizer_path[0] &&
+	    read_file(tr->cfg->model.tokenizer_path, &tok_data, &tok_len) == CT_OK)
+		extra[n_extra++] = (struct ckpt_extra){ "tokenizer.model", tok_data, tok_len };
+	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st, extra,
+	                   n_extra, tr->cfg->checkpoint.keep_latest_k);
 	free(ct);
+	free(cfg_text);
+	free(tok_data);
 	return rc;
 }
 
