@@ -223,41 +223,6 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	return rc;
 }
 
-/* --checkpoint DIR: DIR/manifest.json means a step folder (its parent holds the steps),
- * otherwise DIR holds step folders and the newest is used. */
-static int resolve_checkpoint(struct gen_args *a, char *root, size_t n, char *stepdir, size_t sn)
-{
-	char probe[1200];
-	snprintf(probe, sizeof(probe), "%s/manifest.json", a->checkpoint);
-	if (access(probe, R_OK) == 0) {
-		snprintf(root, n, "%s", a->checkpoint);
-		char *slash = strrchr(root, '/');
-		const char *base = slash ? slash + 1 : root;
-		long long s;
-		if (sscanf(base, "step-%lld", &s) != 1) {
-			LOG_ERROR("--checkpoint: '%s' is not a step-NNNNNNNN folder", a->checkpoint);
-			return CT_ERR_USAGE;
-		}
-		if (slash)
-			*slash = 0;
-		else
-			snprintf(root, n, ".");
-		a->step = s;
-	} else {
-		snprintf(root, n, "%s", a->checkpoint);
-		int rc = ckpt_find(root, -1, &a->step);
-		if (rc)
-			return rc;
-		if (a->step < 0) {
-			LOG_ERROR("--checkpoint: no checkpoint in '%s'", a->checkpoint);
-			return CT_ERR_USAGE;
-		}
-	}
-	snprintf(stepdir, sn, "%s/step-%08lld", root, (long long)a->step);
-	a->root = root;
-	return CT_OK;
-}
-
 int cmd_generate(int argc, char **argv)
 {
 	for (int i = 0; i < argc; i++)
@@ -279,8 +244,11 @@ int cmd_generate(int argc, char **argv)
 	struct ct_config cfg;
 	config_defaults(&cfg);
 	char root[1100], stepdir[1200], path[CONFIG_STR_MAX];
-	if (!rc && a.checkpoint)
-		rc = resolve_checkpoint(&a, root, sizeof(root), stepdir, sizeof(stepdir));
+	if (!rc && a.checkpoint) {
+		rc = ckpt_resolve(a.checkpoint, root, sizeof(root), &a.step);
+		a.root = root;
+		snprintf(stepdir, sizeof(stepdir), "%s/step-%08lld", root, (long long)a.step);
+	}
 	if (!rc && config_path) {
 		rc = config_load_file(&cfg, config_path);
 	} else if (!rc) {

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "cli/export_cmd.h"
 #include "cli/generate_cmd.h"
 #include "cli/plot_cmd.h"
 #include "cli/prepare_cmd.h"
@@ -111,6 +112,8 @@ int main(int argc, char **argv)
 		return cmd_tokenizer(argc - 2, argv + 2);
 	if (strcmp(cmd, "plot") == 0)
 		return cmd_plot(argc - 2, argv + 2);
+	if (strcmp(cmd, "export") == 0)
+		return cmd_export(argc - 2, argv + 2);
 	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
 		usage(stdout);
 		return 0;

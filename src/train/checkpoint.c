@@ -406,6 +406,35 @@ int ckpt_find(const char *root, int64_t want, int64_t *step)
 	return CT_OK;
 }
 
+int ckpt_resolve(const char *path, char *root, size_t root_size, int64_t *step)
+{
+	char probe[1200];
+	snprintf(probe, sizeof(probe), "%s/manifest.json", path);
+	if (access(probe, R_OK) == 0) {
+		snprintf(root, root_size, "%s", path);
+		char *slash = strrchr(root, '/');
+		const char *base = slash ? slash + 1 : root;
+		long long s;
+		if (sscanf(base, "step-%lld", &s) != 1) {
+			LOG_ERROR("checkpoint: '%s' is not a step-NNNNNNNN folder", path);
+			return CT_ERR_USAGE;
+		}
+		if (slash)
+			*slash = 0;
+		else
+			snprintf(root, root_size, ".");
+		*step = s;
+		return CT_OK;
+	}
+	snprintf(root, root_size, "%s", path);
+	int rc = ckpt_find(root, -1, step);
+	if (!rc && *step < 0) {
+		LOG_ERROR("checkpoint: no checkpoint in '%s'", path);
+		rc = CT_ERR_USAGE;
+	}
+	return rc;
+}
+
 int ckpt_list(const char *root, int64_t *steps, int max)
 {
 	int n = 0;

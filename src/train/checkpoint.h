@@ -64,6 +64,10 @@ int ckpt_find(const char *root, int64_t want, int64_t *step);
  * (at most max). */
 int ckpt_list(const char *root, int64_t *steps, int max);
 
+/* A path given by a user: a step-NNNNNNNN folder (its parent is the root), or a folder of step
+ * folders (the newest complete one). CT_ERR_USAGE naming the path when there is none. */
+int ckpt_resolve(const char *path, char *root, size_t root_size, int64_t *step);
+
 /* Load checkpoint `step` into the tensors (each rank its rows). Collective. The model shape
  * must match the saved one (errors name the tensor). */
 int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
