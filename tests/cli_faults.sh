@@ -49,5 +49,38 @@ rc=$?
 "$CTITAN" train "$tmp/p.toml" --job.print_config=true > "$tmp/p2.toml" 2>&1
 cmp -s "$tmp/p.toml" "$tmp/p2.toml"; check "printed config reads back identically" $?
 
+# A non-finite loss stops the run with exit 1 and keeps the last good step as a checkpoint.
+"$CTITAN" train "$ROOT/configs/debug.toml" --training.steps=5 --training.seq_len=32 \
+  --optimizer.lr=1e30 --lr_scheduler.warmup_steps=0 --checkpoint.enable=true \
+  --job.dump_folder="$tmp/nan" --metrics.peak_tflops=0.1 > "$tmp/nan.log" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "non-finite loss" "$tmp/nan.log" && [ -f "$tmp/nan/checkpoint/step-00000001/manifest.json" ]
+check "non-finite loss: exit 1 (got $rc), named, checkpoint of the last good step" $?
+
+# Bad command lines and values: each exits 2 with the key named, never a crash.
+bad_args=(
+  "--training.steps=0" "--training.steps=abc" "--training.steps=1.5" "--optimizer.lr=-1"
+  "--optimizer.lr=nan" "--optimizer.beta1=1" "--optimizer.beta2=1.5" "--optimizer.eps=0"
+  "--optimizer.weight_decay=-0.1" "--optimizer.name=SGD" "--lr_scheduler.decay_type=exp"
+  "--lr_scheduler.decay_ratio=2" "--lr_scheduler.min_lr_factor=-1" "--lr_scheduler.warmup_steps=-5"
+  "--training.local_batch_size=0" "--training.seq_len=-1" "--training.max_norm=0"
+  "--training.mixed_precision_param=fp16" "--training.mixed_precision_reduce=bfloat16"
+  "--model.flavor=7B" "--model.vocab_size=0" "--model.rope_scaling=maybe"
+  "--parallelism.data_parallel_shard_degree=0" "--parallelism.data_parallel_replicate_degree=0"
+  "--parallelism.fsdp_reshard_after_forward=sometimes" "--metrics.log_freq=0"
+  "--metrics.peak_tflops=-1" "--checkpoint.interval=0" "--checkpoint.keep_latest_k=-1"
+  "--checkpoint.load_step=-2" "--activation_checkpoint.mode=full" "--comm.progress=spin"
+  "--comm.timeout_seconds=0" "--validation.freq=0" "--debug.seed=-1" "--job.log_level=loud"
+  "--nosuch.key=1" "--training.nosuch=1" "training.steps=3" "--training.steps"
+)
+n_ok=0
+for a in "${bad_args[@]}"; do
+  "$CTITAN" train "$ROOT/configs/debug.toml" "$a" > /dev/null 2> "$tmp/bad.err"
+  rc=$?
+  key=${a#--}; key=${key%%=*}
+  if [ $rc -eq 2 ] && grep -q "${key}" "$tmp/bad.err"; then n_ok=$((n_ok + 1)); else echo "  '$a': exit $rc: $(head -1 "$tmp/bad.err")"; fi
+done
+[ "$n_ok" -eq "${#bad_args[@]}" ]; check "${#bad_args[@]} bad command lines: exit 2 naming the key ($n_ok ok)" $?
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

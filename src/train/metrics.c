@@ -88,8 +88,20 @@ void metrics_close(struct metrics *mt)
 	mt->jsonl = NULL;
 }
 
+void metrics_progress(const struct metrics *mt, int64_t step, int64_t total, double step_s)
+{
+	if (!mt->tty)
+		return;
+	double eta = step_s * (double)(total - step);
+	fprintf(stdout, "\r  step %lld/%lld  %.2f s/step  ETA %02d:%02d:%02d ", (long long)step,
+	        (long long)total, step_s, (int)(eta / 3600), (int)(eta / 60) % 60, (int)eta % 60);
+	fflush(stdout);
+}
+
 void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 {
+	if (mt->tty)
+		fputs("\r\033[K", stdout); /* clear the progress line */
 	const double gib = 1024.0 * 1024.0 * 1024.0;
 	s->tps = s->step_s > 0 ? (double)s->tokens / s->step_s : 0.0;
 	s->tflops = mt->flops_per_token * s->tps / 1e12;
@@ -100,9 +112,9 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	const char *bold = mt->tty ? "\033[1m" : "", *reset = mt->tty ? "\033[0m" : "";
 	LOG_INFO(
 	    "%sstep: %5lld%s  loss: %8.4f  grad_norm: %7.4f  lr: %.3e  memory: %5.2fGiB(%4.1f%%)"
-	    "  tps: %.0f  tflops: %.3f  mfu: %.2f%%",
+	    "  tps: %.0f  tflops: %.3f  mfu: %.2f%%  data: %.3fs  comm: %.3fs",
 	    bold, (long long)s->step, reset, s->loss, s->grad_norm, s->lr, rss_gib, rss_pct, s->tps,
-	    s->tflops, s->mfu);
+	    s->tflops, s->mfu, s->data_s, s->comm_wait_s);
 	if (s->val_loss >= 0)
 		LOG_INFO("step: %5lld  validation loss: %8.4f", (long long)s->step, s->val_loss);
 	if (!mt->jsonl)

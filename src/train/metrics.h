@@ -35,6 +35,9 @@ double metrics_measure_peak_flops(void);
 int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool append,
                  double flops_per_token, double peak_flops);
 void metrics_close(struct metrics *mt);
+/* On a terminal (rank 0), a progress line between logged steps: step k of N, time per step,
+ * ETA. Elsewhere nothing. */
+void metrics_progress(const struct metrics *mt, int64_t step, int64_t total, double step_s);
 /* Fills tps/tflops/mfu from tokens and time, prints the console line, writes the record. */
 void metrics_log_step(struct metrics *mt, struct step_metrics *s);
 /* mkdir -p */

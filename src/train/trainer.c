@@ -536,8 +536,16 @@ int trainer_run(const struct ct_config *cfg)
 	int64_t step = first;
 	for (; rc == CT_OK && step < steps; step++) {
 		rc = trainer_step(&tr, step, &sm);
-		if (rc)
+		if (rc) {
+			/* non-finite loss or gradients: parameters were not updated, so the state
+			 * is the last good step's; keep it (resuming skips the bad batch) */
+			if (cfg->checkpoint.enable && step > first) {
+				LOG_ERROR("saving a checkpoint of the last good step, %lld",
+				          (long long)step);
+				trainer_save(&tr, step, &sm);
+			}
 			break;
+		}
 		sm.val_loss = -1;
 		if (tr.val_ld && ((step + 1) % cfg->validation.freq == 0 || step + 1 == steps)) {
 			rc = trainer_validate(&tr, &sm.val_loss);
