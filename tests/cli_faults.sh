@@ -72,6 +72,7 @@ bad_args=(
   "--checkpoint.load_step=-2" "--activation_checkpoint.mode=full" "--comm.progress=spin"
   "--comm.timeout_seconds=0" "--validation.freq=0" "--debug.seed=-1" "--job.log_level=loud"
   "--nosuch.key=1" "--training.nosuch=1" "training.steps=3" "--training.steps"
+  "--model.tokenizer_path=/nonexistent/tok.model"
 )
 n_ok=0
 for a in "${bad_args[@]}"; do

@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/log.h"
 #include "base/mem.h"
@@ -104,6 +105,11 @@ static int trainer_open_data(struct trainer *tr)
 	struct llama_model *m = &tr->model;
 	bool synthetic = strcmp(cfg->training.dataset, "synthetic") == 0;
 	if (cfg->model.tokenizer_path[0]) {
+		if (access(cfg->model.tokenizer_path, R_OK) != 0) {
+			LOG_ERROR("model.tokenizer_path: cannot read '%s': %s",
+			          cfg->model.tokenizer_path, strerror(errno));
+			return CT_ERR_USAGE;
+		}
 		struct tok_tokenizer *tok;
 		int rc = tok_load(&tok, cfg->model.tokenizer_path);
 		if (rc)
