@@ -257,6 +257,7 @@ TEST_CASE(test_generate_kv_cache)
 		struct gen_opts oo = o;
 		oo.temperature = k ? 0.8 : 0;
 		oo.top_k = k ? 5 : 0;
+		oo.top_p = k ? 0.9 : 0;
 		g = gen_create(&m.cfg, &m.table, m.params, T + 8);
 		int64_t na = gen_generate(g, m.tokens, 4, &oo, a);
 		gen_free(g);
@@ -266,6 +267,17 @@ TEST_CASE(test_generate_kv_cache)
 		EXPECT(na == 8 && nb == 8 && memcmp(a, b, sizeof(a)) == 0,
 		       "generation reproducible");
 	}
+	/* a tiny nucleus keeps only the most likely token: sampling becomes greedy */
+	struct gen_opts greedy = o, nucleus = o;
+	nucleus.temperature = 1.0;
+	nucleus.top_p = 1e-9;
+	g = gen_create(&m.cfg, &m.table, m.params, T + 8);
+	gen_generate(g, m.tokens, 4, &greedy, a);
+	gen_free(g);
+	g = gen_create(&m.cfg, &m.table, m.params, T + 8);
+	gen_generate(g, m.tokens, 4, &nucleus, b);
+	gen_free(g);
+	EXPECT(memcmp(a, b, sizeof(a)) == 0, "top_p -> 0 is not greedy");
 	free(full);
 	llama_free(&m);
 }

@@ -59,7 +59,8 @@ static void permute_rope_rows(const float *in, float *out, int64_t heads, int64_
 	for (int64_t h = 0; h < heads; h++)
 		for (int64_t i = 0; i < D / 2; i++)
 			for (int64_t j = 0; j < 2; j++)
-				memcpy(out + (h * D + j * (D / 2) + i) * cols, in + (h * D + 2 * i + j) * cols,
+				memcpy(out + (h * D + j * (D / 2) + i) * cols,
+				       in + (h * D + 2 * i + j) * cols,
 				       (size_t)cols * sizeof(float));
 }
 
@@ -137,8 +138,10 @@ static int export_run(const char *ckpt, const char *out)
 	struct ckpt_tensor *ct = xcalloc((size_t)t.count, sizeof(*ct));
 	for (int i = 0; i < t.count; i++) {
 		const struct llama_param *p = &t.p[i];
-		ct[i] = (struct ckpt_tensor){p->name, p->ndim, p->shape[0], p->numel / p->shape[0], 0,
-		                             p->shape[0], params + p->offset, NULL, NULL};
+		ct[i] = (struct ckpt_tensor){
+		    p->name, p->ndim,     p->shape[0],        p->numel / p->shape[0],
+		    0,       p->shape[0], params + p->offset, NULL,
+		    NULL};
 	}
 	struct mesh mesh;
 	struct ckpt_trainer_state st;
@@ -185,7 +188,8 @@ static int export_run(const char *ckpt, const char *out)
 		rc = copy_file(tok, path);
 	}
 	if (!rc)
-		printf("exported step %lld (%lld parameters) to %s/model.safetensors and config.json\n",
+		printf("exported step %lld (%lld parameters) to %s/model.safetensors and "
+		       "config.json\n",
 		       (long long)step, (long long)t.numel, out);
 	st_free(&f);
 	for (int i = 0; i < t.count; i++)
@@ -203,7 +207,8 @@ int cmd_export(int argc, char **argv)
 {
 	if (argc == 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0)) {
 		printf("usage: ctitan export CHECKPOINT OUT_DIR\n\n"
-		       "Writes OUT_DIR/model.safetensors (Hugging Face Llama names, RoPE rows permuted "
+		       "Writes OUT_DIR/model.safetensors (Hugging Face Llama names, RoPE rows "
+		       "permuted "
 		       "for rotate_half),\nOUT_DIR/config.json and the tokenizer. CHECKPOINT is a "
 		       "step-NNNNNNNN folder or a folder of them (newest).\n");
 		return 0;

@@ -23,8 +23,8 @@
 struct gen_args {
 	const char *prompt_ids, *prompt;
 	const char *checkpoint; /* a step folder, or a checkpoint folder (its newest step) */
-	const char *root;	/* resolved from checkpoint: the checkpoint folder ... */
-	int64_t step;		/* ... and the step (-1: newest) */
+	const char *root;       /* resolved from checkpoint: the checkpoint folder ... */
+	int64_t step;           /* ... and the step (-1: newest) */
 	struct gen_opts o;
 };
 
@@ -39,9 +39,10 @@ static void gen_usage(FILE *f)
 	           "                        its config.toml and tokenizer.model are used\n"
 	           "  --prompt TEXT         text to continue (needs a tokenizer)\n"
 	           "  --prompt-ids IDS      comma-separated token ids to start from\n"
-	           "  --max-new-tokens N    tokens to generate (default 64)\n"
+	           "  --max-new-tokens N    tokens to generate (default 64; also --max-tokens)\n"
 	           "  --temperature X       0 = greedy (default 0.8)\n"
 	           "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
+	           "  --top-p P             then among the most likely up to mass P (default 1)\n"
 	           "  --seed S              sampling seed (default 0)\n");
 }
 
@@ -52,9 +53,10 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 	for (int i = 0; i < *argc; i++) {
 		const char *k = argv[i];
 		bool mine = strcmp(k, "--prompt-ids") == 0 || strcmp(k, "--prompt") == 0 ||
-		            strcmp(k, "--checkpoint") == 0 ||
-		            strcmp(k, "--max-new-tokens") == 0 || strcmp(k, "--temperature") == 0 ||
-		            strcmp(k, "--top-k") == 0 || strcmp(k, "--seed") == 0;
+		            strcmp(k, "--checkpoint") == 0 || strcmp(k, "--top-p") == 0 ||
+		            strcmp(k, "--max-tokens") == 0 || strcmp(k, "--max-new-tokens") == 0 ||
+		            strcmp(k, "--temperature") == 0 || strcmp(k, "--top-k") == 0 ||
+		            strcmp(k, "--seed") == 0;
 		if (!mine) {
 			argv[out++] = argv[i];
 			continue;
@@ -82,12 +84,14 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 			LOG_ERROR("%s: expected a non-negative number, got '%s'", k, v);
 			return CT_ERR_USAGE;
 		}
-		if (strcmp(k, "--max-new-tokens") == 0)
+		if (strcmp(k, "--max-new-tokens") == 0 || strcmp(k, "--max-tokens") == 0)
 			a->o.max_new_tokens = (int64_t)x;
 		else if (strcmp(k, "--temperature") == 0)
 			a->o.temperature = x;
 		else if (strcmp(k, "--top-k") == 0)
 			a->o.top_k = (int64_t)x;
+		else if (strcmp(k, "--top-p") == 0)
+			a->o.top_p = x;
 		else
 			a->o.seed = (uint64_t)x;
 	}
@@ -230,9 +234,13 @@ int cmd_generate(int argc, char **argv)
 			gen_usage(stdout);
 			return 0;
 		}
-	struct gen_args a = {
-	    .step = -1,
-	    .o = {.max_new_tokens = 64, .temperature = 0.8, .top_k = 40, .seed = 0, .stop_id = -1}};
+	struct gen_args a = {.step = -1,
+	                     .o = {.max_new_tokens = 64,
+	                           .temperature = 0.8,
+	                           .top_k = 40,
+	                           .top_p = 1.0,
+	                           .seed = 0,
+	                           .stop_id = -1}};
 	/* CONFIG.toml is optional with --checkpoint (the checkpoint carries its config) */
 	const char *config_path = argc >= 1 && strncmp(argv[0], "--", 2) != 0 ? argv[0] : NULL;
 	int first = config_path ? 1 : 0, n = argc - first;

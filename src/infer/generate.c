@@ -161,8 +161,15 @@ const float *gen_step(struct gen_state *g, int32_t token)
 	return g->logits;
 }
 
-/* Greedy, or temperature sampling among the top_k most likely (counter-based RNG keyed by
- * (seed, position): reproducible). */
+static int cmp_desc(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+	return (x < y) - (x > y);
+}
+
+/* Greedy; or temperature sampling among the top_k most likely tokens, then within the smallest
+ * set of them whose probability reaches top_p (nucleus). Draws come from the counter-based RNG
+ * keyed by (seed, position), so a seed reproduces a generation. */
 static int32_t sample(const float *logits, int64_t V, const struct gen_opts *o, int64_t pos,
                       float *work)
 {
@@ -171,28 +178,40 @@ static int32_t sample(const float *logits, int64_t V, const struct gen_opts *o, 
 		best = logits[i] > logits[best] ? i : best;
 	if (o->temperature <= 0)
 		return (int32_t)best;
+	/* weights exp((l - l_max) / T); the top-k cut is the k-th largest logit */
 	float cut = -INFINITY;
 	if (o->top_k > 0 && o->top_k < V) {
-		/* k-th largest logit by partial selection on a copy */
 		memcpy(work, logits, (size_t)V * sizeof(float));
-		for (int64_t k = 0; k < o->top_k; k++) {
-			int64_t m = k;
-			for (int64_t i = k + 1; i < V; i++)
-				m = work[i] > work[m] ? i : m;
-			float tmp = work[k];
-			work[k] = work[m];
-			work[m] = tmp;
-		}
+		qsort(work, (size_t)V, sizeof(float), cmp_desc);
 		cut = work[o->top_k - 1];
 	}
 	double sum = 0;
-	for (int64_t i = 0; i < V; i++)
-		sum += logits[i] >= cut ? exp((logits[i] - logits[best]) / o->temperature) : 0.0;
+	for (int64_t i = 0; i < V; i++) {
+		work[i] =
+		    logits[i] >= cut ? (float)exp((logits[i] - logits[best]) / o->temperature) : 0;
+		sum += work[i];
+	}
+	float wcut = 0; /* nucleus: the smallest weight kept */
+	if (o->top_p > 0 && o->top_p < 1) {
+		float *sorted = work + V;
+		memcpy(sorted, work, (size_t)V * sizeof(float));
+		qsort(sorted, (size_t)V, sizeof(float), cmp_desc);
+		double acc = 0;
+		for (int64_t i = 0; i < V && sorted[i] > 0; i++) {
+			acc += sorted[i];
+			wcut = sorted[i];
+			if (acc >= o->top_p * sum)
+				break;
+		}
+		sum = 0;
+		for (int64_t i = 0; i < V; i++)
+			sum += work[i] >= wcut ? work[i] : 0;
+	}
 	double u = rng_uniform(o->seed, 0x67656e, (uint64_t)pos) * sum, acc = 0;
 	for (int64_t i = 0; i < V; i++) {
-		if (logits[i] < cut)
+		if (work[i] <= 0 || work[i] < wcut)
 			continue;
-		acc += exp((logits[i] - logits[best]) / o->temperature);
+		acc += work[i];
 		if (acc >= u)
 			return (int32_t)i;
 	}
@@ -206,7 +225,7 @@ int64_t gen_generate(struct gen_state *g, const int32_t *prompt, int64_t n_promp
 	const float *logits = NULL;
 	for (int64_t i = 0; i < n_prompt; i++)
 		logits = gen_step(g, prompt[i]);
-	float *work = xcalloc((size_t)g->c.vocab_size, sizeof(float));
+	float *work = xcalloc(2 * (size_t)g->c.vocab_size, sizeof(float));
 	int64_t n = 0;
 	while (n < o->max_new_tokens) {
 		int32_t tok = sample(logits, g->c.vocab_size, o, g->pos, work);

@@ -16,6 +16,7 @@ struct gen_opts {
 	int64_t max_new_tokens;
 	double temperature; /* 0: greedy (argmax) */
 	int64_t top_k;      /* 0: no top-k filter */
+	double top_p;       /* nucleus: keep the most likely tokens up to this mass; 0 or 1: all */
 	uint64_t seed;
 	int32_t stop_id; /* stop after producing this id; -1: none */
 };

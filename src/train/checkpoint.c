@@ -337,8 +337,8 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 	if (mesh->rank == 0 && !rc)
 		rc = save_extras(tmp, extra, n_extra, extra_sums);
 	if (mesh->rank == 0 && !rc) {
-		char *text = manifest_text(cfg, mesh, t, n, st, sums, r0, nr, extra, extra_sums,
-		                           n_extra);
+		char *text =
+		    manifest_text(cfg, mesh, t, n, st, sums, r0, nr, extra, extra_sums, n_extra);
 		snprintf(path, sizeof(path), "%s/manifest.json", tmp);
 		rc = write_text_durable(path, text);
 		free(text);

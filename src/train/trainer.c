@@ -497,11 +497,11 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 	CHECK(mf, "out of memory");
 	config_print(tr->cfg, mf);
 	fclose(mf);
-	struct ckpt_extra extra[2] = { { "config.toml", cfg_text, cfg_len } };
+	struct ckpt_extra extra[2] = {{"config.toml", cfg_text, cfg_len}};
 	int n_extra = 1;
 	if (tr->cfg->model.tokenizer_path[0] &&
 	    read_file(tr->cfg->model.tokenizer_path, &tok_data, &tok_len) == CT_OK)
-		extra[n_extra++] = (struct ckpt_extra){ "tokenizer.model", tok_data, tok_len };
+		extra[n_extra++] = (struct ckpt_extra){"tokenizer.model", tok_data, tok_len};
 	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st, extra,
 	                   n_extra, tr->cfg->checkpoint.keep_latest_k);
 	free(ct);
