@@ -5,6 +5,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdint.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -46,9 +47,11 @@ static inline float kexpf(float x)
 	p = p * r + 1.0f;
 	union {
 		float f;
-		int i;
+		uint32_t u;
 	} s;
-	s.i = ((int)n + 127) << 23;
+	/* unsigned shift: a NaN input (whose n converts to garbage) must stay NaN through p,
+	 * not be undefined behaviour here */
+	s.u = (uint32_t)((int32_t)n + 127) << 23;
 	float y = p * s.f;
 	return x <= -87.0f ? 0.0f : y;
 }
