@@ -135,19 +135,7 @@ static int export_run(const char *ckpt, const char *out)
 	llama_table_build(&t, &mc);
 	size_t bytes = (size_t)t.numel * sizeof(float);
 	float *params = mem_alloc(MEM_PARAMS, bytes), *perm = mem_alloc(MEM_OTHER, bytes);
-	struct ckpt_tensor *ct = xcalloc((size_t)t.count, sizeof(*ct));
-	for (int i = 0; i < t.count; i++) {
-		const struct llama_param *p = &t.p[i];
-		ct[i] = (struct ckpt_tensor){
-		    p->name, p->ndim,     p->shape[0],        p->numel / p->shape[0],
-		    0,       p->shape[0], params + p->offset, NULL,
-		    NULL};
-	}
-	struct mesh mesh;
-	struct ckpt_trainer_state st;
-	rc = mesh_build(&mesh, 1, 1, 1, 1);
-	if (!rc)
-		rc = ckpt_load(root, step, &mc, &mesh, ct, t.count, &st);
+	rc = ckpt_load_params(root, step, &mc, &t, params);
 	if (!rc)
 		rc = metrics_mkdirs(out);
 	struct st_file f;
@@ -194,12 +182,10 @@ static int export_run(const char *ckpt, const char *out)
 	st_free(&f);
 	for (int i = 0; i < t.count; i++)
 		free(names[i]);
-	free(names), free(ct);
+	free(names);
 	mem_free(MEM_PARAMS, params, bytes);
 	mem_free(MEM_OTHER, perm, bytes);
 	llama_table_free(&t);
-	if (mesh.world_group.size)
-		mesh_free(&mesh);
 	return rc;
 }
 

@@ -128,34 +128,23 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	struct llama_table t;
 	llama_table_build(&t, &mc);
 	float *params = mem_alloc(MEM_PARAMS, (size_t)t.numel * sizeof(float));
-	struct ckpt_tensor *ct = xcalloc((size_t)t.count, sizeof(*ct));
-	for (int i = 0; i < t.count; i++) {
-		const struct llama_param *p = &t.p[i];
-		ct[i] = (struct ckpt_tensor){
-		    p->name, p->ndim,     p->shape[0],        p->numel / p->shape[0],
-		    0,       p->shape[0], params + p->offset, NULL,
-		    NULL};
-	}
 	char root[1100];
 	int64_t step = a->step;
 	if (a->root)
 		snprintf(root, sizeof(root), "%s", a->root);
 	else
 		snprintf(root, sizeof(root), "%s/%s", cfg->job.dump_folder, cfg->checkpoint.folder);
-	struct mesh mesh;
 	int32_t *prompt = NULL, *out = NULL;
 	struct gen_state *g = NULL;
-	rc = mesh_build(&mesh, 1, 1, 1, 1);
-	if (!rc && step < 0)
+	if (step < 0)
 		rc = ckpt_find(root, a->root ? -1 : cfg->checkpoint.load_step, &step);
 	if (!rc && step < 0) {
 		LOG_ERROR("generate: no checkpoint in '%s' (train with --checkpoint.enable=true)",
 		          root);
 		rc = CT_ERR_USAGE;
 	}
-	struct ckpt_trainer_state st;
 	if (!rc)
-		rc = ckpt_load(root, step, &mc, &mesh, ct, t.count, &st);
+		rc = ckpt_load_params(root, step, &mc, &t, params);
 	int64_t n_prompt = 0;
 	struct tok_tokenizer *tok = NULL;
 	struct tok_ids ids = {0};
@@ -219,11 +208,9 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	if (tok)
 		tok_free(tok);
 	gen_free(g);
-	free(prompt), free(out), free(ct);
+	free(prompt), free(out);
 	mem_free(MEM_PARAMS, params, (size_t)t.numel * sizeof(float));
 	llama_table_free(&t);
-	if (mesh.world_group.size)
-		mesh_free(&mesh);
 	return rc;
 }
 

@@ -621,3 +621,28 @@ int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
 	LOG_INFO("checkpoint: loaded step %lld from %s", (long long)st->step, dir);
 	return CT_OK;
 }
+
+int ckpt_load_params(const char *root, int64_t step, const struct llama_config *cfg,
+                     const struct llama_table *t, float *params)
+{
+	struct ckpt_tensor *ct = xcalloc((size_t)t->count, sizeof(*ct));
+	for (int i = 0; i < t->count; i++) {
+		const struct llama_param *p = &t->p[i];
+		ct[i] = (struct ckpt_tensor){.name = p->name,
+		                             .ndim = p->ndim,
+		                             .rows = p->shape[0],
+		                             .cols = p->numel / p->shape[0],
+		                             .row0 = 0,
+		                             .nrows = p->shape[0],
+		                             .param = params + p->offset};
+	}
+	struct mesh mesh;
+	struct ckpt_trainer_state st;
+	int rc = mesh_build(&mesh, 1, 1, 1, 1);
+	if (!rc) {
+		rc = ckpt_load(root, step, cfg, &mesh, ct, t->count, &st);
+		mesh_free(&mesh);
+	}
+	free(ct);
+	return rc;
+}

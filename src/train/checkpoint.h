@@ -73,4 +73,9 @@ int ckpt_resolve(const char *path, char *root, size_t root_size, int64_t *step);
 int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
               const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st);
 
+/* On a single process: every parameter of checkpoint `step` (whatever rank count saved it) into
+ * a flat buffer in table layout; no optimizer moments. For generate and export. */
+int ckpt_load_params(const char *root, int64_t step, const struct llama_config *cfg,
+                     const struct llama_table *t, float *params);
+
 #endif
