@@ -10,12 +10,8 @@
 set -u
 CTITAN=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/tests/lib.sh"
 LAUNCH="$ROOT/scripts/launch"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "[ ok ] $1"; else fail=$((fail + 1)); echo "[FAIL] $1"; fi; }
 COMMON=(--training.steps=6 --training.seq_len=32 --training.global_batch_size=8
         --training.local_batch_size=2 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=0.1
         --model.vocab_size=509 --checkpoint.interval=3)
@@ -117,5 +113,4 @@ rc=$?
 n=$(cat "$tmp/s/checkpoint/latest" 2>/dev/null || echo none)
 [ $rc -eq 0 ] && [ -f "$tmp/s/checkpoint/step-$(printf %08d "$n")/manifest.json" ]; check "SIGTERM: exit 0 (got $rc) with a checkpoint of step $n" $?
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

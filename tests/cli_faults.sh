@@ -5,13 +5,7 @@
 set -u
 CTITAN=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-pass=0
-check() { # name, condition-result
-  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "[ ok ] $1"; else fail=$((fail + 1)); echo "[FAIL] $1"; fi
-}
+. "$ROOT/tests/lib.sh"
 
 for victim in 1 0; do
   start=$(date +%s)
@@ -83,5 +77,4 @@ for a in "${bad_args[@]}"; do
 done
 [ "$n_ok" -eq "${#bad_args[@]}" ]; check "${#bad_args[@]} bad command lines: exit 2 naming the key ($n_ok ok)" $?
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

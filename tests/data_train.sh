@@ -6,11 +6,7 @@
 set -u
 CTITAN=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-tmp=${KEEP_TMP:-$(mktemp -d)}
-[ -n "${KEEP_TMP:-}" ] || trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "[ ok ] $1"; else fail=$((fail + 1)); echo "[FAIL] $1"; fi; }
+. "$ROOT/tests/lib.sh"
 # shards of a learnable sequence (a random walk over a small cycle), written by Python
 /usr/bin/python3 - "$tmp/data" <<'PY'
 import os, random, struct, sys
@@ -66,5 +62,4 @@ mkdir -p "$tmp/bad"
 printf '{"step": 1, "loss": 2}\nnot json\n' > "$tmp/bad/metrics.jsonl"
 "$CTITAN" plot "$tmp/bad" > /dev/null 2> "$tmp/plot.err"
 [ $? -eq 1 ] && grep -q "metrics.jsonl:2" "$tmp/plot.err"; check "a malformed metrics line is named, exit 1" $?
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -6,11 +6,7 @@
 set -u
 CTITAN=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-pass=0
-fail=0
-check() { if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "[ ok ] $1"; else fail=$((fail + 1)); echo "[FAIL] $1"; fi; }
+. "$ROOT/tests/lib.sh"
 "$ROOT/scripts/launch" 2 "$CTITAN" train "$ROOT/configs/debug.toml" --training.steps=2 \
   --training.seq_len=32 --model.rope_scaling=true --checkpoint.enable=true \
   --job.dump_folder="$tmp/run" --metrics.peak_tflops=0.1 > "$tmp/train.log" 2>&1
@@ -23,5 +19,4 @@ check "HF-style forward on the export equals the reference on the checkpoint" $?
 [ $? -eq 2 ] && grep -q "no checkpoint" "$tmp/err"; check "missing checkpoint: named, exit 2" $?
 "$CTITAN" export "$tmp/run/checkpoint" > /dev/null 2>&1
 [ $? -eq 2 ]; check "missing OUT_DIR: exit 2" $?
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish
