@@ -10,6 +10,7 @@ PKGS=(
   libcjson-dev               # JSON (metrics, manifests)
   libxxhash-dev              # checkpoint checksums
   libpcre2-dev               # tokenizer pre-split regex
+  libfftw3-dev               # FFT long convolutions (Hyena, flash inference)
   bible-kjv                  # the default corpus (make run): 4.3 MB of English prose
   gnuplot-nox                # `ctitan plot` draws PNG charts with it
   libclang-rt-14-dev         # libFuzzer runtime for the fuzz harnesses (tests)
