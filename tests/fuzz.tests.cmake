@@ -1,3 +1,4 @@
-# libFuzzer harnesses (config parser, token shards + loader, tokenizer loaders), briefly.
+# libFuzzer harnesses (config parser, token shards + loader, tokenizer loaders, checkpoint
+# manifest + safetensors readers), briefly.
 add_test(NAME fuzz_smoke COMMAND bash ${CMAKE_SOURCE_DIR}/tests/fuzz/smoke.sh ${CMAKE_BINARY_DIR} 10)
 set_tests_properties(fuzz_smoke PROPERTIES TIMEOUT 300)

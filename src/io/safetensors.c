@@ -114,6 +114,9 @@ int st_write(const struct st_file *f, const char *path)
 	return rc;
 }
 
+/* One header entry. Every number is checked before use: shapes are non-negative integers
+ * whose product cannot overflow, and the byte range is exactly the shape's size, inside the
+ * data section. */
 static int st_parse_tensor(struct st_file *f, const cJSON *o, const char *path, int64_t data_len)
 {
 	const char *name = o->string;
@@ -121,7 +124,9 @@ static int st_parse_tensor(struct st_file *f, const cJSON *o, const char *path, 
 	const cJSON *shape = cJSON_GetObjectItemCaseSensitive(o, "shape");
 	const cJSON *off = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
 	if (!cJSON_IsString(dt) || !cJSON_IsArray(shape) || !cJSON_IsArray(off) ||
-	    cJSON_GetArraySize(off) != 2 || cJSON_GetArraySize(shape) > ST_MAX_DIMS) {
+	    cJSON_GetArraySize(off) != 2 || cJSON_GetArraySize(shape) > ST_MAX_DIMS ||
+	    !cJSON_IsNumber(cJSON_GetArrayItem(off, 0)) ||
+	    !cJSON_IsNumber(cJSON_GetArrayItem(off, 1))) {
 		LOG_ERROR("%s: tensor '%s' has a malformed entry", path, name);
 		return CT_ERR_RUNTIME;
 	}
@@ -134,58 +139,74 @@ static int st_parse_tensor(struct st_file *f, const cJSON *o, const char *path, 
 		          dt->valuestring);
 		return CT_ERR_RUNTIME;
 	}
-	int64_t shp[ST_MAX_DIMS];
+	int64_t shp[ST_MAX_DIMS], bytes = st_dtype_sizes[dtype];
 	int nd = 0;
 	const cJSON *it;
 	cJSON_ArrayForEach (it, shape) {
-		if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble > 1e15) {
+		double v = cJSON_IsNumber(it) ? it->valuedouble : -1;
+		if (v < 0 || v > 1e15 || v != (double)(int64_t)v ||
+		    (v > 0 && (double)bytes * v > (double)data_len)) {
 			LOG_ERROR("%s: tensor '%s' has a bad shape", path, name);
 			return CT_ERR_RUNTIME;
 		}
-		shp[nd++] = (int64_t)it->valuedouble;
+		shp[nd++] = (int64_t)v;
+		bytes *= shp[nd - 1]; /* <= data_len: cannot overflow */
 	}
 	double b = cJSON_GetArrayItem(off, 0)->valuedouble,
 	       e = cJSON_GetArrayItem(off, 1)->valuedouble;
-	st_add(f, name, (enum st_dtype)dtype, nd, shp, NULL);
-	struct st_tensor *t = &f->t[f->count - 1];
-	int64_t want = t->end - t->begin;
-	t->begin = (int64_t)b;
-	t->end = (int64_t)e;
-	if (b < 0 || e < b || e > (double)data_len || t->end - t->begin != want) {
+	if (!(b >= 0 && e >= b && e <= (double)data_len) || b != (double)(int64_t)b ||
+	    e != (double)(int64_t)e || (int64_t)e - (int64_t)b != bytes) {
 		LOG_ERROR(
 		    "%s: tensor '%s' byte range [%.0f, %.0f) does not match its shape or lies "
 		    "outside the file",
 		    path, name, b, e);
 		return CT_ERR_RUNTIME;
 	}
+	st_add(f, name, (enum st_dtype)dtype, nd, shp, NULL);
+	struct st_tensor *t = &f->t[f->count - 1];
+	t->begin = (int64_t)b;
+	t->end = (int64_t)e;
 	t->data = (const char *)f->blob + f->data_offset + t->begin;
 	return CT_OK;
 }
 
-int st_read(struct st_file *f, const char *path)
+static int st_cmp_begin(const void *a, const void *b)
+{
+	const struct st_tensor *x = *(const struct st_tensor *const *)a,
+	                       *y = *(const struct st_tensor *const *)b;
+	return (x->begin > y->begin) - (x->begin < y->begin);
+}
+
+/* No two tensors may share bytes, and no two may share a name. */
+static int st_check_layout(const struct st_file *f, const char *path)
+{
+	const struct st_tensor **by = malloc(((size_t)f->count + 1) * sizeof(*by));
+	CHECK(by, "out of memory");
+	for (int i = 0; i < f->count; i++)
+		by[i] = &f->t[i];
+	qsort(by, (size_t)f->count, sizeof(*by), st_cmp_begin);
+	int rc = CT_OK;
+	for (int i = 1; i < f->count && !rc; i++)
+		if (by[i]->begin < by[i - 1]->end) {
+			LOG_ERROR("%s: tensors '%s' and '%s' overlap", path, by[i - 1]->name,
+			          by[i]->name);
+			rc = CT_ERR_RUNTIME;
+		}
+	free(by);
+	return rc;
+}
+
+int st_parse(struct st_file *f, void *blob, int64_t size, const char *path)
 {
 	st_init(f);
-	FILE *in = fopen(path, "rb");
-	if (!in) {
-		LOG_ERROR("cannot open '%s': %s", path, strerror(errno));
-		return CT_ERR_RUNTIME;
-	}
+	f->blob = blob;
 	int rc = CT_ERR_RUNTIME;
 	cJSON *root = NULL;
-	fseeko(in, 0, SEEK_END);
-	int64_t size = ftello(in);
-	fseeko(in, 0, SEEK_SET);
 	if (size < 8) {
 		LOG_ERROR("%s: truncated (%lld bytes)", path, (long long)size);
 		goto out;
 	}
-	f->blob = malloc((size_t)size + 1);
-	CHECK(f->blob, "out of memory reading %s", path);
-	if (fread(f->blob, 1, (size_t)size, in) != (size_t)size) {
-		LOG_ERROR("%s: read failed", path);
-		goto out;
-	}
-	const unsigned char *p = f->blob;
+	const unsigned char *p = blob;
 	uint64_t hlen = 0;
 	for (int i = 0; i < 8; i++)
 		hlen |= (uint64_t)p[i] << (8 * i);
@@ -209,14 +230,42 @@ int st_read(struct st_file *f, const char *path)
 					st_add_meta(f, kv->string, kv->valuestring);
 			continue;
 		}
+		if (st_find(f, o->string)) {
+			LOG_ERROR("%s: tensor '%s' appears twice", path, o->string);
+			goto out;
+		}
 		if (st_parse_tensor(f, o, path, size - f->data_offset))
 			goto out;
 	}
-	rc = CT_OK;
+	rc = st_check_layout(f, path);
 out:
 	cJSON_Delete(root);
-	fclose(in);
+	if (rc)
+		st_free(f);
 	return rc;
+}
+
+int st_read(struct st_file *f, const char *path)
+{
+	st_init(f);
+	FILE *in = fopen(path, "rb");
+	if (!in) {
+		LOG_ERROR("cannot open '%s': %s", path, strerror(errno));
+		return CT_ERR_RUNTIME;
+	}
+	fseeko(in, 0, SEEK_END);
+	int64_t size = ftello(in);
+	fseeko(in, 0, SEEK_SET);
+	void *blob = malloc((size_t)(size > 0 ? size : 0) + 1);
+	CHECK(blob, "out of memory reading %s", path);
+	if (size < 0 || fread(blob, 1, (size_t)size, in) != (size_t)size) {
+		LOG_ERROR("%s: read failed", path);
+		free(blob);
+		fclose(in);
+		return CT_ERR_RUNTIME;
+	}
+	fclose(in);
+	return st_parse(f, blob, size, path);
 }
 
 const struct st_tensor *st_find(const struct st_file *f, const char *name)

@@ -42,8 +42,10 @@ void st_add(struct st_file *f, const char *name, enum st_dtype dtype, int ndim,
 void st_add_meta(struct st_file *f, const char *key, const char *value);
 int st_write(const struct st_file *f, const char *path);
 
-/* Reader. */
+/* Reader. st_parse takes ownership of blob (malloc'd, size bytes; freed by st_free, also on
+ * error); path only names it in messages. */
 int st_read(struct st_file *f, const char *path);
+int st_parse(struct st_file *f, void *blob, int64_t size, const char *path);
 const struct st_tensor *st_find(const struct st_file *f, const char *name);
 const char *st_meta(const struct st_file *f, const char *key);
 

@@ -95,7 +95,7 @@ static void remove_tree(const char *dir)
 	rmdir(dir);
 }
 
-static char *read_text(const char *path)
+static char *read_text(const char *path, size_t *len)
 {
 	FILE *f = fopen(path, "rb");
 	if (!f)
@@ -107,6 +107,7 @@ static char *read_text(const char *path)
 	CHECK(s, "out of memory");
 	size_t got = fread(s, 1, (size_t)(n < 0 ? 0 : n), f);
 	s[got] = 0;
+	*len = got;
 	fclose(f);
 	return s;
 }
@@ -461,84 +462,97 @@ int ckpt_list(const char *root, int64_t *steps, int max)
 	return n;
 }
 
-static int json_int(const cJSON *o, const char *key, int64_t *v)
+/* ---------------------------------------------------------------- load */
+
+/* The checkpoint's model must be this run's model: every field this build writes must be
+ * present with the same value (the flavor name is only a label). */
+static int check_model(const struct ckpt_manifest *m, const struct llama_config *cfg,
+                       const char *path)
 {
-	const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-	if (!cJSON_IsNumber(x))
-		return CT_ERR_RUNTIME;
-	*v = (int64_t)x->valuedouble;
-	return CT_OK;
+	cJSON *want = model_json(cfg);
+	int rc = CT_OK;
+	const cJSON *w;
+	cJSON_ArrayForEach (w, want) {
+		if (strcmp(w->string, "flavor") == 0)
+			continue;
+		const cJSON *got = cJSON_GetObjectItemCaseSensitive(m->model, w->string);
+		if (!got || !cJSON_Compare(got, w, 1)) {
+			char *a = got ? cJSON_PrintUnformatted(got) : NULL;
+			char *b = cJSON_PrintUnformatted(w);
+			LOG_ERROR("checkpoint: '%s' is of another model: model.%s is %s in the "
+			          "checkpoint, %s in this run",
+			          path, w->string, a ? a : "missing", b);
+			free(a);
+			free(b);
+			rc = CT_ERR_USAGE;
+			break;
+		}
+	}
+	cJSON_Delete(want);
+	return rc;
 }
 
 struct open_file {
-	char name[64];
 	struct st_file st;
+	bool open, bad;
 };
 
-/* Open (once) and verify a checkpoint file named in the manifest. */
-static struct st_file *get_file(struct open_file *cache, int *ncache, const char *dir,
-                                const cJSON *files, const char *name)
+/* Open (once) and verify a checkpoint file named in the manifest: size, checksum, then the
+ * safetensors header. */
+static struct st_file *get_file(struct open_file *cache, const struct ckpt_manifest *m,
+                                const char *dir, int fi)
 {
-	for (int i = 0; i < *ncache; i++)
-		if (strcmp(cache[i].name, name) == 0)
-			return &cache[i].st;
-	const cJSON *fo = cJSON_GetObjectItemCaseSensitive(files, name);
-	const cJSON *hx = cJSON_GetObjectItemCaseSensitive(fo, "xxh3_64");
-	char path[1300];
-	snprintf(path, sizeof(path), "%s/%s", dir, name);
-	if (!cJSON_IsString(hx)) {
-		LOG_ERROR("checkpoint: manifest has no checksum for '%s'", path);
+	struct open_file *of = &cache[fi];
+	if (of->open)
+		return &of->st;
+	if (of->bad)
 		return NULL;
-	}
+	of->bad = true;
+	const struct ckpt_mfile *mf = &m->files[fi];
+	char path[1300];
+	snprintf(path, sizeof(path), "%s/%s", dir, mf->name);
 	uint64_t h;
 	int64_t bytes;
 	if (file_hash(path, &h, &bytes))
 		return NULL;
-	char hex[32];
-	snprintf(hex, sizeof(hex), "%016llx", (unsigned long long)h);
-	if (strcmp(hex, hx->valuestring) != 0) {
-		LOG_ERROR("checkpoint: '%s' is corrupted (xxh3 %s, manifest says %s)", path, hex,
-		          hx->valuestring);
+	if (bytes != mf->bytes) {
+		LOG_ERROR("checkpoint: '%s' is truncated or extended (%lld bytes, manifest says "
+		          "%lld)",
+		          path, (long long)bytes, (long long)mf->bytes);
 		return NULL;
 	}
-	struct open_file *of = &cache[(*ncache)++];
-	snprintf(of->name, sizeof(of->name), "%s", name);
-	if (st_read(&of->st, path)) {
-		(*ncache)--;
+	if (h != mf->xxh3) {
+		LOG_ERROR("checkpoint: '%s' is corrupted (xxh3 %016llx, manifest says %016llx)",
+		          path, (unsigned long long)h, (unsigned long long)mf->xxh3);
 		return NULL;
 	}
+	if (st_read(&of->st, path))
+		return NULL;
+	of->open = true;
+	of->bad = false;
 	return &of->st;
 }
 
-static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char *dir,
-                       const cJSON *files, struct open_file *cache, int *ncache)
+static int load_tensor(const struct ckpt_tensor *t, const struct ckpt_mtensor *mt,
+                       const struct ckpt_manifest *m, const char *dir, struct open_file *cache)
 {
-	const cJSON *shape = cJSON_GetObjectItemCaseSensitive(to, "shape");
-	int64_t rows = (int64_t)cJSON_GetArrayItem(shape, 0)->valuedouble;
-	int64_t cols = t->ndim == 2 && cJSON_GetArraySize(shape) == 2
-	                   ? (int64_t)cJSON_GetArrayItem(shape, 1)->valuedouble
-	                   : 1;
-	if (rows != t->rows || cols != t->cols || cJSON_GetArraySize(shape) != t->ndim) {
+	if (mt->rows != t->rows || mt->cols != t->cols || mt->ndim != t->ndim) {
 		LOG_ERROR(
 		    "checkpoint: tensor '%s' has shape [%lld, %lld] in the checkpoint, the model "
 		    "has [%lld, %lld]",
-		    t->name, (long long)rows, (long long)cols, (long long)t->rows,
+		    t->name, (long long)mt->rows, (long long)mt->cols, (long long)t->rows,
 		    (long long)t->cols);
 		return CT_ERR_USAGE;
 	}
-	int64_t covered = 0, lo = t->row0, hi = t->row0 + t->nrows;
-	const cJSON *p;
-	cJSON_ArrayForEach (p, cJSON_GetObjectItemCaseSensitive(to, "pieces")) {
-		const cJSON *fn = cJSON_GetObjectItemCaseSensitive(p, "file");
-		const cJSON *rr = cJSON_GetObjectItemCaseSensitive(p, "rows");
-		if (!cJSON_IsString(fn) || cJSON_GetArraySize(rr) != 2)
-			return CT_ERR_RUNTIME;
-		int64_t a = (int64_t)cJSON_GetArrayItem(rr, 0)->valuedouble;
-		int64_t b = (int64_t)cJSON_GetArrayItem(rr, 1)->valuedouble;
+	int64_t lo = t->row0, hi = t->row0 + t->nrows, cols = t->cols;
+	for (int i = 0; i < mt->n_pieces; i++) {
+		const struct ckpt_piece *pc = &mt->pieces[i];
+		int64_t a = pc->row0, b = pc->row1;
 		int64_t x0 = a > lo ? a : lo, x1 = b < hi ? b : hi;
 		if (x0 >= x1)
 			continue;
-		struct st_file *f = get_file(cache, ncache, dir, files, fn->valuestring);
+		const char *fname = m->files[pc->file].name;
+		struct st_file *f = get_file(cache, m, dir, pc->file);
 		if (!f)
 			return CT_ERR_RUNTIME;
 		const char *suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
@@ -549,21 +563,17 @@ static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char 
 			char name[256];
 			snprintf(name, sizeof(name), "%s%s", t->name, suffix[k]);
 			const struct st_tensor *s = st_find(f, name);
-			if (!s || s->dtype != ST_F32 || s->shape[0] != b - a ||
-			    (s->end - s->begin) != (b - a) * cols * 4) {
-				LOG_ERROR("checkpoint: %s lacks tensor '%s' rows [%lld, %lld)",
-				          fn->valuestring, name, (long long)a, (long long)b);
+			if (!s || s->dtype != ST_F32 || s->ndim != t->ndim ||
+			    s->shape[0] != b - a || (s->end - s->begin) != (b - a) * cols * 4) {
+				LOG_ERROR(
+				    "checkpoint: %s/%s lacks tensor '%s' rows [%lld, %lld) as "
+				    "the manifest says",
+				    dir, fname, name, (long long)a, (long long)b);
 				return CT_ERR_RUNTIME;
 			}
 			memcpy(dst[k] + (x0 - lo) * cols, (const float *)s->data + (x0 - a) * cols,
 			       (size_t)((x1 - x0) * cols) * sizeof(float));
 		}
-		covered += x1 - x0;
-	}
-	if (covered != t->nrows) {
-		LOG_ERROR("checkpoint: rows [%lld, %lld) of '%s' are not all in the checkpoint",
-		          (long long)lo, (long long)hi, t->name);
-		return CT_ERR_RUNTIME;
 	}
 	return CT_OK;
 }
@@ -575,45 +585,36 @@ int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
 	step_dir(dir, sizeof(dir), root, step, "");
 	snprintf(path, sizeof(path), "%s/manifest.json", dir);
 	int64_t rc = CT_OK;
-	char *text = read_text(path);
-	cJSON *man = text ? cJSON_Parse(text) : NULL;
+	size_t len = 0;
+	char *text = read_text(path, &len);
+	struct ckpt_manifest m;
+	memset(&m, 0, sizeof(m));
+	if (!text) {
+		LOG_ERROR("checkpoint: '%s' is missing or malformed (%s)", path, strerror(errno));
+		rc = CT_ERR_RUNTIME;
+	} else {
+		rc = ckpt_manifest_parse(&m, text, len, path);
+	}
 	free(text);
-	const cJSON *tensors = cJSON_GetObjectItemCaseSensitive(man, "tensors");
-	const cJSON *files = cJSON_GetObjectItemCaseSensitive(man, "files");
-	int64_t version = 0;
-	if (!cJSON_IsObject(tensors) || !cJSON_IsObject(files) ||
-	    json_int(man, "version", &version) || json_int(man, "step", &st->step) ||
-	    json_int(man, "tokens_seen", &st->tokens_seen) ||
-	    json_int(man, "optimizer_step", &st->optimizer_step)) {
-		LOG_ERROR("checkpoint: '%s' is missing or malformed", path);
-		rc = CT_ERR_RUNTIME;
-	} else if (version != CKPT_FORMAT_VERSION) {
-		LOG_ERROR("checkpoint: '%s' has format version %lld, this build reads %d", path,
-		          (long long)version, CKPT_FORMAT_VERSION);
-		rc = CT_ERR_RUNTIME;
-	}
-	if (!rc) {
-		const cJSON *ds = cJSON_GetObjectItemCaseSensitive(man, "data_state");
-		snprintf(st->data_state, sizeof(st->data_state), "%s",
-		         cJSON_IsString(ds) ? ds->valuestring : "");
-	}
-	(void)cfg;
-	struct open_file *cache =
-	    xcalloc((size_t)(files ? cJSON_GetArraySize(files) : 0) + 1, sizeof(*cache));
-	int ncache = 0;
+	if (!rc)
+		rc = check_model(&m, cfg, path);
+	if (!rc)
+		*st = m.st;
+	struct open_file *cache = xcalloc((size_t)m.n_files + 1, sizeof(*cache));
 	for (int i = 0; !rc && i < n; i++) {
-		const cJSON *to = cJSON_GetObjectItemCaseSensitive(tensors, t[i].name);
-		if (!to) {
+		const struct ckpt_mtensor *mt = ckpt_manifest_tensor(&m, t[i].name);
+		if (!mt) {
 			LOG_ERROR("checkpoint: '%s' has no tensor '%s'", path, t[i].name);
 			rc = CT_ERR_RUNTIME;
 			break;
 		}
-		rc = load_tensor(&t[i], to, dir, files, cache, &ncache);
+		rc = load_tensor(&t[i], mt, &m, dir, cache);
 	}
-	for (int i = 0; i < ncache; i++)
-		st_free(&cache[i].st);
+	for (int i = 0; i < m.n_files; i++)
+		if (cache[i].open)
+			st_free(&cache[i].st);
 	free(cache);
-	cJSON_Delete(man);
+	ckpt_manifest_free(&m);
 	int64_t any = rc ? 1 : 0;
 	comm_all_reduce_i64(&mesh->world_group, &any, 1);
 	if (any)

@@ -50,6 +50,42 @@ struct ckpt_extra {
 	size_t len;
 };
 
+/* A parsed and validated manifest.json. Every tensor's pieces are sorted, do not overlap and
+ * cover its rows exactly; every piece names a file listed (with a checksum) in `files`; file
+ * names are plain names inside the step folder. */
+struct ckpt_mfile {
+	char name[64];
+	uint64_t xxh3;
+	int64_t bytes;
+};
+struct ckpt_piece {
+	int file; /* index into files */
+	int64_t row0, row1;
+};
+struct ckpt_mtensor {
+	char *name;
+	int ndim;
+	int64_t rows, cols;
+	struct ckpt_piece *pieces;
+	int n_pieces;
+};
+struct ckpt_manifest {
+	int64_t version;
+	struct ckpt_trainer_state st;
+	void *model; /* cJSON object: the model config as saved */
+	int64_t world, pp, dp_replicate, dp_shard, tp;
+	struct ckpt_mfile *files;
+	int n_files;
+	struct ckpt_mtensor *tensors;
+	int n_tensors;
+};
+
+/* Parse manifest text (len bytes, not necessarily NUL-terminated). `path` names it in errors.
+ * CT_OK, or CT_ERR_RUNTIME with a message naming the path and the key or tensor at fault. */
+int ckpt_manifest_parse(struct ckpt_manifest *m, const char *text, size_t len, const char *path);
+const struct ckpt_mtensor *ckpt_manifest_tensor(const struct ckpt_manifest *m, const char *name);
+void ckpt_manifest_free(struct ckpt_manifest *m);
+
 /* Save a checkpoint of `step`. Collective over mesh->world_group. Returns CT_OK or an error
  * (the previous checkpoints are untouched on error). */
 int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,

@@ -20,11 +20,15 @@ build fuzz_shards tests/fuzz/fuzz_shards.c src/data/shards.c src/data/loader.c s
   src/base/mem.c src/base/rng.c -lcjson -lm -lpthread
 build fuzz_tokenizer tests/fuzz/fuzz_tokenizer.c src/data/tokenizer.c src/base/log.c -lpcre2-8 \
   -lcjson -lm
+build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c \
+  src/base/log.c -lcjson -lm
 pass=0
 fail=0
-for h in fuzz_config fuzz_shards fuzz_tokenizer; do
+for h in fuzz_config fuzz_shards fuzz_tokenizer fuzz_checkpoint; do
   corpus="$OUT/${h}_corpus"
   mkdir -p "$corpus"
+  seeds="$ROOT/tests/fuzz/seeds/${h#fuzz_}"
+  if [ -d "$seeds" ]; then cp "$seeds"/* "$corpus"/; fi
   if "$OUT/$h" -max_total_time="$SECS" -close_fd_mask=2 "$corpus" > "$OUT/$h.log" 2>&1; then
     runs=$(grep -oE 'Done [0-9]+ runs' "$OUT/$h.log" || echo "? runs")
     echo "[ ok ] $h: $runs in ${SECS}s"
