@@ -11,8 +11,9 @@ static int64_t mem_cur[MEM_CAT_COUNT];
 static int64_t mem_max[MEM_CAT_COUNT];
 static int64_t mem_tot_cur, mem_tot_max;
 
-static const char *const mem_names[] = {"params",     "grads",       "optimizer", "full_params",
-                                        "full_grads", "activations", "comm",      "other"};
+static const char *const mem_names[] = {"params",      "grads",      "optimizer",
+                                        "full_params", "full_grads", "activations",
+                                        "comm",        "checkpoint", "other"};
 _Static_assert(sizeof(mem_names) / sizeof(mem_names[0]) == MEM_CAT_COUNT, "one name per category");
 
 const char *mem_cat_name(enum mem_cat cat)

@@ -18,6 +18,7 @@ enum mem_cat {
 	MEM_FULL_GRADS,  /* unsharded gradients of a unit before its reduce-scatter (FSDP) */
 	MEM_ACTIVATIONS, /* saved activations and backward scratch */
 	MEM_COMM,        /* communication buffers */
+	MEM_CHECKPOINT,  /* staging buffer of asynchronous checkpoint saves */
 	MEM_OTHER,
 	MEM_CAT_COUNT
 };

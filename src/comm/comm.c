@@ -104,6 +104,21 @@ static void mesh_split(const struct mesh *m, const int coord[4], const bool vary
 	group_from(g, c);
 }
 
+void comm_group_dup(const struct comm_group *g, struct comm_group *out)
+{
+	MPI_Comm c;
+	MPI_Comm_dup((MPI_Comm)(intptr_t)g->handle, &c);
+	group_from(out, c);
+}
+
+void comm_group_free(struct comm_group *g)
+{
+	MPI_Comm c = (MPI_Comm)(intptr_t)g->handle;
+	if (c != MPI_COMM_NULL && c != MPI_COMM_WORLD)
+		MPI_Comm_free(&c);
+	g->handle = (void *)(intptr_t)MPI_COMM_NULL;
+}
+
 int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t tp)
 {
 	memset(m, 0, sizeof(*m));
@@ -175,7 +190,7 @@ void mesh_free(struct mesh *m)
 void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
                      int64_t bytes_per_rank)
 {
-	comm_bytes_[COMM_ALL_GATHER] += bytes_per_rank;
+	__atomic_fetch_add(&comm_bytes_[COMM_ALL_GATHER], bytes_per_rank, __ATOMIC_RELAXED);
 	if (g->size == 1) {
 		if (send != recv)
 			memcpy(recv, send, (size_t)bytes_per_rank);
@@ -212,7 +227,8 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
                              int64_t count, float *scratch)
 {
 	int n = g->size, r = g->rank;
-	comm_bytes_[COMM_REDUCE_SCATTER] += (int64_t)(n - 1) * count * 4;
+	__atomic_fetch_add(&comm_bytes_[COMM_REDUCE_SCATTER], (int64_t)(n - 1) * count * 4,
+	                   __ATOMIC_RELAXED);
 	if (n == 1) {
 		memcpy(recv, send, (size_t)count * sizeof(float));
 		return;
@@ -239,21 +255,21 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
 
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count)
 {
-	comm_bytes_[COMM_ALL_REDUCE] += count * 4;
+	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 4, __ATOMIC_RELAXED);
 	if (g->size > 1)
 		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, mpi_comm(g));
 }
 
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count)
 {
-	comm_bytes_[COMM_ALL_REDUCE] += count * 8;
+	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 8, __ATOMIC_RELAXED);
 	if (g->size > 1)
 		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_DOUBLE, MPI_SUM, mpi_comm(g));
 }
 
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count)
 {
-	comm_bytes_[COMM_ALL_REDUCE] += count * 8;
+	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 8, __ATOMIC_RELAXED);
 	if (g->size > 1)
 		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_INT64_T, MPI_SUM, mpi_comm(g));
 }

@@ -47,6 +47,12 @@ struct mesh {
 int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t tp);
 void mesh_free(struct mesh *m);
 
+/* A second communicator over the same ranks (MPI_Comm_dup), for collectives issued from
+ * another thread (e.g. a background checkpoint writer) so they never interleave with the
+ * training step's. Collective over g. */
+void comm_group_dup(const struct comm_group *g, struct comm_group *out);
+void comm_group_free(struct comm_group *g);
+
 /* Blocking collectives on a group. Buffers are this process's memory. */
 void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
                      int64_t bytes_per_rank);

@@ -177,6 +177,24 @@ static const struct cfg_key cfg_schema[] = {
      .help = "Keep this many newest checkpoints and delete older ones; 0 keeps all."},
     {ROW(checkpoint, load_step), .def = "-1", UNSET_OR_GE(0),
      .help = "Resume from this step; -1: the newest complete checkpoint, if any."},
+    {ROW(checkpoint, async_mode), .def = "disabled", CHOICES("disabled", "async"),
+     .help = "disabled: training waits while a checkpoint is written; async: the state is "
+             "copied to a staging buffer and written by a background thread while training "
+             "goes on."},
+    {ROW(checkpoint, exclude_from_loading), .def = "",
+     .help = "Comma-separated parts of a resumed checkpoint not to load: optimizer (fresh "
+             "AdamW moments), lr_scheduler (the schedule restarts at the resumed step), "
+             "dataloader (the data order restarts), train_state (step and tokens seen "
+             "restart at 0)."},
+    {ROW(checkpoint, initial_load_path), .def = "",
+     .help = "When checkpoint.folder has no checkpoint: start from this checkpoint (a "
+             "step-NNNNNNNN folder or a folder of them) or, with initial_load_in_hf, this "
+             "Hugging Face folder (model.safetensors or an index of shards, config.json)."},
+    {ROW(checkpoint, initial_load_model_only), .def = "true",
+     .help = "With initial_load_path: load the weights only and start at step 0; false "
+             "also loads optimizer, data and trainer state."},
+    {ROW(checkpoint, initial_load_in_hf), .def = "false",
+     .help = "initial_load_path is a Hugging Face Llama folder (as `ctitan export` writes)."},
 
     {ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn"),
      .help = "none: save every activation; ffn: recompute each block's FFN up-projections "
@@ -204,6 +222,9 @@ static const struct cfg_key cfg_schema[] = {
      .help = "Fault injection for tests: this rank kills itself during debug.fail_step."},
     {ROW(debug, fail_step), .def = "0", GE(0),
      .help = "The 1-based step in which debug.fail_rank dies."},
+    {ROW(debug, sample_log), .def = "",
+     .help = "Tests: each rank appends \"step sample\" lines for the dataset samples it "
+             "trained on to <sample_log>.rank-R."},
 };
 #define CFG_N_KEYS ARRAY_SIZE(cfg_schema)
 
@@ -1319,6 +1340,22 @@ int config_validate(const struct ct_config *cfg)
 	if (cfg->training.dataset[0] == '\0')
 		return cfg_fail(&w,
 		                "training.dataset: must not be empty (\"synthetic\" or a path)");
+	if (cfg->checkpoint.exclude_from_loading[0]) {
+		char buf[CONFIG_STR_MAX], *save = NULL;
+		snprintf(buf, sizeof(buf), "%s", cfg->checkpoint.exclude_from_loading);
+		for (char *p = strtok_r(buf, ", ", &save); p; p = strtok_r(NULL, ", ", &save))
+			if (strcmp(p, "optimizer") && strcmp(p, "lr_scheduler") &&
+			    strcmp(p, "dataloader") && strcmp(p, "train_state"))
+				return cfg_fail(
+				    &w,
+				    "checkpoint.exclude_from_loading: unknown part '%s' "
+				    "(expected optimizer, lr_scheduler, dataloader or "
+				    "train_state)",
+				    p);
+	}
+	if (cfg->checkpoint.initial_load_in_hf && !cfg->checkpoint.initial_load_path[0])
+		return cfg_fail(&w, "checkpoint.initial_load_in_hf needs "
+		                    "checkpoint.initial_load_path");
 	/* Divisibility by local * dp needs the world size and is the trainer's; dividing by
 	 * local alone is necessary for it and known now. */
 	if (cfg->training.global_batch_size != -1 &&

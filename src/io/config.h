@@ -81,6 +81,14 @@ struct ct_config {
 		int64_t
 		    keep_latest_k; /* 10, >= 0: keep this many newest checkpoints; 0 keeps all */
 		int64_t load_step; /* -1, >= -1: resume from this step; -1 the newest one */
+		char async_mode[CONFIG_STR_MAX]; /* "disabled" | "async" (background writer) */
+		char exclude_from_loading[CONFIG_STR_MAX]; /* "": comma list of optimizer,
+		                                              lr_scheduler, dataloader, train_state
+		                                            */
+		char initial_load_path[CONFIG_STR_MAX]; /* "": with no checkpoint to resume, start
+		                                           from this one (or HF folder) */
+		bool initial_load_model_only;           /* true: weights only, from step 0 */
+		bool initial_load_in_hf; /* false: initial_load_path is a Hugging Face folder */
 	} checkpoint;
 	struct {
 		char mode[16]; /* "none": none | ffn — "ffn" recomputes the FFN up-projections in
@@ -102,6 +110,8 @@ struct ct_config {
 		                       configs) */
 		int64_t fail_rank;  /* -1, >= -1: fault injection for tests — this rank kills */
 		int64_t fail_step;  /* 0, >= 0: itself (SIGKILL) in the middle of this step */
+		char sample_log[CONFIG_STR_MAX]; /* "": append "step sample" lines per rank to
+		                                    <sample_log>.rank-R (tests) */
 	} debug;
 };
 

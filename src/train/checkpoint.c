@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,8 @@
 #include <xxhash.h>
 
 #include "base/log.h"
+#include "base/mem.h"
+#include "base/timer.h"
 #include "io/safetensors.h"
 #include "train/metrics.h"
 
@@ -290,9 +293,12 @@ static int save_extras(const char *dir, const struct ckpt_extra *extra, int n,
 	return CT_OK;
 }
 
-int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
-              const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-              const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k)
+/* The save protocol, collective over g (the world, or a duplicate of it for the background
+ * writer). */
+static int save_on(const struct comm_group *g, const char *root, const struct llama_config *cfg,
+                   const struct mesh *mesh, const struct ckpt_tensor *t, int n,
+                   const struct ckpt_trainer_state *st, const struct ckpt_extra *extra, int n_extra,
+                   int64_t keep_latest_k)
 {
 	char tmp[1100], final[1100], path[1200];
 	step_dir(tmp, sizeof(tmp), root, st->step, ".tmp");
@@ -306,7 +312,7 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 			rc = CT_ERR_RUNTIME;
 		}
 	}
-	comm_all_reduce_i64(&mesh->world_group, &rc, 1);
+	comm_all_reduce_i64(g, &rc, 1);
 	if (rc)
 		return CT_ERR_RUNTIME;
 
@@ -319,7 +325,7 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 			mine.rc = file_hash(path, &mine.hash, &mine.bytes);
 	}
 	struct file_sum *sums = xcalloc((size_t)mesh->world, sizeof(*sums));
-	comm_all_gather(&mesh->world_group, &mine, sums, sizeof(mine));
+	comm_all_gather(g, &mine, sums, sizeof(mine));
 	int64_t *r0 = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
 	int64_t *nr = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
 	int64_t *my0 = xcalloc((size_t)n, sizeof(int64_t)),
@@ -328,8 +334,8 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 		my0[i] = t[i].row0;
 		myn[i] = t[i].nrows;
 	}
-	comm_all_gather(&mesh->world_group, my0, r0, n * (int64_t)sizeof(int64_t));
-	comm_all_gather(&mesh->world_group, myn, nr, n * (int64_t)sizeof(int64_t));
+	comm_all_gather(g, my0, r0, n * (int64_t)sizeof(int64_t));
+	comm_all_gather(g, myn, nr, n * (int64_t)sizeof(int64_t));
 	rc = CT_OK;
 	for (int r = 0; r < mesh->world; r++)
 		if (sums[r].rc)
@@ -366,11 +372,142 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
 		if (rc)
 			remove_tree(tmp);
 	}
-	comm_all_reduce_i64(&mesh->world_group, &rc, 1);
+	comm_all_reduce_i64(g, &rc, 1);
 	free(sums), free(r0), free(nr), free(my0), free(myn), free(extra_sums);
 	if (!rc)
 		LOG_INFO("checkpoint: saved step %lld to %s", (long long)st->step, final);
 	return rc ? CT_ERR_RUNTIME : CT_OK;
+}
+
+int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
+              const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
+              const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k)
+{
+	return save_on(&mesh->world_group, root, cfg, mesh, t, n, st, extra, n_extra,
+	               keep_latest_k);
+}
+
+/* ---------------------------------------------------------------- asynchronous saves */
+
+struct ckpt_async {
+	const struct mesh *mesh;
+	struct comm_group group; /* MPI_Comm_dup of the world: the writer's collectives */
+	pthread_t thread;
+	bool running;
+	int rc; /* result of the last finished save */
+	/* the snapshot: one staging buffer (MEM_CHECKPOINT), tensors pointing into it */
+	float *buf;
+	int64_t buf_floats;
+	struct ckpt_tensor *t;
+	int n;
+	struct ckpt_extra *extra;
+	int n_extra;
+	struct ckpt_trainer_state st;
+	struct llama_config cfg;
+	char root[1100];
+	int64_t keep;
+};
+
+struct ckpt_async *ckpt_async_new(const struct mesh *mesh)
+{
+	struct ckpt_async *a = xcalloc(1, sizeof(*a));
+	a->mesh = mesh;
+	comm_group_dup(&mesh->world_group, &a->group);
+	return a;
+}
+
+static void *async_main(void *arg)
+{
+	struct ckpt_async *a = arg;
+	double t0 = timer_now();
+	a->rc = save_on(&a->group, a->root, &a->cfg, a->mesh, a->t, a->n, &a->st, a->extra,
+	                a->n_extra, a->keep);
+	if (!a->rc)
+		LOG_INFO("checkpoint: step %lld written in the background in %.2f s",
+		         (long long)a->st.step, timer_now() - t0);
+	return NULL;
+}
+
+static void async_release_extras(struct ckpt_async *a)
+{
+	for (int i = 0; i < a->n_extra; i++)
+		free((void *)a->extra[i].data);
+	free(a->extra);
+	a->extra = NULL;
+	a->n_extra = 0;
+}
+
+int ckpt_async_wait(struct ckpt_async *a)
+{
+	if (!a || !a->running)
+		return a ? a->rc : CT_OK;
+	pthread_join(a->thread, NULL);
+	a->running = false;
+	async_release_extras(a);
+	return a->rc;
+}
+
+int ckpt_async_save(struct ckpt_async *a, const char *root, const struct llama_config *cfg,
+                    const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
+                    const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k)
+{
+	int rc = ckpt_async_wait(a);
+	if (rc)
+		return rc; /* the previous background save failed: say so before going on */
+	int64_t need = 0;
+	for (int i = 0; i < n; i++)
+		need += 3 * t[i].nrows * t[i].cols;
+	if (need > a->buf_floats) { /* allocated once: the shapes do not change during a run */
+		mem_free(MEM_CHECKPOINT, a->buf, (size_t)a->buf_floats * sizeof(float));
+		a->buf = mem_alloc(MEM_CHECKPOINT, (size_t)need * sizeof(float));
+		a->buf_floats = need;
+	}
+	if (a->n != n) {
+		free(a->t);
+		a->t = xcalloc((size_t)n + 1, sizeof(*a->t));
+		a->n = n;
+	}
+	float *p = a->buf;
+	for (int i = 0; i < n; i++) {
+		size_t k = (size_t)(t[i].nrows * t[i].cols);
+		a->t[i] = t[i];
+		a->t[i].param = p, p += k;
+		a->t[i].exp_avg = p, p += k;
+		a->t[i].exp_avg_sq = p, p += k;
+		if (k == 0)
+			continue;
+		memcpy(a->t[i].param, t[i].param, k * sizeof(float));
+		memcpy(a->t[i].exp_avg, t[i].exp_avg, k * sizeof(float));
+		memcpy(a->t[i].exp_avg_sq, t[i].exp_avg_sq, k * sizeof(float));
+	}
+	a->extra = xcalloc((size_t)n_extra + 1, sizeof(*a->extra));
+	for (int i = 0; i < n_extra; i++) {
+		void *d = malloc(extra[i].len + 1);
+		CHECK(d, "out of memory");
+		memcpy(d, extra[i].data, extra[i].len);
+		a->extra[i] = (struct ckpt_extra){extra[i].name, d, extra[i].len};
+	}
+	a->n_extra = n_extra;
+	a->st = *st;
+	a->cfg = *cfg;
+	snprintf(a->root, sizeof(a->root), "%s", root);
+	a->keep = keep_latest_k;
+	a->rc = CT_OK;
+	CHECK(pthread_create(&a->thread, NULL, async_main, a) == 0,
+	      "cannot start the checkpoint writer thread");
+	a->running = true;
+	return CT_OK;
+}
+
+void ckpt_async_free(struct ckpt_async *a)
+{
+	if (!a)
+		return;
+	ckpt_async_wait(a);
+	comm_group_free(&a->group);
+	mem_free(MEM_CHECKPOINT, a->buf, (size_t)a->buf_floats * sizeof(float));
+	free(a->t);
+	free(a);
 }
 
 /* ---------------------------------------------------------------- load */

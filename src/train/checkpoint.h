@@ -92,6 +92,21 @@ int ckpt_save(const char *root, const struct llama_config *cfg, const struct mes
               const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
               const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k);
 
+/* Asynchronous saves (checkpoint.async_mode = "async"): ckpt_async_save snapshots the tensors
+ * and extras into a staging buffer owned by the writer (allocated once, MEM_CHECKPOINT) and
+ * returns; a background thread then runs the same protocol as ckpt_save over a duplicate of
+ * the world communicator, so training continues and collectives never interleave. At most one
+ * save is in flight: the next ckpt_async_save, ckpt_async_wait or ckpt_async_free waits for it.
+ * Collective (every rank calls them at the same steps). A failed background save is returned
+ * by the next call. */
+struct ckpt_async;
+struct ckpt_async *ckpt_async_new(const struct mesh *mesh);
+int ckpt_async_save(struct ckpt_async *a, const char *root, const struct llama_config *cfg,
+                    const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
+                    const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k);
+int ckpt_async_wait(struct ckpt_async *a);
+void ckpt_async_free(struct ckpt_async *a);
+
 /* Find the step to load: `want` >= 0 exactly that step; -1 the newest complete checkpoint.
  * Sets *step = -1 (and returns CT_OK) when there is none. */
 int ckpt_find(const char *root, int64_t want, int64_t *step);

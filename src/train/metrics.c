@@ -133,6 +133,7 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	cJSON_AddNumberToObject(o, "step_s", s->step_s);
 	cJSON_AddNumberToObject(o, "data_loading_s", s->data_s);
 	cJSON_AddNumberToObject(o, "exposed_comm_s", s->comm_wait_s);
+	cJSON_AddNumberToObject(o, "checkpoint_s", s->checkpoint_s);
 	cJSON_AddNumberToObject(o, "tokens_seen", (double)s->tokens_seen);
 	cJSON_AddNumberToObject(o, "memory_peak_rss_gib", rss_gib);
 	cJSON_AddNumberToObject(o, "memory_peak_rss_pct", rss_pct);

@@ -21,6 +21,8 @@ struct step_metrics {
 	double tflops;       /* achieved TFLOP/s per rank */
 	double mfu;          /* percent of peak */
 	double val_loss;     /* validation loss of this step, < 0 when not evaluated */
+	double checkpoint_s; /* training blocked by checkpointing after this step (a synchronous
+	                        save, or an async save's snapshot and wait for the previous) */
 };
 
 struct metrics {

@@ -20,6 +20,7 @@
 #include "data/synthetic.h"
 #include "kernels/kernels.h"
 #include "model/llama.h"
+#include "model/llama_hf.h"
 #include "parallel/fsdp.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
@@ -42,6 +43,10 @@ struct trainer {
 	int64_t dp;    /* data-parallel ranks */
 	double flops_per_token, peak_flops;
 	int32_t *batch_tokens, *batch_targets; /* accum x N */
+	struct ckpt_async *ckpt_async;         /* checkpoint.async_mode = "async" */
+	int64_t lr_step0; /* the LR schedule's step 0 (checkpoint.exclude_from_loading) */
+	FILE *sample_log; /* debug.sample_log */
+	int64_t *samples; /* the dataset samples of this rank's current batch (accum x B) */
 };
 
 int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc)
@@ -229,6 +234,18 @@ static int trainer_setup(struct trainer *tr)
 	         cfg->metrics.peak_tflops > 0 ? "from config" : "measured sgemm");
 	tr->flops_per_token = fpt;
 	tr->peak_flops = peak;
+	if (cfg->checkpoint.enable && strcmp(cfg->checkpoint.async_mode, "async") == 0)
+		tr->ckpt_async = ckpt_async_new(&tr->mesh);
+	if (cfg->debug.sample_log[0]) {
+		char path[CONFIG_STR_MAX + 32];
+		snprintf(path, sizeof(path), "%s.rank-%d", cfg->debug.sample_log, tr->mesh.rank);
+		tr->sample_log = fopen(path, "a");
+		if (!tr->sample_log) {
+			LOG_ERROR("debug.sample_log: cannot open '%s': %s", path, strerror(errno));
+			return CT_ERR_RUNTIME;
+		}
+		tr->samples = xcalloc((size_t)(tr->accum * tr->model.B), sizeof(int64_t));
+	}
 	return CT_OK;
 }
 
@@ -240,6 +257,10 @@ static void trainer_teardown(struct trainer *tr)
 		mem_free(MEM_OTHER, tr->batch_targets, bytes);
 	}
 	metrics_close(&tr->metrics);
+	ckpt_async_free(tr->ckpt_async);
+	if (tr->sample_log)
+		fclose(tr->sample_log);
+	free(tr->samples);
 	loader_close(tr->train_ld);
 	loader_close(tr->val_ld);
 	if (tr->opt.m)
@@ -286,11 +307,25 @@ int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
 static void trainer_batch(struct trainer *tr, int64_t step)
 {
 	struct llama_model *m = &tr->model;
+	int64_t G = tr->accum * tr->dp * m->B, d = tr->mesh.dp_group.rank;
+	if (tr->samples) { /* which samples this rank trains on, for debug.sample_log */
+		int64_t first = step * G;
+		if (tr->train_ld) {
+			struct loader_state ls;
+			loader_state(tr->train_ld, &ls);
+			first = ls.epoch * ls.samples + ls.position;
+		}
+		for (int64_t a = 0; a < tr->accum; a++)
+			for (int64_t b = 0; b < m->B; b++) {
+				int64_t pos = first + (a * tr->dp + d) * m->B + b;
+				tr->samples[a * m->B + b] =
+				    tr->train_ld ? loader_sample_at(tr->train_ld, pos) : pos;
+			}
+	}
 	if (tr->train_ld) {
 		loader_next(tr->train_ld, tr->batch_tokens, tr->batch_targets);
 		return;
 	}
-	int64_t G = tr->accum * tr->dp * m->B, d = tr->mesh.dp_group.rank;
 	for (int64_t a = 0; a < tr->accum; a++)
 		synthetic_batch((uint64_t)tr->cfg->debug.seed, m->cfg.vocab_size,
 		                step * G + (a * tr->dp + d) * m->B, m->B, m->T,
@@ -309,7 +344,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 		         (long long)step + 1);
 		raise(SIGKILL);
 	}
-	double lr = lr_schedule_at(&tr->lr, step);
+	double lr = lr_schedule_at(&tr->lr, step - tr->lr_step0);
 	struct train_step_result res;
 	int rc = tr->sharded
 	             ? fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens, tr->batch_targets,
@@ -329,6 +364,11 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->tokens = tr->accum * m->N;
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
+	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)
+		fprintf(tr->sample_log, "%lld %lld\n", (long long)step + 1,
+		        (long long)tr->samples[i]);
+	if (tr->sample_log)
+		fflush(tr->sample_log);
 	return CT_OK;
 }
 
@@ -404,19 +444,39 @@ static void trainer_ckpt_root(const struct trainer *tr, char *out, size_t n)
 	snprintf(out, n, "%s/%s", tr->cfg->job.dump_folder, tr->cfg->checkpoint.folder);
 }
 
-/* Load checkpoint `step` into the model, optimizer and data loader. */
-static int trainer_load(struct trainer *tr, const char *root, int64_t step, int64_t *first_step,
-                        struct step_metrics *sm)
+/* Is `part` listed in checkpoint.exclude_from_loading? */
+static bool trainer_excluded(const struct trainer *tr, const char *part)
 {
+	char buf[CONFIG_STR_MAX], *save = NULL;
+	snprintf(buf, sizeof(buf), "%s", tr->cfg->checkpoint.exclude_from_loading);
+	for (char *p = strtok_r(buf, ", ", &save); p; p = strtok_r(NULL, ", ", &save))
+		if (strcmp(p, part) == 0)
+			return true;
+	return false;
+}
+
+/* Load checkpoint `step` of root into the model and, unless model_only, the optimizer, the
+ * data loader and the trainer state (each unless checkpoint.exclude_from_loading names it). */
+static int trainer_load(struct trainer *tr, const char *root, int64_t step, bool model_only,
+                        int64_t *first_step, struct step_metrics *sm)
+{
+	bool no_optim = model_only || trainer_excluded(tr, "optimizer");
+	bool no_data = model_only || trainer_excluded(tr, "dataloader");
+	bool no_train = model_only || trainer_excluded(tr, "train_state");
+	bool no_lr = model_only || trainer_excluded(tr, "lr_scheduler");
 	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
+	for (int i = 0; no_optim && i < tr->model.table.count; i++)
+		ct[i].exp_avg = ct[i].exp_avg_sq = NULL;
 	struct ckpt_trainer_state st = {0};
 	int rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st);
 	free(ct);
 	if (rc)
 		return rc;
-	*first_step = st.step;
-	tr->opt.t = st.optimizer_step;
-	if (tr->train_ld && st.data_state[0]) {
+	*first_step = no_train ? 0 : st.step;
+	sm->tokens_seen = no_train ? 0 : st.tokens_seen;
+	tr->opt.t = no_optim ? 0 : st.optimizer_step;
+	tr->lr_step0 = no_lr ? *first_step : 0;
+	if (tr->train_ld && st.data_state[0] && !no_data) {
 		cJSON *js = cJSON_Parse(st.data_state);
 		struct loader_state ls;
 		rc = loader_state_from_json(&ls, js, "checkpoint data_state");
@@ -424,12 +484,58 @@ static int trainer_load(struct trainer *tr, const char *root, int64_t step, int6
 			rc = loader_restore(tr->train_ld, &ls);
 		cJSON_Delete(js);
 	}
-	sm->tokens_seen = st.tokens_seen;
+	if (!rc && (model_only || tr->cfg->checkpoint.exclude_from_loading[0]))
+		LOG_INFO("checkpoint: loaded %s of step %lld; starting at step %lld",
+		         model_only ? "the weights only" : "all but the excluded parts",
+		         (long long)st.step, (long long)*first_step);
 	return rc;
 }
 
+/* checkpoint.initial_load_path in Hugging Face format: every rank reads the whole model and
+ * keeps its rows. */
+static int trainer_load_hf(struct trainer *tr, const char *dir)
+{
+	const struct llama_table *t = &tr->model.table;
+	size_t bytes = (size_t)t->numel * sizeof(float);
+	float *full = mem_alloc(MEM_OTHER, bytes);
+	int rc = llama_hf_load(dir, &tr->model.cfg, t, full);
+	if (!rc) {
+		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
+		for (int i = 0; i < t->count; i++)
+			memcpy(ct[i].param, full + t->p[i].offset + ct[i].row0 * ct[i].cols,
+			       (size_t)(ct[i].nrows * ct[i].cols) * sizeof(float));
+		free(ct);
+	}
+	mem_free(MEM_OTHER, full, bytes);
+	int64_t any = rc != 0;
+	comm_all_reduce_i64(&tr->mesh.world_group, &any, 1);
+	if (any)
+		return rc ? rc : CT_ERR_RUNTIME;
+	LOG_INFO("checkpoint: loaded Hugging Face weights from %s; starting at step 0", dir);
+	return CT_OK;
+}
+
+/* No checkpoint of this run: start from checkpoint.initial_load_path. */
+static int trainer_initial_load(struct trainer *tr, int64_t *first_step, struct step_metrics *sm)
+{
+	const struct ct_config *cfg = tr->cfg;
+	const char *path = cfg->checkpoint.initial_load_path;
+	if (cfg->checkpoint.initial_load_in_hf)
+		return trainer_load_hf(tr, path);
+	char root[1100];
+	int64_t step;
+	int rc = ckpt_resolve(path, root, sizeof(root), &step);
+	if (rc) {
+		LOG_ERROR("checkpoint.initial_load_path: '%s' holds no checkpoint", path);
+		return rc;
+	}
+	return trainer_load(tr, root, step, cfg->checkpoint.initial_load_model_only, first_step,
+	                    sm);
+}
+
 /* Resume from checkpoint.load_step, which must load; or (-1) from the newest checkpoint that
- * loads and verifies, falling back to older ones and saying so. Sets the first step to run. */
+ * loads and verifies, falling back to older ones and saying so; with none at all, from
+ * checkpoint.initial_load_path if set. Sets the first step to run. */
 static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_metrics *sm)
 {
 	char root[1100];
@@ -437,12 +543,12 @@ static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_m
 	if (tr->cfg->checkpoint.load_step >= 0) {
 		int64_t step;
 		int rc = ckpt_find(root, tr->cfg->checkpoint.load_step, &step);
-		return rc ? rc : trainer_load(tr, root, step, first_step, sm);
+		return rc ? rc : trainer_load(tr, root, step, false, first_step, sm);
 	}
 	int64_t steps[256];
 	int n = ckpt_list(root, steps, 256);
 	for (int i = 0; i < n; i++) {
-		if (trainer_load(tr, root, steps[i], first_step, sm) == CT_OK)
+		if (trainer_load(tr, root, steps[i], false, first_step, sm) == CT_OK)
 			return CT_OK;
 		if (i + 1 < n)
 			LOG_WARN(
@@ -454,6 +560,8 @@ static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_m
 		          n);
 		return CT_ERR_RUNTIME;
 	}
+	if (tr->cfg->checkpoint.initial_load_path[0])
+		return trainer_initial_load(tr, first_step, sm);
 	return CT_OK;
 }
 
@@ -502,8 +610,12 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 	if (tr->cfg->model.tokenizer_path[0] &&
 	    read_file(tr->cfg->model.tokenizer_path, &tok_data, &tok_len) == CT_OK)
 		extra[n_extra++] = (struct ckpt_extra){"tokenizer.model", tok_data, tok_len};
-	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st, extra,
-	                   n_extra, tr->cfg->checkpoint.keep_latest_k);
+	int rc =
+	    tr->ckpt_async
+	        ? ckpt_async_save(tr->ckpt_async, root, &tr->model.cfg, ct, tr->model.table.count,
+	                          &st, extra, n_extra, tr->cfg->checkpoint.keep_latest_k)
+	        : ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st, extra,
+	                    n_extra, tr->cfg->checkpoint.keep_latest_k);
 	free(ct);
 	free(cfg_text);
 	free(tok_data);
@@ -530,6 +642,8 @@ int trainer_run(const struct ct_config *cfg)
 	int rc = trainer_setup(&tr);
 	if (rc == CT_OK && cfg->checkpoint.enable)
 		rc = trainer_resume(&tr, &first, &sm);
+	else if (rc == CT_OK && cfg->checkpoint.initial_load_path[0])
+		rc = trainer_initial_load(&tr, &first, &sm);
 	/* a resumed run appends to the metrics of the run it continues */
 	if (rc == CT_OK)
 		rc = metrics_open(&tr.metrics, cfg->job.dump_folder,
@@ -558,19 +672,29 @@ int trainer_run(const struct ct_config *cfg)
 			if (rc)
 				break;
 		}
+		bool stop = trainer_should_stop(&tr);
+		sm.checkpoint_s = 0;
+		if (cfg->checkpoint.enable &&
+		    ((step + 1) % cfg->checkpoint.interval == 0 || step + 1 == steps || stop)) {
+			double t0 = timer_now();
+			rc = trainer_save(&tr, step + 1, &sm);
+			sm.checkpoint_s = timer_now() - t0;
+		}
 		if ((step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps ||
 		    sm.val_loss >= 0)
 			metrics_log_step(&tr.metrics, &sm);
-		bool stop = trainer_should_stop(&tr);
-		if (cfg->checkpoint.enable &&
-		    ((step + 1) % cfg->checkpoint.interval == 0 || step + 1 == steps || stop))
-			rc = trainer_save(&tr, step + 1, &sm);
 		if (stop) {
 			LOG_INFO("stopping after step %lld on signal %d", (long long)step + 1,
 			         (int)trainer_signal);
 			step++;
 			break;
 		}
+	}
+	/* the last asynchronous save must reach the disk before the job ends */
+	int wrc = ckpt_async_wait(tr.ckpt_async);
+	if (wrc && rc == CT_OK) {
+		LOG_ERROR("checkpoint: the background save failed");
+		rc = wrc;
 	}
 	if (rc == CT_OK)
 		LOG_INFO("training done: %lld steps, final loss %.4f, peak RSS %.2f GiB",

@@ -1,0 +1,38 @@
+/* model/llama_hf: Hugging Face LlamaForCausalLM interop — tensor names, the RoPE row
+ * permutation, config.json, and reading an HF folder into ctitan's parameter layout.
+ *
+ * RoPE: ctitan (like Meta and TorchTitan) rotates interleaved pairs (x[2i], x[2i+1]); Hugging
+ * Face rotates halves (x[i], x[i + D/2]). Permuting the rows of each head of wq and wk (HF
+ * row j*D/2 + i = ctitan row 2i + j) makes the two forwards equal; importing applies the
+ * inverse, so export then import is the identity, bit for bit.
+ */
+#ifndef CT_MODEL_LLAMA_HF_H
+#define CT_MODEL_LLAMA_HF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/llama.h"
+
+/* ctitan (TorchTitan) name -> Hugging Face name; false for an unknown name. */
+bool llama_hf_name(const char *name, char *out, size_t n);
+
+/* Rows of a wq/wk weight (heads x D rows of `cols`) between the two RoPE conventions. */
+void llama_hf_permute_rows(const float *in, float *out, int64_t heads, int64_t D, int64_t cols);
+void llama_hf_unpermute_rows(const float *in, float *out, int64_t heads, int64_t D, int64_t cols);
+/* The number of heads whose rows a tensor holds when it needs the permutation, else 0. */
+int64_t llama_hf_rope_heads(const struct llama_config *c, const char *name);
+
+/* config.json text (malloc'd). */
+char *llama_hf_config_json(const struct llama_config *c);
+
+/* Read an HF folder (config.json, and model.safetensors or model.safetensors.index.json with
+ * its shards) into params (table layout, whole model). The config must describe this model
+ * (errors name the key); every tensor must be present as F32 or BF16 with the right
+ * shape (errors name the file and tensor). A missing lm_head with
+ * tie_word_embeddings copies the embedding. */
+int llama_hf_load(const char *dir, const struct llama_config *c, const struct llama_table *t,
+                  float *params);
+
+#endif
