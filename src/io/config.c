@@ -221,7 +221,8 @@ static const struct cfg_key cfg_schema[] = {
     {ROW(debug, fail_rank), .def = "-1", UNSET_OR_GE(0),
      .help = "Fault injection for tests: this rank kills itself during debug.fail_step."},
     {ROW(debug, fail_step), .def = "0", GE(0),
-     .help = "The 1-based step in which debug.fail_rank dies."},
+     .help = "The 1-based step in which debug.fail_rank dies (after any background "
+             "checkpoint save has finished)."},
     {ROW(debug, sample_log), .def = "",
      .help = "Tests: each rank appends \"step sample\" lines for the dataset samples it "
              "trained on to <sample_log>.rank-R."},

@@ -224,6 +224,10 @@ int st_parse(struct st_file *f, void *blob, int64_t size, const char *path)
 	const cJSON *o;
 	cJSON_ArrayForEach (o, root) {
 		if (strcmp(o->string, "__metadata__") == 0) {
+			if (!cJSON_IsObject(o)) {
+				LOG_ERROR("%s: __metadata__ is not an object", path);
+				goto out;
+			}
 			const cJSON *kv;
 			cJSON_ArrayForEach (kv, o)
 				if (cJSON_IsString(kv))

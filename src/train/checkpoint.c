@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* renameat2 (RENAME_EXCHANGE) */
 #include "train/checkpoint.h"
 
 #include <cjson/cJSON.h>
@@ -351,8 +352,17 @@ static int save_on(const struct comm_group *g, const char *root, const struct ll
 		free(text);
 		if (!rc)
 			rc = fsync_path(tmp);
-		if (!rc) {
-			remove_tree(final); /* an older save of the same step */
+		if (!rc && access(final, F_OK) == 0) {
+			/* an older save of the same step (e.g. one that failed to load): swap
+			 * the two atomically, so the step never goes missing, then drop it */
+			if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
+				LOG_ERROR("checkpoint: cannot replace '%s': %s", final,
+				          strerror(errno));
+				rc = CT_ERR_RUNTIME;
+			} else {
+				remove_tree(tmp);
+			}
+		} else if (!rc) {
 			if (rename(tmp, final) != 0) {
 				LOG_ERROR("checkpoint: cannot rename '%s' to '%s': %s", tmp, final,
 				          strerror(errno));
@@ -621,7 +631,7 @@ static int check_model(const struct ckpt_manifest *m, const struct llama_config 
 			          path, w->string, a ? a : "missing", b);
 			free(a);
 			free(b);
-			rc = CT_ERR_USAGE;
+			rc = CT_ERR_RUNTIME;
 			break;
 		}
 	}
@@ -679,7 +689,7 @@ static int load_tensor(const struct ckpt_tensor *t, const struct ckpt_mtensor *m
 		    "has [%lld, %lld]",
 		    t->name, (long long)mt->rows, (long long)mt->cols, (long long)t->rows,
 		    (long long)t->cols);
-		return CT_ERR_USAGE;
+		return CT_ERR_RUNTIME;
 	}
 	int64_t lo = t->row0, hi = t->row0 + t->nrows, cols = t->cols;
 	for (int i = 0; i < mt->n_pieces; i++) {

@@ -340,6 +340,9 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	trainer_batch(tr, step);
 	double t_data = timer_now() - t0;
 	if (cfg->debug.fail_rank == tr->mesh.rank && cfg->debug.fail_step == step + 1) {
+		/* a crash after the last checkpoint is durable (faults during a save are
+		 * tested by killing the job from outside) */
+		ckpt_async_wait(tr->ckpt_async);
 		LOG_WARN("debug.fail_rank: rank %d kills itself in step %lld", tr->mesh.rank,
 		         (long long)step + 1);
 		raise(SIGKILL);
