@@ -102,6 +102,33 @@ cp -r "$tmp/b/checkpoint" "$tmp/a2/" 2>/dev/null
 rc=$?
 [ $rc -ne 0 ] && grep -q "is of another model: model.vocab_size is 509 in the checkpoint, 512 in this run" "$tmp/a3.log"; check "another model's checkpoint named (exit $rc)" $?
 
+# damaged copies of the 4-rank checkpoint, each loaded explicitly: exit 1, file/tensor named
+bad() { # NAME EXPECTED_MESSAGE: run on the damaged copy in $tmp/bad
+  "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/bad" \
+    --checkpoint.enable=true --checkpoint.load_step=3 > "$tmp/bad.log" 2>&1
+  local rc=$?
+  [ $rc -eq 1 ] && grep -q "$2" "$tmp/bad.log"; check "$1: exit 1 (got $rc), message names it" $?
+  [ $rc -eq 1 ] || tail -3 "$tmp/bad.log"
+}
+fresh() { rm -rf "$tmp/bad"; mkdir -p "$tmp/bad"; cp -r "$tmp/c/checkpoint" "$tmp/bad/"; B="$tmp/bad/checkpoint/step-00000003"; }
+fresh; rm "$B/rank-00002.safetensors"
+bad "missing rank file" "cannot open '.*rank-00002.safetensors'"
+fresh; f="$B/rank-00001.safetensors"; head -c 50000 "$f" > "$tmp/t" && cp "$tmp/t" "$f"
+bad "truncated rank file" "rank-00001.safetensors' is truncated or extended"
+fresh; sed -i 's/"n_layers":\s*[0-9]*/"n_layers": 7/' "$B/manifest.json"
+bad "manifest of another model" "is of another model: model.n_layers is 7 in the checkpoint, 6 in this run"
+fresh; /usr/bin/python3 -c "
+import json,sys
+p=sys.argv[1]; m=json.load(open(p)); m['tensors']['layers.2.attention.wk.weight']['shape'][0]+=4
+json.dump(m,open(p,'w'),indent=1)" "$B/manifest.json"
+bad "manifest shape that its pieces do not cover" "pieces of tensor 'layers.2.attention.wk.weight' do not cover"
+fresh; /usr/bin/python3 -c "
+import json,sys
+p=sys.argv[1]; m=json.load(open(p)); m['files']['../../etc/passwd']=m['files'].pop('rank-00000.safetensors')
+json.dump(m,open(p,'w'),indent=1)" "$B/manifest.json"
+bad "manifest naming a file outside the folder" "file entry '../../etc/passwd' is malformed"
+[ -f "$tmp/c/checkpoint/step-00000003/rank-00002.safetensors" ]; check "the original checkpoint is untouched" $?
+
 # 5. SIGTERM: finish the step, save, exit 0
 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=100000 --job.dump_folder="$tmp/s" \
   --checkpoint.enable=true --checkpoint.interval=100000 > "$tmp/s.log" 2>&1 &

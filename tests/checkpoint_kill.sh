@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Fault trials: a 2-rank job that saves a checkpoint every step (synchronous and async saves
+# alternating, keep_latest_k=2 so pruning runs too) is killed with SIGKILL at a random moment
+# - the whole job, or one rank - while it is saving. Afterwards the checkpoint `latest` names
+# and the newest complete one must both load and verify (ctitan generate reads the manifest,
+# checks every file's size and checksum and loads the weights), and no stray folder may look
+# complete.
+#   tests/checkpoint_kill.sh build/ctitan [TRIALS=3] [SEED=random]
+# bench/run.sh runs it with 24 trials.
+set -u
+CTITAN=$1
+TRIALS=${2:-3}
+SEED=${3:-$RANDOM}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/tests/lib.sh"
+echo "seed $SEED (replay: tests/checkpoint_kill.sh CTITAN $TRIALS $SEED)"
+RANDOM=$SEED
+# vocab 8000: 9.2M parameters, a 110 MB checkpoint: most of the job's time is spent saving
+ARGS=(--model.vocab_size=8000 --training.steps=100000 --training.seq_len=16
+      --training.local_batch_size=1 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=0.1
+      --checkpoint.enable=true --checkpoint.interval=1 --checkpoint.keep_latest_k=2)
+for t in $(seq 1 "$TRIALS"); do
+  d="$tmp/t$t"
+  mode=disabled
+  [ $((t % 2)) -eq 0 ] && mode=async
+  what=job
+  [ $((RANDOM % 2)) -eq 0 ] && what=rank
+  setsid "$ROOT/scripts/launch" 2 "$CTITAN" train "$ROOT/configs/debug.toml" "${ARGS[@]}" \
+    --checkpoint.async_mode=$mode --job.dump_folder="$d" > "$d.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 300); do grep -q "saved step 1 " "$d.log" 2>/dev/null && break; sleep 0.1; done
+  sleep "$((RANDOM % 20 / 10)).$((RANDOM % 10))"
+  if [ $what = job ]; then
+    kill -9 -- -"$pid" 2>/dev/null # the whole process group: mpiexec and both ranks
+  else
+    # scripts/launch execs mpiexec, whose children are the ranks
+    victim=$(pgrep -P "$pid" | sed -n "$((RANDOM % 2 + 1))p")
+    kill -9 "$victim" 2>/dev/null
+  fi
+  wait $pid 2>/dev/null
+  pkill -9 -f -- "--job.dump_folder=$d" 2>/dev/null
+  sleep 0.2
+  latest=$(cat "$d/checkpoint/latest" 2>/dev/null)
+  if [ -z "$latest" ]; then
+    check "trial $t ($mode save, kill $what): killed before the first save completed (no latest)" 1
+    continue
+  fi
+  step_dir="$d/checkpoint/step-$(printf %08d "$latest")"
+  "$CTITAN" generate --checkpoint "$step_dir" --prompt-ids 1,2,3 --max-new-tokens 1 \
+    --temperature 0 > "$d.gen1" 2>&1
+  r1=$?
+  "$CTITAN" generate --checkpoint "$d/checkpoint" --prompt-ids 1,2,3 --max-new-tokens 1 \
+    --temperature 0 > "$d.gen2" 2>&1
+  r2=$?
+  stray=$(find "$d/checkpoint" -maxdepth 1 -name 'step-*.tmp' -exec test -f '{}/manifest.json' \; -print | wc -l)
+  saved=$(grep -c "saved step" "$d.log")
+  [ $r1 -eq 0 ] && [ $r2 -eq 0 ] && [ "$stray" -eq 0 ]
+  check "trial $t ($mode save, kill $what after $saved saves): latest = step $latest loads and verifies; newest complete loads" $?
+  [ $r1 -eq 0 ] || tail -3 "$d.gen1"
+  [ $r2 -eq 0 ] || tail -3 "$d.gen2"
+  rm -rf "$d"
+done
+finish
