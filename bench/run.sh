@@ -9,3 +9,7 @@ echo "== FSDP: 125M on 1, 2, 4 ranks vs PyTorch ZeRO on 2 ranks =="
 /usr/bin/python3 bench/bench_fsdp.py --ctitan "$BUILD/ctitan"
 echo "== tokenizer: encode vs tiktoken (npm), training vs spm_train =="
 /usr/bin/python3 bench/bench_tokenizer.py --ctitan "$BUILD/ctitan"
+echo "== checkpoints: async vs synchronous save stall, 125M =="
+/usr/bin/python3 bench/bench_checkpoint.py --ctitan "$BUILD/ctitan"
+echo "== checkpoints: 24 SIGKILL trials during saves =="
+bash tests/checkpoint_kill.sh "$BUILD/ctitan" 24
