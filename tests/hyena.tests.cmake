@@ -1,3 +1,4 @@
+ct_add_test(hyena_kernels)
 ct_add_test(hyena)
 add_test(NAME hyena_reference COMMAND $<TARGET_FILE:test_hyena> --reference)
 set_tests_properties(hyena_reference PROPERTIES TIMEOUT 600 ENVIRONMENT "${CT_TEST_ENV}")

@@ -8,7 +8,9 @@
 #define KSIN(x)  sin(x)
 #define KCOS(x)  cos(x)
 #else
-#define KTANH(x) tanhf(x)
+/* tanh u = 1 - 2 / (e^{2u} + 1) through the vectorised kexpf: libm's tanhf was a third of a
+ * Hyena training step. Absolute error ~1e-7, which is all GELU's 0.5 x (1 + tanh) sees. */
+#define KTANH(x) (1.0f - 2.0f / (kexpf(2.0f * (x)) + 1.0f))
 #define KSIN(x)  sinf(x)
 #define KCOS(x)  cosf(x)
 #endif
