@@ -7,3 +7,4 @@ add_test(NAME fsdp_hyena_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLA
 add_test(NAME fsdp_hyena_np3 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
          $<TARGET_FILE:test_fsdp> --hyena)
 set_tests_properties(fsdp_hyena_np2 fsdp_hyena_np3 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+ct_add_script_test(hyena_cli tests/hyena_cli.sh)
