@@ -118,9 +118,26 @@ static char *read_text(const char *path, size_t *len)
 
 /* ---------------------------------------------------------------- manifest */
 
-static cJSON *model_json(const struct llama_config *c)
+static cJSON *model_json(const struct model_config *mc)
 {
 	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "name", model_kind_name(mc->kind));
+	if (mc->kind == MODEL_HYENA) {
+		const struct hyena_config *c = &mc->hyena;
+		cJSON_AddStringToObject(o, "flavor", c->flavor);
+		cJSON_AddNumberToObject(o, "dim", (double)c->dim);
+		cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
+		cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+		cJSON_AddNumberToObject(o, "order", (double)c->order);
+		cJSON_AddNumberToObject(o, "filter_order", (double)c->filter_order);
+		cJSON_AddNumberToObject(o, "emb_dim", (double)c->emb_dim);
+		cJSON_AddNumberToObject(o, "ffn_hidden", (double)c->ffn_hidden);
+		cJSON_AddNumberToObject(o, "l_max", (double)c->l_max);
+		cJSON_AddNumberToObject(o, "sin_freq", c->sin_freq);
+		cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
+		return o;
+	}
+	const struct llama_config *c = &mc->llama;
 	cJSON_AddStringToObject(o, "flavor", c->flavor);
 	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
 	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
@@ -166,7 +183,7 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n)
 	return rc;
 }
 
-static char *manifest_text(const struct llama_config *cfg, const struct mesh *mesh,
+static char *manifest_text(const struct model_config *cfg, const struct mesh *mesh,
                            const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
                            const struct file_sum *sums, const int64_t *rows0, const int64_t *nrows,
                            const struct ckpt_extra *extra, const struct file_sum *extra_sums,
@@ -296,7 +313,7 @@ static int save_extras(const char *dir, const struct ckpt_extra *extra, int n,
 
 /* The save protocol, collective over g (the world, or a duplicate of it for the background
  * writer). */
-static int save_on(const struct comm_group *g, const char *root, const struct llama_config *cfg,
+static int save_on(const struct comm_group *g, const char *root, const struct model_config *cfg,
                    const struct mesh *mesh, const struct ckpt_tensor *t, int n,
                    const struct ckpt_trainer_state *st, const struct ckpt_extra *extra, int n_extra,
                    int64_t keep_latest_k)
@@ -389,7 +406,7 @@ static int save_on(const struct comm_group *g, const char *root, const struct ll
 	return rc ? CT_ERR_RUNTIME : CT_OK;
 }
 
-int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
+int ckpt_save(const char *root, const struct model_config *cfg, const struct mesh *mesh,
               const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
               const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k)
 {
@@ -413,7 +430,7 @@ struct ckpt_async {
 	struct ckpt_extra *extra;
 	int n_extra;
 	struct ckpt_trainer_state st;
-	struct llama_config cfg;
+	struct model_config cfg;
 	char root[1100];
 	int64_t keep;
 };
@@ -457,7 +474,7 @@ int ckpt_async_wait(struct ckpt_async *a)
 	return a->rc;
 }
 
-int ckpt_async_save(struct ckpt_async *a, const char *root, const struct llama_config *cfg,
+int ckpt_async_save(struct ckpt_async *a, const char *root, const struct model_config *cfg,
                     const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
                     const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k)
 {
@@ -613,14 +630,22 @@ int ckpt_list(const char *root, int64_t *steps, int max)
 
 /* The checkpoint's model must be this run's model: every field this build writes must be
  * present with the same value (the flavor name is only a label). */
-static int check_model(const struct ckpt_manifest *m, const struct llama_config *cfg,
+static int check_model(const struct ckpt_manifest *m, const struct model_config *cfg,
                        const char *path)
 {
+	/* the family first (manifests without a name are Llama's) */
+	const cJSON *mname = cJSON_GetObjectItemCaseSensitive(m->model, "name");
+	const char *saved = cJSON_IsString(mname) ? mname->valuestring : "llama3";
+	if (strcmp(saved, model_kind_name(cfg->kind)) != 0) {
+		LOG_ERROR("checkpoint: '%s' holds a %s model, not %s", path, saved,
+		          model_kind_name(cfg->kind));
+		return CT_ERR_RUNTIME;
+	}
 	cJSON *want = model_json(cfg);
 	int rc = CT_OK;
 	const cJSON *w;
 	cJSON_ArrayForEach (w, want) {
-		if (strcmp(w->string, "flavor") == 0)
+		if (strcmp(w->string, "flavor") == 0 || strcmp(w->string, "name") == 0)
 			continue;
 		const cJSON *got = cJSON_GetObjectItemCaseSensitive(m->model, w->string);
 		if (!got || !cJSON_Compare(got, w, 1)) {
@@ -725,7 +750,7 @@ static int load_tensor(const struct ckpt_tensor *t, const struct ckpt_mtensor *m
 	return CT_OK;
 }
 
-int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
+int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
               const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st)
 {
 	char dir[1100], path[1200];
@@ -770,7 +795,7 @@ int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
 	return CT_OK;
 }
 
-int ckpt_load_params(const char *root, int64_t step, const struct llama_config *cfg,
+int ckpt_load_params(const char *root, int64_t step, const struct model_config *cfg,
                      const struct llama_table *t, float *params)
 {
 	struct ckpt_tensor *ct = xcalloc((size_t)t->count, sizeof(*ct));
