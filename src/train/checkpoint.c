@@ -443,6 +443,16 @@ struct ckpt_async *ckpt_async_new(const struct mesh *mesh)
 	return a;
 }
 
+void ckpt_async_reserve(struct ckpt_async *a, int64_t floats)
+{
+	if (floats <= a->buf_floats)
+		return;
+	mem_free(MEM_CHECKPOINT, a->buf, (size_t)a->buf_floats * sizeof(float));
+	a->buf = mem_alloc(MEM_CHECKPOINT, (size_t)floats * sizeof(float));
+	memset(a->buf, 0, (size_t)floats * sizeof(float)); /* fault the pages in now */
+	a->buf_floats = floats;
+}
+
 static void *async_main(void *arg)
 {
 	struct ckpt_async *a = arg;
@@ -484,11 +494,7 @@ int ckpt_async_save(struct ckpt_async *a, const char *root, const struct model_c
 	int64_t need = 0;
 	for (int i = 0; i < n; i++)
 		need += 3 * t[i].nrows * t[i].cols;
-	if (need > a->buf_floats) { /* allocated once: the shapes do not change during a run */
-		mem_free(MEM_CHECKPOINT, a->buf, (size_t)a->buf_floats * sizeof(float));
-		a->buf = mem_alloc(MEM_CHECKPOINT, (size_t)need * sizeof(float));
-		a->buf_floats = need;
-	}
+	ckpt_async_reserve(a, need); /* once: the shapes do not change during a run */
 	if (a->n != n) {
 		free(a->t);
 		a->t = xcalloc((size_t)n + 1, sizeof(*a->t));

@@ -105,6 +105,8 @@ int ckpt_async_save(struct ckpt_async *a, const char *root, const struct model_c
                     const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
                     const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k);
 int ckpt_async_wait(struct ckpt_async *a);
+/* Allocate (and touch) the staging buffer ahead of the first save: params + 2 moments. */
+void ckpt_async_reserve(struct ckpt_async *a, int64_t floats);
 void ckpt_async_free(struct ckpt_async *a);
 
 /* Find the step to load: `want` >= 0 exactly that step; -1 the newest complete checkpoint.

@@ -220,6 +220,8 @@ static int trainer_open_data(struct trainer *tr)
 	return loader_open(&tr->val_ld, &lc);
 }
 
+static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr);
+
 static int trainer_setup(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
@@ -288,8 +290,15 @@ static int trainer_setup(struct trainer *tr)
 	         cfg->metrics.peak_tflops > 0 ? "from config" : "measured sgemm");
 	tr->flops_per_token = fpt;
 	tr->peak_flops = peak;
-	if (cfg->checkpoint.enable && strcmp(cfg->checkpoint.async_mode, "async") == 0)
+	if (cfg->checkpoint.enable && strcmp(cfg->checkpoint.async_mode, "async") == 0) {
 		tr->ckpt_async = ckpt_async_new(&tr->mesh);
+		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
+		int64_t floats = 0;
+		for (int i = 0; i < tr->model.table->count; i++)
+			floats += 3 * ct[i].nrows * ct[i].cols;
+		free(ct);
+		ckpt_async_reserve(tr->ckpt_async, floats);
+	}
 	if (cfg->debug.sample_log[0]) {
 		char path[CONFIG_STR_MAX + 32];
 		snprintf(path, sizeof(path), "%s.rank-%d", cfg->debug.sample_log, tr->mesh.rank);
