@@ -240,6 +240,8 @@ static const struct cfg_key cfg_schema[] = {
     {ROW(plan, compute_efficiency), .def = "0.5", IN_CC(0.01, 1),
      .help = "ctitan plan: fraction of metrics.peak_tflops the kernels achieve on the "
              "target."},
+    {ROW(plan, memory_bandwidth_gbs), .def = "3000", GT(0),
+     .help = "ctitan plan: the target's memory bandwidth in GB/s (buffer copies, optimizer)."},
     {ROW(plan, activation_dtype), .def = "auto", CHOICES("auto", "float32", "bfloat16"),
      .help = "ctitan plan: element type of activations and gathered parameters on the "
              "target; auto: training.mixed_precision_param."},

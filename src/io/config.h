@@ -113,7 +113,8 @@ struct ct_config {
 	} profiling;
 	struct {
 		double compute_efficiency; /* 0.5: fraction of peak the target's kernels achieve */
-		char activation_dtype[16]; /* "auto" | float32 | bfloat16 */
+		double memory_bandwidth_gbs; /* 3000: the target's memory bandwidth, GB/s */
+		char activation_dtype[16];   /* "auto" | float32 | bfloat16 */
 	} plan;
 	struct {
 		int64_t seed;       /* 0, >= 0: weights and synthetic data */

@@ -380,7 +380,7 @@ void sched_print(const struct sched *s, FILE *f, bool brief)
 	for (int b = 0; b < s->n_buckets; b++) {
 		char name[256];
 		sched_bucket_name(s, b, name, sizeof(name));
-		fprintf(f, " %s%s", b ? "," : "", name);
+		fprintf(f, "%s%s", b ? ", " : " ", name);
 	}
 	fprintf(f, "\nnodes (%d; activation checkpointing %s, prefetch %d):\n", s->n_nodes,
 	        sched_ac_name(s->ac), s->prefetch);
