@@ -190,10 +190,9 @@ static const struct cfg_key cfg_schema[] = {
              "option is not yet supported."},
 
     {ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
-     .help = "How collectives advance: inline on the compute thread, or on a communication "
-             "thread that overlaps them with compute once collectives are issued ahead "
-             "(prefetch); today every collective is waited on at once and inline measures "
-             "faster."},
+     .help = "How collectives advance: inline on the compute thread (each runs, blocking, "
+             "when issued), or on a communication thread that overlaps them with compute when "
+             "the schedule issues them ahead (comm.prefetch, comm.reduce_scatter_defer)."},
     {ROW(comm, timeout_seconds), .def = "300", GT(0),
      .help = "A collective that takes longer aborts the job (a peer died or hangs)."},
     {ROW(comm, buckets), .def = "per_block",
@@ -201,7 +200,7 @@ static const struct cfg_key cfg_schema[] = {
              "(greedy with the cost model, under comm.bucket_cap_mb), or comma-separated "
              "groups of '+'-joined units (embed, block indices from 0, norm) in order, e.g. "
              "\"embed+0,1+2,3+norm\"."},
-    {ROW(comm, bucket_cap_mb), .def = "512", GT(0),
+    {ROW(comm, bucket_cap_mb), .def = "100", GT(0),
      .help = "Automatic bucketing: most gathered parameter MiB in one bucket."},
     {ROW(comm, prefetch), .def = "1", IN_CC(0, 16),
      .help = "Issue each all-gather this many gathers ahead of its use (0: at use)."},

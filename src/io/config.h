@@ -91,7 +91,7 @@ struct ct_config {
 		char progress[16]; /* "inline": inline | thread — how the comm stream advances */
 		double timeout_seconds; /* 300, > 0: a collective waiting longer aborts the job */
 		char buckets[CONFIG_STR_MAX];   /* "per_block" | "auto" | "embed+0,1,...,norm" */
-		double bucket_cap_mb;           /* 512: auto bucketing's largest bucket */
+		double bucket_cap_mb;           /* 100: auto bucketing's largest bucket */
 		int64_t prefetch;               /* 1: all-gathers issued this many ahead */
 		int64_t reduce_scatter_defer;   /* 1: reduce-scatter waits deferred this many */
 		double memory_budget_gb;        /* 0 (none): reordering keeps peak memory under */

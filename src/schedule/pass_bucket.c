@@ -131,6 +131,10 @@ void sched_pass_bucket(const struct sched *in, const struct sched_bucket *bucket
 	sched_free(&mid);
 }
 
+/* A merge must save this fraction of the predicted step: smaller gains are within the cost
+ * model's error, and a bigger bucket costs memory (and cache) the model does not price. */
+#define SCHED_AUTO_MIN_GAIN 0.005
+
 /* Predicted step time of `plan` (units beyond it as single buckets), after reordering. */
 static double plan_cost(const struct sched *in, const struct sched_cost_model *cm,
                         const struct sched_reorder_opts *o, struct sched_bucket *plan, int n,
@@ -174,7 +178,7 @@ void sched_pass_bucket_auto(const struct sched *in, const struct sched_cost_mode
 			int64_t peak_b;
 			double tb = plan_cost(in, cm, o, plan, n, &peak_b);
 			bool fits = o->memory_bytes <= 0 || peak_b <= o->memory_bytes;
-			if (fits && tb <= best * (1.0 + 1e-9)) {
+			if (fits && tb < best * (1.0 - SCHED_AUTO_MIN_GAIN)) {
 				best = tb;
 				continue;
 			}
