@@ -13,3 +13,5 @@ echo "== checkpoints: async vs synchronous save stall, 125M =="
 /usr/bin/python3 bench/bench_checkpoint.py --ctitan "$BUILD/ctitan"
 echo "== checkpoints: 24 SIGKILL trials during saves =="
 bash tests/checkpoint_kill.sh "$BUILD/ctitan" 24
+echo "== overlap: 125M on 2 ranks over a simulated 10 Gb/s link, four schedules =="
+/usr/bin/python3 bench/bench_overlap.py --ctitan "$BUILD/ctitan"

@@ -6,6 +6,7 @@
 #include "base/log.h"
 #include "cli/export_cmd.h"
 #include "cli/generate_cmd.h"
+#include "cli/plan_cmd.h"
 #include "cli/plot_cmd.h"
 #include "cli/prepare_cmd.h"
 #include "cli/tokenizer_cmd.h"
@@ -29,6 +30,9 @@ static void usage(FILE *f)
 	        "        tokenize text into token shards (training.dataset_path)\n"
 	        "  generate CONFIG.toml [--section.key=value ...] [--prompt-ids IDS ...]\n"
 	        "        sample from the newest checkpoint of a run\n"
+	        "  plan CONFIG.toml [--section.key=value ...] --world-size N\n"
+	        "        the step's schedule, predicted step time, memory and exposed\n"
+	        "        communication on N ranks of the configured hardware\n"
 	        "  plot RUN_DIR [--out DIR]\n"
 	        "        loss, learning-rate, throughput and memory charts (PNG) of a run\n"
 	        "  help  this text\n\n"
@@ -110,6 +114,8 @@ int main(int argc, char **argv)
 		return cmd_prepare(argc - 2, argv + 2);
 	if (strcmp(cmd, "tokenizer") == 0)
 		return cmd_tokenizer(argc - 2, argv + 2);
+	if (strcmp(cmd, "plan") == 0)
+		return cmd_plan(argc - 2, argv + 2);
 	if (strcmp(cmd, "plot") == 0)
 		return cmd_plot(argc - 2, argv + 2);
 	if (strcmp(cmd, "export") == 0)

@@ -22,6 +22,8 @@ struct comm_stream {
 	int64_t enqueued, done; /* tickets: op k occupies q[(k-1) % CAP] */
 	bool stop;
 	double wait_s;
+	double sim_bytes_per_s, sim_latency_s;       /* simulated link; 0: off */
+	double op_t0[STREAM_CAP], op_t1[STREAM_CAP]; /* by ticket % CAP, once done */
 };
 
 static const char *const stream_mode_names[] = {"thread", "inline"};
@@ -36,6 +38,36 @@ int stream_mode_parse(const char *name, enum stream_mode *mode)
 			return CT_OK;
 		}
 	return CT_ERR_USAGE;
+}
+
+int64_t comm_op_wire_bytes(const struct comm_op *op)
+{
+	int64_t per_rank = op->kind == COMM_REDUCE_SCATTER ? op->count * 4 : op->count;
+	return (int64_t)(op->group->size - 1) * per_rank;
+}
+
+void comm_stream_simulate(struct comm_stream *s, double gbps, double latency_us)
+{
+	s->sim_bytes_per_s = gbps > 0 ? gbps * 1e9 / 8.0 : 0.0;
+	s->sim_latency_s = gbps > 0 || latency_us > 0 ? latency_us * 1e-6 : 0.0;
+}
+
+/* Stretch an op that ran faster than the simulated link would carry it. */
+static void op_simulate(const struct comm_stream *s, const struct comm_op *op, double t0)
+{
+	if (s->sim_bytes_per_s <= 0 && s->sim_latency_s <= 0)
+		return;
+	if (op->group->size < 2)
+		return;
+	double want = s->sim_latency_s;
+	if (s->sim_bytes_per_s > 0)
+		want += (double)comm_op_wire_bytes(op) / s->sim_bytes_per_s;
+	double left = t0 + want - timer_now();
+	if (left <= 0)
+		return;
+	struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+	while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+		;
 }
 
 static void op_run(const struct comm_op *op)
@@ -63,8 +95,13 @@ static void *stream_main(void *arg)
 			break;
 		struct comm_op op = s->q[s->done % STREAM_CAP];
 		pthread_mutex_unlock(&s->mu);
+		double t0 = timer_now();
 		op_run(&op);
+		op_simulate(s, &op, t0);
+		double t1 = timer_now();
 		pthread_mutex_lock(&s->mu);
+		s->op_t0[(s->done + 1) % STREAM_CAP] = t0;
+		s->op_t1[(s->done + 1) % STREAM_CAP] = t1;
 		s->done++;
 		pthread_cond_broadcast(&s->cv_done);
 	}
@@ -108,8 +145,12 @@ int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op)
 	if (s->mode == STREAM_INLINE) {
 		double t0 = timer_now();
 		op_run(op);
-		s->wait_s += timer_now() - t0; /* all of it is exposed */
+		op_simulate(s, op, t0);
+		double t1 = timer_now();
+		s->wait_s += t1 - t0; /* all of it is exposed */
 		s->done = ++s->enqueued;
+		s->op_t0[s->enqueued % STREAM_CAP] = t0;
+		s->op_t1[s->enqueued % STREAM_CAP] = t1;
 		return s->enqueued;
 	}
 	pthread_mutex_lock(&s->mu);
@@ -150,6 +191,17 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket)
 void comm_stream_sync(struct comm_stream *s)
 {
 	comm_stream_wait(s, s->enqueued);
+}
+
+void comm_stream_op_times(struct comm_stream *s, int64_t ticket, double *t0, double *t1)
+{
+	*t0 = *t1 = 0.0;
+	pthread_mutex_lock(&s->mu);
+	if (ticket > 0 && ticket <= s->done && s->done - ticket < STREAM_CAP) {
+		*t0 = s->op_t0[ticket % STREAM_CAP];
+		*t1 = s->op_t1[ticket % STREAM_CAP];
+	}
+	pthread_mutex_unlock(&s->mu);
 }
 
 double comm_stream_wait_seconds(const struct comm_stream *s)

@@ -8,6 +8,11 @@
  * (STREAM_INLINE: no thread, no overlap; the baseline). A wait that exceeds the timeout means
  * a peer is dead or stuck: the stream names the collective and aborts the job.
  *
+ * Each op's start and end on the stream are kept for the last STREAM_HISTORY tickets (traces).
+ * A simulated link (comm_stream_simulate) makes every op last at least latency + bytes /
+ * bandwidth, so overlap can be studied on one machine whose shared memory is far faster than
+ * a network; bytes are what this rank sends in a ring: (ranks - 1) x the per-rank payload.
+ *
  * Rule: while collectives are in flight on the stream, the caller makes no collective calls of
  * its own on the same groups.
  */
@@ -42,6 +47,12 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket);
 void comm_stream_sync(struct comm_stream *s);
 /* Seconds the caller spent blocked in waits since creation (exposed communication). */
 double comm_stream_wait_seconds(const struct comm_stream *s);
+/* When the op of a completed ticket ran (timer_now seconds); 0, 0 if too old. */
+void comm_stream_op_times(struct comm_stream *s, int64_t ticket, double *t0, double *t1);
+/* Simulated link: gbps gigabits per second (0: off) and a per-op latency in microseconds. */
+void comm_stream_simulate(struct comm_stream *s, double gbps, double latency_us);
+/* Bytes this rank sends in a ring for op (what the simulated link charges). */
+int64_t comm_op_wire_bytes(const struct comm_op *op);
 int stream_mode_parse(const char *name, enum stream_mode *mode);
 
 #endif

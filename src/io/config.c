@@ -60,7 +60,8 @@ struct cfg_key {
 static const char *const cfg_sections[] = {"job",          "model",      "optimizer",
                                            "lr_scheduler", "training",   "parallelism",
                                            "validation",   "checkpoint", "activation_checkpoint",
-                                           "comm",         "metrics",    "debug"};
+                                           "comm",         "metrics",    "profiling",
+                                           "plan",         "debug"};
 #define CFG_N_SECTIONS ARRAY_SIZE(cfg_sections)
 
 #define CFG_FIELD(sec, key) (((struct ct_config *)0)->sec.key)
@@ -207,17 +208,48 @@ static const struct cfg_key cfg_schema[] = {
     {ROW(checkpoint, initial_load_in_hf), .def = "false",
      .help = "initial_load_path is a Hugging Face Llama folder (as `ctitan export` writes)."},
 
-    {ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn"),
+    {ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn", "selective", "full"),
      .help = "none: save every activation; ffn: recompute each block's FFN up-projections "
-             "(w1, w3 outputs, the largest activations) in backward instead of saving them."},
+             "(w1, w3 outputs, the largest activations) in backward instead of saving them; "
+             "selective: TorchTitan's per-op policy (keep matmul and attention outputs except "
+             "every second matmul, recompute the rest); full: keep only each block's input and "
+             "recompute the block before its backward."},
+    {ROW(activation_checkpoint, selective_ac_option), .def = "op",
+     .help = "For mode = selective: \"op\" (per-op policy). TorchTitan's per-layer integer "
+             "option is not yet supported."},
 
     {ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
-     .help = "How collectives advance: inline on the compute thread, or on a communication "
-             "thread that overlaps them with compute once collectives are issued ahead "
-             "(prefetch); today every collective is waited on at once and inline measures "
-             "faster."},
+     .help = "How collectives advance: inline on the compute thread (each runs, blocking, "
+             "when issued), or on a communication thread that overlaps them with compute when "
+             "the schedule issues them ahead (comm.prefetch, comm.reduce_scatter_defer)."},
     {ROW(comm, timeout_seconds), .def = "300", GT(0),
      .help = "A collective that takes longer aborts the job (a peer died or hangs)."},
+    {ROW(comm, buckets), .def = "per_block",
+     .help = "FSDP buckets: \"per_block\" (embedding, each block, norm + output), \"auto\" "
+             "(greedy with the cost model, under comm.bucket_cap_mb), or comma-separated "
+             "groups of '+'-joined units (embed, block indices from 0, norm) in order, e.g. "
+             "\"embed+0,1+2,3+norm\"."},
+    {ROW(comm, bucket_cap_mb), .def = "100", GT(0),
+     .help = "Automatic bucketing: most gathered parameter MiB in one bucket."},
+    {ROW(comm, prefetch), .def = "1", IN_CC(0, 16),
+     .help = "Issue each all-gather this many gathers ahead of its use (0: at use)."},
+    {ROW(comm, reduce_scatter_defer), .def = "1", IN_CC(0, 16),
+     .help = "Wait for a reduce-scatter only when this many later ones are issued (0: at "
+             "once)."},
+    {ROW(comm, memory_budget_gb), .def = "0", GE(0),
+     .help = "Peak memory per rank the reordering keeps to (predicted by the cost model; "
+             "prefetch depth is lowered to fit); 0: no budget."},
+    {ROW(comm, bandwidth_gbps), .def = "0", GE(0),
+     .help = "Cost model: link bandwidth per rank in Gbit/s; 0: measured at start-up "
+             "(ctitan plan needs it)."},
+    {ROW(comm, latency_us), .def = "0", GE(0),
+     .help = "Cost model: latency of one collective in microseconds (with "
+             "comm.bandwidth_gbps)."},
+    {ROW(comm, simulate_bandwidth_gbps), .def = "0", GE(0),
+     .help = "Make every collective take at least its bytes over a link of this many Gbit/s "
+             "(overlap experiments on one machine); 0: off."},
+    {ROW(comm, simulate_latency_us), .def = "0", GE(0),
+     .help = "Simulated link: microseconds added to every collective."},
 
     {ROW(metrics, log_freq), .def = "1", GE(1), .help = "Log every this many steps."},
     {ROW(metrics, peak_tflops), .def = "0.0", GE(0),
@@ -225,6 +257,22 @@ static const struct cfg_key cfg_schema[] = {
              "start-up."},
     {ROW(metrics, enable_jsonl), .def = "true",
      .help = "Write metrics.jsonl into job.dump_folder."},
+
+    {ROW(profiling, enable_profiling), .def = "false",
+     .help = "Write a Chrome trace (Perfetto, chrome://tracing) per rank every profile_freq "
+             "steps: compute and communication on separate tracks (FSDP runs)."},
+    {ROW(profiling, save_traces_folder), .def = "profile_trace",
+     .help = "Traces go to <job.dump_folder>/<this>/iteration_<step>/rank<r>_trace.json."},
+    {ROW(profiling, profile_freq), .def = "10", GE(1), .help = "Trace every this many steps."},
+
+    {ROW(plan, compute_efficiency), .def = "0.5", IN_CC(0.01, 1),
+     .help = "ctitan plan: fraction of metrics.peak_tflops the kernels achieve on the "
+             "target."},
+    {ROW(plan, memory_bandwidth_gbs), .def = "3000", GT(0),
+     .help = "ctitan plan: the target's memory bandwidth in GB/s (buffer copies, optimizer)."},
+    {ROW(plan, activation_dtype), .def = "auto", CHOICES("auto", "float32", "bfloat16"),
+     .help = "ctitan plan: element type of activations and gathered parameters on the "
+             "target; auto: training.mixed_precision_param."},
 
     {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
     {ROW(debug, deterministic), .def = "true",
@@ -1377,6 +1425,12 @@ int config_validate(const struct ct_config *cfg)
 		                "training.local_batch_size (%lld)",
 		                (long long)cfg->training.global_batch_size,
 		                (long long)cfg->training.local_batch_size);
+	if (strcmp(cfg->activation_checkpoint.mode, "selective") == 0 &&
+	    strcmp(cfg->activation_checkpoint.selective_ac_option, "op") != 0)
+		return cfg_fail(&w,
+		                "activation_checkpoint.selective_ac_option: '%s' is not yet "
+		                "supported (only \"op\", the per-op policy)",
+		                cfg->activation_checkpoint.selective_ac_option);
 	/* Ranks are an int in MPI: the fixed degrees must multiply to something that fits. */
 	const struct ct_config *c = cfg;
 	int64_t degrees[] = {c->parallelism.data_parallel_replicate_degree,

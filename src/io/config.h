@@ -97,12 +97,22 @@ struct ct_config {
 		bool initial_load_in_hf; /* false: initial_load_path is a Hugging Face folder */
 	} checkpoint;
 	struct {
-		char mode[16]; /* "none": none | ffn — "ffn" recomputes the FFN up-projections in
-		                  backward instead of saving them (less memory, ~15% more FLOPs) */
+		char mode[16]; /* "none": none | ffn | selective | full — what forward saves and
+		                  backward recomputes (see llama.h) */
+		char selective_ac_option[16]; /* "op": TorchTitan's per-op policy */
 	} activation_checkpoint;
 	struct {
 		char progress[16]; /* "inline": inline | thread — how the comm stream advances */
 		double timeout_seconds; /* 300, > 0: a collective waiting longer aborts the job */
+		char buckets[CONFIG_STR_MAX];   /* "per_block" | "auto" | "embed+0,1,...,norm" */
+		double bucket_cap_mb;           /* 100: auto bucketing's largest bucket */
+		int64_t prefetch;               /* 1: all-gathers issued this many ahead */
+		int64_t reduce_scatter_defer;   /* 1: reduce-scatter waits deferred this many */
+		double memory_budget_gb;        /* 0 (none): reordering keeps peak memory under */
+		double bandwidth_gbps;          /* 0 (measure): cost-model link, Gbit/s */
+		double latency_us;              /* 0: cost-model latency per collective */
+		double simulate_bandwidth_gbps; /* 0 (off): simulated link speed */
+		double simulate_latency_us;     /* 0: simulated latency per collective */
 	} comm;
 	struct {
 		int64_t log_freq; /* 1, >= 1 */
@@ -110,6 +120,16 @@ struct ct_config {
 		    peak_tflops; /* 0: measure sgemm on a large square at start-up; > 0: use this */
 		bool enable_jsonl; /* true: write metrics.jsonl into job.dump_folder */
 	} metrics;
+	struct {
+		bool enable_profiling;                   /* false: Chrome traces per rank */
+		char save_traces_folder[CONFIG_STR_MAX]; /* "profile_trace", under dump_folder */
+		int64_t profile_freq;                    /* 10: trace every this many steps */
+	} profiling;
+	struct {
+		double compute_efficiency; /* 0.5: fraction of peak the target's kernels achieve */
+		double memory_bandwidth_gbs; /* 3000: the target's memory bandwidth, GB/s */
+		char activation_dtype[16];   /* "auto" | float32 | bfloat16 */
+	} plan;
 	struct {
 		int64_t seed;       /* 0, >= 0: weights and synthetic data */
 		bool deterministic; /* true (ctitan is always deterministic; kept for TorchTitan

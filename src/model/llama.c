@@ -301,28 +301,54 @@ static void *carve(struct carver *cv, int64_t bytes)
 	return cv->base ? cv->base + at : NULL;
 }
 
+/* Saved per block under each checkpointing mode; the rest live once, in `shared`. */
 static void plan_acts(struct llama_model *m, struct carver *cv)
 {
 	const struct llama_config *c = &m->cfg;
 	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
 	int64_t KVD = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
 	int64_t f = sizeof(float);
+	bool sel = m->ac == LLAMA_AC_SELECTIVE, full = m->ac == LLAMA_AC_FULL;
+	bool ffn_saved = m->ac == LLAMA_AC_NONE || sel || full;
 	m->tokens = carve(cv, N * (int64_t)sizeof(int32_t));
 	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
+	struct llama_block_acts shared = {0};
+	if (sel || full) {
+		shared.rstd1 = carve(cv, N * f);
+		shared.k = carve(cv, N * KVD * f);
+		shared.xmid = carve(cv, N * C * f);
+		shared.rstd2 = carve(cv, N * f);
+		shared.h3 = carve(cv, N * F * f);
+	}
+	if (full) {
+		shared.q = carve(cv, N * HD * f);
+		shared.v = carve(cv, N * KVD * f);
+		shared.att = carve(cv, N * HD * f);
+		shared.lse = carve(cv, N * c->n_heads * f);
+		shared.h1 = carve(cv, N * F * f);
+	}
 	for (int l = 0; l < c->n_layers; l++) {
 		struct llama_block_acts *a = &m->acts[l];
+		*a = shared;
 		a->x = carve(cv, N * C * f);
-		a->rstd1 = carve(cv, N * f);
+		if (full)
+			continue;
+		if (!sel)
+			a->rstd1 = carve(cv, N * f);
 		a->q = carve(cv, N * HD * f);
-		a->k = carve(cv, N * KVD * f);
+		if (!sel)
+			a->k = carve(cv, N * KVD * f);
 		a->v = carve(cv, N * KVD * f);
 		a->att = carve(cv, N * HD * f);
 		a->lse = carve(cv, N * c->n_heads * f);
-		a->xmid = carve(cv, N * C * f);
-		a->rstd2 = carve(cv, N * f);
-		if (!m->recompute_ffn) {
+		if (!sel) {
+			a->xmid = carve(cv, N * C * f);
+			a->rstd2 = carve(cv, N * f);
+		}
+		if (ffn_saved) {
 			a->h1 = carve(cv, N * F * f);
-			a->h3 = carve(cv, N * F * f);
+			if (!sel)
+				a->h3 = carve(cv, N * F * f);
 		}
 	}
 	m->x_final = carve(cv, N * C * f);
@@ -360,7 +386,8 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 {
 	memset(m, 0, sizeof(*m));
 	m->cfg = *c;
-	m->recompute_ffn = opts->recompute_ffn;
+	m->ac = opts->recompute_ffn ? LLAMA_AC_FFN : opts->ac;
+	m->recompute_ffn = m->ac == LLAMA_AC_FFN;
 	int rc = llama_config_finish(&m->cfg);
 	if (rc)
 		return rc;
@@ -497,11 +524,32 @@ double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 	return head_forward(m, n_valid);
 }
 
+/* SELECTIVE: the activations the per-op policy dropped — k (wk, the 2nd matmul), the
+ * residual after attention (wo, the 4th), h3 (w3, the 6th) and both norms — from the saved
+ * x and attention output, with the same kernels in the same order as block_forward. */
+static void block_recompute_selective(struct llama_model *m, int l)
+{
+	const struct llama_config *c = &m->cfg;
+	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
+	struct llama_block_acts *a = &m->acts[l];
+	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
+	int64_t KV = c->n_kv_heads, HD = c->n_heads * D, KVD = KV * D, F = c->ffn_hidden;
+	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
+	matmul_forward_f32(a->k, m->xn, w->wk, N, C, KVD, 0);
+	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, B, T, KV, D);
+	memcpy(a->xmid, a->x, (size_t)(N * C) * sizeof(float));
+	matmul_forward_f32(a->xmid, a->att, w->wo, N, HD, C, 1);
+	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
+	matmul_forward_f32(a->h3, m->xn, w->w3, N, C, F, 0);
+}
+
 void llama_unit_recompute(struct llama_model *m, int u)
 {
 	/* Every unit's forward is a pure function of its saved input and its parameters, so
 	 * recomputing is running it again. */
-	if (u > 0 && u <= m->cfg.n_layers)
+	if (u > 0 && u <= m->cfg.n_layers && m->ac == LLAMA_AC_SELECTIVE)
+		block_recompute_selective(m, u - 1);
+	else if (u > 0 && u <= m->cfg.n_layers)
 		block_forward(m, u - 1);
 	else if (u == 0)
 		llama_unit_forward(m, 0, NULL);
@@ -602,10 +650,19 @@ double llama_forward(struct llama_model *m, int64_t *n_valid)
 	return loss;
 }
 
+bool llama_unit_needs_recompute(const struct llama_model *m, int u)
+{
+	return (m->ac == LLAMA_AC_SELECTIVE || m->ac == LLAMA_AC_FULL) && u > 0 &&
+	       u <= m->cfg.n_layers;
+}
+
 void llama_backward(struct llama_model *m, double dscale)
 {
-	for (int u = m->table.n_units - 1; u >= 0; u--)
+	for (int u = m->table.n_units - 1; u >= 0; u--) {
+		if (llama_unit_needs_recompute(m, u))
+			llama_unit_recompute(m, u);
 		llama_unit_backward(m, u, dscale);
+	}
 }
 
 void llama_logits(struct llama_model *m, float *logits)

@@ -91,12 +91,23 @@ struct llama_block_acts {
 	float *h1, *h3; /* (N,F) w1 and w3 outputs (NULL when recomputed in backward) */
 };
 
+/* Activation checkpointing: which block activations are saved in forward and which are
+ * re-derived before backward (llama_unit_recompute) into one shared set of buffers.
+ *  NONE: save everything.
+ *  FFN: as NONE but the FFN up-projections (w1, w3 outputs) are recomputed inside backward.
+ *  SELECTIVE: TorchTitan's per-op policy — save matmul and attention outputs except every
+ *    second matmul: keep x, q (wq), v (wv), attention output and lse, h1 (w1); recompute k
+ *    (wk), the residual after attention (wo), h3 (w3) and the norms.
+ *  FULL: save only each block's input x; recompute the whole block. */
+enum llama_ac { LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE, LLAMA_AC_FULL };
+
 /* How a model is built. */
 struct llama_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
-	bool recompute_ffn; /* do not save the FFN up-projections (w1, w3 outputs: 2*N*F floats
-	                       per block, the largest activations); recompute them in backward
-	                       from the recomputed norm output (two extra matmuls per block) */
+	bool recompute_ffn; /* shorthand for ac = LLAMA_AC_FFN: do not save the FFN
+	                       up-projections (w1, w3 outputs: 2*N*F floats per block, the largest
+	                       activations); recompute them in backward (two extra matmuls) */
+	enum llama_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
 };
 
 struct llama_model {
@@ -124,6 +135,7 @@ struct llama_model {
 	float *dh1, *dh3; /* (N,F) */
 	float *h1s, *h3s; /* (N,F) recomputed w1/w3 outputs (recompute_ffn only) */
 	bool recompute_ffn;
+	enum llama_ac ac;
 	float *dq, *dk, *dv, *datt; /* (N,H*D) / (N,KV*D) */
 	float *ce_scratch;          /* ce_chunk * V */
 	int64_t ce_chunk;
@@ -154,10 +166,14 @@ void llama_free(struct llama_model *m);
  * Backward of unit u consumes the gradient of its output (in m->dres) and accumulates
  * parameter gradients; the last unit starts the chain with d(loss_sum * dscale).
  * Recompute re-derives a unit's saved activations from its saved input (for activation
- * checkpointing): bitwise identical to what forward saved. */
+ * checkpointing): bitwise identical to what forward saved; under SELECTIVE only the dropped
+ * ones, otherwise the whole unit. Under SELECTIVE and FULL it must run right before the
+ * unit's backward (the shared buffers hold one block at a time); llama_backward does so. */
 double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid);
 void llama_unit_backward(struct llama_model *m, int u, double dscale);
 void llama_unit_recompute(struct llama_model *m, int u);
+/* Whether unit u's backward needs llama_unit_recompute first (SELECTIVE and FULL blocks). */
+bool llama_unit_needs_recompute(const struct llama_model *m, int u);
 
 /* Whole-model conveniences built from the units. */
 double llama_forward(struct llama_model *m, int64_t *n_valid);

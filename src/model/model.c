@@ -55,6 +55,14 @@ static void llama_op_backward(void *impl, int u, double dscale)
 {
 	llama_unit_backward(impl, u, dscale);
 }
+static void llama_op_recompute(void *impl, int u)
+{
+	llama_unit_recompute(impl, u);
+}
+static bool llama_op_needs_recompute(const void *impl, int u)
+{
+	return llama_unit_needs_recompute(impl, u);
+}
 static void llama_op_dscale(void *impl, double dscale)
 {
 	((struct llama_model *)impl)->loss_dscale = dscale;
@@ -77,6 +85,8 @@ static const struct model_ops llama_ops = {
     .bind_unit = llama_op_bind,
     .unit_forward = llama_op_forward,
     .unit_backward = llama_op_backward,
+    .unit_recompute = llama_op_recompute,
+    .unit_needs_recompute = llama_op_needs_recompute,
     .set_loss_dscale = llama_op_dscale,
     .logits = llama_op_logits,
     .flops_per_token = llama_op_flops,
@@ -96,6 +106,15 @@ static double hyena_op_forward(void *impl, int u, int64_t *n_valid)
 static void hyena_op_backward(void *impl, int u, double dscale)
 {
 	hyena_unit_backward(impl, u, dscale);
+}
+static void hyena_op_recompute(void *impl, int u)
+{
+	(void)impl, (void)u; /* Hyena saves every activation: nothing to re-derive */
+}
+static bool hyena_op_needs_recompute(const void *impl, int u)
+{
+	(void)impl, (void)u;
+	return false;
 }
 static void hyena_op_dscale(void *impl, double dscale)
 {
@@ -120,6 +139,8 @@ static const struct model_ops hyena_ops = {
     .bind_unit = hyena_op_bind,
     .unit_forward = hyena_op_forward,
     .unit_backward = hyena_op_backward,
+    .unit_recompute = hyena_op_recompute,
+    .unit_needs_recompute = hyena_op_needs_recompute,
     .set_loss_dscale = hyena_op_dscale,
     .logits = hyena_op_logits,
     .flops_per_token = hyena_op_flops,
@@ -149,6 +170,7 @@ void model_wrap_llama(struct model *m, struct llama_model *lm)
 	m->unit_dw = lm->unit_dw;
 	m->act_bytes = lm->act_bytes;
 	m->scratch_bytes = lm->scratch_bytes;
+	m->ac = lm->ac;
 }
 
 void model_wrap_hyena(struct model *m, struct hyena_model *hm)
@@ -181,6 +203,11 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 	memset(m, 0, sizeof(*m));
 	int rc;
 	if (c->kind == MODEL_HYENA) {
+		if (opts->ac != LLAMA_AC_NONE || opts->recompute_ffn) {
+			LOG_ERROR("activation_checkpoint.mode: Hyena models save every activation; "
+			          "only \"none\" is supported");
+			return CT_ERR_USAGE;
+		}
 		struct hyena_model *hm = xcalloc(1, sizeof(*hm));
 		const struct hyena_build_opts ho = {.own_params = opts->own_params};
 		rc = hyena_build(hm, &c->hyena, B, T, &ho);
@@ -192,7 +219,8 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 	} else {
 		struct llama_model *lm = xcalloc(1, sizeof(*lm));
 		const struct llama_build_opts lo = {.own_params = opts->own_params,
-		                                    .recompute_ffn = opts->recompute_ffn};
+		                                    .recompute_ffn = opts->recompute_ffn,
+		                                    .ac = opts->ac};
 		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
 		if (rc) {
 			free(lm);

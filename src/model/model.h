@@ -41,12 +41,17 @@ void model_init_params_cfg(const struct model_config *c, const struct llama_tabl
 struct model_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
 	bool recompute_ffn; /* Llama: recompute the FFN up-projections in backward */
+	enum llama_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
 };
 
 struct model_ops {
 	void (*bind_unit)(void *impl, int u, float *params, float *grads);
 	double (*unit_forward)(void *impl, int u, int64_t *n_valid);
 	void (*unit_backward)(void *impl, int u, double dscale);
+	/* activation checkpointing: re-derive unit u's dropped activations right before its
+	 * backward, when unit_needs_recompute says so */
+	void (*unit_recompute)(void *impl, int u);
+	bool (*unit_needs_recompute)(const void *impl, int u);
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this */
 	void (*set_loss_dscale)(void *impl, double dscale);
 	void (*logits)(void *impl, float *logits);
@@ -62,6 +67,7 @@ struct model {
 	bool owns_impl;
 	/* views of the implementation's buffers (valid while it lives) */
 	const struct llama_table *table;
+	enum llama_ac ac; /* the activation checkpointing it was built with */
 	int n_units;
 	int64_t B, T, N, vocab_size;
 	int32_t *tokens, *targets; /* (N) current micro-batch */
@@ -89,6 +95,14 @@ static inline double model_unit_forward(struct model *m, int u, int64_t *n_valid
 static inline void model_unit_backward(struct model *m, int u, double dscale)
 {
 	m->ops->unit_backward(m->impl, u, dscale);
+}
+static inline void model_unit_recompute(struct model *m, int u)
+{
+	m->ops->unit_recompute(m->impl, u);
+}
+static inline bool model_unit_needs_recompute(const struct model *m, int u)
+{
+	return m->ops->unit_needs_recompute(m->impl, u);
 }
 static inline void model_set_loss_dscale(struct model *m, double dscale)
 {

@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/kernels.h"
+#include "schedule/sched_pass.h"
 #include "train/trainer.h"
 
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r)
@@ -21,6 +22,48 @@ int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r)
 	LOG_ERROR("parallelism.fsdp_reshard_after_forward: unknown '%s' (default, always, never)",
 	          name);
 	return CT_ERR_USAGE;
+}
+
+/* ---------------------------------------------------------------- pools */
+
+static void pool_init(struct fsdp_pool *p, enum mem_cat cat)
+{
+	memset(p, 0, sizeof(*p));
+	p->cat = cat;
+}
+
+static void pool_release_all(struct fsdp_pool *p)
+{
+	for (int i = 0; i < p->n; i++) {
+		CHECK(!p->busy[i], "fsdp: %s buffer still in use", mem_cat_name(p->cat));
+		mem_free(p->cat, p->buf[i], p->bytes);
+	}
+	free(p->buf), free(p->busy);
+	enum mem_cat cat = p->cat;
+	pool_init(p, cat);
+}
+
+static int pool_get(struct fsdp_pool *p)
+{
+	for (int i = 0; i < p->n; i++)
+		if (!p->busy[i]) {
+			p->busy[i] = true;
+			return i;
+		}
+	p->buf = realloc(p->buf, (size_t)(p->n + 1) * sizeof(*p->buf));
+	p->busy = realloc(p->busy, (size_t)(p->n + 1) * sizeof(*p->busy));
+	CHECK(p->buf && p->busy, "out of memory");
+	p->buf[p->n] = mem_alloc(p->cat, p->bytes);
+	p->busy[p->n] = true;
+	return p->n++;
+}
+
+static void pool_put(struct fsdp_pool *p, int *i)
+{
+	if (*i < 0)
+		return;
+	p->busy[*i] = false;
+	*i = -1;
 }
 
 /* ---------------------------------------------------------------- plan */
@@ -62,51 +105,40 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 		struct fsdp_unit *un = &f->u[u];
 		un->full_numel = t->unit_begin[u + 1] - t->unit_begin[u];
 		un->shard_base = f->shard_numel;
-		un->w_slot = un->g_slot = -1;
 		f->shard_numel += un->shard_numel;
-		f->max_full = un->full_numel > f->max_full ? un->full_numel : f->max_full;
-		f->max_shard = un->shard_numel > f->max_shard ? un->shard_numel : f->max_shard;
 	}
 	f->shard_w = mem_alloc(MEM_PARAMS, (size_t)f->shard_numel * sizeof(float));
 	f->shard_g = mem_alloc(MEM_GRADS, (size_t)f->shard_numel * sizeof(float));
-	/* Slots are allocated on first use, so the number ever allocated is the peak in use. */
-	f->n_wslots = reshard == FSDP_RESHARD_NEVER ? t->n_units : 4;
-	f->n_gslots = 3;
-	f->wslot = xcalloc((size_t)f->n_wslots, sizeof(float *));
-	f->gslot = xcalloc((size_t)f->n_gslots, sizeof(float *));
-	f->wslot_busy = xcalloc((size_t)f->n_wslots, sizeof(bool));
-	f->gslot_busy = xcalloc((size_t)f->n_gslots, sizeof(bool));
-	size_t esz = bf16 ? 2 : 4;
-	/* fp32 gathers send straight from the shard; bf16 needs a narrowed copy */
-	f->ag_send = bf16 ? mem_alloc(MEM_COMM, (size_t)f->max_shard * esz) : NULL;
-	f->ag_recv = mem_alloc(MEM_COMM, (size_t)(N * f->max_shard) * esz);
-	f->rs_send = mem_alloc(MEM_COMM, (size_t)(N * f->max_shard) * sizeof(float));
-	f->rs_recv = mem_alloc(MEM_COMM, (size_t)f->max_shard * sizeof(float));
-	f->rs_scratch = mem_alloc(MEM_COMM, (size_t)(2 * f->max_shard) * sizeof(float));
+	pool_init(&f->pw, MEM_FULL_PARAMS);
+	pool_init(&f->pg, MEM_FULL_GRADS);
+	pool_init(&f->ag_send, MEM_COMM);
+	pool_init(&f->ag_recv, MEM_COMM);
+	pool_init(&f->rs_send, MEM_COMM);
+	pool_init(&f->rs_recv, MEM_COMM);
 	for (int u = 0; u < t->n_units; u++)
 		model_bind_unit(m, u, NULL, NULL);
 	return CT_OK;
+}
+
+static void fsdp_release_pools(struct fsdp *f)
+{
+	pool_release_all(&f->pw);
+	pool_release_all(&f->pg);
+	pool_release_all(&f->ag_send);
+	pool_release_all(&f->ag_recv);
+	pool_release_all(&f->rs_send);
+	pool_release_all(&f->rs_recv);
 }
 
 void fsdp_free(struct fsdp *f)
 {
 	if (!f->p)
 		return;
-	int64_t N = f->mesh->dp_shard;
-	size_t esz = f->bf16 ? 2 : 4, full = (size_t)f->max_full * sizeof(float);
-	for (int i = 0; i < f->n_wslots; i++)
-		mem_free(MEM_FULL_PARAMS, f->wslot[i], full);
-	for (int i = 0; i < f->n_gslots; i++)
-		mem_free(MEM_FULL_GRADS, f->gslot[i], full);
+	fsdp_release_pools(f);
 	mem_free(MEM_PARAMS, f->shard_w, (size_t)f->shard_numel * sizeof(float));
 	mem_free(MEM_GRADS, f->shard_g, (size_t)f->shard_numel * sizeof(float));
-	if (f->ag_send)
-		mem_free(MEM_COMM, f->ag_send, (size_t)f->max_shard * esz);
-	mem_free(MEM_COMM, f->ag_recv, (size_t)(N * f->max_shard) * esz);
-	mem_free(MEM_COMM, f->rs_send, (size_t)(N * f->max_shard) * sizeof(float));
-	mem_free(MEM_COMM, f->rs_recv, (size_t)f->max_shard * sizeof(float));
-	mem_free(MEM_COMM, f->rs_scratch, (size_t)(2 * f->max_shard) * sizeof(float));
-	free(f->wslot), free(f->gslot), free(f->wslot_busy), free(f->gslot_busy);
+	sched_free(&f->sched);
+	free(f->rec), free(f->bs);
 	free(f->p), free(f->u);
 	memset(f, 0, sizeof(*f));
 }
@@ -123,204 +155,284 @@ void fsdp_init_params(struct fsdp *f, uint64_t seed)
 	}
 }
 
-/* ---------------------------------------------------------------- slots */
+/* ---------------------------------------------------------------- schedule */
 
-static int slot_acquire(float **slots, bool *busy, int n, enum mem_cat cat, int64_t floats,
-                        const char *what)
+void fsdp_sched_units(const struct fsdp *f, struct sched_unit *out)
 {
-	for (int i = 0; i < n; i++) {
-		if (busy[i])
-			continue;
-		if (!slots[i])
-			slots[i] = mem_alloc(cat, (size_t)floats * sizeof(float));
-		busy[i] = true;
-		return i;
+	for (int u = 0; u < f->n_units; u++)
+		out[u] = (struct sched_unit){.full_numel = f->u[u].full_numel,
+		                             .shard_numel = f->u[u].shard_numel,
+		                             .is_block = u > 0 && u < f->n_units - 1};
+}
+
+void fsdp_naive_schedule(const struct fsdp *f, int accum, struct sched *s)
+{
+	struct sched_unit *units = xcalloc((size_t)f->n_units, sizeof(*units));
+	fsdp_sched_units(f, units);
+	sched_build(s, units, f->n_units, accum, (enum sched_reshard)f->reshard);
+	free(units);
+	/* the model's checkpointing is part of the step: RECOMPUTE before each such backward */
+	static const enum sched_ac from_model[] = {SCHED_AC_NONE, SCHED_AC_FFN, SCHED_AC_SELECTIVE,
+	                                           SCHED_AC_FULL};
+	if (f->model->ac != LLAMA_AC_NONE) {
+		struct sched next;
+		sched_pass_checkpoint(s, from_model[f->model->ac], &next);
+		sched_replace(s, &next);
 	}
-	CHECK(false, "fsdp: no free %s slot (%d in use)", what, n);
 }
 
-static void unit_release_params(struct fsdp *f, int u)
+int fsdp_set_schedule(struct fsdp *f, const struct sched *s)
 {
-	struct fsdp_unit *un = &f->u[u];
-	if (un->w_slot < 0)
+	char why[256];
+	if (s->n_units != f->n_units || !sched_validate(s, why, sizeof(why))) {
+		LOG_ERROR("schedule: invalid (%s)",
+		          s->n_units != f->n_units ? "wrong number of units" : why);
+		return CT_ERR_USAGE;
+	}
+	static const enum llama_ac to_model[] = {LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE,
+	                                         LLAMA_AC_FULL};
+	if (to_model[s->ac] != f->model->ac) {
+		LOG_ERROR("schedule: activation checkpointing '%s' does not match the model's",
+		          sched_ac_name(s->ac));
+		return CT_ERR_USAGE;
+	}
+	fsdp_release_pools(f);
+	sched_free(&f->sched);
+	sched_copy(&f->sched, s);
+	free(f->rec), free(f->bs);
+	f->rec = xcalloc((size_t)s->n_nodes, sizeof(*f->rec));
+	f->bs = xcalloc((size_t)s->n_buckets, sizeof(*f->bs));
+	int64_t max_full = 0, max_shard = 0, N = f->mesh->dp_shard;
+	for (int b = 0; b < s->n_buckets; b++) {
+		f->bs[b] = (struct fsdp_bucket_state){-1, -1, -1, -1, -1, -1};
+		int64_t full = sched_bucket_full(s, b), shard = sched_bucket_shard(s, b);
+		max_full = full > max_full ? full : max_full;
+		max_shard = shard > max_shard ? shard : max_shard;
+	}
+	size_t esz = f->bf16 ? 2 : 4;
+	f->pw.bytes = f->pg.bytes = (size_t)max_full * sizeof(float);
+	f->ag_send.bytes = (size_t)max_shard * esz; /* bf16 only: fp32 sends the shard itself */
+	f->ag_recv.bytes = (size_t)(N * max_shard) * esz;
+	f->rs_send.bytes = (size_t)(N * max_shard) * sizeof(float);
+	f->rs_recv.bytes = (size_t)(3 * max_shard) * sizeof(float); /* recv + 2x ring scratch */
+	return CT_OK;
+}
+
+/* ---------------------------------------------------------------- bucket buffers */
+
+static int64_t bucket_shard_base(const struct fsdp *f, int b)
+{
+	return f->u[f->sched.buckets[b].unit0].shard_base;
+}
+
+/* Offset of unit u's parameters inside its bucket's full buffer. */
+static int64_t unit_full_off(const struct fsdp *f, int b, int u)
+{
+	const struct llama_table *t = f->model->table;
+	return t->unit_begin[u] - t->unit_begin[f->sched.buckets[b].unit0];
+}
+
+#define FOR_BUCKET_UNITS(f, b, u)                                                                  \
+	for (int u = (f)->sched.buckets[b].unit0;                                                  \
+	     u < (f)->sched.buckets[b].unit0 + (f)->sched.buckets[b].n_units; u++)
+
+/* The bucket's gradients (zeroed when first needed in a micro-batch), bound to its units. */
+static void bucket_grads(struct fsdp *f, int b)
+{
+	struct fsdp_bucket_state *st = &f->bs[b];
+	if (st->g >= 0)
 		return;
-	f->wslot_busy[un->w_slot] = false;
-	un->w_slot = -1;
-	f->model->unit_w[u] = NULL;
+	st->g = pool_get(&f->pg);
+	float *g = f->pg.buf[st->g];
+	memset(g, 0, (size_t)sched_bucket_full(&f->sched, b) * sizeof(float));
+	FOR_BUCKET_UNITS(f, b, u)
+	model_bind_unit(f->model, u, f->model->unit_w[u], g + unit_full_off(f, b, u));
 }
 
-static void unit_release_grads(struct fsdp *f, int u)
+static int rows_of(const struct fsdp_param *p, int64_t q)
 {
-	struct fsdp_unit *un = &f->u[u];
-	if (un->g_slot < 0)
-		return;
-	f->gslot_busy[un->g_slot] = false;
-	un->g_slot = -1;
-	f->model->unit_dw[u] = NULL;
+	int64_t rows = p->rows - q * p->chunk_rows;
+	return (int)(rows < 0 ? 0 : (rows > p->chunk_rows ? p->chunk_rows : rows));
 }
 
-static void unit_zero_grads(struct fsdp *f, int u)
+/* copy-out: rank q's chunk of each tensor lands in rows [q*chunk, q*chunk + rows_q) of the
+ * bucket's full buffer. */
+static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool bf16, float *full)
 {
-	struct fsdp_unit *un = &f->u[u];
-	if (un->g_slot < 0)
-		un->g_slot = slot_acquire(f->gslot, f->gslot_busy, f->n_gslots, MEM_FULL_GRADS,
-		                          f->max_full, "gradient");
-	float *g = f->gslot[un->g_slot];
-	memset(g, 0, (size_t)un->full_numel * sizeof(float));
-	f->model->unit_dw[u] = g;
-}
-
-/* ---------------------------------------------------------------- collectives */
-
-/* copy-out: rank q's chunk of each tensor of unit u lands in rows [q*chunk, q*chunk + rows_q)
- * of the full unit buffer. */
-static void unit_copy_out(const struct fsdp *f, int u, const void *recv, bool bf16, float *full)
-{
-	const struct fsdp_unit *un = &f->u[u];
-	int64_t N = f->mesh->dp_shard, S = un->shard_numel;
-	for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
-		const struct fsdp_param *p = &f->p[i];
-		for (int64_t q = 0; q < N; q++) {
-			int64_t rows = p->rows - q * p->chunk_rows;
-			rows = rows < 0 ? 0 : (rows > p->chunk_rows ? p->chunk_rows : rows);
-			int64_t n = rows * p->cols, src = q * S + p->shard_off;
-			float *dst = full + p->full_off + q * p->chunk_rows * p->cols;
-			if (bf16) {
-				const uint16_t *h = (const uint16_t *)recv + src;
+	int64_t N = f->mesh->dp_shard, S = sched_bucket_shard(&f->sched, b);
+	int64_t base = bucket_shard_base(f, b);
+	FOR_BUCKET_UNITS(f, b, u)
+	{
+		const struct fsdp_unit *un = &f->u[u];
+		float *ufull = full + unit_full_off(f, b, u);
+		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+			const struct fsdp_param *p = &f->p[i];
+			for (int64_t q = 0; q < N; q++) {
+				int64_t n = rows_of(p, q) * p->cols;
+				int64_t src = q * S + (un->shard_base - base) + p->shard_off;
+				float *dst = ufull + p->full_off + q * p->chunk_rows * p->cols;
+				if (bf16) {
+					const uint16_t *h = (const uint16_t *)recv + src;
 #pragma omp parallel for simd schedule(static)
-				for (int64_t k = 0; k < n; k++)
-					dst[k] = bf16_to_f32(h[k]);
-			} else {
-				memcpy(dst, (const float *)recv + src, (size_t)n * sizeof(float));
+					for (int64_t k = 0; k < n; k++)
+						dst[k] = bf16_to_f32(h[k]);
+				} else {
+					memcpy(dst, (const float *)recv + src,
+					       (size_t)n * sizeof(float));
+				}
 			}
 		}
 	}
 }
 
-/* All-gather unit u's parameters into a slot and bind them to the model. */
-static void unit_gather(struct fsdp *f, int u)
+static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 {
-	struct fsdp_unit *un = &f->u[u];
-	if (un->w_slot >= 0)
-		return;
-	int64_t S = un->shard_numel;
-	const float *shard = f->shard_w + un->shard_base;
+	struct fsdp *f = ctx;
+	struct fsdp_bucket_state *st = &f->bs[b];
+	int64_t S = sched_bucket_shard(&f->sched, b);
+	const float *shard = f->shard_w + bucket_shard_base(f, b);
 	const void *send = shard;
 	if (f->bf16) {
-		uint16_t *h = f->ag_send;
+		st->ag_send = pool_get(&f->ag_send);
+		uint16_t *h = f->ag_send.buf[st->ag_send];
 #pragma omp parallel for simd schedule(static)
 		for (int64_t i = 0; i < S; i++)
 			h[i] = bf16_from_f32(shard[i]);
 		send = h;
 	}
+	st->ag_recv = pool_get(&f->ag_recv);
+	*bytes = S * (f->bf16 ? 2 : 4);
 	char what[64];
-	snprintf(what, sizeof(what), "all-gather of unit %d", u);
+	snprintf(what, sizeof(what), "all-gather of bucket %d", b);
 	struct comm_op op = {COMM_ALL_GATHER,
 	                     &f->mesh->dp_shard_group,
 	                     send,
-	                     f->ag_recv,
-	                     S * (f->bf16 ? 2 : 4),
+	                     f->ag_recv.buf[st->ag_recv],
+	                     *bytes,
 	                     NULL,
 	                     what};
-	comm_stream_wait(f->stream, comm_stream_enqueue(f->stream, &op));
-
-	un->w_slot = slot_acquire(f->wslot, f->wslot_busy, f->n_wslots, MEM_FULL_PARAMS,
-	                          f->max_full, "parameter");
-	unit_copy_out(f, u, f->ag_recv, f->bf16, f->wslot[un->w_slot]);
-	f->model->unit_w[u] = f->wslot[un->w_slot];
+	return comm_stream_enqueue(f->stream, &op);
 }
 
-/* Reduce-scatter unit u's full gradients and add them to this rank's shard gradients. */
-static void unit_reduce_scatter(struct fsdp *f, int u)
+static void be_all_gather_done(void *ctx, int b)
 {
-	struct fsdp_unit *un = &f->u[u];
-	int64_t N = f->mesh->dp_shard, S = un->shard_numel;
-	const float *g = f->gslot[un->g_slot];
+	struct fsdp *f = ctx;
+	struct fsdp_bucket_state *st = &f->bs[b];
+	st->w = pool_get(&f->pw);
+	float *w = f->pw.buf[st->w];
+	bucket_copy_out(f, b, f->ag_recv.buf[st->ag_recv], f->bf16, w);
+	pool_put(&f->ag_recv, &st->ag_recv);
+	pool_put(&f->ag_send, &st->ag_send);
+	FOR_BUCKET_UNITS(f, b, u)
+	model_bind_unit(f->model, u, w + unit_full_off(f, b, u), f->model->unit_dw[u]);
+}
+
+static void be_free_params(void *ctx, int b)
+{
+	struct fsdp *f = ctx;
+	pool_put(&f->pw, &f->bs[b].w);
+	FOR_BUCKET_UNITS(f, b, u)
+	model_bind_unit(f->model, u, NULL, f->model->unit_dw[u]);
+}
+
+/* Reduce-scatter the bucket's full gradients; they are free once copied in. */
+static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
+{
+	struct fsdp *f = ctx;
+	struct fsdp_bucket_state *st = &f->bs[b];
+	int64_t N = f->mesh->dp_shard, S = sched_bucket_shard(&f->sched, b);
+	int64_t base = bucket_shard_base(f, b);
+	const float *g = f->pg.buf[st->g];
+	st->rs_send = pool_get(&f->rs_send);
+	st->rs_recv = pool_get(&f->rs_recv);
+	float *send = f->rs_send.buf[st->rs_send];
 	/* copy-in, rank-major with zero padding */
 	for (int64_t q = 0; q < N; q++)
-		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
-			const struct fsdp_param *p = &f->p[i];
-			int64_t rows = p->rows - q * p->chunk_rows;
-			rows = rows < 0 ? 0 : (rows > p->chunk_rows ? p->chunk_rows : rows);
-			float *dst = f->rs_send + q * S + p->shard_off;
-			memcpy(dst, g + p->full_off + q * p->chunk_rows * p->cols,
-			       (size_t)(rows * p->cols) * sizeof(float));
-			memset(dst + rows * p->cols, 0,
-			       (size_t)((p->chunk_rows - rows) * p->cols) * sizeof(float));
+		FOR_BUCKET_UNITS(f, b, u)
+		{
+			const struct fsdp_unit *un = &f->u[u];
+			const float *ug = g + unit_full_off(f, b, u);
+			for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+				const struct fsdp_param *p = &f->p[i];
+				int64_t rows = rows_of(p, q);
+				float *dst = send + q * S + (un->shard_base - base) + p->shard_off;
+				memcpy(dst, ug + p->full_off + q * p->chunk_rows * p->cols,
+				       (size_t)(rows * p->cols) * sizeof(float));
+				memset(dst + rows * p->cols, 0,
+				       (size_t)((p->chunk_rows - rows) * p->cols) * sizeof(float));
+			}
 		}
+	pool_put(&f->pg, &st->g);
+	FOR_BUCKET_UNITS(f, b, u)
+	model_bind_unit(f->model, u, f->model->unit_w[u], NULL);
+	*bytes = S * 4;
 	char what[64];
-	snprintf(what, sizeof(what), "reduce-scatter of unit %d", u);
-	struct comm_op op = {COMM_REDUCE_SCATTER,
-	                     &f->mesh->dp_shard_group,
-	                     f->rs_send,
-	                     f->rs_recv,
-	                     S,
-	                     f->rs_scratch,
-	                     what};
-	comm_stream_wait(f->stream, comm_stream_enqueue(f->stream, &op));
+	snprintf(what, sizeof(what), "reduce-scatter of bucket %d", b);
+	float *recv = f->rs_recv.buf[st->rs_recv];
+	struct comm_op op = {
+	    COMM_REDUCE_SCATTER, &f->mesh->dp_shard_group, send, recv, S, recv + S, what};
+	return comm_stream_enqueue(f->stream, &op);
+}
+
+/* Add the reduced shard gradients (all-reduced across replicas first under HSDP). */
+static void be_reduce_scatter_done(void *ctx, int b)
+{
+	struct fsdp *f = ctx;
+	struct fsdp_bucket_state *st = &f->bs[b];
+	int64_t S = sched_bucket_shard(&f->sched, b);
+	float *recv = f->rs_recv.buf[st->rs_recv];
 	if (f->mesh->dp_replicate > 1)
-		comm_all_reduce_f32(&f->mesh->dp_replicate_group, f->rs_recv, S);
-	float *sg = f->shard_g + un->shard_base;
+		comm_all_reduce_f32(&f->mesh->dp_replicate_group, recv, S);
+	float *sg = f->shard_g + bucket_shard_base(f, b);
 #pragma omp parallel for simd schedule(static)
 	for (int64_t i = 0; i < S; i++)
-		sg[i] += f->rs_recv[i];
+		sg[i] += recv[i];
+	pool_put(&f->rs_send, &st->rs_send);
+	pool_put(&f->rs_recv, &st->rs_recv);
 }
 
-/* ---------------------------------------------------------------- step */
+/* ---------------------------------------------------------------- compute: the model calls */
 
-static bool reshard_after_forward(const struct fsdp *f, int u)
+static void be_batch(void *ctx, int a)
 {
-	switch (f->reshard) {
-	case FSDP_RESHARD_NEVER:
-		return false;
-	case FSDP_RESHARD_ALWAYS:
-		return true;
-	default: /* backward needs the last unit right away: keep it (TorchTitan's default) */
-		return u != f->n_units - 1;
-	}
-}
-
-int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
-                    const int32_t *targets, int64_t accum, double lr, double max_norm,
-                    struct train_step_result *res)
-{
+	struct fsdp *f = ctx;
 	struct model *m = f->model;
-	const struct mesh *mesh = f->mesh;
-	int64_t Nt = m->N, U = f->n_units;
-	int64_t valid = llama_count_valid(targets, accum * Nt);
-	comm_all_reduce_i64(&mesh->dp_group, &valid, 1);
-	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
-	model_set_loss_dscale(m, dscale);
-	memset(f->shard_g, 0, (size_t)f->shard_numel * sizeof(float));
-	double loss_sum = 0.0;
-	for (int64_t a = 0; a < accum; a++) {
-		memcpy(m->tokens, tokens + a * Nt, (size_t)Nt * sizeof(int32_t));
-		memcpy(m->targets, targets + a * Nt, (size_t)Nt * sizeof(int32_t));
-		for (int u = 0; u < U; u++) {
-			unit_gather(f, u);
-			if (u == U - 1)
-				unit_zero_grads(f, u); /* the fused loss writes output grads */
-			loss_sum += model_unit_forward(m, u, NULL);
-			if (reshard_after_forward(f, u))
-				unit_release_params(f, u);
-		}
-		for (int u = (int)U - 1; u >= 0; u--) {
-			unit_gather(f, u);
-			if (u != U - 1)
-				unit_zero_grads(f, u);
-			model_unit_backward(m, u, dscale);
-			unit_reduce_scatter(f, u);
-			unit_release_grads(f, u);
-			if (f->reshard != FSDP_RESHARD_NEVER)
-				unit_release_params(f, u);
-		}
-	}
-	for (int u = 0; u < U; u++)
-		unit_release_params(f, u);
+	memcpy(m->tokens, f->step.tokens + a * m->N, (size_t)m->N * sizeof(int32_t));
+	memcpy(m->targets, f->step.targets + a * m->N, (size_t)m->N * sizeof(int32_t));
+}
 
-	double sums[2] = {loss_sum, sumsq_f32(f->shard_g, f->shard_numel)};
+static void be_forward(void *ctx, int u)
+{
+	struct fsdp *f = ctx;
+	if (u == f->n_units - 1)
+		bucket_grads(f, sched_bucket_of(&f->sched, u)); /* the fused loss writes grads */
+	f->step.loss_sum += model_unit_forward(f->model, u, NULL);
+}
+
+static void be_recompute(void *ctx, int u)
+{
+	struct fsdp *f = ctx;
+	model_unit_recompute(f->model, u);
+}
+
+static void be_backward(void *ctx, int u)
+{
+	struct fsdp *f = ctx;
+	bucket_grads(f, sched_bucket_of(&f->sched, u));
+	model_unit_backward(f->model, u, f->step.dscale);
+}
+
+/* ---------------------------------------------------------------- tail */
+
+static int be_clip(void *ctx)
+{
+	struct fsdp *f = ctx;
+	const struct mesh *mesh = f->mesh;
+	struct train_step_result *res = f->step.res;
+	double sums[2] = {f->step.loss_sum, sumsq_f32(f->shard_g, f->shard_numel)};
 	comm_all_reduce_f64(&mesh->dp_group, &sums[0], 1);
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sums[1], 1);
+	int64_t valid = f->step.valid;
 	res->valid = valid;
 	res->loss = valid > 0 ? sums[0] / (double)valid : 0.0;
 	res->grad_norm = sqrt(sums[1]);
@@ -330,32 +442,97 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 		          res->grad_norm);
 		return CT_ERR_RUNTIME;
 	}
-	double gscale = clip_coefficient(res->grad_norm, max_norm);
+	f->step.gscale = clip_coefficient(res->grad_norm, f->step.max_norm);
+	return CT_OK;
+}
+
+static int be_optim(void *ctx)
+{
+	struct fsdp *f = ctx;
+	struct adamw *opt = f->step.opt;
 	adamw_begin_step(opt);
-	const struct llama_table *t = m->table;
+	const struct llama_table *t = f->model->table;
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
 		int64_t at = f->u[t->p[i].unit].shard_base + p->shard_off;
 		adamw_update_slice(opt, f->shard_w + at, f->shard_g + at, at, p->my_rows * p->cols,
-		                   lr, p->decay, gscale);
+		                   f->step.lr, p->decay, f->step.gscale);
 	}
 	return CT_OK;
 }
 
+static const struct sched_backend fsdp_backend_ops = {
+    .batch = be_batch,
+    .all_gather = be_all_gather,
+    .reduce_scatter = be_reduce_scatter,
+    .all_gather_done = be_all_gather_done,
+    .reduce_scatter_done = be_reduce_scatter_done,
+    .free_params = be_free_params,
+    .forward = be_forward,
+    .backward = be_backward,
+    .recompute = be_recompute,
+    .clip = be_clip,
+    .optim = be_optim,
+};
+
+/* ---------------------------------------------------------------- step */
+
+static void ensure_schedule(struct fsdp *f, int accum)
+{
+	if (f->sched.n_nodes > 0 && f->sched.n_micro == accum)
+		return;
+	struct sched s;
+	fsdp_naive_schedule(f, accum, &s);
+	CHECK(fsdp_set_schedule(f, &s) == CT_OK, "naive schedule rejected");
+	sched_free(&s);
+}
+
+int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
+                    const int32_t *targets, int64_t accum, double lr, double max_norm,
+                    struct train_step_result *res)
+{
+	struct model *m = f->model;
+	ensure_schedule(f, (int)accum);
+	int64_t valid = llama_count_valid(targets, accum * m->N);
+	comm_all_reduce_i64(&f->mesh->dp_group, &valid, 1);
+	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
+	model_set_loss_dscale(m, dscale);
+	memset(f->shard_g, 0, (size_t)f->shard_numel * sizeof(float));
+	f->step = (struct fsdp_step_ctx){.tokens = tokens,
+	                                 .targets = targets,
+	                                 .opt = opt,
+	                                 .lr = lr,
+	                                 .max_norm = max_norm,
+	                                 .dscale = dscale,
+	                                 .valid = valid,
+	                                 .res = res};
+	struct sched_backend be = fsdp_backend_ops;
+	be.ctx = f;
+	return sched_exec_run(&f->sched, &be, f->stream, f->rec);
+}
+
+/* Forward only, each bucket gathered (blocking) before its first unit and freed after its
+ * last. */
 double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targets, int64_t *valid)
 {
 	struct model *m = f->model;
+	ensure_schedule(f, f->sched.n_micro > 0 ? f->sched.n_micro : 1);
 	memcpy(m->tokens, tokens, (size_t)m->N * sizeof(int32_t));
 	memcpy(m->targets, targets, (size_t)m->N * sizeof(int32_t));
 	double loss = 0.0;
-	model_set_loss_dscale(m, 0); /* no loss gradient */
-	for (int u = 0; u < f->n_units; u++) {
-		unit_gather(f, u);
-		int64_t v = 0;
-		loss += model_unit_forward(m, u, &v);
-		if (u == f->n_units - 1)
-			*valid = v;
-		unit_release_params(f, u);
+	model_set_loss_dscale(m, 0); /* no loss gradient (each training step sets its own) */
+	for (int b = 0; b < f->sched.n_buckets; b++) {
+		int64_t bytes;
+		comm_stream_wait(f->stream, be_all_gather(f, b, &bytes));
+		be_all_gather_done(f, b);
+		FOR_BUCKET_UNITS(f, b, u)
+		{
+			int64_t v = 0;
+			loss += model_unit_forward(m, u, &v);
+			if (u == f->n_units - 1)
+				*valid = v;
+		}
+		be_free_params(f, b);
 	}
 	return loss;
 }
@@ -370,16 +547,26 @@ void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows,
 
 void fsdp_gather_full(struct fsdp *f, float *out)
 {
-	/* Always fp32, whatever the training all-gather dtype: this is the master copy. */
+	/* Always fp32, whatever the training all-gather dtype: this is the master copy. One unit
+	 * at a time, bypassing the step's buckets. */
 	const struct llama_table *t = f->model->table;
-	int64_t N = f->mesh->dp_shard;
-	float *recv = malloc((size_t)(N * f->max_shard) * sizeof(float));
+	int64_t N = f->mesh->dp_shard, max_shard = 0;
+	for (int u = 0; u < f->n_units; u++)
+		max_shard = f->u[u].shard_numel > max_shard ? f->u[u].shard_numel : max_shard;
+	float *recv = malloc((size_t)(N * max_shard) * sizeof(float));
 	CHECK(recv, "out of memory");
 	for (int u = 0; u < f->n_units; u++) {
 		const struct fsdp_unit *un = &f->u[u];
 		comm_all_gather(&f->mesh->dp_shard_group, f->shard_w + un->shard_base, recv,
 		                un->shard_numel * (int64_t)sizeof(float));
-		unit_copy_out(f, u, recv, false, out + t->unit_begin[u]);
+		float *full = out + t->unit_begin[u];
+		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+			const struct fsdp_param *p = &f->p[i];
+			for (int64_t q = 0; q < N; q++)
+				memcpy(full + p->full_off + q * p->chunk_rows * p->cols,
+				       recv + q * un->shard_numel + p->shard_off,
+				       (size_t)(rows_of(p, q) * p->cols) * sizeof(float));
+		}
 	}
 	free(recv);
 }

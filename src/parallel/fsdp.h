@@ -10,7 +10,15 @@
  * all-gather, copy-out into a full-parameter slot (bf16 widened to fp32); after backward,
  * reduce-scatter the unit's full gradients (fp32, rank-major with padding) and add them to
  * the shard gradients (all-reduced across replicas first under HSDP); then free the slots.
- * Slots come from a pool planned at build: one unit's worth per concurrently gathered unit.
+ *
+ * The step is a schedule (schedule/): fsdp_train_step runs f->sched through the executor,
+ * with this module as the executor's backend. Collectives act on the schedule's buckets (runs
+ * of adjacent units): a bucket's shards are contiguous in the shard buffer, so its all-gather
+ * sends one contiguous slice, and its reduce-scatter sums every element in the same ring
+ * order as a per-unit one — bucketing and reordering change no result bit.
+ * Buffers (gathered parameters, unsharded gradients, collective send/recv buffers) come from
+ * pools of the largest bucket's size, allocated on first use: the number ever allocated is
+ * the schedule's peak of that kind in use.
  */
 #ifndef CT_PARALLEL_FSDP_H
 #define CT_PARALLEL_FSDP_H
@@ -18,9 +26,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/mem.h"
 #include "comm/comm.h"
 #include "comm/stream.h"
 #include "model/model.h"
+#include "schedule/sched_exec.h"
+#include "schedule/schedule.h"
 #include "train/optim.h"
 
 enum fsdp_reshard { FSDP_RESHARD_DEFAULT, FSDP_RESHARD_ALWAYS, FSDP_RESHARD_NEVER };
@@ -36,7 +47,20 @@ struct fsdp_unit {
 	int first_param, n_params;
 	int64_t full_numel, shard_numel;
 	int64_t shard_base; /* offset of this unit's shard in the rank's shard buffers */
-	int w_slot, g_slot; /* slot index while gathered / while gradients exist, else -1 */
+};
+
+/* Buffers of one kind, each `bytes` long, allocated on first use. */
+struct fsdp_pool {
+	enum mem_cat cat;
+	size_t bytes;
+	int n;
+	void **buf;
+	bool *busy;
+};
+
+/* A bucket's buffers while gathered / reduced (pool indices, -1 if none) and tickets. */
+struct fsdp_bucket_state {
+	int w, g, ag_send, ag_recv, rs_send, rs_recv;
 };
 
 struct fsdp {
@@ -50,14 +74,19 @@ struct fsdp {
 	enum fsdp_reshard reshard;
 	int64_t shard_numel;      /* this rank's total shard elements (with padding) */
 	float *shard_w, *shard_g; /* master params, gradients (MEM_PARAMS, MEM_GRADS) */
-	int64_t max_full, max_shard;
-	/* slot pools */
-	int n_wslots, n_gslots;
-	float **wslot, **gslot;
-	bool *wslot_busy, *gslot_busy;
-	/* comm buffers (MEM_COMM) */
-	void *ag_send, *ag_recv;
-	float *rs_send, *rs_recv, *rs_scratch;
+	/* the step */
+	struct sched sched;       /* after passes; empty until set or first step */
+	struct sched_record *rec; /* per node of the last step */
+	struct fsdp_bucket_state *bs;
+	struct fsdp_pool pw, pg, ag_send, ag_recv, rs_send, rs_recv;
+	/* per-step context of the backend */
+	struct fsdp_step_ctx {
+		const int32_t *tokens, *targets;
+		struct adamw *opt;
+		double lr, max_norm, dscale, loss_sum, gscale;
+		int64_t valid;
+		struct train_step_result *res;
+	} step;
 };
 
 /* Plan the shards for model m (built with own_params = false) and allocate everything. */
@@ -66,12 +95,23 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 void fsdp_free(struct fsdp *f);
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r);
 
+/* The units as the schedule sees them (n_units entries). */
+void fsdp_sched_units(const struct fsdp *f, struct sched_unit *out);
+/* The naive schedule for `accum` micro-batches under f's reshard policy and the model's
+ * activation checkpointing (the passes' input). */
+void fsdp_naive_schedule(const struct fsdp *f, int accum, struct sched *s);
+/* Use s (copied) for the following steps. CT_ERR_USAGE if it does not validate, does not
+ * match the model's activation checkpointing, or buffers are in use. */
+int fsdp_set_schedule(struct fsdp *f, const struct sched *s);
+
 /* Initialise this rank's shards with the model's init (same values as a 1-rank init). */
 void fsdp_init_params(struct fsdp *f, uint64_t seed);
 
 /* One training step over `accum` micro-batches (tokens/targets laid out one after another):
- * gathers, forward/backward per unit, reduce-scatters, then global-norm clipping and AdamW on
- * the shards. Loss and valid tokens are reduced over all data-parallel ranks. */
+ * runs the schedule — gathers, forward/backward per unit, reduce-scatters, then global-norm
+ * clipping and AdamW on the shards. Loss and valid tokens are reduced over all data-parallel
+ * ranks. Without a schedule for `accum` micro-batches, the naive one is built. Node times of
+ * the step are left in f->rec. */
 struct train_step_result;
 int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
                     const int32_t *targets, int64_t accum, double lr, double max_norm,

@@ -26,6 +26,8 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/optim.h"
+#include "train/step_plan.h"
+#include "schedule/sched_trace.h"
 
 struct trainer {
 	const struct ct_config *cfg;
@@ -34,6 +36,8 @@ struct trainer {
 	struct model model;
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
 	bool sharded;
+	struct sched_cost_model cost; /* the step's cost model, when the config needs one */
+	bool have_cost;
 	struct adamw opt;
 	struct lr_schedule lr;
 	struct loader *train_ld; /* a shard folder */
@@ -134,10 +138,13 @@ static int trainer_build_model(struct trainer *tr)
 		LOG_WARN(
 		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
 		    "on one rank parameters stay float32");
-	const struct model_build_opts opts = {
-	    .own_params = !tr->sharded,
-	    .recompute_ffn = strcmp(cfg->activation_checkpoint.mode, "ffn") == 0,
-	};
+	enum sched_ac ac;
+	rc = step_plan_ac(cfg, &ac);
+	if (rc)
+		return rc;
+	static const enum llama_ac model_ac[] = {LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE,
+	                                         LLAMA_AC_FULL};
+	const struct model_build_opts opts = {.own_params = !tr->sharded, .ac = model_ac[ac]};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
@@ -153,6 +160,10 @@ static int trainer_build_model(struct trainer *tr)
 		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, reshard, tr->stream);
 		fsdp_init_params(&tr->fsdp, seed);
 		opt_numel = tr->fsdp.shard_numel;
+		rc = step_plan_setup(&tr->fsdp, cfg, (int)tr->accum, tr->stream, &tr->cost,
+		                     &tr->have_cost);
+		if (rc)
+			return rc;
 	} else {
 		model_init_params(m, seed, m->params, 0, m->table->numel);
 	}
@@ -243,6 +254,8 @@ static int trainer_setup(struct trainer *tr)
 		return CT_ERR_USAGE;
 	}
 	tr->stream = comm_stream_create(mode, cfg->comm.timeout_seconds);
+	comm_stream_simulate(tr->stream, cfg->comm.simulate_bandwidth_gbps,
+	                     cfg->comm.simulate_latency_us);
 	tr->dp = tr->mesh.dp_group.size;
 	int64_t per_step = cfg->training.local_batch_size * tr->dp;
 	int64_t global =
@@ -330,6 +343,8 @@ static void trainer_teardown(struct trainer *tr)
 		adamw_free(&tr->opt);
 	if (tr->sharded)
 		fsdp_free(&tr->fsdp);
+	if (tr->have_cost)
+		sched_cost_free(&tr->cost);
 	model_free(&tr->model);
 	comm_stream_destroy(tr->stream);
 	mesh_free(&tr->mesh);
@@ -395,6 +410,26 @@ static void trainer_batch(struct trainer *tr, int64_t step)
 		                tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
 }
 
+/* <dump_folder>/<save_traces_folder>/iteration_<step>/rank<r>_trace.json (TorchTitan's
+ * layout), from the executor's record of the step just run. */
+static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
+{
+	if (!tr->sharded) {
+		if (step == tr->cfg->profiling.profile_freq)
+			LOG_WARN("profiling: traces record the FSDP schedule; a single-rank run "
+			         "writes none");
+		return CT_OK;
+	}
+	char dir[2200], path[2300];
+	snprintf(dir, sizeof(dir), "%s/%s/iteration_%lld", tr->cfg->job.dump_folder,
+	         tr->cfg->profiling.save_traces_folder, (long long)step);
+	int rc = metrics_mkdirs(dir);
+	if (rc)
+		return rc;
+	snprintf(path, sizeof(path), "%s/rank%d_trace.json", dir, tr->mesh.rank);
+	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
+}
+
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
 {
 	struct model *m = &tr->model;
@@ -420,6 +455,11 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	if (rc) {
 		LOG_ERROR("step %lld failed", (long long)step + 1);
 		return rc;
+	}
+	if (cfg->profiling.enable_profiling && (step + 1) % cfg->profiling.profile_freq == 0) {
+		rc = trainer_write_trace(tr, step + 1, t0);
+		if (rc)
+			return rc;
 	}
 	sm->step = step + 1;
 	sm->loss = res.loss;

@@ -1,0 +1,219 @@
+/* ctitan plan CONFIG [--section.key=value ...] --world-size N [--nodes]
+ *
+ * Builds the model's parameter table (no weights), the FSDP units for N ranks, the naive
+ * schedule and the configured passes (activation checkpointing, buckets — "auto" uses this
+ * cost model — and reordering), then predicts one step on the target described by the
+ * config: metrics.peak_tflops x plan.compute_efficiency for compute, comm.bandwidth_gbps and
+ * comm.latency_us for collectives, plan.memory_bandwidth_gbs for copies; activations and
+ * gathered parameters in plan.activation_dtype. Collectives are assumed to overlap compute
+ * (accelerators run them on their own streams). Single process; no MPI. */
+#include "cli/plan_cmd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "io/config.h"
+#include "model/llama.h"
+#include "schedule/sched_cost.h"
+#include "schedule/sched_pass.h"
+#include "train/step_plan.h"
+#include "train/trainer.h"
+
+static void plan_usage(FILE *f)
+{
+	fprintf(f,
+	        "usage: ctitan plan CONFIG.toml [--section.key=value ...] --world-size N "
+	        "[--nodes]\n\n"
+	        "Prints the training step's schedule after the passes and the predicted step "
+	        "time,\nmemory per rank and exposed communication on N ranks, without running "
+	        "it.\nThe target comes from the config: metrics.peak_tflops (required) x\n"
+	        "plan.compute_efficiency, comm.bandwidth_gbps (required) and comm.latency_us,\n"
+	        "plan.memory_bandwidth_gbs, plan.activation_dtype; the schedule from\n"
+	        "comm.buckets, comm.prefetch, comm.reduce_scatter_defer, comm.memory_budget_gb,\n"
+	        "activation_checkpoint.mode and parallelism.fsdp_reshard_after_forward.\n\n"
+	        "  --world-size N  ranks (data-parallel: replicate x shard)\n"
+	        "  --nodes         print every node of the step (default: micro-batch 0)\n");
+}
+
+static double gib(int64_t b)
+{
+	return (double)b / (double)(1ll << 30);
+}
+
+static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
+{
+	const struct ct_config *c = cfg;
+	if (c->parallelism.tensor_parallel_degree > 1 ||
+	    c->parallelism.pipeline_parallel_degree > 1) {
+		LOG_ERROR("ctitan plan: tensor and pipeline parallelism are not yet supported");
+		return CT_ERR_USAGE;
+	}
+	if (c->metrics.peak_tflops <= 0 || c->comm.bandwidth_gbps <= 0) {
+		LOG_ERROR("ctitan plan needs the target's figures: metrics.peak_tflops and "
+		          "comm.bandwidth_gbps (e.g. --metrics.peak_tflops=989 "
+		          "--comm.bandwidth_gbps=400 for H100s on 400 Gb/s InfiniBand)");
+		return CT_ERR_USAGE;
+	}
+	int64_t rep = c->parallelism.data_parallel_replicate_degree;
+	int64_t shard = c->parallelism.data_parallel_shard_degree;
+	if (shard == -1)
+		shard = world / rep;
+	if (rep * shard != world) {
+		LOG_ERROR("--world-size %lld is not data_parallel_replicate_degree (%lld) x "
+		          "data_parallel_shard_degree (%lld)",
+		          (long long)world, (long long)rep, (long long)shard);
+		return CT_ERR_USAGE;
+	}
+	int64_t Bm = c->training.local_batch_size, T = c->training.seq_len;
+	int64_t global =
+	    c->training.global_batch_size < 0 ? Bm * world : c->training.global_batch_size;
+	if (global % (Bm * world)) {
+		LOG_ERROR("training.global_batch_size %lld is not a multiple of local_batch_size x "
+		          "world = %lld",
+		          (long long)global, (long long)(Bm * world));
+		return CT_ERR_USAGE;
+	}
+	int accum = (int)(global / (Bm * world));
+	struct llama_config mc;
+	int rc = trainer_model_config(cfg, &mc);
+	if (rc)
+		return rc;
+	enum sched_ac ac;
+	rc = step_plan_ac(cfg, &ac);
+	if (rc)
+		return rc;
+	struct llama_table t;
+	llama_table_build(&t, &mc);
+	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
+	sched_units_from_table(&t, shard, units);
+	enum fsdp_reshard reshard;
+	rc = fsdp_reshard_parse(c->parallelism.fsdp_reshard_after_forward, &reshard);
+	if (rc)
+		goto out_table;
+	struct sched naive, s;
+	sched_build(&naive, units, t.n_units, accum, (enum sched_reshard)reshard);
+	bool bf16 = strcmp(c->training.mixed_precision_param, "bfloat16") == 0;
+	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
+	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
+	struct sched_cost_model cm;
+	sched_cost_init(&cm, &mc, Bm, T, &naive, shard, bf16, ac, act16 ? 2 : 4);
+	double peak = c->metrics.peak_tflops * 1e12;
+	cm.matmul_flops = cm.attn_flops = peak * c->plan.compute_efficiency;
+	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9;
+	cm.ag_bytes_s = cm.rs_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
+	cm.ag_latency_s = cm.rs_latency_s = c->comm.latency_us * 1e-6;
+	cm.full_elem_bytes = act16 ? 2 : 4;
+	cm.overlap = true;
+	struct sched_reorder_opts o;
+	step_plan_reorder_opts(cfg, &o);
+	rc = sched_pipeline(&naive, ac, c->comm.buckets,
+	                    (int64_t)(c->comm.bucket_cap_mb * (double)(1 << 20)), &o, &cm, &s);
+	if (rc)
+		goto out_sched;
+	struct sched_prediction p;
+	sched_predict(&s, &cm, &p, NULL);
+	double fpt = llama_flops_per_token(&mc, &t, T);
+	double tokens = (double)(Bm * T * accum);
+	printf("model llama3 %s: %.3g parameters (%lld layers, dim %lld); batch %lld x seq %lld "
+	       "x %d micro-batches per rank\n",
+	       mc.flavor, (double)t.numel, (long long)mc.n_layers, (long long)mc.dim, (long long)Bm,
+	       (long long)T, accum);
+	printf("mesh: %lld ranks = %lld replicas x %lld shards (FSDP, reshard %s); activation "
+	       "checkpointing %s\n",
+	       (long long)world, (long long)rep, (long long)shard,
+	       c->parallelism.fsdp_reshard_after_forward, sched_ac_name(ac));
+	printf("target: %.0f TFLOP/s peak x %.2f efficiency, link %.0f Gbit/s + %.0f us, memory "
+	       "%.0f GB/s; %s activations and gathers\n\n",
+	       c->metrics.peak_tflops, c->plan.compute_efficiency, c->comm.bandwidth_gbps,
+	       c->comm.latency_us, c->plan.memory_bandwidth_gbs, act16 ? "bf16" : "fp32");
+	printf("schedule after passes (checkpoint %s -> buckets %s -> reorder prefetch %d, "
+	       "reduce-scatter defer %d):\n",
+	       sched_ac_name(ac), c->comm.buckets, o.prefetch, o.rs_defer);
+	sched_print(&s, stdout, !all_nodes);
+	printf("\nbucket sizes (gathered parameters):");
+	for (int b = 0; b < s.n_buckets && b < 12; b++)
+		printf(" %.0f MiB",
+		       (double)sched_bucket_full(&s, b) * (double)cm.full_elem_bytes / 1048576.0);
+	printf("%s\n\n", s.n_buckets > 12 ? " ..." : "");
+	printf("predicted step time      %.3f s  (compute %.3f s, communication %.3f s in %lld "
+	       "collectives)\n",
+	       p.step_s, p.compute_s, p.comm_s, (long long)p.n_collectives);
+	printf("exposed communication    %.3f s  (%.1f%% of the step)\n", p.exposed_s,
+	       100.0 * p.exposed_s / p.step_s);
+	printf("throughput               %.0f tokens/s per rank, MFU %.1f%% (model FLOPs %.3g per "
+	       "token)\n",
+	       tokens / p.step_s, 100.0 * fpt * tokens / p.step_s / peak, fpt);
+	printf("memory per rank          %.2f GiB peak\n", gib(p.peak_bytes));
+	printf("  parameters %.2f, gradients %.2f, optimizer %.2f (shards); activations %.2f;\n"
+	       "  gathered parameters %.2f, unsharded gradients %.2f, comm buffers %.2f GiB\n",
+	       gib(cm.params_bytes), gib(cm.grads_bytes), gib(cm.optim_bytes), gib(cm.act_bytes),
+	       gib(p.full_params_bytes), gib(p.full_grads_bytes), gib(p.comm_bytes));
+	sched_free(&s);
+out_sched:
+	sched_cost_free(&cm);
+	sched_free(&naive);
+out_table:
+	free(units);
+	llama_table_free(&t);
+	return rc;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+	int64_t world = 0;
+	bool all_nodes = false;
+	char **rest = xcalloc((size_t)argc + 1, sizeof(char *));
+	int nrest = 0, rc = CT_OK;
+	for (int i = 0; i < argc; i++) {
+		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+			plan_usage(stdout);
+			free(rest);
+			return 0;
+		}
+		const char *v = NULL;
+		if (strcmp(argv[i], "--world-size") == 0) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "ctitan plan: --world-size needs a value\n");
+				free(rest);
+				return 2;
+			}
+			v = argv[++i];
+		} else if (strncmp(argv[i], "--world-size=", 13) == 0) {
+			v = argv[i] + 13;
+		} else if (strcmp(argv[i], "--nodes") == 0) {
+			all_nodes = true;
+			continue;
+		} else {
+			rest[nrest++] = argv[i];
+			continue;
+		}
+		char *end;
+		long long w = strtoll(v, &end, 10);
+		if (*v == 0 || *end || w < 1 || w > 1 << 24) {
+			fprintf(stderr, "ctitan plan: --world-size '%s': expected 1 .. %d\n", v,
+			        1 << 24);
+			free(rest);
+			return 2;
+		}
+		world = w;
+	}
+	if (nrest < 1 || strncmp(rest[0], "--", 2) == 0 || world == 0) {
+		fprintf(stderr, "ctitan plan: %s (see ctitan plan --help)\n",
+		        world == 0 ? "missing --world-size N" : "missing CONFIG.toml");
+		free(rest);
+		return 2;
+	}
+	struct ct_config cfg;
+	config_defaults(&cfg);
+	rc = config_load_file(&cfg, rest[0]);
+	if (!rc)
+		rc = config_apply_args(&cfg, nrest - 1, rest + 1);
+	if (!rc)
+		rc = config_validate(&cfg);
+	if (!rc)
+		rc = plan_run(&cfg, world, all_nodes);
+	free(rest);
+	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+}

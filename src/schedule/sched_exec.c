@@ -1,0 +1,93 @@
+/* schedule/sched_exec: run the nodes; tickets per (kind, bucket); timestamps per node. */
+#include "schedule/sched_exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/timer.h"
+
+int sched_exec_run(const struct sched *s, const struct sched_backend *be,
+                   struct comm_stream *stream, struct sched_record *rec)
+{
+	int B = s->n_buckets, rc = CT_OK;
+	/* in-flight collective per bucket: its ticket and the node that issued it */
+	int64_t *ag_ticket = xcalloc((size_t)B, sizeof(int64_t));
+	int64_t *rs_ticket = xcalloc((size_t)B, sizeof(int64_t));
+	int *ag_node = xcalloc((size_t)B, sizeof(int)), *rs_node = xcalloc((size_t)B, sizeof(int));
+	if (rec)
+		memset(rec, 0, (size_t)s->n_nodes * sizeof(*rec));
+	for (int i = 0; i < s->n_nodes && rc == CT_OK; i++) {
+		const struct sched_node *n = &s->nodes[i];
+		double t0 = timer_now();
+		int64_t bytes = 0, ticket = 0;
+		switch (n->kind) {
+		case SCHED_BATCH:
+			be->batch(be->ctx, n->micro);
+			break;
+		case SCHED_ALL_GATHER:
+			CHECK(ag_ticket[n->bucket] == 0, "schedule: bucket %d gathered twice",
+			      n->bucket);
+			ticket = ag_ticket[n->bucket] = be->all_gather(be->ctx, n->bucket, &bytes);
+			ag_node[n->bucket] = i;
+			break;
+		case SCHED_REDUCE_SCATTER:
+			CHECK(rs_ticket[n->bucket] == 0, "schedule: bucket %d reduced twice",
+			      n->bucket);
+			ticket = rs_ticket[n->bucket] =
+			    be->reduce_scatter(be->ctx, n->bucket, &bytes);
+			rs_node[n->bucket] = i;
+			break;
+		case SCHED_WAIT: {
+			bool ag = n->wait_kind == SCHED_ALL_GATHER;
+			int64_t *tk = ag ? &ag_ticket[n->bucket] : &rs_ticket[n->bucket];
+			CHECK(*tk > 0, "schedule: WAIT on bucket %d with nothing in flight",
+			      n->bucket);
+			comm_stream_wait(stream, *tk);
+			if (rec) {
+				struct sched_record *r =
+				    &rec[ag ? ag_node[n->bucket] : rs_node[n->bucket]];
+				comm_stream_op_times(stream, *tk, &r->comm_t0, &r->comm_t1);
+			}
+			*tk = 0;
+			if (ag)
+				be->all_gather_done(be->ctx, n->bucket);
+			else
+				be->reduce_scatter_done(be->ctx, n->bucket);
+			break;
+		}
+		case SCHED_FREE:
+			be->free_params(be->ctx, n->bucket);
+			break;
+		case SCHED_FWD:
+			be->forward(be->ctx, n->unit);
+			break;
+		case SCHED_BWD:
+			be->backward(be->ctx, n->unit);
+			break;
+		case SCHED_RECOMPUTE:
+			be->recompute(be->ctx, n->unit);
+			break;
+		case SCHED_CLIP:
+			rc = be->clip(be->ctx);
+			break;
+		case SCHED_OPTIM:
+			rc = be->optim(be->ctx);
+			break;
+		default:
+			CHECK(false, "schedule: unknown node kind %d", n->kind);
+		}
+		if (rec) {
+			rec[i].t0 = t0;
+			rec[i].t1 = timer_now();
+			if (n->kind == SCHED_ALL_GATHER || n->kind == SCHED_REDUCE_SCATTER) {
+				rec[i].bytes = bytes;
+				rec[i].ticket = ticket;
+			}
+		}
+	}
+	if (rc != CT_OK)
+		comm_stream_sync(stream);
+	free(ag_ticket), free(rs_ticket), free(ag_node), free(rs_node);
+	return rc;
+}

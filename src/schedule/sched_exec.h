@@ -1,0 +1,51 @@
+/* schedule/sched_exec: the executor — runs a schedule's nodes in order.
+ *
+ * Compute nodes run on the calling thread; collectives are issued to the comm stream and
+ * completed by their WAIT node, which blocks on the stream's ticket and then lets the backend
+ * finish the collective (copy-out of gathered parameters, accumulation of reduced gradients).
+ * What a node *does* belongs to the backend (parallel/fsdp provides one); the executor owns
+ * the order, the tickets and the record of when each node ran.
+ *
+ * Every node's start and end on the calling thread are recorded, and for each collective also
+ * when the comm stream actually ran it, so a trace shows compute and communication on
+ * separate tracks (schedule/sched_trace).
+ */
+#ifndef CT_SCHEDULE_SCHED_EXEC_H
+#define CT_SCHEDULE_SCHED_EXEC_H
+
+#include <stdint.h>
+
+#include "comm/stream.h"
+#include "schedule/schedule.h"
+
+struct sched_backend {
+	void *ctx;
+	void (*batch)(void *ctx, int micro);
+	/* Issue a collective of a bucket on the stream; return its ticket and the bytes this
+	 * rank sends into it. */
+	int64_t (*all_gather)(void *ctx, int bucket, int64_t *bytes);
+	int64_t (*reduce_scatter)(void *ctx, int bucket, int64_t *bytes);
+	/* After the ticket completed. */
+	void (*all_gather_done)(void *ctx, int bucket);
+	void (*reduce_scatter_done)(void *ctx, int bucket);
+	void (*free_params)(void *ctx, int bucket);
+	void (*forward)(void *ctx, int unit);
+	void (*backward)(void *ctx, int unit);
+	void (*recompute)(void *ctx, int unit);
+	int (*clip)(void *ctx);  /* ct_err code */
+	int (*optim)(void *ctx); /* ct_err code */
+};
+
+struct sched_record {
+	double t0, t1;           /* the node on the calling thread (timer_now seconds) */
+	double comm_t0, comm_t1; /* collectives: when the stream ran it; else 0 */
+	int64_t bytes;           /* collectives: bytes this rank sent */
+	int64_t ticket;
+};
+
+/* Run s; rec (s->n_nodes entries) may be NULL. Returns CT_OK or the first error of a CLIP
+ * or OPTIM node (the stream is idle then). */
+int sched_exec_run(const struct sched *s, const struct sched_backend *be,
+                   struct comm_stream *stream, struct sched_record *rec);
+
+#endif

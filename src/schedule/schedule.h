@@ -1,0 +1,118 @@
+/* schedule: the training step as an explicit list of nodes (SimpleFSDP in C).
+ *
+ * A step is a flat list of nodes — collectives (ALL_GATHER, REDUCE_SCATTER), WAITs on them,
+ * FREEs of gathered parameters, compute (FWD, BWD, RECOMPUTE of a model unit), the micro-batch
+ * load (BATCH), and the tail (CLIP, OPTIM) — in issue order. Collectives act on *buckets*: a
+ * contiguous range of model units whose parameters are gathered and whose gradients are
+ * reduce-scattered as one flat buffer.
+ *
+ * sched_build emits the naive step (one bucket per unit, every collective waited on at once,
+ * FSDP's reshard policy); the passes in sched_pass.h rewrite the list (bucketing, activation
+ * checkpointing, reordering); the cost model (sched_cost.h) predicts its timeline and memory;
+ * the executor (sched_exec.h) runs it. The schedule owns no tensors: it names units and
+ * buckets, and the executor's backend owns the buffers.
+ *
+ * A WAIT names the collective it completes by (kind, bucket): at most one all-gather and one
+ * reduce-scatter per bucket are in flight at any time (sched_validate checks this, and every
+ * other rule the executor relies on). New parallelisms add node kinds (tensor-parallel
+ * collectives inside a unit, pipeline SEND/RECV of activations per micro-batch) and passes.
+ */
+#ifndef CT_SCHEDULE_SCHEDULE_H
+#define CT_SCHEDULE_SCHEDULE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+enum sched_kind {
+	SCHED_BATCH,          /* load micro-batch `micro` into the model */
+	SCHED_ALL_GATHER,     /* issue the all-gather of bucket's parameters */
+	SCHED_REDUCE_SCATTER, /* issue the reduce-scatter of bucket's gradients (frees them) */
+	SCHED_WAIT,           /* block until (wait_kind, bucket) completes, then finish it */
+	SCHED_FREE,           /* release bucket's gathered parameters */
+	SCHED_FWD,            /* forward of `unit` */
+	SCHED_BWD,            /* backward of `unit` */
+	SCHED_RECOMPUTE,      /* re-derive `unit`'s dropped activations before its backward */
+	SCHED_CLIP,           /* reduce loss and gradient norm, compute the clip coefficient */
+	SCHED_OPTIM,          /* AdamW on the shards */
+	SCHED_KIND_COUNT
+};
+
+enum sched_phase { SCHED_PH_FWD, SCHED_PH_BWD, SCHED_PH_TAIL };
+
+struct sched_node {
+	enum sched_kind kind;
+	enum sched_kind wait_kind; /* WAIT: SCHED_ALL_GATHER or SCHED_REDUCE_SCATTER */
+	int unit;                  /* FWD, BWD, RECOMPUTE; else -1 */
+	int bucket;                /* collectives, WAIT, FREE; else -1 */
+	int micro;                 /* micro-batch index */
+	enum sched_phase phase;
+	bool recompute; /* ALL_GATHER in backward that re-gathers what forward freed (reshard
+	                   after forward = "the all-gather is recomputed in backward") */
+};
+
+struct sched_unit {
+	int64_t full_numel;  /* parameters of the unit */
+	int64_t shard_numel; /* this rank's (padded) shard of them; every rank's is the same size */
+	bool is_block;       /* a transformer block (activation checkpointing applies) */
+};
+
+struct sched_bucket {
+	int unit0, n_units; /* units [unit0, unit0 + n_units) */
+};
+
+enum sched_ac { SCHED_AC_NONE, SCHED_AC_FFN, SCHED_AC_SELECTIVE, SCHED_AC_FULL, SCHED_AC_COUNT };
+enum sched_reshard { SCHED_RESHARD_DEFAULT, SCHED_RESHARD_ALWAYS, SCHED_RESHARD_NEVER };
+
+struct sched {
+	int n_units, n_micro;
+	struct sched_unit *units;
+	int n_buckets;
+	struct sched_bucket *buckets;
+	enum sched_reshard reshard;
+	enum sched_ac ac; /* set by the activation-checkpointing pass */
+	int prefetch;     /* set by the reordering pass (for printing) */
+	int n_nodes, cap;
+	struct sched_node *nodes;
+};
+
+/* The naive step: one bucket per unit; per micro-batch, forward in unit order
+ * (ALL_GATHER, WAIT, FWD, FREE per the reshard policy), backward in reverse (re-gather if
+ * freed, BWD, REDUCE_SCATTER, WAIT, FREE); then CLIP, OPTIM. `units` is copied. */
+void sched_build(struct sched *s, const struct sched_unit *units, int n_units, int n_micro,
+                 enum sched_reshard reshard);
+void sched_free(struct sched *s);
+/* Re-derive every ALL_GATHER, its WAIT and every FREE of `in` from its compute nodes, buckets
+ * and reshard policy: a bucket is gathered before the first node that needs it and not
+ * resident (in backward that gather is a recomputation: `recompute`), freed after its last
+ * forward unit if the policy reshards it, after its reduce-scatter unless the policy is
+ * `never`, and before CLIP otherwise. Passes that change buckets or compute call it; the
+ * reordering pass runs after them. */
+void sched_place_gathers(const struct sched *in, struct sched *out);
+/* An empty schedule with s's units and buckets, for a pass to append nodes to. */
+void sched_init_like(struct sched *dst, const struct sched *src);
+void sched_copy(struct sched *dst, const struct sched *src);
+void sched_push(struct sched *s, struct sched_node n);
+/* Replace *s by *next (frees the old one). */
+void sched_replace(struct sched *s, struct sched *next);
+
+/* Check the invariants the executor relies on; returns false and fills why (if not NULL). */
+bool sched_validate(const struct sched *s, char *why, size_t why_size);
+
+/* Elements of a bucket: full parameters, and one rank's shard. */
+int64_t sched_bucket_full(const struct sched *s, int b);
+int64_t sched_bucket_shard(const struct sched *s, int b);
+/* The bucket holding unit u. */
+int sched_bucket_of(const struct sched *s, int u);
+
+const char *sched_kind_name(enum sched_kind k);
+const char *sched_ac_name(enum sched_ac a);
+int sched_ac_parse(const char *name, enum sched_ac *a);
+/* Short label of node i, e.g. "AG b3" or "FWD u2" (buf >= 32 bytes). */
+void sched_node_label(const struct sched *s, int i, char *buf, size_t size);
+/* Bucket b as the config writes it, e.g. "embed+0" or "5+norm". */
+void sched_bucket_name(const struct sched *s, int b, char *buf, size_t size);
+/* One line per node (micro-batch 0 and the tail only when brief). */
+void sched_print(const struct sched *s, FILE *f, bool brief);
+
+#endif

@@ -1,0 +1,92 @@
+/* train/step_plan: config → schedule pipeline (+ cost model) → fsdp. */
+#include "train/step_plan.h"
+
+#include <string.h>
+
+#include "base/log.h"
+
+int step_plan_ac(const struct ct_config *cfg, enum sched_ac *ac)
+{
+	return sched_ac_parse(cfg->activation_checkpoint.mode, ac);
+}
+
+void step_plan_reorder_opts(const struct ct_config *cfg, struct sched_reorder_opts *o)
+{
+	o->prefetch = (int)cfg->comm.prefetch;
+	o->rs_defer = (int)cfg->comm.reduce_scatter_defer;
+	o->memory_bytes = (int64_t)(cfg->comm.memory_budget_gb * (double)(1ll << 30));
+}
+
+void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
+{
+	struct sched_prediction p;
+	sched_predict(s, cm, &p, NULL);
+	LOG_INFO("cost model: step %.3f s (compute %.3f s, comm %.3f s, exposed %.3f s), peak "
+	         "%.2f GiB/rank; sgemm %.1f GFLOP/s, attention %.1f GFLOP/s, all-gather %.0f us "
+	         "+ %.2f GB/s, reduce-scatter %.0f us + %.2f GB/s",
+	         p.step_s, p.compute_s, p.comm_s, p.exposed_s, (double)p.peak_bytes / (1 << 30),
+	         cm->matmul_flops / 1e9, cm->attn_flops / 1e9, cm->ag_latency_s * 1e6,
+	         cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6, cm->rs_bytes_s / 1e9);
+}
+
+int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
+                    struct comm_stream *stream, struct sched_cost_model *cm, bool *have_cm)
+{
+	enum sched_ac ac;
+	int rc = step_plan_ac(cfg, &ac);
+	if (rc)
+		return rc;
+	struct sched_reorder_opts o;
+	step_plan_reorder_opts(cfg, &o);
+	struct sched naive, s;
+	fsdp_naive_schedule(f, accum, &naive);
+	*have_cm = strcmp(cfg->comm.buckets, "auto") == 0 || o.memory_bytes > 0 ||
+	           cfg->profiling.enable_profiling;
+	if (*have_cm && f->model->cfg.kind != MODEL_LLAMA) {
+		LOG_ERROR("comm.buckets = \"auto\", comm.memory budget and profiling need the cost "
+		          "model, which does not yet support model.name = \"%s\"",
+		          model_kind_name(f->model->cfg.kind));
+		sched_free(&naive);
+		return CT_ERR_USAGE;
+	}
+	if (*have_cm) {
+		struct model *m = f->model;
+		bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+		sched_cost_init(cm, &m->cfg.llama, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac,
+		                4);
+		sched_cost_calibrate(cm, &m->cfg.llama, m->B, m->T, stream,
+		                     &f->mesh->dp_shard_group, &f->mesh->world_group);
+		if (cfg->comm.bandwidth_gbps > 0) {
+			cm->ag_bytes_s = cm->rs_bytes_s = cfg->comm.bandwidth_gbps * 1e9 / 8;
+			cm->ag_latency_s = cm->rs_latency_s = cfg->comm.latency_us * 1e-6;
+		}
+		cm->overlap = strcmp(cfg->comm.progress, "thread") == 0;
+	}
+	rc = sched_pipeline(&naive, ac, cfg->comm.buckets,
+	                    (int64_t)(cfg->comm.bucket_cap_mb * (double)(1 << 20)), &o,
+	                    *have_cm ? cm : NULL, &s);
+	if (rc == CT_OK)
+		rc = fsdp_set_schedule(f, &s);
+	if (rc == CT_OK) {
+		char names[1024] = "";
+		size_t at = 0;
+		for (int b = 0; b < s.n_buckets && at + 64 < sizeof(names); b++) {
+			char one[256];
+			sched_bucket_name(&s, b, one, sizeof(one));
+			at += (size_t)snprintf(names + at, sizeof(names) - at, "%s%s", b ? "," : "",
+			                       one);
+		}
+		LOG_INFO("schedule: %d nodes, %d buckets (%s), prefetch %d, reduce-scatter defer "
+		         "%d, activation checkpointing %s",
+		         s.n_nodes, s.n_buckets, names, o.prefetch, o.rs_defer, sched_ac_name(ac));
+		if (*have_cm)
+			step_plan_log(&s, cm);
+	}
+	sched_free(&naive);
+	sched_free(&s);
+	if (rc && *have_cm) {
+		sched_cost_free(cm);
+		*have_cm = false;
+	}
+	return rc;
+}
