@@ -129,6 +129,11 @@ static int trainer_build_model(struct trainer *tr)
 		LOG_WARN(
 		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
 		    "on one rank parameters stay float32");
+	if (mc.kind == MODEL_HYENA && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
+		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for hyena (none)",
+		          cfg->activation_checkpoint.mode);
+		return CT_ERR_USAGE;
+	}
 	const struct model_build_opts opts = {
 	    .own_params = !tr->sharded,
 	    .recompute_ffn = strcmp(cfg->activation_checkpoint.mode, "ffn") == 0,
