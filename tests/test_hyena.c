@@ -208,6 +208,36 @@ TEST_CASE(test_float_vs_double)
 	hyena_free(&d);
 }
 
+TEST_CASE(test_filter_compute)
+{
+	/* hyena_filter_compute (for generation) gives the filter the forward used, and a
+	 * shorter length gives its prefix */
+	struct hyena_config c;
+	tiny_config(&c, 3, 24);
+	int64_t T = 24, Cf = (c.order - 1) * c.dim;
+	struct hyena_model m;
+	const struct hyena_build_opts o = {.own_params = true};
+	CHECK(hyena_build(&m, &c, 1, T, &o) == CT_OK, "build");
+	hyena_init_params(&m.cfg, &m.table, test_seed(), m.params, 0, m.table.numel);
+	rand_batch(m.tokens, m.targets, m.N, c.vocab_size, false);
+	m.loss_dscale = 0;
+	hyena_forward(&m, NULL); /* leaves the last block's filter in its scratch */
+	const float *used = (const float *)m.scratch + m.s_h;
+	float *h = malloc((size_t)(T * Cf) * sizeof(float));
+	float *h2 = malloc((size_t)(T * Cf) * sizeof(float));
+	float *scr = malloc((size_t)hyena_filter_scratch_reals(&m.cfg, T) * sizeof(float));
+	int last = (int)c.n_layers;
+	hyena_filter_compute(&m.cfg, m.unit_w[last], T, h, scr);
+	EXPECT(memcmp(h, used, (size_t)(T * Cf) * sizeof(float)) == 0,
+	       "filter_compute differs from the forward's filter");
+	hyena_filter_compute(&m.cfg, m.unit_w[last], T / 2, h2, scr);
+	/* (BLAS may block a shorter matrix differently: a float-rounding tolerance) */
+	EXPECT(rel_err_f32(h2, h, T / 2 * Cf) < 1e-6, "not a prefix: %.3e",
+	       rel_err_f32(h2, h, T / 2 * Cf));
+	free(h), free(h2), free(scr);
+	hyena_free(&m);
+}
+
 /* Run `steps` train steps through the model interface; losses out, params left in m. */
 static void run_steps(struct hyena_model *hm, int steps, int64_t accum, const int32_t *tok,
                       const int32_t *tgt, double *losses)
@@ -467,6 +497,7 @@ int main(int argc, char **argv)
 		RUN(test_fd_order2);
 		RUN(test_fd_order3);
 		RUN(test_float_vs_double);
+		RUN(test_filter_compute);
 		RUN(test_accumulation_and_determinism);
 		RUN(test_overfit_one_batch);
 	}
