@@ -1,0 +1,543 @@
+/* Hyena: presets, parameter table, init, build, and the units (compute in hyena_impl.h,
+ * instantiated for float and double below). */
+#include "model/hyena.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/rng.h"
+#include "kernels/hyena_kernels.h"
+#include "kernels/kernels.h"
+
+/* ---------------------------------------------------------------- configs */
+
+struct hyena_preset {
+	const char *name;
+	int64_t vocab, dim, n_layers, order, filter_order, emb_dim, ffn_hidden;
+	double sin_freq;
+};
+
+/* hyena-debug: a tiny model for tests. hyena-small: the CPU training config (safari's Pile
+ * settings for the filter: emb_dim 33, w 14, filter_order 64; d_inner 4D). */
+static const struct hyena_preset hyena_presets[] = {
+    {"hyena-debug", 2048, 64, 2, 2, 32, 5, 256, 1.0},
+    {"hyena-small", 2048, 128, 4, 2, 64, 33, 512, 14.0},
+};
+
+const char *hyena_flavor_list(void)
+{
+	return "hyena-debug, hyena-small";
+}
+
+bool hyena_is_flavor(const char *flavor)
+{
+	for (size_t i = 0; i < sizeof(hyena_presets) / sizeof(hyena_presets[0]); i++)
+		if (strcmp(hyena_presets[i].name, flavor) == 0)
+			return true;
+	return false;
+}
+
+int hyena_config_finish(struct hyena_config *c)
+{
+	if (c->dim <= 0 || c->n_layers <= 0 || c->vocab_size <= 1 || c->filter_order <= 0 ||
+	    c->ffn_hidden <= 0 || c->l_max <= 0) {
+		LOG_ERROR("model: hyena dimensions must be positive (dim %lld, layers %lld, vocab "
+		          "%lld, filter_order %lld, ffn %lld, l_max %lld)",
+		          (long long)c->dim, (long long)c->n_layers, (long long)c->vocab_size,
+		          (long long)c->filter_order, (long long)c->ffn_hidden,
+		          (long long)c->l_max);
+		return CT_ERR_USAGE;
+	}
+	if (c->order < 2) {
+		LOG_ERROR("model.hyena_order: %lld, must be >= 2", (long long)c->order);
+		return CT_ERR_USAGE;
+	}
+	if (c->emb_dim < 3 || c->emb_dim % 2 == 0) {
+		LOG_ERROR("model.hyena_emb_dim: %lld, must be odd and >= 3", (long long)c->emb_dim);
+		return CT_ERR_USAGE;
+	}
+	if (!(c->sin_freq > 0) || !(c->norm_eps > 0)) {
+		LOG_ERROR("model.hyena_sin_freq: %g, must be > 0", c->sin_freq);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}
+
+int hyena_config_preset(struct hyena_config *c, const char *flavor)
+{
+	for (size_t i = 0; i < sizeof(hyena_presets) / sizeof(hyena_presets[0]); i++) {
+		const struct hyena_preset *p = &hyena_presets[i];
+		if (strcmp(p->name, flavor) != 0)
+			continue;
+		memset(c, 0, sizeof(*c));
+		snprintf(c->flavor, sizeof(c->flavor), "%s", p->name);
+		c->vocab_size = p->vocab;
+		c->dim = p->dim;
+		c->n_layers = p->n_layers;
+		c->order = p->order;
+		c->filter_order = p->filter_order;
+		c->emb_dim = p->emb_dim;
+		c->ffn_hidden = p->ffn_hidden;
+		c->sin_freq = p->sin_freq;
+		c->norm_eps = 1e-5;
+		c->l_max = 0;
+		return CT_OK;
+	}
+	LOG_ERROR("model.flavor: unknown hyena flavor '%s' (choose from %s)", flavor,
+	          hyena_flavor_list());
+	return CT_ERR_USAGE;
+}
+
+/* ---------------------------------------------------------------- parameter table */
+
+static void table_add(struct llama_table *t, int *cap, const char *name, int unit, int64_t d0,
+                      int64_t d1, bool decay)
+{
+	if (t->count == *cap) {
+		*cap = *cap ? 2 * *cap : 64;
+		t->p = realloc(t->p, (size_t)*cap * sizeof(*t->p));
+		CHECK(t->p, "out of memory");
+	}
+	struct llama_param *p = &t->p[t->count++];
+	memset(p, 0, sizeof(*p));
+	snprintf(p->name, sizeof(p->name), "%s", name);
+	p->ndim = d1 > 0 ? 2 : 1;
+	p->shape[0] = d0;
+	p->shape[1] = d1 > 0 ? d1 : 1;
+	p->numel = d0 * p->shape[1];
+	p->offset = t->numel;
+	p->unit = unit;
+	p->weight_decay = decay && p->ndim == 2;
+	t->numel += p->numel;
+}
+
+int hyena_table_build(struct llama_table *t, const struct hyena_config *c)
+{
+	memset(t, 0, sizeof(*t));
+	int cap = 0, L = (int)c->n_layers;
+	int64_t D = c->dim, P = (c->order + 1) * D, Cf = (c->order - 1) * D, F = c->filter_order;
+	int64_t E = c->emb_dim, H = c->ffn_hidden, V = c->vocab_size;
+	t->n_units = L + 2;
+	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
+	char name[LLAMA_NAME_MAX];
+	table_add(t, &cap, "tok_embeddings.weight", 0, V, D, true);
+	t->numel_embedding = V * D;
+	static const char *const names[HYB_COUNT] = {
+	    [HYB_NORM1_W] = "mixer_norm.weight",
+	    [HYB_NORM1_B] = "mixer_norm.bias",
+	    [HYB_IN_W] = "mixer.in_proj.weight",
+	    [HYB_IN_B] = "mixer.in_proj.bias",
+	    [HYB_SF_W] = "mixer.short_filter.weight",
+	    [HYB_SF_B] = "mixer.short_filter.bias",
+	    [HYB_FBIAS] = "mixer.filter_fn.bias",
+	    [HYB_MLP0_W] = "mixer.filter_fn.implicit_filter.0.weight",
+	    [HYB_MLP0_B] = "mixer.filter_fn.implicit_filter.0.bias",
+	    [HYB_FREQ] = "mixer.filter_fn.implicit_filter.1.freq",
+	    [HYB_MLP1_W] = "mixer.filter_fn.implicit_filter.2.weight",
+	    [HYB_MLP1_B] = "mixer.filter_fn.implicit_filter.2.bias",
+	    [HYB_MLP2_W] = "mixer.filter_fn.implicit_filter.4.weight",
+	    [HYB_MLP2_B] = "mixer.filter_fn.implicit_filter.4.bias",
+	    [HYB_MLP3_W] = "mixer.filter_fn.implicit_filter.6.weight",
+	    [HYB_OUT_W] = "mixer.out_proj.weight",
+	    [HYB_OUT_B] = "mixer.out_proj.bias",
+	    [HYB_NORM2_W] = "ffn_norm.weight",
+	    [HYB_NORM2_B] = "ffn_norm.bias",
+	    [HYB_FC1_W] = "feed_forward.fc1.weight",
+	    [HYB_FC1_B] = "feed_forward.fc1.bias",
+	    [HYB_FC2_W] = "feed_forward.fc2.weight",
+	    [HYB_FC2_B] = "feed_forward.fc2.bias",
+	};
+	const int64_t shape[HYB_COUNT][2] = {
+	    [HYB_NORM1_W] = {D, 0},
+	    [HYB_NORM1_B] = {D, 0},
+	    [HYB_IN_W] = {P, D},
+	    [HYB_IN_B] = {P, 0},
+	    [HYB_SF_W] = {P, HYENA_SHORT_FILTER},
+	    [HYB_SF_B] = {P, 0},
+	    [HYB_FBIAS] = {Cf, 0},
+	    [HYB_MLP0_W] = {F, E},
+	    [HYB_MLP0_B] = {F, 0},
+	    [HYB_FREQ] = {F, 0},
+	    [HYB_MLP1_W] = {F, F},
+	    [HYB_MLP1_B] = {F, 0},
+	    [HYB_MLP2_W] = {F, F},
+	    [HYB_MLP2_B] = {F, 0},
+	    [HYB_MLP3_W] = {Cf, F},
+	    [HYB_OUT_W] = {D, D},
+	    [HYB_OUT_B] = {D, 0},
+	    [HYB_NORM2_W] = {D, 0},
+	    [HYB_NORM2_B] = {D, 0},
+	    [HYB_FC1_W] = {H, D},
+	    [HYB_FC1_B] = {H, 0},
+	    [HYB_FC2_W] = {D, H},
+	    [HYB_FC2_B] = {D, 0},
+	};
+	for (int l = 0; l < L; l++) {
+		t->unit_begin[l + 1] = t->numel;
+		for (int k = 0; k < HYB_COUNT; k++) {
+			snprintf(name, sizeof(name), "layers.%d.%s", l, names[k]);
+			/* safari: no weight decay on the implicit filter (its "_optim" wd = 0) */
+			bool decay = strstr(names[k], "implicit_filter") == NULL;
+			table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], decay);
+		}
+	}
+	t->unit_begin[L + 1] = t->numel;
+	table_add(t, &cap, "norm.weight", L + 1, D, 0, false);
+	table_add(t, &cap, "norm.bias", L + 1, D, 0, false);
+	t->unit_begin[L + 2] = t->numel;
+	return CT_OK;
+}
+
+double hyena_flops_per_token(const struct hyena_config *c, int64_t seq_len)
+{
+	double D = (double)c->dim, P = (double)((c->order + 1) * c->dim), H = (double)c->ffn_hidden;
+	double F = (double)c->filter_order, E = (double)c->emb_dim, T = (double)seq_len;
+	double Cf = (double)((c->order - 1) * c->dim), L = (double)c->n_layers;
+	double matmul = L * (P * D + D * D + 2 * H * D) + (double)c->vocab_size * D;
+	double n = (double)fftconv_size(seq_len);
+	double conv = L * Cf * 6.0 * 2.5 * n * log2(n > 1 ? n : 2) / T;
+	double filter = L * 6.0 * (E * F + 2 * F * F + F * Cf); /* per position, once per seq */
+	return 6.0 * matmul + conv + filter;
+}
+
+/* ---------------------------------------------------------------- init */
+
+enum init_kind { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_UNIFORM, INIT_CONST };
+
+static void param_init_spec(const struct hyena_config *c, const struct llama_param *p,
+                            enum init_kind *kind, double *a)
+{
+	const char *n = p->name;
+	size_t len = strlen(n);
+	bool is_bias = len > 5 && strcmp(n + len - 5, ".bias") == 0;
+	*a = 0.02;
+	if (strstr(n, "norm.")) {
+		*kind = is_bias ? INIT_ZERO : INIT_ONE;
+	} else if (strstr(n, "implicit_filter.1.freq")) {
+		*kind = INIT_CONST;
+		*a = c->sin_freq;
+	} else if (strstr(n, "filter_fn.bias")) {
+		*kind = INIT_NORMAL;
+		*a = 1.0;
+	} else if (strstr(n, "short_filter")) {
+		*kind = INIT_UNIFORM; /* Conv1d default: fan_in = K (one input channel per group) */
+		*a = 1.0 / sqrt((double)HYENA_SHORT_FILTER);
+	} else if (strstr(n, "implicit_filter")) {
+		*kind = INIT_UNIFORM; /* Linear default: U(+-1/sqrt(fan_in)), bias too */
+		int64_t fan_in = strstr(n, "implicit_filter.0.") ? c->emb_dim : c->filter_order;
+		*a = 1.0 / sqrt((double)fan_in);
+	} else if (is_bias) {
+		*kind = INIT_ZERO;
+	} else {
+		*kind = INIT_NORMAL;
+		if (strstr(n, "out_proj.weight") || strstr(n, "fc2.weight"))
+			*a = 0.02 / sqrt(2.0 * (double)c->n_layers);
+	}
+}
+
+void hyena_init_params(const struct hyena_config *c, const struct llama_table *t, uint64_t seed,
+                       float *out, int64_t first, int64_t n)
+{
+	int64_t last = first + n;
+	for (int i = 0; i < t->count; i++) {
+		const struct llama_param *p = &t->p[i];
+		int64_t lo = p->offset > first ? p->offset : first;
+		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
+		if (lo >= hi)
+			continue;
+		enum init_kind kind;
+		double a;
+		param_init_spec(c, p, &kind, &a);
+		float *dst = out + (lo - first);
+		int64_t cnt = hi - lo, elem0 = lo - p->offset;
+		uint64_t stream = rng_stream_id(p->name);
+		switch (kind) {
+		case INIT_ZERO:
+		case INIT_ONE:
+		case INIT_CONST:
+			for (int64_t j = 0; j < cnt; j++)
+				dst[j] =
+				    kind == INIT_ZERO ? 0.0f : (kind == INIT_ONE ? 1.0f : (float)a);
+			break;
+		case INIT_NORMAL:
+			rng_fill_normal(dst, cnt, elem0, seed, stream, 0.0, a);
+			break;
+		case INIT_UNIFORM:
+			for (int64_t j = 0; j < cnt; j++)
+				dst[j] = (float)(a * (2.0 * rng_uniform(seed, stream,
+				                                        (uint64_t)(elem0 + j)) -
+				                      1.0));
+			break;
+		}
+	}
+}
+
+/* ---------------------------------------------------------------- compute */
+
+#define HREAL    float
+#define HK(name) name##_f32
+#define HT(name) hy_##name##_f32
+#define HUW(m)   (m)->unit_w
+#define HUDW(m)  (m)->unit_dw
+#include "model/hyena_impl.h"
+#undef HREAL
+#undef HK
+#undef HT
+#undef HUW
+#undef HUDW
+
+#define HREAL    double
+#define HK(name) name##_f64
+#define HT(name) hy_##name##_f64
+#define HUW(m)   (m)->unit_w64
+#define HUDW(m)  (m)->unit_dw64
+#include "model/hyena_impl.h"
+#undef HREAL
+#undef HK
+#undef HT
+#undef HUW
+#undef HUDW
+
+int64_t hyena_filter_scratch_reals(const struct hyena_config *c, int64_t L)
+{
+	return L * c->emb_dim + L * (c->order - 1) * c->dim + 6 * L * c->filter_order;
+}
+
+/* block_params: the block's unit buffer (table order). Features over l_max = max(L, l_max). */
+#define FILTER_COMPUTE(HREAL, S, FN)                                                               \
+	void FN(const struct hyena_config *c, const HREAL *block_params, int64_t L, HREAL *h,      \
+	        HREAL *scratch)                                                                    \
+	{                                                                                          \
+		struct llama_table t;                                                              \
+		hyena_table_build(&t, c);                                                          \
+		HREAL *w[HYB_COUNT];                                                               \
+		int64_t base = t.unit_begin[1], Cf = (c->order - 1) * c->dim;                      \
+		for (int k = 0; k < HYB_COUNT; k++)                                                \
+			w[k] = (HREAL *)block_params + (t.p[1 + k].offset - base);                 \
+		HREAL *z = scratch, *win = z + L * c->emb_dim, *fa = win + L * Cf;                 \
+		int64_t lmax = c->l_max > L ? c->l_max : L;                                        \
+		hyena_filter_features##S(z, win, L, lmax, c->emb_dim, Cf);                         \
+		hy_filter_forward##S(c, w, z, win, L, h, fa);                                      \
+		llama_table_free(&t);                                                              \
+	}
+FILTER_COMPUTE(float, _f32, hyena_filter_compute)
+FILTER_COMPUTE(double, _f64, hyena_filter_compute_f64)
+
+/* ---------------------------------------------------------------- build */
+
+static int64_t carve(int64_t *off, int64_t n)
+{
+	int64_t at = *off;
+	*off += (n + 15) / 16 * 16;
+	return at;
+}
+
+static void plan_acts(struct hyena_model *m, int64_t *off)
+{
+	const struct hyena_config *c = &m->cfg;
+	int64_t Nt = m->N, T = m->T, D = c->dim, P = (c->order + 1) * D;
+	int64_t Cf = (c->order - 1) * D, V = c->vocab_size;
+	for (int l = 0; l < c->n_layers; l++) {
+		struct hyena_block_acts *a = &m->blk[l];
+		a->x = carve(off, Nt * D);
+		a->mean1 = carve(off, Nt);
+		a->rstd1 = carve(off, Nt);
+		a->p = carve(off, Nt * P);
+		a->pc = carve(off, Nt * P);
+		a->g = carve(off, (c->order - 1) * Nt * D);
+		a->v = carve(off, (c->order - 1) * Nt * D);
+		a->y = carve(off, Nt * D);
+		a->xmid = carve(off, Nt * D);
+		a->mean2 = carve(off, Nt);
+		a->rstd2 = carve(off, Nt);
+		a->a = carve(off, Nt * c->ffn_hidden);
+		a->fa = carve(off, 6 * T * c->filter_order);
+		a->Hf = carve(off, Cf * fftconv_spectrum_stride(T));
+	}
+	m->x_final = carve(off, Nt * D);
+	m->mean_f = carve(off, Nt);
+	m->rstd_f = carve(off, Nt);
+	m->xn_final = carve(off, Nt * D);
+	m->z = carve(off, T * c->emb_dim);
+	m->window = carve(off, T * Cf);
+	m->tied_w = carve(off, m->own_params ? 0 : V * D);
+	m->tied_dw = carve(off, V * D);
+}
+
+static void plan_scratch(struct hyena_model *m, int64_t *off)
+{
+	const struct hyena_config *c = &m->cfg;
+	int64_t Nt = m->N, T = m->T, D = c->dim, P = (c->order + 1) * D;
+	int64_t Cf = (c->order - 1) * D, H = c->ffn_hidden, F = c->filter_order;
+	m->s_dres = carve(off, Nt * D);
+	m->s_xn = carve(off, Nt * D);
+	m->s_dxn = carve(off, Nt * D);
+	m->s_gl = carve(off, Nt * H);
+	m->s_dgl = carve(off, Nt * H);
+	m->s_da = carve(off, Nt * H);
+	m->s_dy = carve(off, Nt * D);
+	m->s_dv = carve(off, Nt * D);
+	m->s_dg = carve(off, Nt * D);
+	m->s_dpc = carve(off, Nt * P);
+	m->s_dp = carve(off, Nt * P);
+	m->s_h = carve(off, T * Cf);
+	m->s_dh = carve(off, T * Cf);
+	m->s_filt = carve(off, T * (Cf + 2 * F));
+	m->s_fft = carve(off, fftconv_scratch_reals(T, m->nthreads));
+	m->s_ce = carve(off, m->ce_chunk * c->vocab_size);
+}
+
+int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
+                const struct hyena_build_opts *opts)
+{
+	memset(m, 0, sizeof(*m));
+	m->cfg = *c;
+	if (m->cfg.l_max <= 0)
+		m->cfg.l_max = T;
+	int rc = hyena_config_finish(&m->cfg);
+	if (rc)
+		return rc;
+	if (T > m->cfg.l_max) {
+		LOG_ERROR("model.hyena_l_max: sequences of %lld tokens exceed the filter length "
+		          "%lld",
+		          (long long)T, (long long)m->cfg.l_max);
+		return CT_ERR_USAGE;
+	}
+	hyena_table_build(&m->table, &m->cfg);
+	m->B = B;
+	m->T = T;
+	m->N = B * T;
+	m->f64 = opts->f64;
+	m->own_params = opts->own_params;
+	m->nthreads = opts->nthreads;
+#ifdef _OPENMP
+	if (m->nthreads <= 0)
+		m->nthreads = omp_get_max_threads();
+#endif
+	if (m->nthreads <= 0)
+		m->nthreads = 1;
+	CHECK(opts->own_params || !opts->f64, "hyena: double models own their parameters");
+	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
+	int64_t V = c->vocab_size;
+	m->ce_chunk = (4 << 20) / (int64_t)(esz * (size_t)V);
+	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);
+
+	int nu = m->table.n_units;
+	size_t pbytes = (size_t)m->table.numel * esz;
+	if (m->f64) {
+		m->unit_w64 = xcalloc((size_t)nu, sizeof(double *));
+		m->unit_dw64 = xcalloc((size_t)nu, sizeof(double *));
+		m->params64 = mem_alloc(MEM_PARAMS, pbytes);
+		m->grads64 = mem_alloc(MEM_GRADS, pbytes);
+		for (int u = 0; u < nu; u++) {
+			m->unit_w64[u] = m->params64 + m->table.unit_begin[u];
+			m->unit_dw64[u] = m->grads64 + m->table.unit_begin[u];
+		}
+	} else {
+		m->unit_w = xcalloc((size_t)nu, sizeof(float *));
+		m->unit_dw = xcalloc((size_t)nu, sizeof(float *));
+		if (m->own_params) {
+			m->params = mem_alloc(MEM_PARAMS, pbytes);
+			m->grads = mem_alloc(MEM_GRADS, pbytes);
+			for (int u = 0; u < nu; u++)
+				hyena_bind_unit(m, u, m->params + m->table.unit_begin[u],
+				                m->grads + m->table.unit_begin[u]);
+		}
+	}
+	m->tokens = mem_alloc(MEM_ACTIVATIONS, (size_t)(2 * m->N) * sizeof(int32_t));
+	m->targets = m->tokens + m->N;
+	m->blk = xcalloc((size_t)c->n_layers, sizeof(*m->blk));
+	int64_t off = 0;
+	plan_acts(m, &off);
+	m->act_bytes = off * (int64_t)esz;
+	m->acts = mem_alloc(MEM_ACTIVATIONS, (size_t)m->act_bytes);
+	off = 0;
+	plan_scratch(m, &off);
+	m->scratch_bytes = off * (int64_t)esz;
+	m->scratch = mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes);
+	int64_t Cf = (c->order - 1) * c->dim;
+	if (m->f64)
+		hyena_filter_features_f64((double *)m->acts + m->z, (double *)m->acts + m->window,
+		                          T, m->cfg.l_max, c->emb_dim, Cf);
+	else
+		hyena_filter_features_f32((float *)m->acts + m->z, (float *)m->acts + m->window, T,
+		                          m->cfg.l_max, c->emb_dim, Cf);
+	return CT_OK;
+}
+
+void hyena_free(struct hyena_model *m)
+{
+	if (!m->blk)
+		return;
+	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
+	size_t pbytes = (size_t)m->table.numel * esz;
+	if (m->f64) {
+		mem_free(MEM_PARAMS, m->params64, pbytes);
+		mem_free(MEM_GRADS, m->grads64, pbytes);
+	} else {
+		mem_free(MEM_PARAMS, m->params, pbytes);
+		mem_free(MEM_GRADS, m->grads, pbytes);
+	}
+	mem_free(MEM_ACTIVATIONS, m->tokens, (size_t)(2 * m->N) * sizeof(int32_t));
+	mem_free(MEM_ACTIVATIONS, m->acts, (size_t)m->act_bytes);
+	mem_free(MEM_ACTIVATIONS, m->scratch, (size_t)m->scratch_bytes);
+	free(m->unit_w), free(m->unit_dw), free(m->unit_w64), free(m->unit_dw64);
+	free(m->blk);
+	llama_table_free(&m->table);
+	memset(m, 0, sizeof(*m));
+}
+
+void hyena_bind_unit(struct hyena_model *m, int u, float *params, float *grads)
+{
+	CHECK(!m->f64, "hyena_bind_unit: float models only");
+	m->unit_w[u] = params;
+	m->unit_dw[u] = grads;
+}
+
+/* ---------------------------------------------------------------- units */
+
+double hyena_unit_forward(struct hyena_model *m, int u, int64_t *n_valid)
+{
+	return m->f64 ? hy_unit_forward_f64(m, u, n_valid) : hy_unit_forward_f32(m, u, n_valid);
+}
+
+void hyena_unit_backward(struct hyena_model *m, int u, double dscale)
+{
+	if (m->f64)
+		hy_unit_backward_f64(m, u, dscale);
+	else
+		hy_unit_backward_f32(m, u, dscale);
+}
+
+double hyena_forward(struct hyena_model *m, int64_t *n_valid)
+{
+	double loss = 0.0;
+	for (int u = 0; u < m->table.n_units; u++)
+		loss += hyena_unit_forward(m, u, n_valid);
+	return loss;
+}
+
+void hyena_backward(struct hyena_model *m, double dscale)
+{
+	for (int u = m->table.n_units - 1; u >= 0; u--)
+		hyena_unit_backward(m, u, dscale);
+}
+
+void hyena_logits(struct hyena_model *m, float *logits)
+{
+	CHECK(!m->f64, "hyena_logits: float model");
+	hy_logits_f32(m, logits);
+}
+
+void hyena_logits_f64(struct hyena_model *m, double *logits)
+{
+	CHECK(m->f64, "hyena_logits_f64: double model");
+	hy_logits_f64(m, logits);
+}

@@ -1,0 +1,192 @@
+/* model/hyena: the Hyena long-convolution language model (Poli et al. 2023; safari's
+ * src/models/sequence/hyena.py and long_conv_lm.py) — presets, the parameter table,
+ * initialisation, and the model as a list of units with forward and backward, like
+ * model/llama.
+ *
+ * Units: 0 = token embedding, 1..M = blocks, M+1 = final LayerNorm + LM head tied to the
+ * embedding (+ the fused loss). Parameters live in one flat buffer in unit order, described by
+ * a `struct llama_table` (the same table type as Llama, so checkpoints, FSDP and AdamW treat
+ * both alike); each unit owns the contiguous range [unit_begin[u], unit_begin[u+1]).
+ *
+ * The tied head reads the embedding that unit 0's forward used (under FSDP a copy kept by the
+ * model, since unit 0's gathered parameters are freed after its forward) and hands its
+ * gradient to unit 0's backward, which adds it to the embedding gradient: FSDP sees ordinary,
+ * independent units.
+ *
+ * One block, pre-norm (D = dim, N = order, P = (N+1)D, x the residual stream):
+ *   u = LN1(x);  p = W_in u + b_in  (P);  pc = shortconv_3(p)  (depthwise, causal)
+ *   x_0 .. x_{N-1}, v = split(pc, D)
+ *   for o = 0..N-2:  v = h_o * (v .* x_{N-1-o}) + bias_o .* (v .* x_{N-1-o})   (long conv)
+ *   x = x + W_out (v .* x_0) + b_out
+ *   x = x + fc2(gelu_tanh(fc1(LN2(x))))
+ * The long filters h (l_max, (N-1)D; column o*D + c is filter o of channel c, safari's
+ * 'l (o d)') come from the implicit MLP of hyena_kernels.h over positional features of
+ * l_max positions; a sequence of T <= l_max uses the first T taps. They depend on parameters
+ * only: each block computes its filter (and its FFT) once per forward and backpropagates into
+ * the MLP once per backward.
+ *
+ * Precision: a model is built for float (training) or double (finite-difference tests, exact
+ * generation checks); the compute is one template instantiated for both (hyena_impl.h).
+ */
+#ifndef CT_MODEL_HYENA_H
+#define CT_MODEL_HYENA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/llama.h"
+
+#define HYENA_IGNORE_INDEX LLAMA_IGNORE_INDEX
+#define HYENA_SHORT_FILTER 3 /* taps of the short depthwise convolution */
+
+struct hyena_config {
+	char flavor[32];
+	int64_t vocab_size, dim, n_layers;
+	int64_t order;        /* N >= 2: N-1 long convolutions per block */
+	int64_t filter_order; /* F: width of the implicit filter MLP (safari: 64) */
+	int64_t emb_dim;      /* E: positional features, odd >= 3 */
+	int64_t ffn_hidden;   /* d_inner of the GELU MLP */
+	int64_t l_max;        /* filter length; sequences may be shorter */
+	double sin_freq;      /* initial frequency w of the sine activations */
+	double norm_eps;      /* LayerNorm eps (1e-5) */
+};
+
+/* Presets: hyena-debug (tiny, for tests), hyena-small (the CPU training config). l_max is set
+ * to 0 ("the training sequence length"); the caller sets it before hyena_config_finish. */
+int hyena_config_preset(struct hyena_config *c, const char *flavor);
+/* Validate (CT_ERR_USAGE with a message naming the field). */
+int hyena_config_finish(struct hyena_config *c);
+const char *hyena_flavor_list(void);
+bool hyena_is_flavor(const char *flavor);
+
+/* Table indices of a block's tensors, relative to the block's first tensor. */
+enum hyena_block_tensor {
+	HYB_NORM1_W,
+	HYB_NORM1_B,
+	HYB_IN_W,  /* (P, D) */
+	HYB_IN_B,  /* (P) */
+	HYB_SF_W,  /* (P, 3) short filter */
+	HYB_SF_B,  /* (P) */
+	HYB_FBIAS, /* ((N-1)D) long-conv skip term */
+	HYB_MLP0_W,
+	HYB_MLP0_B, /* (F, E), (F) */
+	HYB_FREQ,   /* (F) */
+	HYB_MLP1_W,
+	HYB_MLP1_B, /* (F, F), (F) */
+	HYB_MLP2_W,
+	HYB_MLP2_B, /* (F, F), (F) */
+	HYB_MLP3_W, /* ((N-1)D, F), no bias */
+	HYB_OUT_W,
+	HYB_OUT_B, /* (D, D), (D) */
+	HYB_NORM2_W,
+	HYB_NORM2_B,
+	HYB_FC1_W,
+	HYB_FC1_B, /* (H, D), (H) */
+	HYB_FC2_W,
+	HYB_FC2_B, /* (D, H), (D) */
+	HYB_COUNT
+};
+
+/* Names: tok_embeddings.weight; layers.<l>.{mixer_norm, mixer.in_proj, mixer.short_filter,
+ * mixer.filter_fn.bias, mixer.filter_fn.implicit_filter.{0,1(freq),2,4,6}, mixer.out_proj,
+ * ffn_norm, feed_forward.fc1, feed_forward.fc2}.{weight,bias}; norm.{weight,bias}. */
+int hyena_table_build(struct llama_table *t, const struct hyena_config *c);
+/* Index in the table of tensor k of block l. */
+static inline int hyena_block_tensor_index(int l, int k)
+{
+	return 1 + l * HYB_COUNT + k;
+}
+
+/* Init from the counter-based RNG keyed by (seed, tensor name, element), so any sharding
+ * gives the same weights: embedding, in_proj, fc1 N(0, 0.02); out_proj, fc2 N(0,
+ * 0.02/sqrt(2M)) (GPT-2 residual scaling, as safari); biases of those 0; LayerNorms 1, 0;
+ * short filter and implicit-MLP layers PyTorch's default U(+-1/sqrt(fan_in)) (weights and
+ * biases); filter_fn.bias N(0, 1); freq = sin_freq. Writes elements [first, first+n). */
+void hyena_init_params(const struct hyena_config *c, const struct llama_table *t, uint64_t seed,
+                       float *out, int64_t first, int64_t n);
+
+/* 6 x (matmul parameters incl. the tied head) + the FFT long convolutions (forward and
+ * backward: about 6 transforms of length 2T per channel and convolution, 2.5 n log2 n each,
+ * counted per token) + the implicit filter MLP amortised over one sequence. */
+double hyena_flops_per_token(const struct hyena_config *c, int64_t seq_len);
+
+/* The filters of block l at length L from that block's parameters (pointers in table order
+ * starting at the block's first tensor, i.e. the block's unit buffer): h (L, (N-1)D) in
+ * float. For generation: filter o of channel c is h[t*(N-1)D + o*D + c]. scratch: see
+ * hyena_filter_scratch_reals. */
+int64_t hyena_filter_scratch_reals(const struct hyena_config *c, int64_t L);
+void hyena_filter_compute(const struct hyena_config *c, const float *block_params, int64_t L,
+                          float *h, float *scratch);
+void hyena_filter_compute_f64(const struct hyena_config *c, const double *block_params, int64_t L,
+                              double *h, double *scratch);
+
+struct hyena_build_opts {
+	bool own_params; /* allocate flat params + grads and bind every unit to them */
+	bool f64;        /* double precision (tests): params64/grads64 instead of params/grads */
+	int nthreads;    /* OpenMP threads of the FFT convolutions; 0: omp_get_max_threads() */
+};
+
+/* Offsets (in reals) of one block's saved activations inside the activation arena. */
+struct hyena_block_acts {
+	int64_t x;            /* (Nt,D) block input */
+	int64_t mean1, rstd1; /* (Nt) */
+	int64_t p, pc;        /* (Nt,P) in_proj output, short conv output */
+	int64_t g, v;         /* (N-1, Nt, D) long-conv inputs and outputs */
+	int64_t y;            /* (Nt,D) input of out_proj */
+	int64_t xmid;         /* (Nt,D) residual after the mixer */
+	int64_t mean2, rstd2; /* (Nt) */
+	int64_t a;            /* (Nt,H) fc1 output before GELU */
+	int64_t fa;           /* (6,T,F) implicit filter activations */
+	int64_t Hf;           /* ((N-1)D, S) filter spectra */
+};
+
+struct hyena_model {
+	struct hyena_config cfg;
+	struct llama_table table;
+	int64_t B, T, N; /* N = B*T tokens */
+	bool f64, own_params;
+	int nthreads;
+	/* Where each unit's parameters and gradients live (float models; NULL while unbound
+	 * under FSDP), and the flat buffers with own_params. */
+	float **unit_w, **unit_dw;
+	float *params, *grads;
+	/* the same for double models */
+	double **unit_w64, **unit_dw64;
+	double *params64, *grads64;
+	int32_t *tokens, *targets; /* (N) current micro-batch */
+	/* Activations and scratch: arenas of reals (float or double) carved into the offsets
+	 * below at build. */
+	void *acts, *scratch;
+	int64_t act_bytes, scratch_bytes;
+	struct hyena_block_acts *blk;              /* n_layers */
+	int64_t x_final, mean_f, rstd_f, xn_final; /* head */
+	int64_t z, window;                         /* (T,E), (T,(N-1)D) filter features */
+	int64_t tied_w;                            /* (V,D) embedding copy (no own_params) */
+	int64_t tied_dw;                           /* (V,D) head's embedding gradient */
+	/* scratch offsets */
+	int64_t s_dres, s_xn, s_dxn, s_gl, s_dgl, s_da, s_dy, s_dv, s_dg, s_dpc, s_dp, s_h, s_dh,
+	    s_filt, s_fft, s_ce;
+	int64_t ce_chunk;
+	/* > 0: the head's forward also makes the loss gradient (see llama_model) */
+	double loss_dscale;
+	bool head_grads_ready;
+};
+
+int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
+                const struct hyena_build_opts *opts);
+void hyena_free(struct hyena_model *m);
+/* Point unit u at its parameters and gradients (float models). */
+void hyena_bind_unit(struct hyena_model *m, int u, float *params, float *grads);
+
+/* Units, as llama's: forward of unit u on m->tokens (the last returns the loss sum and sets
+ * *n_valid), backward accumulates parameter gradients; the last unit starts the chain with
+ * d(loss_sum * dscale). */
+double hyena_unit_forward(struct hyena_model *m, int u, int64_t *n_valid);
+void hyena_unit_backward(struct hyena_model *m, int u, double dscale);
+double hyena_forward(struct hyena_model *m, int64_t *n_valid);
+void hyena_backward(struct hyena_model *m, double dscale);
+/* logits (N,V) of the current batch (runs the forward); float / double models. */
+void hyena_logits(struct hyena_model *m, float *logits);
+void hyena_logits_f64(struct hyena_model *m, double *logits);
+
+#endif

@@ -1,0 +1,318 @@
+/* model/hyena_impl.h: the compute of model/hyena, written once over HREAL and included twice
+ * by hyena.c (float: HK = _f32 kernels; double: HK = _f64 kernels). Not a public header.
+ *
+ * Needs: HREAL, HK(name) (kernel of that precision), HT(name) (this instance's function
+ * name), HUW(m) / HUDW(m) (the unit parameter / gradient pointer arrays of that precision).
+ * Reads top to bottom like the model: embedding, block forward, head, then backward in
+ * reverse. */
+
+static HREAL *HT(act)(const struct hyena_model *m, int64_t off)
+{
+	return (HREAL *)m->acts + off;
+}
+
+static HREAL *HT(scr)(const struct hyena_model *m, int64_t off)
+{
+	return (HREAL *)m->scratch + off;
+}
+
+/* Tensor i of the table inside its unit's current buffer. */
+static HREAL *HT(tensor)(const struct hyena_model *m, HREAL *const *unit_base, int i)
+{
+	const struct llama_param *p = &m->table.p[i];
+	return unit_base[p->unit] + (p->offset - m->table.unit_begin[p->unit]);
+}
+
+static void HT(block_ptrs)(const struct hyena_model *m, HREAL *const *unit_base, int l,
+                           HREAL *w[HYB_COUNT])
+{
+	for (int k = 0; k < HYB_COUNT; k++)
+		w[k] = HT(tensor)(m, unit_base, hyena_block_tensor_index(l, k));
+}
+
+/* The filter of one block from its parameter pointers: h (L, (N-1)D); fa (6,L,F). */
+static void HT(filter_forward)(const struct hyena_config *c, HREAL *const w[HYB_COUNT],
+                               const HREAL *z, const HREAL *window, int64_t L, HREAL *h, HREAL *fa)
+{
+	int64_t Cf = (c->order - 1) * c->dim;
+	HK(hyena_filter_forward)
+	(h, fa, z, window, w[HYB_MLP0_W], w[HYB_MLP0_B], w[HYB_FREQ], w[HYB_MLP1_W], w[HYB_MLP1_B],
+	 w[HYB_MLP2_W], w[HYB_MLP2_B], w[HYB_MLP3_W], L, c->emb_dim, c->filter_order, Cf);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+static HREAL *HT(block_input)(const struct hyena_model *m, int l)
+{
+	return l < m->cfg.n_layers ? HT(act)(m, m->blk[l].x) : HT(act)(m, m->x_final);
+}
+
+static void HT(embed_forward)(struct hyena_model *m)
+{
+	int64_t V = m->cfg.vocab_size, D = m->cfg.dim;
+	HREAL *E = HUW(m)[0];
+	HK(embedding_forward)(HT(block_input)(m, 0), m->tokens, E, m->N, D);
+	if (!m->own_params) /* the head needs it after unit 0's parameters are freed */
+		memcpy(HT(act)(m, m->tied_w), E, (size_t)(V * D) * sizeof(HREAL));
+}
+
+/* out[n, c] = a[n*lda + c] * b[n*ldb + c] for c < D */
+static void HT(mul_cols)(HREAL *out, const HREAL *a, int64_t lda, const HREAL *b, int64_t ldb,
+                         int64_t Nt, int64_t D)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t n = 0; n < Nt; n++)
+		for (int64_t c = 0; c < D; c++)
+			out[n * D + c] = a[n * lda + c] * b[n * ldb + c];
+}
+
+static void HT(block_forward)(struct hyena_model *m, int l)
+{
+	const struct hyena_config *c = &m->cfg;
+	const struct hyena_block_acts *a = &m->blk[l];
+	HREAL *w[HYB_COUNT];
+	HT(block_ptrs)(m, HUW(m), l, w);
+	int64_t B = m->B, T = m->T, Nt = m->N, D = c->dim, No = c->order, P = (No + 1) * D;
+	int64_t Cf = (No - 1) * D, H = c->ffn_hidden, S = fftconv_spectrum_stride(T);
+	HREAL *x = HT(act)(m, a->x), *xn = HT(scr)(m, m->s_xn), *p = HT(act)(m, a->p);
+	HREAL *pc = HT(act)(m, a->pc), *g = HT(act)(m, a->g), *v = HT(act)(m, a->v);
+	HREAL *y = HT(act)(m, a->y), *xmid = HT(act)(m, a->xmid), *ha = HT(act)(m, a->a);
+	HREAL *Hf = HT(act)(m, a->Hf), *h = HT(scr)(m, m->s_h), *fft = HT(scr)(m, m->s_fft);
+	HREAL *gl = HT(scr)(m, m->s_gl), *out = HT(block_input)(m, l + 1);
+
+	/* the implicit filters of this block, and their spectra */
+	HT(filter_forward)(c, w, HT(act)(m, m->z), HT(act)(m, m->window), T, h, HT(act)(m, a->fa));
+	HK(fftconv_filter_spectrum)(Hf, h, Cf, T, Cf, fft, m->nthreads);
+
+	/* mixer */
+	HK(layernorm_forward)
+	(xn, HT(act)(m, a->mean1), HT(act)(m, a->rstd1), x, w[HYB_NORM1_W], w[HYB_NORM1_B], Nt, D,
+	 c->norm_eps);
+	HK(matmul_forward)(p, xn, w[HYB_IN_W], Nt, D, P, 0);
+	HK(bias_forward)(p, w[HYB_IN_B], Nt, P);
+	HK(shortconv_forward)(pc, p, w[HYB_SF_W], w[HYB_SF_B], B, T, P, HYENA_SHORT_FILTER);
+	for (int64_t o = 0; o < No - 1; o++) {
+		/* g_o = v .* x_{N-1-o}, v_{o+1} = h_o * g_o + bias_o .* g_o */
+		const HREAL *src = o == 0 ? pc + No * D : v + (o - 1) * Nt * D;
+		int64_t lds = o == 0 ? P : D;
+		HREAL *go = g + o * Nt * D;
+		HT(mul_cols)(go, src, lds, pc + (No - 1 - o) * D, P, Nt, D);
+		HK(fftconv_forward)
+		(v + o * Nt * D, go, Hf + o * D * S, w[HYB_FBIAS] + o * D, B, T, D, fft,
+		 m->nthreads);
+	}
+	HT(mul_cols)(y, v + (No - 2) * Nt * D, D, pc, P, Nt, D);
+	memcpy(xmid, x, (size_t)(Nt * D) * sizeof(HREAL));
+	HK(matmul_forward)(xmid, y, w[HYB_OUT_W], Nt, D, D, 1);
+	HK(bias_forward)(xmid, w[HYB_OUT_B], Nt, D);
+
+	/* MLP */
+	HK(layernorm_forward)
+	(xn, HT(act)(m, a->mean2), HT(act)(m, a->rstd2), xmid, w[HYB_NORM2_W], w[HYB_NORM2_B], Nt,
+	 D, c->norm_eps);
+	HK(matmul_forward)(ha, xn, w[HYB_FC1_W], Nt, D, H, 0);
+	HK(bias_forward)(ha, w[HYB_FC1_B], Nt, H);
+	HK(gelu_forward)(gl, ha, Nt * H);
+	memcpy(out, xmid, (size_t)(Nt * D) * sizeof(HREAL));
+	HK(matmul_forward)(out, gl, w[HYB_FC2_W], Nt, H, D, 1);
+	HK(bias_forward)(out, w[HYB_FC2_B], Nt, D);
+}
+
+/* Final LayerNorm + tied head + fused cross-entropy (loss gradient too when loss_dscale > 0:
+ * into s_dxn and the head's embedding gradient tied_dw). */
+static double HT(head_forward)(struct hyena_model *m, int64_t *n_valid)
+{
+	const struct hyena_config *c = &m->cfg;
+	int L = (int)c->n_layers;
+	int64_t Nt = m->N, D = c->dim, V = c->vocab_size;
+	bool grads = m->loss_dscale > 0.0;
+	HREAL *xn = HT(act)(m, m->xn_final), *dxn = HT(scr)(m, m->s_dxn);
+	HREAL *dE = HT(act)(m, m->tied_dw);
+	const HREAL *E = m->own_params ? HUW(m)[0] : HT(act)(m, m->tied_w);
+	int base = hyena_block_tensor_index(L, 0);
+	HK(layernorm_forward)
+	(xn, HT(act)(m, m->mean_f), HT(act)(m, m->rstd_f), HT(act)(m, m->x_final),
+	 HT(tensor)(m, HUW(m), base), HT(tensor)(m, HUW(m), base + 1), Nt, D, c->norm_eps);
+	if (grads) {
+		memset(dxn, 0, (size_t)(Nt * D) * sizeof(HREAL));
+		memset(dE, 0, (size_t)(V * D) * sizeof(HREAL));
+	}
+	double loss = HK(cross_entropy_fused)(
+	    grads ? dxn : NULL, grads ? dE : NULL, xn, E, m->targets, Nt, D, V, HYENA_IGNORE_INDEX,
+	    m->loss_dscale, HT(scr)(m, m->s_ce), m->ce_chunk, n_valid);
+	m->head_grads_ready = grads;
+	return loss;
+}
+
+static double HT(unit_forward)(struct hyena_model *m, int u, int64_t *n_valid)
+{
+	int L = (int)m->cfg.n_layers;
+	if (n_valid)
+		*n_valid = 0;
+	if (u == 0)
+		HT(embed_forward)(m);
+	else if (u <= L)
+		HT(block_forward)(m, u - 1);
+	else
+		return HT(head_forward)(m, n_valid);
+	return 0.0;
+}
+
+static void HT(logits)(struct hyena_model *m, HREAL *logits)
+{
+	int L = (int)m->cfg.n_layers;
+	for (int u = 0; u <= L; u++)
+		HT(unit_forward)(m, u, NULL);
+	int base = hyena_block_tensor_index(L, 0);
+	const HREAL *E = m->own_params ? HUW(m)[0] : HT(act)(m, m->tied_w);
+	HK(layernorm_forward)
+	(HT(act)(m, m->xn_final), HT(act)(m, m->mean_f), HT(act)(m, m->rstd_f),
+	 HT(act)(m, m->x_final), HT(tensor)(m, HUW(m), base), HT(tensor)(m, HUW(m), base + 1), m->N,
+	 m->cfg.dim, m->cfg.norm_eps);
+	HK(matmul_forward)
+	(logits, HT(act)(m, m->xn_final), E, m->N, m->cfg.dim, m->cfg.vocab_size, 0);
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* d(a .* b) with b strided: da[n*lda + c] += dout * b (a's gradient may be strided) */
+static void HT(mul_cols_back)(HREAL *da, int64_t lda, const HREAL *dout, const HREAL *b,
+                              int64_t ldb, int64_t Nt, int64_t D)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t n = 0; n < Nt; n++)
+		for (int64_t c = 0; c < D; c++)
+			da[n * lda + c] += dout[n * D + c] * b[n * ldb + c];
+}
+
+/* Mirrors block_forward bottom-up. On entry s_dres = dL/d(out); on exit dL/d(x). */
+static void HT(block_backward)(struct hyena_model *m, int l)
+{
+	const struct hyena_config *c = &m->cfg;
+	const struct hyena_block_acts *a = &m->blk[l];
+	HREAL *w[HYB_COUNT], *dw[HYB_COUNT];
+	HT(block_ptrs)(m, HUW(m), l, w);
+	HT(block_ptrs)(m, HUDW(m), l, dw);
+	int64_t B = m->B, T = m->T, Nt = m->N, D = c->dim, No = c->order, P = (No + 1) * D;
+	int64_t Cf = (No - 1) * D, H = c->ffn_hidden, S = fftconv_spectrum_stride(T);
+	int64_t F = c->filter_order, E = c->emb_dim;
+	HREAL *x = HT(act)(m, a->x), *p = HT(act)(m, a->p), *pc = HT(act)(m, a->pc);
+	HREAL *g = HT(act)(m, a->g), *v = HT(act)(m, a->v), *y = HT(act)(m, a->y);
+	HREAL *xmid = HT(act)(m, a->xmid), *ha = HT(act)(m, a->a), *Hf = HT(act)(m, a->Hf);
+	HREAL *dres = HT(scr)(m, m->s_dres), *xn = HT(scr)(m, m->s_xn), *dxn = HT(scr)(m, m->s_dxn);
+	HREAL *gl = HT(scr)(m, m->s_gl), *dgl = HT(scr)(m, m->s_dgl), *da = HT(scr)(m, m->s_da);
+	HREAL *dy = HT(scr)(m, m->s_dy), *dv = HT(scr)(m, m->s_dv), *dg = HT(scr)(m, m->s_dg);
+	HREAL *dpc = HT(scr)(m, m->s_dpc), *dp = HT(scr)(m, m->s_dp), *dh = HT(scr)(m, m->s_dh);
+	HREAL *fft = HT(scr)(m, m->s_fft);
+	size_t nd = (size_t)(Nt * D) * sizeof(HREAL), nh = (size_t)(Nt * H) * sizeof(HREAL);
+	size_t np = (size_t)(Nt * P) * sizeof(HREAL);
+
+	/* MLP: out = xmid + fc2(gelu(a)), a = fc1(LN2(xmid)) */
+	HK(layernorm_forward)
+	(xn, NULL, NULL, xmid, w[HYB_NORM2_W], w[HYB_NORM2_B], Nt, D, c->norm_eps);
+	HK(gelu_forward)(gl, ha, Nt * H);
+	HK(bias_backward)(dw[HYB_FC2_B], dres, Nt, D);
+	memset(dgl, 0, nh);
+	HK(matmul_backward)(dgl, dw[HYB_FC2_W], dres, gl, w[HYB_FC2_W], Nt, H, D);
+	memset(da, 0, nh);
+	HK(gelu_backward)(da, dgl, ha, Nt * H);
+	HK(bias_backward)(dw[HYB_FC1_B], da, Nt, H);
+	memset(dxn, 0, nd);
+	HK(matmul_backward)(dxn, dw[HYB_FC1_W], da, xn, w[HYB_FC1_W], Nt, D, H);
+	HK(layernorm_backward)
+	(dres, dw[HYB_NORM2_W], dw[HYB_NORM2_B], dxn, xmid, w[HYB_NORM2_W], HT(act)(m, a->mean2),
+	 HT(act)(m, a->rstd2), Nt, D);
+
+	/* mixer: xmid = x + W_out y + b_out, y = v_{N-1} .* x_0 */
+	HK(bias_backward)(dw[HYB_OUT_B], dres, Nt, D);
+	memset(dy, 0, nd);
+	HK(matmul_backward)(dy, dw[HYB_OUT_W], dres, y, w[HYB_OUT_W], Nt, D, D);
+	memset(dpc, 0, np);
+	memset(dv, 0, nd);
+	HT(mul_cols_back)(dv, D, dy, pc, P, Nt, D);                     /* d v_{N-1} */
+	HT(mul_cols_back)(dpc, P, dy, v + (No - 2) * Nt * D, D, Nt, D); /* d x_0 */
+	memset(dh, 0, (size_t)(T * Cf) * sizeof(HREAL));
+	for (int64_t o = No - 2; o >= 0; o--) {
+		/* v_{o+1} = conv_o(g_o), g_o = src .* x_{N-1-o} */
+		HREAL *go = g + o * Nt * D;
+		memset(dg, 0, nd);
+		HK(fftconv_backward)
+		(dg, dh + o * D, Cf, dw[HYB_FBIAS] + o * D, dv, go, Hf + o * D * S,
+		 w[HYB_FBIAS] + o * D, B, T, D, fft, m->nthreads);
+		const HREAL *src = o == 0 ? pc + No * D : v + (o - 1) * Nt * D;
+		int64_t lds = o == 0 ? P : D;
+		HT(mul_cols_back)(dpc + (No - 1 - o) * D, P, dg, src, lds, Nt, D);
+		if (o > 0) {
+			memset(dv, 0, nd);
+			HT(mul_cols_back)(dv, D, dg, pc + (No - 1 - o) * D, P, Nt, D);
+		} else {
+			HT(mul_cols_back)(dpc + No * D, P, dg, pc + (No - 1 - o) * D, P, Nt, D);
+		}
+	}
+	/* the filters: once per backward, from the gradient summed over the batch */
+	HK(hyena_filter_backward)
+	(dw[HYB_MLP0_W], dw[HYB_MLP0_B], dw[HYB_FREQ], dw[HYB_MLP1_W], dw[HYB_MLP1_B],
+	 dw[HYB_MLP2_W], dw[HYB_MLP2_B], dw[HYB_MLP3_W], dh, HT(act)(m, a->fa), HT(act)(m, m->z),
+	 HT(act)(m, m->window), w[HYB_FREQ], w[HYB_MLP1_W], w[HYB_MLP2_W], w[HYB_MLP3_W], T, E, F,
+	 Cf, HT(scr)(m, m->s_filt));
+	memset(dp, 0, np);
+	HK(shortconv_backward)
+	(dp, dw[HYB_SF_W], dw[HYB_SF_B], dpc, p, w[HYB_SF_W], B, T, P, HYENA_SHORT_FILTER);
+	HK(bias_backward)(dw[HYB_IN_B], dp, Nt, P);
+	HK(layernorm_forward)
+	(xn, NULL, NULL, x, w[HYB_NORM1_W], w[HYB_NORM1_B], Nt, D, c->norm_eps);
+	memset(dxn, 0, nd);
+	HK(matmul_backward)(dxn, dw[HYB_IN_W], dp, xn, w[HYB_IN_W], Nt, D, P);
+	HK(layernorm_backward)
+	(dres, dw[HYB_NORM1_W], dw[HYB_NORM1_B], dxn, x, w[HYB_NORM1_W], HT(act)(m, a->mean1),
+	 HT(act)(m, a->rstd1), Nt, D);
+}
+
+static void HT(head_backward)(struct hyena_model *m, double dscale)
+{
+	const struct hyena_config *c = &m->cfg;
+	int L = (int)c->n_layers;
+	int64_t Nt = m->N, D = c->dim, V = c->vocab_size;
+	HREAL *xn = HT(act)(m, m->xn_final), *dxn = HT(scr)(m, m->s_dxn);
+	HREAL *dE = HT(act)(m, m->tied_dw), *dres = HT(scr)(m, m->s_dres);
+	const HREAL *E = m->own_params ? HUW(m)[0] : HT(act)(m, m->tied_w);
+	int base = hyena_block_tensor_index(L, 0);
+	if (!m->head_grads_ready || m->loss_dscale != dscale) {
+		CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
+		      m->loss_dscale, dscale);
+		memset(dxn, 0, (size_t)(Nt * D) * sizeof(HREAL));
+		memset(dE, 0, (size_t)(V * D) * sizeof(HREAL));
+		HK(cross_entropy_fused)
+		(dxn, dE, xn, E, m->targets, Nt, D, V, HYENA_IGNORE_INDEX, dscale,
+		 HT(scr)(m, m->s_ce), m->ce_chunk, NULL);
+	}
+	m->head_grads_ready = false;
+	memset(dres, 0, (size_t)(Nt * D) * sizeof(HREAL));
+	HK(layernorm_backward)
+	(dres, HT(tensor)(m, HUDW(m), base), HT(tensor)(m, HUDW(m), base + 1), dxn,
+	 HT(act)(m, m->x_final), HT(tensor)(m, HUW(m), base), HT(act)(m, m->mean_f),
+	 HT(act)(m, m->rstd_f), Nt, D);
+}
+
+/* Unit 0: the head's share of the tied embedding gradient, then the lookup's scatter. */
+static void HT(embed_backward)(struct hyena_model *m)
+{
+	int64_t n = m->cfg.vocab_size * m->cfg.dim;
+	HREAL *dE = HUDW(m)[0];
+	const HREAL *head = HT(act)(m, m->tied_dw);
+#pragma omp parallel for simd schedule(static)
+	for (int64_t i = 0; i < n; i++)
+		dE[i] += head[i];
+	HK(embedding_backward)(dE, HT(scr)(m, m->s_dres), m->tokens, m->N, m->cfg.dim);
+}
+
+static void HT(unit_backward)(struct hyena_model *m, int u, double dscale)
+{
+	int L = (int)m->cfg.n_layers;
+	if (u == L + 1)
+		HT(head_backward)(m, dscale);
+	else if (u >= 1)
+		HT(block_backward)(m, u - 1);
+	else
+		HT(embed_backward)(m);
+}
