@@ -1,0 +1,1 @@
+ct_add_test(hyena_gen TIMEOUT 300)
