@@ -2,7 +2,8 @@
  * N-rank training equals 1-rank training (losses and gathered parameters within 1e-5
  * relative, computed on rank 0 in the same run), reruns are bitwise identical, persistent
  * memory is 1/N, and the bf16 all-gather moves half the bytes and trains like fp32.
- *   test_fsdp [--replicate R] [--bf16-check] */
+ * Llama by default; --hyena runs the same checks on a Hyena model (other units, a tied head).
+ *   test_fsdp [--replicate R] [--bf16-check] [--hyena] */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "train/trainer.h"
 
 static int replicate = 1;
+static bool hyena;
 static struct mesh mesh;
 static uint64_t seed;
 
@@ -26,11 +28,22 @@ static uint64_t seed;
 #define T     32
 #define ACCUM 2 /* micro-batches per rank */
 
-static void config(struct llama_config *c)
+static void config(struct model_config *c)
 {
-	llama_config_preset(c, "debugmodel");
-	c->vocab_size = 509; /* rows not divisible by 2, 3 or 4: exercises padding */
-	llama_config_finish(c);
+	memset(c, 0, sizeof(*c));
+	if (hyena) {
+		c->kind = MODEL_HYENA;
+		hyena_config_preset(&c->hyena, "hyena-debug");
+		c->hyena.vocab_size = 509;
+		c->hyena.dim = 33; /* odd rows everywhere */
+		c->hyena.l_max = T;
+		CHECK(hyena_config_finish(&c->hyena) == CT_OK, "hyena config");
+		return;
+	}
+	c->kind = MODEL_LLAMA;
+	llama_config_preset(&c->llama, "debugmodel");
+	c->llama.vocab_size = 509; /* rows not divisible by 2, 3 or 4: exercises padding */
+	llama_config_finish(&c->llama);
 }
 
 /* Rows of micro-batch a on data-parallel rank d: step*G + (a*dp + d)*B. */
@@ -52,11 +65,11 @@ struct run {
 
 static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int steps)
 {
-	struct llama_config c;
+	struct model_config c;
 	config(&c);
-	struct llama_model m;
-	const struct llama_build_opts opts = {.own_params = false};
-	CHECK(llama_build_ex(&m, &c, B, T, &opts) == CT_OK, "build");
+	struct model m;
+	const struct model_build_opts opts = {.own_params = false};
+	CHECK(model_build(&m, &c, B, T, &opts) == CT_OK, "build");
 	struct comm_stream *stream = comm_stream_create(mode, 60);
 	struct fsdp f;
 	int64_t before = mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM);
@@ -71,7 +84,7 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	int32_t tok[ACCUM * B * T], tgt[ACCUM * B * T];
 	comm_reset_bytes();
 	for (int s = 0; s < steps; s++) {
-		batch_rows(c.vocab_size, s, mesh.dp_group.size, mesh.dp_group.rank, ACCUM, tok,
+		batch_rows(m.vocab_size, s, mesh.dp_group.size, mesh.dp_group.rank, ACCUM, tok,
 		           tgt);
 		struct train_step_result r;
 		CHECK(fsdp_train_step(&f, &opt, tok, tgt, ACCUM, lr_schedule_at(&sched, s), 0.3,
@@ -83,23 +96,24 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 			out->losses[STEPS - 1] = r.loss;
 	}
 	out->ag_bytes = comm_bytes(COMM_ALL_GATHER);
-	out->params = malloc((size_t)m.table.numel * sizeof(float));
+	out->params = malloc((size_t)m.table->numel * sizeof(float));
 	fsdp_gather_full(&f, out->params);
 	adamw_free(&opt);
 	fsdp_free(&f);
 	comm_stream_destroy(stream);
-	llama_free(&m);
+	model_free(&m);
 }
 
 static void run_single(struct run *out, int dp)
 {
-	struct llama_config c;
+	struct model_config c;
 	config(&c);
-	struct llama_model m;
-	CHECK(llama_build(&m, &c, B, T) == CT_OK, "build");
-	llama_init_params(&m.cfg, &m.table, seed, m.params, 0, m.table.numel);
+	struct model m;
+	const struct model_build_opts opts = {.own_params = true};
+	CHECK(model_build(&m, &c, B, T, &opts) == CT_OK, "build");
+	model_init_params(&m, seed, m.params, 0, m.table->numel);
 	struct adamw opt;
-	adamw_init(&opt, m.table.numel, 0.9, 0.95, 1e-8, 0.1);
+	adamw_init(&opt, m.table->numel, 0.9, 0.95, 1e-8, 0.1);
 	struct lr_schedule sched;
 	lr_schedule_init(&sched, 2e-3, 2, -1, "linear", 0.1, STEPS);
 	int32_t *tok = malloc((size_t)(dp * ACCUM * B * T) * sizeof(int32_t));
@@ -107,7 +121,7 @@ static void run_single(struct run *out, int dp)
 	for (int s = 0; s < STEPS; s++) {
 		/* the rows of dp ranks x ACCUM micro-batches, as dp*ACCUM micro-batches */
 		int64_t G = (int64_t)ACCUM * dp * B;
-		synthetic_batch(seed, c.vocab_size, s * G, G, T, tok,
+		synthetic_batch(seed, m.vocab_size, s * G, G, T, tok,
 		                tgt); /* rows in order (a*dp + d)*B */
 		struct train_step_result r;
 		CHECK(train_step(&m, &opt, tok, tgt, dp * ACCUM, lr_schedule_at(&sched, s), 0.3,
@@ -115,20 +129,20 @@ static void run_single(struct run *out, int dp)
 		      "step");
 		out->losses[s] = r.loss;
 	}
-	out->params = malloc((size_t)m.table.numel * sizeof(float));
-	memcpy(out->params, m.params, (size_t)m.table.numel * sizeof(float));
+	out->params = malloc((size_t)m.table->numel * sizeof(float));
+	memcpy(out->params, m.params, (size_t)m.table->numel * sizeof(float));
 	out->persistent_bytes = 0;
 	free(tok), free(tgt);
 	adamw_free(&opt);
-	llama_free(&m);
+	model_free(&m);
 }
 
 static int64_t numel(void)
 {
-	struct llama_config c;
+	struct model_config c;
 	struct llama_table t;
 	config(&c);
-	llama_table_build(&t, &c);
+	model_table_build(&t, &c);
 	int64_t n = t.numel;
 	llama_table_free(&t);
 	return n;
@@ -198,6 +212,8 @@ int main(int argc, char **argv)
 			replicate = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--bf16-check") == 0)
 			bf16_check = true;
+		else if (strcmp(argv[i], "--hyena") == 0)
+			hyena = true;
 	}
 	CHECK(mesh_build(&mesh, 1, replicate, -1, 1) == CT_OK, "mesh");
 	/* one seed for all ranks */

@@ -152,11 +152,13 @@ static void run_steps(struct llama_model *m, int steps, int64_t accum, const int
                       const int32_t *tgt, double *losses, double *norms)
 {
 	struct adamw opt;
+	struct model mm;
+	model_wrap_llama(&mm, m);
 	adamw_init(&opt, m->table.numel, 0.9, 0.95, 1e-8, 0.1);
 	for (int s = 0; s < steps; s++) {
 		struct train_step_result r;
 		int64_t off = (int64_t)s * accum * m->N;
-		EXPECT(train_step(m, &opt, tok + off, tgt + off, accum, 1e-3, 1.0, &r) == CT_OK,
+		EXPECT(train_step(&mm, &opt, tok + off, tgt + off, accum, 1e-3, 1.0, &r) == CT_OK,
 		       "step");
 		losses[s] = r.loss;
 		norms[s] = r.grad_norm;
@@ -293,11 +295,13 @@ TEST_CASE(test_overfit_one_batch)
 	int32_t tok[32], tgt[32];
 	rand_batch(tok, tgt, 32, c.vocab_size, false);
 	struct adamw opt;
+	struct model mm;
+	model_wrap_llama(&mm, &m);
 	adamw_init(&opt, m.table.numel, 0.9, 0.95, 1e-8, 0.0);
 	double first = 0, last = 0;
 	for (int s = 0; s < 20; s++) {
 		struct train_step_result r;
-		train_step(&m, &opt, tok, tgt, 1, 3e-3, 1.0, &r);
+		train_step(&mm, &opt, tok, tgt, 1, 3e-3, 1.0, &r);
 		if (s == 0)
 			first = r.loss;
 		last = r.loss;
@@ -372,9 +376,11 @@ static int reference_case(const struct llama_config *c, int64_t B, int64_t T, co
 	adamw_init(&opt, m.table.numel, 0.9, 0.95, 1e-8, 0.1);
 	double losses[10];
 	int clipped = 0;
+	struct model mm;
+	model_wrap_llama(&mm, &m);
 	for (int s = 0; s < S; s++) {
 		struct train_step_result r;
-		CHECK(train_step(&m, &opt, tok + s * N, tgt + s * N, 1, lr_schedule_at(&sched, s),
+		CHECK(train_step(&mm, &opt, tok + s * N, tgt + s * N, 1, lr_schedule_at(&sched, s),
 		                 max_norm, &r) == CT_OK,
 		      "step");
 		losses[s] = r.loss;

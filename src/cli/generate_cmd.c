@@ -144,7 +144,9 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		rc = CT_ERR_USAGE;
 	}
 	if (!rc)
-		rc = ckpt_load_params(root, step, &mc, &t, params);
+		rc = ckpt_load_params(root, step,
+		                      &(struct model_config){.kind = MODEL_LLAMA, .llama = mc}, &t,
+		                      params);
 	int64_t n_prompt = 0;
 	struct tok_tokenizer *tok = NULL;
 	struct tok_ids ids = {0};

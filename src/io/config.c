@@ -99,8 +99,9 @@ static const struct cfg_key cfg_schema[] = {
 
     {ROW(model, name), .def = "llama3", .help = "Model family."},
     {ROW(model, flavor), .def = "debugmodel",
-     CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B"),
-     .help = "Model size within the family."},
+     CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B", "hyena-debug", "hyena-small"),
+     .help = "Model size within the family (llama3: debugmodel .. 405B; hyena: hyena-debug, "
+             "hyena-small)."},
     {ROW(model, vocab_size), .def = "-1", UNSET_OR_GE(1),
      .help = "Vocabulary size; -1: the flavor's vocabulary."},
     {ROW(model, rope_scaling), .def = "false",
@@ -109,6 +110,16 @@ static const struct cfg_key cfg_schema[] = {
     {ROW(model, tokenizer_path), .def = "",
      .help = "Tokenizer (rank file or tokenizer.json) of the dataset; generate uses it for "
              "text, train checks that its ids fit the vocabulary."},
+    {ROW(model, hyena_order), .def = "-1", UNSET_OR_GE(2),
+     .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
+    {ROW(model, hyena_filter_order), .def = "-1", UNSET_OR_GE(1),
+     .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
+    {ROW(model, hyena_emb_dim), .def = "-1", UNSET_OR_GE(3),
+     .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
+    {ROW(model, hyena_sin_freq), .def = "-1", UNSET_OR_GE(0),
+     .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
+    {ROW(model, hyena_l_max), .def = "-1", UNSET_OR_GE(1),
+     .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
 
     {ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer."},
     {ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate."},

@@ -34,6 +34,12 @@ struct ct_config {
 		                       high 4, original context 8192) */
 		char tokenizer_path[CONFIG_STR_MAX]; /* "": the tokenizer of the dataset (rank
 		                                        file or tokenizer.json) */
+		/* Hyena (name = "hyena"); -1: the flavor's value */
+		int64_t hyena_order;        /* -1, >= 2: long convolutions + 1 per block */
+		int64_t hyena_filter_order; /* -1, >= 1: width of the implicit filter MLP */
+		int64_t hyena_emb_dim;      /* -1, odd >= 3: positional features of the filter */
+		double hyena_sin_freq;      /* -1, > 0: initial frequency of the sine activations */
+		int64_t hyena_l_max;        /* -1 (= training.seq_len), >= 1: filter length */
 	} model;
 	struct {
 		char name[32];       /* "AdamW" (only choice) */

@@ -25,7 +25,7 @@ int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r)
 
 /* ---------------------------------------------------------------- plan */
 
-int fsdp_build(struct fsdp *f, struct llama_model *m, const struct mesh *mesh, bool bf16,
+int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf16,
                enum fsdp_reshard reshard, struct comm_stream *stream)
 {
 	memset(f, 0, sizeof(*f));
@@ -34,7 +34,7 @@ int fsdp_build(struct fsdp *f, struct llama_model *m, const struct mesh *mesh, b
 	f->stream = stream;
 	f->bf16 = bf16;
 	f->reshard = reshard;
-	const struct llama_table *t = &m->table;
+	const struct llama_table *t = m->table;
 	int64_t N = mesh->dp_shard, r = mesh->dp_shard_rank;
 	f->n_units = t->n_units;
 	f->p = xcalloc((size_t)t->count, sizeof(*f->p));
@@ -84,7 +84,7 @@ int fsdp_build(struct fsdp *f, struct llama_model *m, const struct mesh *mesh, b
 	f->rs_recv = mem_alloc(MEM_COMM, (size_t)f->max_shard * sizeof(float));
 	f->rs_scratch = mem_alloc(MEM_COMM, (size_t)(2 * f->max_shard) * sizeof(float));
 	for (int u = 0; u < t->n_units; u++)
-		llama_bind_unit(m, u, NULL, NULL);
+		model_bind_unit(m, u, NULL, NULL);
 	return CT_OK;
 }
 
@@ -113,13 +113,12 @@ void fsdp_free(struct fsdp *f)
 
 void fsdp_init_params(struct fsdp *f, uint64_t seed)
 {
-	const struct llama_table *t = &f->model->table;
+	const struct llama_table *t = f->model->table;
 	int64_t r = f->mesh->dp_shard_rank;
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
 		float *dst = f->shard_w + f->u[t->p[i].unit].shard_base + p->shard_off;
-		llama_init_params(&f->model->cfg, t, seed, dst,
-		                  t->p[i].offset + r * p->chunk_rows * p->cols,
+		model_init_params(f->model, seed, dst, t->p[i].offset + r * p->chunk_rows * p->cols,
 		                  p->my_rows * p->cols);
 	}
 }
@@ -285,13 +284,13 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
                     const int32_t *targets, int64_t accum, double lr, double max_norm,
                     struct train_step_result *res)
 {
-	struct llama_model *m = f->model;
+	struct model *m = f->model;
 	const struct mesh *mesh = f->mesh;
 	int64_t Nt = m->N, U = f->n_units;
 	int64_t valid = llama_count_valid(targets, accum * Nt);
 	comm_all_reduce_i64(&mesh->dp_group, &valid, 1);
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
-	m->loss_dscale = dscale;
+	model_set_loss_dscale(m, dscale);
 	memset(f->shard_g, 0, (size_t)f->shard_numel * sizeof(float));
 	double loss_sum = 0.0;
 	for (int64_t a = 0; a < accum; a++) {
@@ -301,7 +300,7 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 			unit_gather(f, u);
 			if (u == U - 1)
 				unit_zero_grads(f, u); /* the fused loss writes output grads */
-			loss_sum += llama_unit_forward(m, u, NULL);
+			loss_sum += model_unit_forward(m, u, NULL);
 			if (reshard_after_forward(f, u))
 				unit_release_params(f, u);
 		}
@@ -309,7 +308,7 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 			unit_gather(f, u);
 			if (u != U - 1)
 				unit_zero_grads(f, u);
-			llama_unit_backward(m, u, dscale);
+			model_unit_backward(m, u, dscale);
 			unit_reduce_scatter(f, u);
 			unit_release_grads(f, u);
 			if (f->reshard != FSDP_RESHARD_NEVER)
@@ -333,7 +332,7 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 	}
 	double gscale = clip_coefficient(res->grad_norm, max_norm);
 	adamw_begin_step(opt);
-	const struct llama_table *t = &m->table;
+	const struct llama_table *t = m->table;
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
 		int64_t at = f->u[t->p[i].unit].shard_base + p->shard_off;
@@ -345,20 +344,19 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 
 double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targets, int64_t *valid)
 {
-	struct llama_model *m = f->model;
+	struct model *m = f->model;
 	memcpy(m->tokens, tokens, (size_t)m->N * sizeof(int32_t));
 	memcpy(m->targets, targets, (size_t)m->N * sizeof(int32_t));
-	double saved = m->loss_dscale, loss = 0.0;
-	m->loss_dscale = 0; /* no loss gradient */
+	double loss = 0.0;
+	model_set_loss_dscale(m, 0); /* no loss gradient */
 	for (int u = 0; u < f->n_units; u++) {
 		unit_gather(f, u);
 		int64_t v = 0;
-		loss += llama_unit_forward(m, u, &v);
+		loss += model_unit_forward(m, u, &v);
 		if (u == f->n_units - 1)
 			*valid = v;
 		unit_release_params(f, u);
 	}
-	m->loss_dscale = saved;
 	return loss;
 }
 
@@ -367,13 +365,13 @@ void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows,
 	const struct fsdp_param *p = &f->p[i];
 	*row0 = f->mesh->dp_shard_rank * p->chunk_rows;
 	*nrows = p->my_rows;
-	*at = f->u[f->model->table.p[i].unit].shard_base + p->shard_off;
+	*at = f->u[f->model->table->p[i].unit].shard_base + p->shard_off;
 }
 
 void fsdp_gather_full(struct fsdp *f, float *out)
 {
 	/* Always fp32, whatever the training all-gather dtype: this is the master copy. */
-	const struct llama_table *t = &f->model->table;
+	const struct llama_table *t = f->model->table;
 	int64_t N = f->mesh->dp_shard;
 	float *recv = malloc((size_t)(N * f->max_shard) * sizeof(float));
 	CHECK(recv, "out of memory");

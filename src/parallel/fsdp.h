@@ -20,7 +20,7 @@
 
 #include "comm/comm.h"
 #include "comm/stream.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "train/optim.h"
 
 enum fsdp_reshard { FSDP_RESHARD_DEFAULT, FSDP_RESHARD_ALWAYS, FSDP_RESHARD_NEVER };
@@ -41,7 +41,7 @@ struct fsdp_unit {
 
 struct fsdp {
 	const struct mesh *mesh;
-	struct llama_model *model;
+	struct model *model;
 	struct comm_stream *stream;
 	struct fsdp_param *p; /* one per table entry */
 	struct fsdp_unit *u;
@@ -61,7 +61,7 @@ struct fsdp {
 };
 
 /* Plan the shards for model m (built with own_params = false) and allocate everything. */
-int fsdp_build(struct fsdp *f, struct llama_model *m, const struct mesh *mesh, bool bf16,
+int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf16,
                enum fsdp_reshard reshard, struct comm_stream *stream);
 void fsdp_free(struct fsdp *f);
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r);

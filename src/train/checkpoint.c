@@ -113,9 +113,26 @@ static char *read_text(const char *path)
 
 /* ---------------------------------------------------------------- manifest */
 
-static cJSON *model_json(const struct llama_config *c)
+static cJSON *model_json(const struct model_config *mc)
 {
 	cJSON *o = cJSON_CreateObject();
+	cJSON_AddStringToObject(o, "name", model_kind_name(mc->kind));
+	if (mc->kind == MODEL_HYENA) {
+		const struct hyena_config *c = &mc->hyena;
+		cJSON_AddStringToObject(o, "flavor", c->flavor);
+		cJSON_AddNumberToObject(o, "dim", (double)c->dim);
+		cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
+		cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+		cJSON_AddNumberToObject(o, "order", (double)c->order);
+		cJSON_AddNumberToObject(o, "filter_order", (double)c->filter_order);
+		cJSON_AddNumberToObject(o, "emb_dim", (double)c->emb_dim);
+		cJSON_AddNumberToObject(o, "ffn_hidden", (double)c->ffn_hidden);
+		cJSON_AddNumberToObject(o, "l_max", (double)c->l_max);
+		cJSON_AddNumberToObject(o, "sin_freq", c->sin_freq);
+		cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
+		return o;
+	}
+	const struct llama_config *c = &mc->llama;
 	cJSON_AddStringToObject(o, "flavor", c->flavor);
 	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
 	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
@@ -161,7 +178,7 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n)
 	return rc;
 }
 
-static char *manifest_text(const struct llama_config *cfg, const struct mesh *mesh,
+static char *manifest_text(const struct model_config *cfg, const struct mesh *mesh,
                            const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
                            const struct file_sum *sums, const int64_t *rows0, const int64_t *nrows,
                            const struct ckpt_extra *extra, const struct file_sum *extra_sums,
@@ -289,7 +306,7 @@ static int save_extras(const char *dir, const struct ckpt_extra *extra, int n,
 	return CT_OK;
 }
 
-int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
+int ckpt_save(const char *root, const struct model_config *cfg, const struct mesh *mesh,
               const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
               const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k)
 {
@@ -568,7 +585,7 @@ static int load_tensor(const struct ckpt_tensor *t, const cJSON *to, const char 
 	return CT_OK;
 }
 
-int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
+int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
               const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st)
 {
 	char dir[1100], path[1200];
@@ -597,7 +614,15 @@ int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
 		snprintf(st->data_state, sizeof(st->data_state), "%s",
 		         cJSON_IsString(ds) ? ds->valuestring : "");
 	}
-	(void)cfg;
+	/* the family must match (manifests without a name are Llama's) */
+	const cJSON *mname = cJSON_GetObjectItemCaseSensitive(
+	    cJSON_GetObjectItemCaseSensitive(man, "model"), "name");
+	const char *saved = cJSON_IsString(mname) ? mname->valuestring : "llama3";
+	if (!rc && cfg && strcmp(saved, model_kind_name(cfg->kind)) != 0) {
+		LOG_ERROR("checkpoint: '%s' holds a %s model, not %s", path, saved,
+		          model_kind_name(cfg->kind));
+		rc = CT_ERR_RUNTIME;
+	}
 	struct open_file *cache =
 	    xcalloc((size_t)(files ? cJSON_GetArraySize(files) : 0) + 1, sizeof(*cache));
 	int ncache = 0;
@@ -622,7 +647,7 @@ int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
 	return CT_OK;
 }
 
-int ckpt_load_params(const char *root, int64_t step, const struct llama_config *cfg,
+int ckpt_load_params(const char *root, int64_t step, const struct model_config *cfg,
                      const struct llama_table *t, float *params)
 {
 	struct ckpt_tensor *ct = xcalloc((size_t)t->count, sizeof(*ct));

@@ -21,7 +21,7 @@
 #include <stdint.h>
 
 #include "comm/comm.h"
-#include "model/llama.h"
+#include "model/model.h"
 
 #define CKPT_FORMAT_VERSION 1
 
@@ -52,7 +52,7 @@ struct ckpt_extra {
 
 /* Save a checkpoint of `step`. Collective over mesh->world_group. Returns CT_OK or an error
  * (the previous checkpoints are untouched on error). */
-int ckpt_save(const char *root, const struct llama_config *cfg, const struct mesh *mesh,
+int ckpt_save(const char *root, const struct model_config *cfg, const struct mesh *mesh,
               const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
               const struct ckpt_extra *extra, int n_extra, int64_t keep_latest_k);
 
@@ -70,12 +70,12 @@ int ckpt_resolve(const char *path, char *root, size_t root_size, int64_t *step);
 
 /* Load checkpoint `step` into the tensors (each rank its rows). Collective. The model shape
  * must match the saved one (errors name the tensor). */
-int ckpt_load(const char *root, int64_t step, const struct llama_config *cfg,
+int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
               const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st);
 
 /* On a single process: every parameter of checkpoint `step` (whatever rank count saved it) into
  * a flat buffer in table layout; no optimizer moments. For generate and export. */
-int ckpt_load_params(const char *root, int64_t step, const struct llama_config *cfg,
+int ckpt_load_params(const char *root, int64_t step, const struct model_config *cfg,
                      const struct llama_table *t, float *params);
 
 #endif

@@ -19,7 +19,7 @@
 #include "data/tokenizer.h"
 #include "data/synthetic.h"
 #include "kernels/kernels.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "parallel/fsdp.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
@@ -30,7 +30,7 @@ struct trainer {
 	const struct ct_config *cfg;
 	struct mesh mesh;
 	struct comm_stream *stream;
-	struct llama_model model;
+	struct model model;
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
 	bool sharded;
 	struct adamw opt;
@@ -46,8 +46,18 @@ struct trainer {
 
 int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc)
 {
+	if (strcmp(cfg->model.name, "hyena") == 0) {
+		LOG_ERROR(
+		    "model.name = \"hyena\": not yet supported by this command (llama3 only)");
+		return CT_ERR_USAGE;
+	}
 	if (strcmp(cfg->model.name, "llama3") != 0) {
-		LOG_ERROR("model.name: '%s' is not supported (llama3)", cfg->model.name);
+		LOG_ERROR("model.name: '%s' is not supported (llama3, hyena)", cfg->model.name);
+		return CT_ERR_USAGE;
+	}
+	if (hyena_is_flavor(cfg->model.flavor)) {
+		LOG_ERROR("model.flavor: '%s' is a hyena flavor; set model.name = \"hyena\"",
+		          cfg->model.flavor);
 		return CT_ERR_USAGE;
 	}
 	int rc = llama_config_preset(mc, cfg->model.flavor);
@@ -59,11 +69,58 @@ int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc)
 	return llama_config_finish(mc);
 }
 
+int trainer_hyena_config(const struct ct_config *cfg, struct hyena_config *hc)
+{
+	if (!hyena_is_flavor(cfg->model.flavor)) {
+		LOG_ERROR("model.flavor: '%s' is not a hyena flavor (%s)", cfg->model.flavor,
+		          hyena_flavor_list());
+		return CT_ERR_USAGE;
+	}
+	int rc = hyena_config_preset(hc, cfg->model.flavor);
+	if (rc)
+		return rc;
+	const struct int_override {
+		int64_t value, *field;
+	} keys[] = {
+	    {cfg->model.vocab_size, &hc->vocab_size},
+	    {cfg->model.hyena_order, &hc->order},
+	    {cfg->model.hyena_filter_order, &hc->filter_order},
+	    {cfg->model.hyena_emb_dim, &hc->emb_dim},
+	};
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (keys[i].value > 0)
+			*keys[i].field = keys[i].value;
+	if (cfg->model.hyena_sin_freq > 0)
+		hc->sin_freq = cfg->model.hyena_sin_freq;
+	hc->l_max = cfg->model.hyena_l_max > 0 ? cfg->model.hyena_l_max : cfg->training.seq_len;
+	if (hc->l_max < cfg->training.seq_len) {
+		LOG_ERROR("model.hyena_l_max: %lld is shorter than training.seq_len %lld",
+		          (long long)hc->l_max, (long long)cfg->training.seq_len);
+		return CT_ERR_USAGE;
+	}
+	return hyena_config_finish(hc);
+}
+
+int trainer_model_spec(const struct ct_config *cfg, struct model_config *mc)
+{
+	memset(mc, 0, sizeof(*mc));
+	if (strcmp(cfg->model.name, "hyena") == 0) {
+		mc->kind = MODEL_HYENA;
+		return trainer_hyena_config(cfg, &mc->hyena);
+	}
+	mc->kind = MODEL_LLAMA;
+	if (strcmp(cfg->model.name, "llama3") != 0) {
+		LOG_ERROR("model.name: '%s' is not supported (llama3, hyena)", cfg->model.name);
+		return CT_ERR_USAGE;
+	}
+	return trainer_model_config(cfg, &mc->llama);
+}
+
 static int trainer_build_model(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
-	struct llama_config mc;
-	int rc = trainer_model_config(cfg, &mc);
+	struct model_config mc;
+	int rc = trainer_model_spec(cfg, &mc);
 	if (rc)
 		return rc;
 	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
@@ -72,17 +129,17 @@ static int trainer_build_model(struct trainer *tr)
 		LOG_WARN(
 		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
 		    "on one rank parameters stay float32");
-	const struct llama_build_opts opts = {
+	const struct model_build_opts opts = {
 	    .own_params = !tr->sharded,
 	    .recompute_ffn = strcmp(cfg->activation_checkpoint.mode, "ffn") == 0,
 	};
-	rc = llama_build_ex(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
-	                    &opts);
+	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
+	                 &opts);
 	if (rc)
 		return rc;
-	struct llama_model *m = &tr->model;
+	struct model *m = &tr->model;
 	uint64_t seed = (uint64_t)cfg->debug.seed;
-	int64_t opt_numel = m->table.numel;
+	int64_t opt_numel = m->table->numel;
 	if (tr->sharded) {
 		enum fsdp_reshard reshard;
 		rc = fsdp_reshard_parse(cfg->parallelism.fsdp_reshard_after_forward, &reshard);
@@ -92,7 +149,7 @@ static int trainer_build_model(struct trainer *tr)
 		fsdp_init_params(&tr->fsdp, seed);
 		opt_numel = tr->fsdp.shard_numel;
 	} else {
-		llama_init_params(&m->cfg, &m->table, seed, m->params, 0, m->table.numel);
+		model_init_params(m, seed, m->params, 0, m->table->numel);
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
 	           cfg->optimizer.eps, cfg->optimizer.weight_decay);
@@ -102,7 +159,7 @@ static int trainer_build_model(struct trainer *tr)
 static int trainer_open_data(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
-	struct llama_model *m = &tr->model;
+	struct model *m = &tr->model;
 	bool synthetic = strcmp(cfg->training.dataset, "synthetic") == 0;
 	if (cfg->model.tokenizer_path[0]) {
 		if (access(cfg->model.tokenizer_path, R_OK) != 0) {
@@ -116,11 +173,11 @@ static int trainer_open_data(struct trainer *tr)
 			return rc;
 		int64_t ids = tok_n_ids(tok);
 		tok_free(tok);
-		if (ids > m->cfg.vocab_size) {
+		if (ids > m->vocab_size) {
 			LOG_ERROR("model.tokenizer_path: '%s' has %lld ids, more than the model's "
 			          "vocabulary (%lld); set model.vocab_size",
 			          cfg->model.tokenizer_path, (long long)ids,
-			          (long long)m->cfg.vocab_size);
+			          (long long)m->vocab_size);
 			return CT_ERR_USAGE;
 		}
 	}
@@ -140,7 +197,7 @@ static int trainer_open_data(struct trainer *tr)
 	struct loader_config lc = {
 	    .folder = folder,
 	    .split = "train",
-	    .vocab = m->cfg.vocab_size,
+	    .vocab = m->vocab_size,
 	    .seq_len = m->T,
 	    .batch = m->B,
 	    .micro_batches = tr->accum,
@@ -211,13 +268,10 @@ static int trainer_setup(struct trainer *tr)
 	                                           : metrics_measure_peak_flops();
 	comm_all_reduce_f64(&tr->mesh.world_group, &peak, 1);
 	peak /= tr->mesh.world;
-	double fpt = llama_flops_per_token(&tr->model.cfg, &tr->model.table, cfg->training.seq_len);
-	const struct llama_config *mc = &tr->model.cfg;
-	LOG_INFO("model llama3 %s: %lld parameters (dim %lld, %lld layers, %lld heads, %lld kv "
-	         "heads, ffn %lld, vocab %lld)",
-	         mc->flavor, (long long)tr->model.table.numel, (long long)mc->dim,
-	         (long long)mc->n_layers, (long long)mc->n_heads, (long long)mc->n_kv_heads,
-	         (long long)mc->ffn_hidden, (long long)mc->vocab_size);
+	double fpt = model_flops_per_token(&tr->model, cfg->training.seq_len);
+	char desc[256];
+	model_describe(&tr->model, desc, sizeof(desc));
+	LOG_INFO("model %s", desc);
 	LOG_INFO("parallelism: %d ranks = %d replicas x %d shards (%s); comm progress %s",
 	         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
 	         tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
@@ -246,36 +300,36 @@ static void trainer_teardown(struct trainer *tr)
 		adamw_free(&tr->opt);
 	if (tr->sharded)
 		fsdp_free(&tr->fsdp);
-	llama_free(&tr->model);
+	model_free(&tr->model);
 	comm_stream_destroy(tr->stream);
 	mesh_free(&tr->mesh);
 }
 
-int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
-               const int32_t *targets, int64_t accum, double lr, double max_norm,
-               struct train_step_result *res)
+int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
+               int64_t accum, double lr, double max_norm, struct train_step_result *res)
 {
 	int64_t N = m->N;
 	int64_t valid = llama_count_valid(targets, accum * N);
-	memset(m->grads, 0, (size_t)m->table.numel * sizeof(float));
-	m->loss_dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
+	memset(m->grads, 0, (size_t)m->table->numel * sizeof(float));
+	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
+	model_set_loss_dscale(m, dscale);
 	double loss_sum = 0.0;
 	for (int64_t a = 0; a < accum; a++) {
 		memcpy(m->tokens, tokens + a * N, (size_t)N * sizeof(int32_t));
 		memcpy(m->targets, targets + a * N, (size_t)N * sizeof(int32_t));
-		loss_sum += llama_forward(m, NULL);
-		llama_backward(m, m->loss_dscale);
+		loss_sum += model_forward(m, NULL);
+		model_backward(m, dscale);
 	}
 	res->valid = valid;
 	res->loss = valid > 0 ? loss_sum / (double)valid : 0.0;
-	res->grad_norm = sqrt(sumsq_f32(m->grads, m->table.numel));
+	res->grad_norm = sqrt(sumsq_f32(m->grads, m->table->numel));
 	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
 		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
 		          isfinite(res->loss) ? "gradient norm" : "loss", res->loss,
 		          res->grad_norm);
 		return CT_ERR_RUNTIME;
 	}
-	adamw_step(opt, &m->table, m->params, m->grads, lr,
+	adamw_step(opt, m->table, m->params, m->grads, lr,
 	           clip_coefficient(res->grad_norm, max_norm));
 	return CT_OK;
 }
@@ -285,21 +339,21 @@ int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
  * sees the same rows. */
 static void trainer_batch(struct trainer *tr, int64_t step)
 {
-	struct llama_model *m = &tr->model;
+	struct model *m = &tr->model;
 	if (tr->train_ld) {
 		loader_next(tr->train_ld, tr->batch_tokens, tr->batch_targets);
 		return;
 	}
 	int64_t G = tr->accum * tr->dp * m->B, d = tr->mesh.dp_group.rank;
 	for (int64_t a = 0; a < tr->accum; a++)
-		synthetic_batch((uint64_t)tr->cfg->debug.seed, m->cfg.vocab_size,
+		synthetic_batch((uint64_t)tr->cfg->debug.seed, m->vocab_size,
 		                step * G + (a * tr->dp + d) * m->B, m->B, m->T,
 		                tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
 }
 
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
 {
-	struct llama_model *m = &tr->model;
+	struct model *m = &tr->model;
 	const struct ct_config *cfg = tr->cfg;
 	double t0 = timer_now(), wait0 = comm_stream_wait_seconds(tr->stream);
 	trainer_batch(tr, step);
@@ -335,7 +389,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 /* Mean loss over the val split (or validation.steps batches of it), all ranks. */
 static int trainer_validate(struct trainer *tr, double *loss)
 {
-	struct llama_model *m = &tr->model;
+	struct model *m = &tr->model;
 	int64_t steps = loader_steps_per_epoch(tr->val_ld);
 	if (tr->cfg->validation.steps > 0 && tr->cfg->validation.steps < steps)
 		steps = tr->cfg->validation.steps;
@@ -353,8 +407,8 @@ static int trainer_validate(struct trainer *tr, double *loss)
 			} else {
 				memcpy(m->tokens, tok, (size_t)m->N * sizeof(int32_t));
 				memcpy(m->targets, tgt, (size_t)m->N * sizeof(int32_t));
-				m->loss_dscale = 0;
-				l = llama_forward(m, &valid);
+				model_set_loss_dscale(m, 0);
+				l = model_forward(m, &valid);
 			}
 			sums[0] += l;
 			sums[1] += (double)valid;
@@ -382,7 +436,7 @@ static void trainer_on_signal(int sig)
  * FSDP. Parameters and both AdamW moments share one layout. */
 static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr)
 {
-	const struct llama_table *t = &tr->model.table;
+	const struct llama_table *t = tr->model.table;
 	struct ckpt_tensor *ct = xcalloc((size_t)t->count, sizeof(*ct));
 	for (int i = 0; i < t->count; i++) {
 		const struct llama_param *p = &t->p[i];
@@ -410,7 +464,7 @@ static int trainer_load(struct trainer *tr, const char *root, int64_t step, int6
 {
 	struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 	struct ckpt_trainer_state st = {0};
-	int rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st);
+	int rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table->count, &st);
 	free(ct);
 	if (rc)
 		return rc;
@@ -502,7 +556,7 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 	if (tr->cfg->model.tokenizer_path[0] &&
 	    read_file(tr->cfg->model.tokenizer_path, &tok_data, &tok_len) == CT_OK)
 		extra[n_extra++] = (struct ckpt_extra){"tokenizer.model", tok_data, tok_len};
-	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table.count, &st, extra,
+	int rc = ckpt_save(root, &tr->model.cfg, &tr->mesh, ct, tr->model.table->count, &st, extra,
 	                   n_extra, tr->cfg->checkpoint.keep_latest_k);
 	free(ct);
 	free(cfg_text);

@@ -5,7 +5,7 @@
 #define CT_TRAIN_TRAINER_H
 
 #include "io/config.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "train/optim.h"
 
 /* Where `make run` prepares the default corpus; training.dataset = "default" reads it when
@@ -23,12 +23,17 @@ struct train_step_result {
  * valid tokens of the whole step (counted before any backward), clip to max_norm on the
  * global norm, AdamW at learning rate lr. Returns CT_ERR_RUNTIME on a non-finite loss or
  * gradient norm (parameters are then left untouched). */
-int train_step(struct llama_model *m, struct adamw *opt, const int32_t *tokens,
-               const int32_t *targets, int64_t accum, double lr, double max_norm,
-               struct train_step_result *res);
+int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
+               int64_t accum, double lr, double max_norm, struct train_step_result *res);
 
-/* The model a config describes ([model] flavor, vocab_size, rope_scaling). */
+/* The Llama model a config describes ([model] flavor, vocab_size, rope_scaling); a Hyena
+ * config is CT_ERR_USAGE ("not yet supported" by the commands that only serve Llama). */
 int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc);
+/* The Hyena model a config describes ([model] flavor, vocab_size, hyena_*; l_max defaults to
+ * training.seq_len). */
+int trainer_hyena_config(const struct ct_config *cfg, struct hyena_config *hc);
+/* The model of any family a config describes ([model] name = "llama3" | "hyena"). */
+int trainer_model_spec(const struct ct_config *cfg, struct model_config *mc);
 
 /* Runs a whole training job; returns CT_OK, CT_ERR_USAGE or CT_ERR_RUNTIME. */
 int trainer_run(const struct ct_config *cfg);

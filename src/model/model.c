@@ -1,0 +1,260 @@
+/* The model-family interface: Llama and Hyena behind one table of operations. */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+
+static const char *const model_kind_names[] = {"llama3", "hyena"};
+_Static_assert(sizeof(model_kind_names) / sizeof(model_kind_names[0]) == MODEL_KIND_COUNT,
+               "one name per model kind");
+
+const char *model_kind_name(enum model_kind k)
+{
+	return k >= 0 && k < MODEL_KIND_COUNT ? model_kind_names[k] : "?";
+}
+
+int64_t model_config_vocab(const struct model_config *c)
+{
+	return c->kind == MODEL_HYENA ? c->hyena.vocab_size : c->llama.vocab_size;
+}
+
+const char *model_config_flavor(const struct model_config *c)
+{
+	return c->kind == MODEL_HYENA ? c->hyena.flavor : c->llama.flavor;
+}
+
+int model_table_build(struct llama_table *t, const struct model_config *c)
+{
+	return c->kind == MODEL_HYENA ? hyena_table_build(t, &c->hyena)
+	                              : llama_table_build(t, &c->llama);
+}
+
+void model_init_params_cfg(const struct model_config *c, const struct llama_table *t, uint64_t seed,
+                           float *out, int64_t first, int64_t n)
+{
+	if (c->kind == MODEL_HYENA)
+		hyena_init_params(&c->hyena, t, seed, out, first, n);
+	else
+		llama_init_params(&c->llama, t, seed, out, first, n);
+}
+
+/* ---------------------------------------------------------------- Llama */
+
+static void llama_op_bind(void *impl, int u, float *params, float *grads)
+{
+	llama_bind_unit(impl, u, params, grads);
+}
+static double llama_op_forward(void *impl, int u, int64_t *n_valid)
+{
+	return llama_unit_forward(impl, u, n_valid);
+}
+static void llama_op_backward(void *impl, int u, double dscale)
+{
+	llama_unit_backward(impl, u, dscale);
+}
+static void llama_op_dscale(void *impl, double dscale)
+{
+	((struct llama_model *)impl)->loss_dscale = dscale;
+}
+static void llama_op_logits(void *impl, float *logits)
+{
+	llama_logits(impl, logits);
+}
+static double llama_op_flops(const struct model_config *c, const struct llama_table *t,
+                             int64_t seq_len)
+{
+	return llama_flops_per_token(&c->llama, t, seq_len);
+}
+static void llama_op_free(void *impl)
+{
+	llama_free(impl);
+}
+
+static const struct model_ops llama_ops = {
+    .bind_unit = llama_op_bind,
+    .unit_forward = llama_op_forward,
+    .unit_backward = llama_op_backward,
+    .set_loss_dscale = llama_op_dscale,
+    .logits = llama_op_logits,
+    .flops_per_token = llama_op_flops,
+    .free = llama_op_free,
+};
+
+/* ---------------------------------------------------------------- Hyena */
+
+static void hyena_op_bind(void *impl, int u, float *params, float *grads)
+{
+	hyena_bind_unit(impl, u, params, grads);
+}
+static double hyena_op_forward(void *impl, int u, int64_t *n_valid)
+{
+	return hyena_unit_forward(impl, u, n_valid);
+}
+static void hyena_op_backward(void *impl, int u, double dscale)
+{
+	hyena_unit_backward(impl, u, dscale);
+}
+static void hyena_op_dscale(void *impl, double dscale)
+{
+	((struct hyena_model *)impl)->loss_dscale = dscale;
+}
+static void hyena_op_logits(void *impl, float *logits)
+{
+	hyena_logits(impl, logits);
+}
+static double hyena_op_flops(const struct model_config *c, const struct llama_table *t,
+                             int64_t seq_len)
+{
+	(void)t;
+	return hyena_flops_per_token(&c->hyena, seq_len);
+}
+static void hyena_op_free(void *impl)
+{
+	hyena_free(impl);
+}
+
+static const struct model_ops hyena_ops = {
+    .bind_unit = hyena_op_bind,
+    .unit_forward = hyena_op_forward,
+    .unit_backward = hyena_op_backward,
+    .set_loss_dscale = hyena_op_dscale,
+    .logits = hyena_op_logits,
+    .flops_per_token = hyena_op_flops,
+    .free = hyena_op_free,
+};
+
+/* ---------------------------------------------------------------- build */
+
+void model_wrap_llama(struct model *m, struct llama_model *lm)
+{
+	memset(m, 0, sizeof(*m));
+	m->cfg.kind = MODEL_LLAMA;
+	m->cfg.llama = lm->cfg;
+	m->ops = &llama_ops;
+	m->impl = lm;
+	m->table = &lm->table;
+	m->n_units = lm->table.n_units;
+	m->B = lm->B;
+	m->T = lm->T;
+	m->N = lm->N;
+	m->vocab_size = lm->cfg.vocab_size;
+	m->tokens = lm->tokens;
+	m->targets = lm->targets;
+	m->params = lm->params;
+	m->grads = lm->grads;
+	m->unit_w = lm->unit_w;
+	m->unit_dw = lm->unit_dw;
+	m->act_bytes = lm->act_bytes;
+	m->scratch_bytes = lm->scratch_bytes;
+}
+
+void model_wrap_hyena(struct model *m, struct hyena_model *hm)
+{
+	CHECK(!hm->f64, "model: the trainer runs float models");
+	memset(m, 0, sizeof(*m));
+	m->cfg.kind = MODEL_HYENA;
+	m->cfg.hyena = hm->cfg;
+	m->ops = &hyena_ops;
+	m->impl = hm;
+	m->table = &hm->table;
+	m->n_units = hm->table.n_units;
+	m->B = hm->B;
+	m->T = hm->T;
+	m->N = hm->N;
+	m->vocab_size = hm->cfg.vocab_size;
+	m->tokens = hm->tokens;
+	m->targets = hm->targets;
+	m->params = hm->params;
+	m->grads = hm->grads;
+	m->unit_w = hm->unit_w;
+	m->unit_dw = hm->unit_dw;
+	m->act_bytes = hm->act_bytes;
+	m->scratch_bytes = hm->scratch_bytes;
+}
+
+int model_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
+                const struct model_build_opts *opts)
+{
+	memset(m, 0, sizeof(*m));
+	int rc;
+	if (c->kind == MODEL_HYENA) {
+		struct hyena_model *hm = xcalloc(1, sizeof(*hm));
+		const struct hyena_build_opts ho = {.own_params = opts->own_params};
+		rc = hyena_build(hm, &c->hyena, B, T, &ho);
+		if (rc) {
+			free(hm);
+			return rc;
+		}
+		model_wrap_hyena(m, hm);
+	} else {
+		struct llama_model *lm = xcalloc(1, sizeof(*lm));
+		const struct llama_build_opts lo = {.own_params = opts->own_params,
+		                                    .recompute_ffn = opts->recompute_ffn};
+		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
+		if (rc) {
+			free(lm);
+			return rc;
+		}
+		model_wrap_llama(m, lm);
+	}
+	m->owns_impl = true;
+	return CT_OK;
+}
+
+void model_free(struct model *m)
+{
+	if (m->impl && m->owns_impl) {
+		m->ops->free(m->impl);
+		free(m->impl);
+	}
+	memset(m, 0, sizeof(*m));
+}
+
+double model_forward(struct model *m, int64_t *n_valid)
+{
+	double loss = 0.0;
+	for (int u = 0; u < m->n_units; u++)
+		loss += model_unit_forward(m, u, n_valid);
+	return loss;
+}
+
+void model_backward(struct model *m, double dscale)
+{
+	for (int u = m->n_units - 1; u >= 0; u--)
+		model_unit_backward(m, u, dscale);
+}
+
+void model_init_params(const struct model *m, uint64_t seed, float *out, int64_t first, int64_t n)
+{
+	model_init_params_cfg(&m->cfg, m->table, seed, out, first, n);
+}
+
+double model_flops_per_token(const struct model *m, int64_t seq_len)
+{
+	return m->ops->flops_per_token(&m->cfg, m->table, seq_len);
+}
+
+void model_describe(const struct model *m, char *buf, size_t n)
+{
+	if (m->cfg.kind == MODEL_HYENA) {
+		const struct hyena_config *c = &m->cfg.hyena;
+		snprintf(buf, n,
+		         "hyena %s: %lld parameters (dim %lld, %lld layers, order %lld, filter "
+		         "order %lld, emb_dim %lld, ffn %lld, l_max %lld, vocab %lld)",
+		         c->flavor, (long long)m->table->numel, (long long)c->dim,
+		         (long long)c->n_layers, (long long)c->order, (long long)c->filter_order,
+		         (long long)c->emb_dim, (long long)c->ffn_hidden, (long long)c->l_max,
+		         (long long)c->vocab_size);
+	} else {
+		const struct llama_config *c = &m->cfg.llama;
+		snprintf(buf, n,
+		         "llama3 %s: %lld parameters (dim %lld, %lld layers, %lld heads, %lld kv "
+		         "heads, ffn %lld, vocab %lld)",
+		         c->flavor, (long long)m->table->numel, (long long)c->dim,
+		         (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
+		         (long long)c->ffn_hidden, (long long)c->vocab_size);
+	}
+}

@@ -1,0 +1,110 @@
+/* model/model: one interface over the model families (Llama 3, Hyena), so the trainer, FSDP
+ * and checkpoints run any of them.
+ *
+ * A family is a list of units over one flat parameter buffer described by a `struct
+ * llama_table` (name, shape, offset, unit): FSDP gathers and reduce-scatters per unit, AdamW
+ * and checkpoints walk the table. What differs per family is behind `struct model_ops`:
+ * binding a unit to its (gathered) parameters, unit forward/backward, init and FLOPs.
+ *
+ * `struct model` holds the family's model (impl) and views of its stable buffers (tokens,
+ * targets, flat params/grads, unit pointer arrays), so callers copy a batch into m->tokens or
+ * re-point m->unit_w[u] exactly as they did with struct llama_model.
+ */
+#ifndef CT_MODEL_MODEL_H
+#define CT_MODEL_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/hyena.h"
+#include "model/llama.h"
+
+enum model_kind { MODEL_LLAMA, MODEL_HYENA, MODEL_KIND_COUNT };
+
+/* What a checkpoint manifest and `[model] name` call the family: "llama3", "hyena". */
+const char *model_kind_name(enum model_kind k);
+
+struct model_config {
+	enum model_kind kind;
+	struct llama_config llama; /* kind == MODEL_LLAMA */
+	struct hyena_config hyena; /* kind == MODEL_HYENA */
+};
+
+int64_t model_config_vocab(const struct model_config *c);
+const char *model_config_flavor(const struct model_config *c);
+/* The parameter table of a config (no model needed: generate, export, tests). */
+int model_table_build(struct llama_table *t, const struct model_config *c);
+void model_init_params_cfg(const struct model_config *c, const struct llama_table *t, uint64_t seed,
+                           float *out, int64_t first, int64_t n);
+
+struct model_build_opts {
+	bool own_params;    /* allocate flat params + grads and bind every unit to them */
+	bool recompute_ffn; /* Llama: recompute the FFN up-projections in backward */
+};
+
+struct model_ops {
+	void (*bind_unit)(void *impl, int u, float *params, float *grads);
+	double (*unit_forward)(void *impl, int u, int64_t *n_valid);
+	void (*unit_backward)(void *impl, int u, double dscale);
+	/* > 0: the last unit's forward also makes the loss gradient, scaled by this */
+	void (*set_loss_dscale)(void *impl, double dscale);
+	void (*logits)(void *impl, float *logits);
+	double (*flops_per_token)(const struct model_config *c, const struct llama_table *t,
+	                          int64_t seq_len);
+	void (*free)(void *impl);
+};
+
+struct model {
+	struct model_config cfg;
+	const struct model_ops *ops;
+	void *impl; /* struct llama_model * or struct hyena_model * */
+	bool owns_impl;
+	/* views of the implementation's buffers (valid while it lives) */
+	const struct llama_table *table;
+	int n_units;
+	int64_t B, T, N, vocab_size;
+	int32_t *tokens, *targets; /* (N) current micro-batch */
+	float *params, *grads;     /* flat (own_params only, else NULL) */
+	float **unit_w, **unit_dw; /* n_units each: where unit u's params/grads are now */
+	int64_t act_bytes, scratch_bytes;
+};
+
+/* Build a model of family c->kind for micro-batches of (B, T). CT_OK or an error code. */
+int model_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
+                const struct model_build_opts *opts);
+/* View an already built family model (not owned: model_free leaves it alone). */
+void model_wrap_llama(struct model *m, struct llama_model *lm);
+void model_wrap_hyena(struct model *m, struct hyena_model *hm);
+void model_free(struct model *m);
+
+static inline void model_bind_unit(struct model *m, int u, float *params, float *grads)
+{
+	m->ops->bind_unit(m->impl, u, params, grads);
+}
+static inline double model_unit_forward(struct model *m, int u, int64_t *n_valid)
+{
+	return m->ops->unit_forward(m->impl, u, n_valid);
+}
+static inline void model_unit_backward(struct model *m, int u, double dscale)
+{
+	m->ops->unit_backward(m->impl, u, dscale);
+}
+static inline void model_set_loss_dscale(struct model *m, double dscale)
+{
+	m->ops->set_loss_dscale(m->impl, dscale);
+}
+static inline void model_logits(struct model *m, float *logits)
+{
+	m->ops->logits(m->impl, logits);
+}
+/* Whole-model conveniences built from the units. */
+double model_forward(struct model *m, int64_t *n_valid);
+void model_backward(struct model *m, double dscale);
+/* Elements [first, first+n) of the family's init (same values on any sharding). */
+void model_init_params(const struct model *m, uint64_t seed, float *out, int64_t first, int64_t n);
+double model_flops_per_token(const struct model *m, int64_t seq_len);
+/* One line for the log: family, flavor, shape, parameter count. */
+void model_describe(const struct model *m, char *buf, size_t n);
+
+#endif
