@@ -30,8 +30,8 @@
 #include "model/hyena.h"
 
 struct args {
-	int64_t layers, dim, order, vocab, lmin, lmax, thr, full_max, recompute_max, windows,
-	    steps, batch;
+	int64_t layers, dim, order, vocab, lmin, lmax, thr, full_max, recompute_max, windows, steps,
+	    batch;
 	bool measure;
 	bool mode_on[OC_MODE_COUNT];
 };
@@ -51,9 +51,18 @@ static void usage(void)
 
 static int parse(int argc, char **argv, struct args *a)
 {
-	*a = (struct args){.layers = 4, .dim = 128, .order = 2, .vocab = 256, .lmin = 10,
-	                   .lmax = 17, .thr = 32, .full_max = 12, .recompute_max = 15,
-	                   .windows = 8, .steps = 16, .batch = 1};
+	*a = (struct args){.layers = 4,
+	                   .dim = 128,
+	                   .order = 2,
+	                   .vocab = 256,
+	                   .lmin = 10,
+	                   .lmax = 17,
+	                   .thr = 32,
+	                   .full_max = 12,
+	                   .recompute_max = 15,
+	                   .windows = 8,
+	                   .steps = 16,
+	                   .batch = 1};
 	for (int m = 0; m < OC_MODE_COUNT; m++)
 		a->mode_on[m] = true;
 	for (int i = 1; i < argc; i++) {
@@ -109,7 +118,10 @@ static int parse(int argc, char **argv, struct args *a)
 static void run_one(const struct args *a, const struct hyena_config *c, const struct llama_table *t,
                     const float *params, int64_t L, enum oc_mode mode, struct row *r)
 {
-	struct hgen_opts o = {.mode = mode, .thr = a->thr, .B = a->batch, .max_len = L,
+	struct hgen_opts o = {.mode = mode,
+	                      .thr = a->thr,
+	                      .B = a->batch,
+	                      .max_len = L,
 	                      .fft_flags = a->measure ? FFTW_MEASURE : 0};
 	double t0 = timer_now();
 	struct hgen_f32 *g = hgen_create_f32(c, t, params, &o);
@@ -120,8 +132,8 @@ static void run_one(const struct args *a, const struct hyena_config *c, const st
 	const int64_t V = c->vocab_size;
 	/* greedy feedback, so each step depends on the last */
 	const float *lg = NULL;
-	r->sampled = mode != OC_FLASH && L > ((int64_t)1 << a->full_max) &&
-	             a->windows * a->steps < L;
+	r->sampled =
+	    mode != OC_FLASH && L > ((int64_t)1 << a->full_max) && a->windows * a->steps < L;
 	int64_t W = r->sampled ? a->windows : 1, K = r->sampled ? a->steps : L;
 	for (int64_t w = 0; w < W; w++) {
 		int64_t start = r->sampled ? (w + 1) * L / W - K : 0;
@@ -185,9 +197,9 @@ int main(int argc, char **argv)
 	hyena_init_params(&c, &t, 1234, params, 0, t.numel);
 	printf("# Hyena M=%lld D=%lld order=%lld V=%lld d_inner=%lld batch=%lld, fp32, "
 	       "%d OpenMP threads, flash thr=%lld, FFTW %s\n",
-	       (long long)c.n_layers, (long long)c.dim, (long long)c.order,
-	       (long long)c.vocab_size, (long long)c.ffn_hidden, (long long)a.batch,
-	       omp_get_max_threads(), (long long)a.thr, a.measure ? "MEASURE" : "ESTIMATE");
+	       (long long)c.n_layers, (long long)c.dim, (long long)c.order, (long long)c.vocab_size,
+	       (long long)c.ffn_hidden, (long long)a.batch, omp_get_max_threads(), (long long)a.thr,
+	       a.measure ? "MEASURE" : "ESTIMATE");
 	printf("# quadratic modes above L=2^%lld: %lld windows of %lld steps (exact per-step cost, "
 	       "mean estimated over evenly spaced windows); recompute = mixer-only FFT recompute, "
 	       "run up to L=2^%lld\n",
@@ -213,7 +225,8 @@ int main(int argc, char **argv)
 			fflush(stdout);
 		}
 	}
-	printf("\n# log-log slope vs L (least squares over the measured L; last pair in brackets)\n");
+	printf(
+	    "\n# log-log slope vs L (least squares over the measured L; last pair in brackets)\n");
 	printf("%-10s %10s %10s %10s %10s\n", "mode", "total", "(last)", "mixer", "(last)");
 	for (int m = 0; m < OC_MODE_COUNT; m++) {
 		double x[32], yt[32], ym[32];

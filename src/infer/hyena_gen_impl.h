@@ -33,7 +33,7 @@ struct HG_S(hgen) * HG_S(hgen_create)(const struct hyena_config *c, const struct
 {
 	if (o->max_len < 1 || o->max_len > c->l_max) {
 		LOG_ERROR("hyena generate: %lld positions do not fit the model's filters "
-		          "(model.seq_len / l_max = %lld)",
+		          "(model.hyena_l_max, default training.seq_len: %lld)",
 		          (long long)o->max_len, (long long)c->l_max);
 		return NULL;
 	}
