@@ -1,3 +1,4 @@
+ct_add_test(hyena_kernels)
 ct_add_test(hyena)
 add_test(NAME hyena_reference COMMAND $<TARGET_FILE:test_hyena> --reference)
 set_tests_properties(hyena_reference PROPERTIES TIMEOUT 600 ENVIRONMENT "${CT_TEST_ENV}")
@@ -6,3 +7,4 @@ add_test(NAME fsdp_hyena_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLA
 add_test(NAME fsdp_hyena_np3 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
          $<TARGET_FILE:test_fsdp> --hyena)
 set_tests_properties(fsdp_hyena_np2 fsdp_hyena_np3 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+ct_add_script_test(hyena_cli tests/hyena_cli.sh)

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "base/log.h"
 #include "kernels/hyena_kernels.h"
 #include "kernels/kreal.h"
 
@@ -60,10 +61,8 @@ static const struct fft_plans *fft_get_plans(int64_t n)
 		}
 	}
 	pthread_mutex_unlock(&fft_lock);
-	/* Only reachable with more than FFT_MAX_PLANS distinct lengths in one process, or if
-	 * FFTW cannot plan at all: both broken invariants of the caller. */
-	if (!found)
-		__builtin_trap();
+	CHECK(found, "fftconv: no FFTW plan for length %lld (%d lengths cached, at most %d)",
+	      (long long)n, fft_n_plans, FFT_MAX_PLANS);
 	return found;
 }
 

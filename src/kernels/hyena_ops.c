@@ -8,7 +8,9 @@
 #define KSIN(x)  sin(x)
 #define KCOS(x)  cos(x)
 #else
-#define KTANH(x) tanhf(x)
+/* tanh u = 1 - 2 / (e^{2u} + 1) through the vectorised kexpf: libm's tanhf was a third of a
+ * Hyena training step. Absolute error ~1e-7, which is all GELU's 0.5 x (1 + tanh) sees. */
+#define KTANH(x) (1.0f - 2.0f / (kexpf(2.0f * (x)) + 1.0f))
 #define KSIN(x)  sinf(x)
 #define KCOS(x)  cosf(x)
 #endif
@@ -18,7 +20,7 @@
 
 void KFN(gelu_forward)(real *out, const real *x, int64_t n)
 {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < n; i++) {
 		real v = x[i];
 		out[i] = (real)0.5 * v * ((real)1 + KTANH(GELU_K * (v + GELU_A * v * v * v)));
@@ -28,7 +30,7 @@ void KFN(gelu_forward)(real *out, const real *x, int64_t n)
 /* d/dx = 0.5 (1 + th) + 0.5 x (1 - th^2) k (1 + 3 a x^2) */
 void KFN(gelu_backward)(real *dx, const real *dout, const real *x, int64_t n)
 {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < n; i++) {
 		real v = x[i];
 		real th = KTANH(GELU_K * (v + GELU_A * v * v * v));

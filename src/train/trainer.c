@@ -24,6 +24,7 @@
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/model_spec.h"
 #include "train/optim.h"
 
 struct trainer {
@@ -69,58 +70,11 @@ int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc)
 	return llama_config_finish(mc);
 }
 
-int trainer_hyena_config(const struct ct_config *cfg, struct hyena_config *hc)
-{
-	if (!hyena_is_flavor(cfg->model.flavor)) {
-		LOG_ERROR("model.flavor: '%s' is not a hyena flavor (%s)", cfg->model.flavor,
-		          hyena_flavor_list());
-		return CT_ERR_USAGE;
-	}
-	int rc = hyena_config_preset(hc, cfg->model.flavor);
-	if (rc)
-		return rc;
-	const struct int_override {
-		int64_t value, *field;
-	} keys[] = {
-	    {cfg->model.vocab_size, &hc->vocab_size},
-	    {cfg->model.hyena_order, &hc->order},
-	    {cfg->model.hyena_filter_order, &hc->filter_order},
-	    {cfg->model.hyena_emb_dim, &hc->emb_dim},
-	};
-	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
-		if (keys[i].value > 0)
-			*keys[i].field = keys[i].value;
-	if (cfg->model.hyena_sin_freq > 0)
-		hc->sin_freq = cfg->model.hyena_sin_freq;
-	hc->l_max = cfg->model.hyena_l_max > 0 ? cfg->model.hyena_l_max : cfg->training.seq_len;
-	if (hc->l_max < cfg->training.seq_len) {
-		LOG_ERROR("model.hyena_l_max: %lld is shorter than training.seq_len %lld",
-		          (long long)hc->l_max, (long long)cfg->training.seq_len);
-		return CT_ERR_USAGE;
-	}
-	return hyena_config_finish(hc);
-}
-
-int trainer_model_spec(const struct ct_config *cfg, struct model_config *mc)
-{
-	memset(mc, 0, sizeof(*mc));
-	if (strcmp(cfg->model.name, "hyena") == 0) {
-		mc->kind = MODEL_HYENA;
-		return trainer_hyena_config(cfg, &mc->hyena);
-	}
-	mc->kind = MODEL_LLAMA;
-	if (strcmp(cfg->model.name, "llama3") != 0) {
-		LOG_ERROR("model.name: '%s' is not supported (llama3, hyena)", cfg->model.name);
-		return CT_ERR_USAGE;
-	}
-	return trainer_model_config(cfg, &mc->llama);
-}
-
 static int trainer_build_model(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
 	struct model_config mc;
-	int rc = trainer_model_spec(cfg, &mc);
+	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)
 		return rc;
 	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
@@ -129,6 +83,11 @@ static int trainer_build_model(struct trainer *tr)
 		LOG_WARN(
 		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
 		    "on one rank parameters stay float32");
+	if (mc.kind == MODEL_HYENA && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
+		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for hyena (none)",
+		          cfg->activation_checkpoint.mode);
+		return CT_ERR_USAGE;
+	}
 	const struct model_build_opts opts = {
 	    .own_params = !tr->sharded,
 	    .recompute_ffn = strcmp(cfg->activation_checkpoint.mode, "ffn") == 0,

@@ -29,11 +29,7 @@ int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const 
 /* The Llama model a config describes ([model] flavor, vocab_size, rope_scaling); a Hyena
  * config is CT_ERR_USAGE ("not yet supported" by the commands that only serve Llama). */
 int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc);
-/* The Hyena model a config describes ([model] flavor, vocab_size, hyena_*; l_max defaults to
- * training.seq_len). */
-int trainer_hyena_config(const struct ct_config *cfg, struct hyena_config *hc);
-/* The model of any family a config describes ([model] name = "llama3" | "hyena"). */
-int trainer_model_spec(const struct ct_config *cfg, struct model_config *mc);
+/* (any family: train/model_spec.h) */
 
 /* Runs a whole training job; returns CT_OK, CT_ERR_USAGE or CT_ERR_RUNTIME. */
 int trainer_run(const struct ct_config *cfg);
