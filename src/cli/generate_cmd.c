@@ -20,6 +20,7 @@
 #include "io/config.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
+#include "train/model_spec.h"
 #include "train/trainer.h"
 
 struct gen_args {
@@ -155,7 +156,7 @@ static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
 static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 {
 	struct model_config spec;
-	int rc = trainer_model_spec(cfg, &spec);
+	int rc = model_spec_from_config(cfg, &spec);
 	if (rc)
 		return rc;
 	const bool hyena = spec.kind == MODEL_HYENA;
