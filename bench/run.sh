@@ -15,3 +15,5 @@ echo "== checkpoints: 24 SIGKILL trials during saves =="
 bash tests/checkpoint_kill.sh "$BUILD/ctitan" 24
 echo "== overlap: 125M on 2 ranks over a simulated 10 Gb/s link, four schedules =="
 /usr/bin/python3 bench/bench_overlap.py --ctitan "$BUILD/ctitan"
+echo "== Hyena generation: flash vs lazy / eager / mixer-only recompute, L = 2^10..2^17 =="
+OMP_NUM_THREADS=${FLASH_THREADS:-1} "$BUILD/bench/flash_inference"

@@ -1,8 +1,9 @@
 /* ctitan generate CONFIG [--section.key=value ...] [--prompt-ids 1,2,3] [--max-new-tokens N]
- *                 [--temperature X] [--top-k K] [--seed S]
+ *                 [--temperature X] [--top-k K] [--seed S] [--mixer-mode M] [--model-kind K]
  * Loads the model's newest (or checkpoint.load_step) checkpoint from
  * <job.dump_folder>/<checkpoint.folder> on one process, with any number of ranks having saved
- * it, and generates with a KV cache. */
+ * it, and generates: Llama with a KV cache, Hyena with an online long convolution (lazy,
+ * eager, recompute or flash; infer/hyena_gen). The config ([model] name) says which. */
 #include "cli/generate_cmd.h"
 
 #include <stdio.h>
@@ -15,9 +16,11 @@
 #include "comm/comm.h"
 #include "data/tokenizer.h"
 #include "infer/generate.h"
+#include "infer/hyena_gen.h"
 #include "io/config.h"
 #include "model/llama.h"
 #include "train/checkpoint.h"
+#include "train/model_spec.h"
 #include "train/trainer.h"
 
 struct gen_args {
@@ -26,6 +29,9 @@ struct gen_args {
 	const char *root;       /* resolved from checkpoint: the checkpoint folder ... */
 	int64_t step;           /* ... and the step (-1: newest) */
 	struct gen_opts o;
+	const char *model_kind; /* NULL, or what the user expects the checkpoint to hold */
+	const char *mixer_mode; /* Hyena: NULL = flash */
+	int64_t flash_thr;      /* Hyena flash: direct tiles up to this side */
 };
 
 static void gen_usage(FILE *f)
@@ -43,7 +49,13 @@ static void gen_usage(FILE *f)
 	           "  --temperature X       0 = greedy (default 0.8)\n"
 	           "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
 	           "  --top-p P             then among the most likely up to mass P (default 1)\n"
-	           "  --seed S              sampling seed (default 0)\n");
+	           "  --seed S              sampling seed (default 0)\n"
+	           "  --model-kind K        llama3 | hyena: fail unless the checkpoint holds that\n"
+	           "                        family (its config's [model] name decides)\n"
+	           "  --mixer-mode M        Hyena long convolutions: lazy | eager | recompute |\n"
+	           "                        flash (default; all give the same logits)\n"
+	           "  --flash-threshold T   Hyena flash: tiles up to T wide as direct sums\n"
+	           "                        (default 32)\n");
 }
 
 /* Split argv into generate options and config overrides (kept in place, compacted). */
@@ -56,7 +68,8 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 		            strcmp(k, "--checkpoint") == 0 || strcmp(k, "--top-p") == 0 ||
 		            strcmp(k, "--max-tokens") == 0 || strcmp(k, "--max-new-tokens") == 0 ||
 		            strcmp(k, "--temperature") == 0 || strcmp(k, "--top-k") == 0 ||
-		            strcmp(k, "--seed") == 0;
+		            strcmp(k, "--seed") == 0 || strcmp(k, "--model-kind") == 0 ||
+		            strcmp(k, "--mixer-mode") == 0 || strcmp(k, "--flash-threshold") == 0;
 		if (!mine) {
 			argv[out++] = argv[i];
 			continue;
@@ -79,6 +92,25 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 			a->checkpoint = v;
 			continue;
 		}
+		if (strcmp(k, "--model-kind") == 0) {
+			if (strcmp(v, "llama3") != 0 && strcmp(v, "llama") != 0 &&
+			    strcmp(v, "hyena") != 0) {
+				LOG_ERROR("--model-kind: '%s' is not llama3 or hyena", v);
+				return CT_ERR_USAGE;
+			}
+			a->model_kind = strcmp(v, "llama") == 0 ? "llama3" : v;
+			continue;
+		}
+		if (strcmp(k, "--mixer-mode") == 0) {
+			enum oc_mode m;
+			if (oc_mode_parse(v, &m)) {
+				LOG_ERROR(
+				    "--mixer-mode: '%s' is not lazy, eager, recompute or flash", v);
+				return CT_ERR_USAGE;
+			}
+			a->mixer_mode = v;
+			continue;
+		}
 		double x = strtod(v, &end);
 		if (*end || end == v || x < 0) {
 			LOG_ERROR("%s: expected a non-negative number, got '%s'", k, v);
@@ -92,6 +124,8 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 			a->o.top_k = (int64_t)x;
 		else if (strcmp(k, "--top-p") == 0)
 			a->o.top_p = x;
+		else if (strcmp(k, "--flash-threshold") == 0)
+			a->flash_thr = (int64_t)x;
 		else
 			a->o.seed = (uint64_t)x;
 	}
@@ -121,12 +155,26 @@ static int parse_ids(const char *s, int64_t vocab, int32_t **ids, int64_t *n)
 
 static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 {
-	struct llama_config mc;
-	int rc = trainer_model_config(cfg, &mc);
+	struct model_config spec;
+	int rc = model_spec_from_config(cfg, &spec);
 	if (rc)
 		return rc;
+	const bool hyena = spec.kind == MODEL_HYENA;
+	if (a->model_kind && strcmp(a->model_kind, model_kind_name(spec.kind)) != 0) {
+		LOG_ERROR("--model-kind %s: the checkpoint's config holds a %s model",
+		          a->model_kind, model_kind_name(spec.kind));
+		return CT_ERR_USAGE;
+	}
+	if (!hyena && (a->mixer_mode || a->flash_thr >= 0)) {
+		LOG_ERROR("--mixer-mode / --flash-threshold: only for Hyena models (this is %s)",
+		          model_kind_name(spec.kind));
+		return CT_ERR_USAGE;
+	}
+	const int64_t vocab = model_config_vocab(&spec);
 	struct llama_table t;
-	llama_table_build(&t, &mc);
+	rc = model_table_build(&t, &spec);
+	if (rc)
+		return rc;
 	float *params = mem_alloc(MEM_PARAMS, (size_t)t.numel * sizeof(float));
 	char root[1100];
 	int64_t step = a->step;
@@ -136,6 +184,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		snprintf(root, sizeof(root), "%s/%s", cfg->job.dump_folder, cfg->checkpoint.folder);
 	int32_t *prompt = NULL, *out = NULL;
 	struct gen_state *g = NULL;
+	struct hgen_f32 *hg = NULL;
 	if (step < 0)
 		rc = ckpt_find(root, a->root ? -1 : cfg->checkpoint.load_step, &step);
 	if (!rc && step < 0) {
@@ -144,9 +193,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		rc = CT_ERR_USAGE;
 	}
 	if (!rc)
-		rc = ckpt_load_params(root, step,
-		                      &(struct model_config){.kind = MODEL_LLAMA, .llama = mc}, &t,
-		                      params);
+		rc = ckpt_load_params(root, step, &spec, &t, params);
 	int64_t n_prompt = 0;
 	struct tok_tokenizer *tok = NULL;
 	struct tok_ids ids = {0};
@@ -173,8 +220,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		int32_t bos = tok ? tok_special_id(tok, "<|begin_of_text|>") : -1;
 		char dflt[16];
 		snprintf(dflt, sizeof(dflt), "%d", bos >= 0 ? bos : 0);
-		rc = parse_ids(a->prompt_ids ? a->prompt_ids : dflt, mc.vocab_size, &prompt,
-		               &n_prompt);
+		rc = parse_ids(a->prompt_ids ? a->prompt_ids : dflt, vocab, &prompt, &n_prompt);
 	}
 	if (!rc && n_prompt == 0) {
 		LOG_ERROR("generate: empty prompt");
@@ -183,10 +229,28 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	if (!rc) {
 		struct gen_opts o = a->o;
 		o.stop_id = tok ? tok_special_id(tok, "<|end_of_text|>") : -1;
-		g = gen_create(&mc, &t, params, n_prompt + o.max_new_tokens + 1);
 		out = xcalloc((size_t)o.max_new_tokens + 1, sizeof(int32_t));
-		int64_t n = gen_generate(g, prompt, n_prompt, &o, out);
-		if (tok) {
+		int64_t n = 0;
+		if (hyena) {
+			/* the filters are l_max taps long: prompt + new tokens must fit */
+			struct hgen_opts ho = {.thr = a->flash_thr >= 0 ? a->flash_thr : 32,
+			                       .B = 1,
+			                       .max_len = n_prompt + o.max_new_tokens,
+			                       .n_prompt = n_prompt};
+			CHECK(oc_mode_parse(a->mixer_mode ? a->mixer_mode : "flash", &ho.mode) == 0,
+			      "mixer mode validated while parsing");
+			hg = hgen_create_f32(&spec.hyena, &t, params, &ho);
+			if (!hg)
+				rc = CT_ERR_USAGE;
+			else
+				n = hgen_generate(hg, prompt, &o, out);
+		} else {
+			g = gen_create(&spec.llama, &t, params, n_prompt + o.max_new_tokens + 1);
+			n = gen_generate(g, prompt, n_prompt, &o, out);
+		}
+		if (rc) {
+			/* nothing generated */
+		} else if (tok) {
 			/* print the text; special tokens (BOS/EOS) are not shown */
 			for (int64_t i = 0; i < n_prompt + n; i++) {
 				int32_t id = i < n_prompt ? prompt[i] : out[i - n_prompt];
@@ -210,6 +274,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	if (tok)
 		tok_free(tok);
 	gen_free(g);
+	hgen_free_f32(hg);
 	free(prompt), free(out);
 	mem_free(MEM_PARAMS, params, (size_t)t.numel * sizeof(float));
 	llama_table_free(&t);
@@ -224,6 +289,7 @@ int cmd_generate(int argc, char **argv)
 			return 0;
 		}
 	struct gen_args a = {.step = -1,
+	                     .flash_thr = -1,
 	                     .o = {.max_new_tokens = 64,
 	                           .temperature = 0.8,
 	                           .top_k = 40,

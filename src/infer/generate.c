@@ -167,11 +167,8 @@ static int cmp_desc(const void *a, const void *b)
 	return (x < y) - (x > y);
 }
 
-/* Greedy; or temperature sampling among the top_k most likely tokens, then within the smallest
- * set of them whose probability reaches top_p (nucleus). Draws come from the counter-based RNG
- * keyed by (seed, position), so a seed reproduces a generation. */
-static int32_t sample(const float *logits, int64_t V, const struct gen_opts *o, int64_t pos,
-                      float *work)
+int32_t gen_sample(const float *logits, int64_t V, const struct gen_opts *o, int64_t pos,
+                   float *work)
 {
 	int64_t best = 0;
 	for (int64_t i = 1; i < V; i++)
@@ -228,7 +225,7 @@ int64_t gen_generate(struct gen_state *g, const int32_t *prompt, int64_t n_promp
 	float *work = xcalloc(2 * (size_t)g->c.vocab_size, sizeof(float));
 	int64_t n = 0;
 	while (n < o->max_new_tokens) {
-		int32_t tok = sample(logits, g->c.vocab_size, o, g->pos, work);
+		int32_t tok = gen_sample(logits, g->c.vocab_size, o, g->pos, work);
 		out[n++] = tok;
 		if (tok == o->stop_id || g->pos >= g->max_len)
 			break;

@@ -32,6 +32,13 @@ void gen_free(struct gen_state *g);
 const float *gen_step(struct gen_state *g, int32_t token);
 int64_t gen_position(const struct gen_state *g);
 
+/* Greedy; or temperature sampling among the top_k most likely tokens, then within the smallest
+ * set of them whose probability reaches top_p (nucleus). Draws come from the counter-based RNG
+ * keyed by (seed, position), so a seed reproduces a generation. work holds 2V floats. Shared
+ * by the Llama and Hyena decoders. */
+int32_t gen_sample(const float *logits, int64_t V, const struct gen_opts *o, int64_t pos,
+                   float *work);
+
 /* Prompt in, up to max_new_tokens out (appended to out, which holds max_new_tokens);
  * returns how many were produced. */
 int64_t gen_generate(struct gen_state *g, const int32_t *prompt, int64_t n_prompt,

@@ -1,0 +1,5 @@
+# Benchmark programs (C); bench/run.sh runs them next to the Python baselines.
+add_executable(flash_inference bench/flash_inference.c)
+target_link_libraries(flash_inference PRIVATE ctcore)
+set_target_properties(flash_inference PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench
+                      BUILD_RPATH /usr/lib/x86_64-linux-gnu/openblas-openmp)

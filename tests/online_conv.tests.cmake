@@ -1,0 +1,1 @@
+ct_add_test(online_conv TIMEOUT 300)
