@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "base/log.h"
 
@@ -63,7 +64,7 @@ void st_add_meta(struct st_file *f, const char *key, const char *value)
 	f->meta_count++;
 }
 
-int st_write(const struct st_file *f, const char *path)
+int st_write_hashed(const struct st_file *f, const char *path, uint64_t *xxh3, int64_t *bytes)
 {
 	cJSON *root = cJSON_CreateObject();
 	if (f->meta_count) {
@@ -87,6 +88,8 @@ int st_write(const struct st_file *f, const char *path)
 	CHECK(json, "out of memory");
 	/* Pad the header with spaces to a multiple of 8 so tensor data is aligned. */
 	size_t hlen = strlen(json), padded = (hlen + 7) & ~(size_t)7;
+	json = realloc(json, padded + 1);
+	CHECK(json, "out of memory");
 	int rc = CT_ERR_RUNTIME;
 	FILE *out = fopen(path, "wb");
 	if (!out) {
@@ -97,12 +100,28 @@ int st_write(const struct st_file *f, const char *path)
 	unsigned char len8[8];
 	for (int i = 0; i < 8; i++)
 		len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-	int ok = fwrite(len8, 1, 8, out) == 8 && fwrite(json, 1, hlen, out) == hlen;
-	for (size_t i = hlen; ok && i < padded; i++)
-		ok = fputc(' ', out) != EOF;
+	for (size_t i = hlen; i < padded; i++)
+		json[i] = ' '; /* cJSON's buffer may be shorter: grown below */
+	XXH3_state_t *hs = xxh3 ? XXH3_createState() : NULL;
+	if (hs)
+		XXH3_64bits_reset(hs);
+	int ok = fwrite(len8, 1, 8, out) == 8 && fwrite(json, 1, padded, out) == padded;
+	if (hs) {
+		XXH3_64bits_update(hs, len8, 8);
+		XXH3_64bits_update(hs, json, padded);
+	}
+	int64_t total = 8 + (int64_t)padded;
 	for (int i = 0; ok && i < f->count; i++) {
 		size_t n = (size_t)(f->t[i].end - f->t[i].begin);
 		ok = fwrite(f->t[i].data, 1, n, out) == n;
+		if (hs && n)
+			XXH3_64bits_update(hs, f->t[i].data, n);
+		total += (int64_t)n;
+	}
+	if (hs) {
+		*xxh3 = XXH3_64bits_digest(hs);
+		*bytes = total;
+		XXH3_freeState(hs);
 	}
 	/* durable: checkpoints rename the folder only after every file reached the disk */
 	ok = ok && fflush(out) == 0 && fsync(fileno(out)) == 0;
@@ -112,6 +131,11 @@ int st_write(const struct st_file *f, const char *path)
 		LOG_ERROR("write to '%s' failed: %s", path, strerror(errno));
 	free(json);
 	return rc;
+}
+
+int st_write(const struct st_file *f, const char *path)
+{
+	return st_write_hashed(f, path, NULL, NULL);
 }
 
 /* One header entry. Every number is checked before use: shapes are non-negative integers

@@ -41,6 +41,9 @@ void st_add(struct st_file *f, const char *name, enum st_dtype dtype, int ndim,
             const int64_t *shape, const void *data);
 void st_add_meta(struct st_file *f, const char *key, const char *value);
 int st_write(const struct st_file *f, const char *path);
+/* The same, and the XXH3-64 of every byte written (and their count): a checksum of the file
+ * without reading it back. */
+int st_write_hashed(const struct st_file *f, const char *path, uint64_t *xxh3, int64_t *bytes);
 
 /* Reader. st_parse takes ownership of blob (malloc'd, size bytes; freed by st_free, also on
  * error); path only names it in messages. */

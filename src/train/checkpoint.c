@@ -163,7 +163,8 @@ struct file_sum {
 	int64_t rc;
 };
 
-static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n)
+static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n, uint64_t *hash,
+                          int64_t *bytes)
 {
 	struct st_file f;
 	st_init(&f);
@@ -178,7 +179,7 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n)
 		snprintf(name, sizeof(name), "%s.exp_avg_sq", t[i].name);
 		st_add(&f, name, ST_F32, t[i].ndim, shape, t[i].exp_avg_sq);
 	}
-	int rc = st_write(&f, path);
+	int rc = st_write_hashed(&f, path, hash, bytes);
 	st_free(&f);
 	return rc;
 }
@@ -338,9 +339,7 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 	struct file_sum mine = {0, 0, mesh->dp_replicate_rank == 0, CT_OK};
 	if (mine.wrote) {
 		snprintf(path, sizeof(path), "%s/rank-%05d.safetensors", tmp, mesh->rank);
-		mine.rc = save_rank_file(path, t, n);
-		if (!mine.rc)
-			mine.rc = file_hash(path, &mine.hash, &mine.bytes);
+		mine.rc = save_rank_file(path, t, n, &mine.hash, &mine.bytes);
 	}
 	struct file_sum *sums = xcalloc((size_t)mesh->world, sizeof(*sums));
 	comm_all_gather(g, &mine, sums, sizeof(mine));
