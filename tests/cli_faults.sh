@@ -63,10 +63,11 @@ bad_args=(
   "--parallelism.data_parallel_shard_degree=0" "--parallelism.data_parallel_replicate_degree=0"
   "--parallelism.fsdp_reshard_after_forward=sometimes" "--metrics.log_freq=0"
   "--metrics.peak_tflops=-1" "--checkpoint.interval=0" "--checkpoint.keep_latest_k=-1"
-  "--checkpoint.load_step=-2" "--activation_checkpoint.mode=full" "--comm.progress=spin"
+  "--checkpoint.load_step=-2" "--activation_checkpoint.mode=everything" "--comm.progress=spin"
   "--comm.timeout_seconds=0" "--validation.freq=0" "--debug.seed=-1" "--job.log_level=loud"
   "--nosuch.key=1" "--training.nosuch=1" "training.steps=3" "--training.steps"
-  "--model.tokenizer_path=/nonexistent/tok.model"
+  "--model.tokenizer_path=/nonexistent/tok.model" "--comm.prefetch=-1"
+  "--comm.simulate_bandwidth_gbps=-1" "--comm.buckets=embed+0,9" "--profiling.profile_freq=0"
 )
 n_ok=0
 for a in "${bad_args[@]}"; do

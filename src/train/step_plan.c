@@ -1,6 +1,7 @@
 /* train/step_plan: config → schedule pipeline (+ cost model) → fsdp. */
 #include "train/step_plan.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -8,6 +9,21 @@
 int step_plan_ac(const struct ct_config *cfg, enum sched_ac *ac)
 {
 	return sched_ac_parse(cfg->activation_checkpoint.mode, ac);
+}
+
+int step_plan_check_buckets(const struct ct_config *cfg, int n_units)
+{
+	if (strcmp(cfg->comm.buckets, "auto") == 0)
+		return CT_OK;
+	struct sched_bucket *plan;
+	int nb;
+	char why[256];
+	if (sched_bucket_plan_parse(cfg->comm.buckets, n_units, &plan, &nb, why, sizeof(why))) {
+		LOG_ERROR("comm.buckets: '%s': %s", cfg->comm.buckets, why);
+		return CT_ERR_USAGE;
+	}
+	free(plan);
+	return CT_OK;
 }
 
 void step_plan_reorder_opts(const struct ct_config *cfg, struct sched_reorder_opts *o)

@@ -17,6 +17,9 @@
 int step_plan_ac(const struct ct_config *cfg, enum sched_ac *ac);
 void step_plan_reorder_opts(const struct ct_config *cfg, struct sched_reorder_opts *o);
 
+/* comm.buckets must name n_units units (also checked on one rank, where no schedule runs). */
+int step_plan_check_buckets(const struct ct_config *cfg, int n_units);
+
 /* Build the step's schedule for f (accum micro-batches) and set it. A cost model is built
  * when the config needs one (comm.buckets = "auto", a memory budget, profiling): compute
  * rates and, unless comm.bandwidth_gbps is given, collective costs are measured on `stream`
