@@ -100,7 +100,8 @@ static int trainer_build_model(struct trainer *tr)
 	enum sched_ac ac;
 	rc = step_plan_ac(cfg, &ac);
 	if (!rc)
-		rc = step_plan_check_buckets(cfg, (int)mc.n_layers + 2);
+		rc = step_plan_check_buckets(
+		    cfg, (int)(mc.kind == MODEL_HYENA ? mc.hyena.n_layers : mc.llama.n_layers) + 2);
 	if (rc)
 		return rc;
 	static const enum llama_ac model_ac[] = {LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE,
