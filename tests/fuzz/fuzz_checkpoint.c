@@ -4,7 +4,7 @@
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Wno-unknown-pragmas -Isrc \
  *         tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c \
- *         src/base/log.c -lcjson -lm -o /tmp/fuzz_checkpoint
+ *         src/base/log.c -lcjson -lxxhash -lm -o /tmp/fuzz_checkpoint
  *   mkdir -p /tmp/fuzz_checkpoint_corpus
  *   /tmp/fuzz_checkpoint -max_total_time=600 -close_fd_mask=2 /tmp/fuzz_checkpoint_corpus
  *

@@ -21,7 +21,7 @@ build fuzz_shards tests/fuzz/fuzz_shards.c src/data/shards.c src/data/loader.c s
 build fuzz_tokenizer tests/fuzz/fuzz_tokenizer.c src/data/tokenizer.c src/base/log.c -lpcre2-8 \
   -lcjson -lm
 build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c \
-  src/base/log.c -lcjson -lm
+  src/base/log.c -lcjson -lxxhash -lm
 pass=0
 fail=0
 for h in fuzz_config fuzz_shards fuzz_tokenizer fuzz_checkpoint; do
