@@ -10,7 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -455,6 +457,11 @@ void ckpt_async_reserve(struct ckpt_async *a, int64_t floats)
 static void *async_main(void *arg)
 {
 	struct ckpt_async *a = arg;
+	/* The writer yields to training: at the lowest priority it runs on the cycles the step
+	 * leaves idle, instead of preempting a compute thread (which stalls every OpenMP barrier
+	 * of the step). Linux applies a thread id's nice value to that thread alone. */
+	if (setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19) != 0)
+		LOG_DEBUG("checkpoint: cannot lower the writer's priority: %s", strerror(errno));
 	double t0 = timer_now();
 	a->rc = save_on(&a->group, a->root, &a->cfg, a->mesh, a->t, a->n, &a->st, a->extra,
 	                a->n_extra, a->keep);
