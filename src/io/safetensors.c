@@ -11,6 +11,7 @@
 #include <xxhash.h>
 
 #include "base/log.h"
+#include "io/file.h"
 
 static const char *const st_dtype_names[] = {"F32", "F64", "I32", "I64", "BF16", "U8"};
 static const int st_dtype_sizes[] = {4, 8, 4, 8, 2, 1};
@@ -125,7 +126,8 @@ int st_write_hashed(const struct st_file *f, const char *path, uint64_t *xxh3, i
 		total += (int64_t)n;
 		if (ok && total - flushed >= ((int64_t)32 << 20)) {
 			ok = fflush(out) == 0;
-			sync_file_range(fileno(out), flushed, total - flushed, SYNC_FILE_RANGE_WRITE);
+			sync_file_range(fileno(out), flushed, total - flushed,
+			                SYNC_FILE_RANGE_WRITE);
 			flushed = total;
 		}
 	}
@@ -287,24 +289,13 @@ out:
 int st_read(struct st_file *f, const char *path)
 {
 	st_init(f);
-	FILE *in = fopen(path, "rb");
-	if (!in) {
+	char *blob;
+	size_t size;
+	if (io_read_file(path, &blob, &size)) {
 		LOG_ERROR("cannot open '%s': %s", path, strerror(errno));
 		return CT_ERR_RUNTIME;
 	}
-	fseeko(in, 0, SEEK_END);
-	int64_t size = ftello(in);
-	fseeko(in, 0, SEEK_SET);
-	void *blob = malloc((size_t)(size > 0 ? size : 0) + 1);
-	CHECK(blob, "out of memory reading %s", path);
-	if (size < 0 || fread(blob, 1, (size_t)size, in) != (size_t)size) {
-		LOG_ERROR("%s: read failed", path);
-		free(blob);
-		fclose(in);
-		return CT_ERR_RUNTIME;
-	}
-	fclose(in);
-	return st_parse(f, blob, size, path);
+	return st_parse(f, blob, (int64_t)size, path);
 }
 
 const struct st_tensor *st_find(const struct st_file *f, const char *name)

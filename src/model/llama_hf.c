@@ -9,6 +9,7 @@
 
 #include "base/bf16.h"
 #include "base/log.h"
+#include "io/file.h"
 #include "io/safetensors.h"
 
 bool llama_hf_name(const char *name, char *out, size_t n)
@@ -105,17 +106,11 @@ char *llama_hf_config_json(const struct llama_config *c)
 
 static cJSON *read_json(const char *path)
 {
-	FILE *f = fopen(path, "rb");
-	if (!f)
+	char *s;
+	size_t n;
+	if (io_read_file(path, &s, &n))
 		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *s = malloc((size_t)(n > 0 ? n : 0) + 1);
-	CHECK(s, "out of memory");
-	size_t got = fread(s, 1, (size_t)(n > 0 ? n : 0), f);
-	fclose(f);
-	cJSON *o = cJSON_ParseWithLength(s, got);
+	cJSON *o = cJSON_ParseWithLength(s, n);
 	free(s);
 	return o;
 }

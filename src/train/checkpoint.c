@@ -19,39 +19,11 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
+#include "io/file.h"
 #include "io/safetensors.h"
 #include "train/metrics.h"
 
 /* ---------------------------------------------------------------- files */
-
-/* xxHash64 (XXH3) of a whole file, streamed; size in *bytes. */
-static int file_hash(const char *path, uint64_t *hash, int64_t *bytes)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		LOG_ERROR("checkpoint: cannot open '%s': %s", path, strerror(errno));
-		return CT_ERR_RUNTIME;
-	}
-	XXH3_state_t *st = XXH3_createState();
-	CHECK(st, "out of memory");
-	XXH3_64bits_reset(st);
-	size_t cap = 4 << 20, n;
-	char *buf = malloc(cap);
-	CHECK(buf, "out of memory");
-	*bytes = 0;
-	while ((n = fread(buf, 1, cap, f)) > 0) {
-		XXH3_64bits_update(st, buf, n);
-		*bytes += (int64_t)n;
-	}
-	int rc = ferror(f) ? CT_ERR_RUNTIME : CT_OK;
-	if (rc)
-		LOG_ERROR("checkpoint: read error on '%s'", path);
-	*hash = XXH3_64bits_digest(st);
-	XXH3_freeState(st);
-	free(buf);
-	fclose(f);
-	return rc;
-}
 
 static int fsync_path(const char *path)
 {
@@ -99,23 +71,6 @@ static void remove_tree(const char *dir)
 	}
 	closedir(d);
 	rmdir(dir);
-}
-
-static char *read_text(const char *path, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f)
-		return NULL;
-	fseek(f, 0, SEEK_END);
-	long n = ftell(f);
-	fseek(f, 0, SEEK_SET);
-	char *s = malloc((size_t)(n < 0 ? 0 : n) + 1);
-	CHECK(s, "out of memory");
-	size_t got = fread(s, 1, (size_t)(n < 0 ? 0 : n), f);
-	s[got] = 0;
-	*len = got;
-	fclose(f);
-	return s;
 }
 
 /* ---------------------------------------------------------------- manifest */
@@ -681,8 +636,8 @@ struct open_file {
 	bool open, bad;
 };
 
-/* Open (once) and verify a checkpoint file named in the manifest: size, checksum, then the
- * safetensors header. */
+/* Open (once) and verify a checkpoint file named in the manifest: it is read once, and its
+ * size, checksum and safetensors header are checked on those bytes. */
 static struct st_file *get_file(struct open_file *cache, const struct ckpt_manifest *m,
                                 const char *dir, int fi)
 {
@@ -695,22 +650,27 @@ static struct st_file *get_file(struct open_file *cache, const struct ckpt_manif
 	const struct ckpt_mfile *mf = &m->files[fi];
 	char path[1300];
 	snprintf(path, sizeof(path), "%s/%s", dir, mf->name);
-	uint64_t h;
-	int64_t bytes;
-	if (file_hash(path, &h, &bytes))
+	char *blob;
+	size_t bytes;
+	if (io_read_file(path, &blob, &bytes)) {
+		LOG_ERROR("checkpoint: cannot open '%s': %s", path, strerror(errno));
 		return NULL;
-	if (bytes != mf->bytes) {
+	}
+	if ((int64_t)bytes != mf->bytes) {
 		LOG_ERROR("checkpoint: '%s' is truncated or extended (%lld bytes, manifest says "
 		          "%lld)",
 		          path, (long long)bytes, (long long)mf->bytes);
+		free(blob);
 		return NULL;
 	}
+	uint64_t h = XXH3_64bits(blob, bytes);
 	if (h != mf->xxh3) {
 		LOG_ERROR("checkpoint: '%s' is corrupted (xxh3 %016llx, manifest says %016llx)",
 		          path, (unsigned long long)h, (unsigned long long)mf->xxh3);
+		free(blob);
 		return NULL;
 	}
-	if (st_read(&of->st, path))
+	if (st_parse(&of->st, blob, (int64_t)bytes, path)) /* owns blob from here */
 		return NULL;
 	of->open = true;
 	of->bad = false;
@@ -770,7 +730,8 @@ int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
 	snprintf(path, sizeof(path), "%s/manifest.json", dir);
 	int64_t rc = CT_OK;
 	size_t len = 0;
-	char *text = read_text(path, &len);
+	char *text = NULL;
+	io_read_file(path, &text, &len);
 	struct ckpt_manifest m;
 	memset(&m, 0, sizeof(m));
 	if (!text) {

@@ -18,6 +18,7 @@
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "data/synthetic.h"
+#include "io/file.h"
 #include "kernels/kernels.h"
 #include "model/llama_hf.h"
 #include "model/model.h"
@@ -639,23 +640,6 @@ static int trainer_resume(struct trainer *tr, int64_t *first_step, struct step_m
 	return CT_OK;
 }
 
-static int read_file(const char *path, char **data, size_t *len)
-{
-	FILE *f = fopen(path, "rb");
-	if (!f) {
-		LOG_ERROR("cannot read '%s': %s", path, strerror(errno));
-		return CT_ERR_RUNTIME;
-	}
-	fseeko(f, 0, SEEK_END);
-	off_t n = ftello(f);
-	fseeko(f, 0, SEEK_SET);
-	*data = malloc((size_t)(n > 0 ? n : 1));
-	CHECK(*data, "out of memory");
-	*len = fread(*data, 1, (size_t)(n > 0 ? n : 0), f);
-	fclose(f);
-	return CT_OK;
-}
-
 static int trainer_save(struct trainer *tr, int64_t steps_done, const struct step_metrics *sm)
 {
 	char root[1100];
@@ -681,9 +665,14 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 	fclose(mf);
 	struct ckpt_extra extra[2] = {{"config.toml", cfg_text, cfg_len}};
 	int n_extra = 1;
-	if (tr->cfg->model.tokenizer_path[0] &&
-	    read_file(tr->cfg->model.tokenizer_path, &tok_data, &tok_len) == CT_OK)
-		extra[n_extra++] = (struct ckpt_extra){"tokenizer.model", tok_data, tok_len};
+	if (tr->cfg->model.tokenizer_path[0]) {
+		if (io_read_file(tr->cfg->model.tokenizer_path, &tok_data, &tok_len) == CT_OK)
+			extra[n_extra++] =
+			    (struct ckpt_extra){"tokenizer.model", tok_data, tok_len};
+		else
+			LOG_ERROR("cannot read '%s': %s", tr->cfg->model.tokenizer_path,
+			          strerror(errno));
+	}
 	int rc =
 	    tr->ckpt_async
 	        ? ckpt_async_save(tr->ckpt_async, root, &tr->model.cfg, ct, tr->model.table->count,

@@ -3,7 +3,7 @@
  * build; tests/fuzz/smoke.sh builds and runs it briefly.
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Wno-unknown-pragmas -Isrc \
- *         tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c \
+ *         tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c src/io/file.c \
  *         src/base/log.c -lcjson -lxxhash -lm -o /tmp/fuzz_checkpoint
  *   mkdir -p /tmp/fuzz_checkpoint_corpus
  *   /tmp/fuzz_checkpoint -max_total_time=600 -close_fd_mask=2 /tmp/fuzz_checkpoint_corpus

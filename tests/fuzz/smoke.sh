@@ -20,7 +20,7 @@ build fuzz_shards tests/fuzz/fuzz_shards.c src/data/shards.c src/data/loader.c s
   src/base/mem.c src/base/rng.c -lcjson -lm -lpthread
 build fuzz_tokenizer tests/fuzz/fuzz_tokenizer.c src/data/tokenizer.c src/base/log.c -lpcre2-8 \
   -lcjson -lm
-build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c \
+build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c src/io/file.c \
   src/base/log.c -lcjson -lxxhash -lm
 pass=0
 fail=0
