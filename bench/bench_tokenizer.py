@@ -68,16 +68,25 @@ def apt_install(pkg, probe):
 
 
 def npm_modules(build):
+    """The npm packages' folder; None only when they are not cached and the registry cannot be
+    reached. node and npm are Debian packages (scripts/install-deps.sh): missing is an error."""
     mods = os.path.join(build, "tokenizer_parity", "npm")
     if not os.path.exists(os.path.join(mods, "node_modules", "tiktoken", "package.json")) or \
             not os.path.exists(os.path.join(mods, "node_modules", "llama3-tokenizer-js")):
-        if not shutil.which("npm"):
+        if not shutil.which("npm") or not shutil.which("node"):
+            sys.exit("bench: node/npm not installed (scripts/install-deps.sh installs them)")
+        env = dict(os.environ, npm_config_cache=os.path.join(build, "tokenizer_parity", "npm-cache"))
+        ping = subprocess.run(["timeout", "40", "npm", "ping", "--fetch-retries=1",
+                               "--fetch-timeout=15000"], capture_output=True, env=env)
+        if ping.returncode != 0:
             return None
         print("bench: npm install tiktoken llama3-tokenizer-js", flush=True)
         p = subprocess.run(["npm", "install", "--prefix", mods, "--no-audit", "--no-fund",
-                            "tiktoken@1.0.22", "llama3-tokenizer-js@1.2.0"], capture_output=True)
+                            "tiktoken@1.0.22", "llama3-tokenizer-js@1.2.0"], capture_output=True,
+                           env=env)
         if p.returncode != 0:
-            return None
+            sys.exit("bench: npm install failed although the registry answers:\n" +
+                     p.stderr.decode(errors="replace"))
     return os.path.join(mods, "node_modules")
 
 

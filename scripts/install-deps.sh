@@ -15,11 +15,20 @@ PKGS=(
   gnuplot-nox                # `ctitan plot` draws PNG charts with it
   libclang-rt-14-dev         # libFuzzer runtime for the fuzz harnesses (tests)
   python3-torch python3-numpy # independent reference for tests and benchmarks
+  nodejs npm                 # tokenizer_parity / bench_tokenizer: tiktoken and llama3-tokenizer-js
 )
 
+# A package counts as present when it is installed or an installed package provides it (a
+# nodejs build that bundles npm provides and conflicts with Debian's npm).
+installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed" && return 0
+  dpkg-query -W -f='${db:Status-Abbrev} ${Provides}\n' 2>/dev/null |
+    awk -v p="$1" '$1 == "ii" { for (i = 2; i <= NF; i++) { sub(/,$/, "", $i); if ($i == p) f = 1 } }
+                   END { exit !f }'
+}
 missing=()
 for p in "${PKGS[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+  if ! installed "$p"; then
     missing+=("$p")
   fi
 done

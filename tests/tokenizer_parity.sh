@@ -18,7 +18,9 @@
 #                        differs from Unicode White_Space (tiktoken's) on exactly these two.
 #     Also: ctitan's Llama 3 special tokens equal llama3-tokenizer-js's, and the same vocabulary
 #     written as a Hugging Face tokenizer.json loads and encodes identically.
-# Without the npm registry it prints "SKIPPED: npm registry unreachable" after step 1 and passes.
+# node and npm are Debian packages (scripts/install-deps.sh): without them the test fails. When
+# the npm packages are not cached yet and the registry cannot be reached, it prints "SKIPPED: npm
+# registry unreachable" after step 1 and exits 77, which CTest reports as skipped (never passed).
 set -euo pipefail
 
 CTITAN=$(realpath "$1")
@@ -56,15 +58,16 @@ cmp -s small.bin small.out || fail "trained tokenizer: decode(encode(x)) != x"
 echo "cli: usage/exit codes ok; train (vocab 1000) + encode + decode round trip ok"
 
 # ---- 2. npm packages -------------------------------------------------------------------------
-if ! command -v npm >/dev/null || ! command -v node >/dev/null; then
-	echo "SKIPPED: npm registry unreachable (node/npm not installed)"
-	exit 0
-fi
+command -v npm >/dev/null && command -v node >/dev/null ||
+	fail "node/npm not installed (scripts/install-deps.sh installs Debian's nodejs and npm)"
+# npm's own download cache lives with the packages, not in the user's home
+export npm_config_cache="$WORK/npm-cache"
+SKIP=77
 if [ ! -f "$NPM_DIR/node_modules/tiktoken/package.json" ] ||
 	[ ! -f "$NPM_DIR/node_modules/llama3-tokenizer-js/package.json" ]; then
 	if ! timeout 40 npm ping --fetch-retries=1 --fetch-timeout=15000 >/dev/null 2>&1; then
 		echo "SKIPPED: npm registry unreachable"
-		exit 0
+		exit $SKIP
 	fi
 	mkdir -p "$NPM_DIR"
 	timeout 170 npm install --prefix "$NPM_DIR" --no-audit --no-fund --loglevel=error \
