@@ -4,7 +4,7 @@
 #     with synchronous and with async saves: bitwise-identical losses and final state (the
 #     step-20 checkpoint files have the same checksums);
 #  2. reshard: a 4-rank (dp_shard 4) checkpoint resumed on 2, on 3, and on 4 ranks as 2x2
-#     HSDP: losses within 1e-5 of the uninterrupted 4-rank run, and every sample of the data
+#     HSDP: losses and grad norms within 1e-5 of the uninterrupted 4-rank run, and every sample of the data
 #     order trained on exactly once (debug.sample_log);
 #  3. exclude_from_loading: optimizer, lr_scheduler, dataloader, train_state each do what they
 #     say;
@@ -35,40 +35,28 @@ PY
 COMMON=(--training.dataset=mine --training.dataset_path="$tmp/data" --model.vocab_size=509
         --training.seq_len=32 --training.global_batch_size=12 --training.local_batch_size=1
         --lr_scheduler.warmup_steps=3 --metrics.peak_tflops=0.1 --checkpoint.enable=true)
-train() { # N DUMP_FOLDER args...
+train() { # N DUMP_FOLDER args...: its exit status; the log's tail on a failure
   local n=$1 dir=$2
   shift 2
-  "$LAUNCH" "$n" "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" \
-    --job.dump_folder="$dir" "$@" >> "$dir.log" 2>&1
+  run "$dir.log" "$LAUNCH" "$n" "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" \
+    --job.dump_folder="$dir" "$@"
 }
-# losses of steps FIRST..LAST (the last record of each step), full precision
-losses() { $PY -c "
-import json,sys
-last={}
-for l in open(sys.argv[1]):
-    r=json.loads(l); last[r['step']]=r
-key=sys.argv[4] if len(sys.argv)>4 else 'loss'
-print('\n'.join(repr(last[s][key]) for s in range(int(sys.argv[2]),int(sys.argv[3])+1)))" "$@"; }
+fails() { "$@" 2>/dev/null; } # a run expected to fail: no tail printed
 checksums() { $PY -c "
 import json,sys
 m=json.load(open(sys.argv[1]))
 print(sorted((k,v['xxh3_64']) for k,v in m['files'].items() if k.startswith('rank-')))" "$1"; }
-close() { $PY -c "
-import sys
-a=[float(x) for x in open(sys.argv[1])]; b=[float(x) for x in open(sys.argv[2])]
-sys.exit(0 if len(a)==len(b)>0 and all(abs(x-y)<=1e-5*abs(y) for x,y in zip(a,b)) else 1)" "$1" "$2"; }
-
 # 1. exact resume, sync and async
 train 2 "$tmp/u" --training.steps=20 --checkpoint.interval=10
 check "uninterrupted 20-step run" $?
-losses "$tmp/u/metrics.jsonl" 11 20 > "$tmp/u.l"
+metric "$tmp/u/metrics.jsonl" 11 20 > "$tmp/u.l"
 for mode in disabled async; do
-  train 2 "$tmp/r_$mode" --training.steps=20 --checkpoint.interval=10 \
+  fails train 2 "$tmp/r_$mode" --training.steps=20 --checkpoint.interval=10 \
     --checkpoint.async_mode=$mode --debug.fail_rank=1 --debug.fail_step=11
-  train 2 "$tmp/r_$mode" --training.steps=20 --checkpoint.interval=10 --checkpoint.async_mode=$mode
-  grep -q "loaded step 10 " "$tmp/r_$mode.log"; check "$mode: crash in step 11, resumed from step 10" $?
-  losses "$tmp/r_$mode/metrics.jsonl" 11 20 > "$tmp/r_$mode.l"
-  cmp -s "$tmp/u.l" "$tmp/r_$mode.l"; check "$mode: steps 11-20 bitwise equal the uninterrupted run" $?
+  train 2 "$tmp/r_$mode" --training.steps=20 --checkpoint.interval=10 --checkpoint.async_mode=$mode &&
+    grep -q "loaded step 10 " "$tmp/r_$mode.log"; check "$mode: crash in step 11, resumed from step 10 (exit 0)" $?
+  metric "$tmp/r_$mode/metrics.jsonl" 11 20 > "$tmp/r_$mode.l"
+  same "$tmp/u.l" "$tmp/r_$mode.l"; check "$mode: steps 11-20 (loss, grad_norm) bitwise equal the uninterrupted run" $?
   [ "$(checksums "$tmp/u/checkpoint/step-00000020/manifest.json")" = \
     "$(checksums "$tmp/r_$mode/checkpoint/step-00000020/manifest.json")" ]
   check "$mode: final parameters and moments bitwise equal (step-20 file checksums)" $?
@@ -76,8 +64,9 @@ done
 
 # 2. reshard from 4 ranks
 train 4 "$tmp/f" --training.steps=8 --checkpoint.interval=100 --debug.sample_log="$tmp/f.samples"
-losses "$tmp/f/metrics.jsonl" 5 8 > "$tmp/f.l"
-train 4 "$tmp/s" --training.steps=8 --checkpoint.interval=4 --debug.fail_rank=2 --debug.fail_step=5 \
+check "uninterrupted 4-rank run" $?
+metric "$tmp/f/metrics.jsonl" 5 8 > "$tmp/f.l"
+fails train 4 "$tmp/s" --training.steps=8 --checkpoint.interval=4 --debug.fail_rank=2 --debug.fail_step=5 \
   --debug.sample_log="$tmp/s.samples"
 [ -f "$tmp/s/checkpoint/step-00000004/manifest.json" ]; check "4-rank checkpoint of step 4" $?
 for layout in "2 1" "3 1" "4 2"; do
@@ -85,10 +74,10 @@ for layout in "2 1" "3 1" "4 2"; do
   n=$1 rep=$2 d="$tmp/g${n}x$rep"
   mkdir -p "$d" && cp -r "$tmp/s/checkpoint" "$d/"
   train "$n" "$d" --training.steps=8 --checkpoint.interval=100 \
-    --parallelism.data_parallel_replicate_degree=$rep --debug.sample_log="$d.samples"
-  grep -q "loaded step 4 " "$d.log"; check "4-rank checkpoint loads on $n ranks ($rep replicas)" $?
-  losses "$d/metrics.jsonl" 5 8 > "$d.l" 2>/dev/null
-  close "$d.l" "$tmp/f.l"; check "$n ranks ($rep replicas): steps 5-8 within 1e-5 of the 4-rank run" $?
+    --parallelism.data_parallel_replicate_degree=$rep --debug.sample_log="$d.samples" &&
+    grep -q "loaded step 4 " "$d.log"; check "4-rank checkpoint loads on $n ranks ($rep replicas) (exit 0)" $?
+  metric "$d/metrics.jsonl" 5 8 > "$d.l"
+  close "$d.l" "$tmp/f.l"; check "$n ranks ($rep replicas): steps 5-8 loss and grad_norm within 1e-5 of the 4-rank run" $?
   $PY - "$tmp/f.samples" "$tmp/s.samples" "$d.samples" "$rep" <<'PY'
 import collections, glob, sys
 def read(prefix, keep):
@@ -121,12 +110,13 @@ for part in none optimizer lr_scheduler dataloader train_state; do
   [ "$part" = none ] && ex=""
   train 2 "$d" --training.steps=12 --checkpoint.interval=100 --checkpoint.load_step=10 \
     --checkpoint.exclude_from_loading=$ex --debug.sample_log="$d.samples"
+  check "exclude_from_loading=$ex: resumed run (exit 0)" $?
 done
-a=$(losses "$tmp/x_optimizer/metrics.jsonl" 11 12)
-b=$(losses "$tmp/x_none/metrics.jsonl" 11 12)
-[ "$(echo "$a" | head -1)" = "$(echo "$b" | head -1)" ] && [ "$(echo "$a" | tail -1)" != "$(echo "$b" | tail -1)" ]
+a=$(metric "$tmp/x_optimizer/metrics.jsonl" 11 12 loss)
+b=$(metric "$tmp/x_none/metrics.jsonl" 11 12 loss)
+[ -n "$a" ] && [ "$(echo "$a" | head -1)" = "$(echo "$b" | head -1)" ] && [ "$(echo "$a" | tail -1)" != "$(echo "$b" | tail -1)" ]
 check "optimizer excluded: same weights (step 11 loss equal), fresh moments (step 12 differs)" $?
-[ "$(losses "$tmp/x_lr_scheduler/metrics.jsonl" 11 11 lr)" = "$(losses "$tmp/u/metrics.jsonl" 1 1 lr)" ]
+a=$(metric "$tmp/x_lr_scheduler/metrics.jsonl" 11 11 lr); [ -n "$a" ] && [ "$a" = "$(metric "$tmp/u/metrics.jsonl" 1 1 lr)" ]
 check "lr_scheduler excluded: step 11 runs at the schedule's first learning rate" $?
 $PY - "$tmp/x_dataloader.samples" "$tmp/f.samples" <<'PY'
 import glob, sys
@@ -137,15 +127,18 @@ PY
 check "dataloader excluded: step 11 trains on the first batch of the data order" $?
 grep -q "starting at step 0" "$tmp/x_train_state.log" && [ "$(head -1 "$tmp/x_train_state/metrics.jsonl" | $PY -c 'import json,sys;print(json.load(sys.stdin)["step"])')" = 1 ]
 check "train_state excluded: training restarts at step 1" $?
-train 1 "$tmp/x_bad" --training.steps=20 --checkpoint.exclude_from_loading=optimizer,weights
+fails train 1 "$tmp/x_bad" --training.steps=20 --checkpoint.exclude_from_loading=optimizer,weights
 [ $? -eq 2 ] && grep -q "unknown part 'weights'" "$tmp/x_bad.log"; check "unknown exclude_from_loading part named, exit 2" $?
 
 # 4. Hugging Face export -> import
 "$CTITAN" export "$tmp/u/checkpoint" "$tmp/hf" > "$tmp/export.log" 2>&1
 check "export step 20" $?
 train 2 "$tmp/i_ckpt" --training.steps=3 --checkpoint.initial_load_path="$tmp/u/checkpoint/step-00000020"
+check "training from the step-20 checkpoint (exit 0)" $?
 train 2 "$tmp/i_hf" --training.steps=3 --checkpoint.initial_load_path="$tmp/hf" --checkpoint.initial_load_in_hf=true
-grep -q "loaded Hugging Face weights" "$tmp/i_hf.log" && cmp -s <(losses "$tmp/i_ckpt/metrics.jsonl" 1 3) <(losses "$tmp/i_hf/metrics.jsonl" 1 3) \
+check "training from the HF export (exit 0)" $?
+metric "$tmp/i_ckpt/metrics.jsonl" 1 3 > "$tmp/i_ckpt.l"; metric "$tmp/i_hf/metrics.jsonl" 1 3 > "$tmp/i_hf.l"
+grep -q "loaded Hugging Face weights" "$tmp/i_hf.log" && same "$tmp/i_ckpt.l" "$tmp/i_hf.l" \
   && [ "$(checksums "$tmp/i_ckpt/checkpoint/step-00000003/manifest.json")" = "$(checksums "$tmp/i_hf/checkpoint/step-00000003/manifest.json")" ]
 check "HF round trip: training from the export is bitwise training from the checkpoint" $?
 # the same weights as an index of two shards (the layout of large HF models), in bf16-free f32
@@ -165,11 +158,11 @@ for part, chunk in enumerate((names[::2], names[1::2])):
 json.dump({"metadata": {}, "weight_map": wmap}, open(f"{dst}/model.safetensors.index.json", "w"))
 open(f"{dst}/config.json", "w").write(open(f"{src}/config.json").read())
 PY
-train 2 "$tmp/i_hf2" --training.steps=3 --checkpoint.initial_load_path="$tmp/hf2" --checkpoint.initial_load_in_hf=true
-cmp -s <(losses "$tmp/i_ckpt/metrics.jsonl" 1 3) <(losses "$tmp/i_hf2/metrics.jsonl" 1 3)
+train 2 "$tmp/i_hf2" --training.steps=3 --checkpoint.initial_load_path="$tmp/hf2" --checkpoint.initial_load_in_hf=true &&
+  metric "$tmp/i_hf2/metrics.jsonl" 1 3 > "$tmp/i_hf2.l" && same "$tmp/i_ckpt.l" "$tmp/i_hf2.l"
 check "HF import from an index of shards equals the single file" $?
 sed -i 's/"num_hidden_layers":\s*[0-9]*/"num_hidden_layers": 3/' "$tmp/hf2/config.json"
-train 1 "$tmp/i_bad" --training.steps=1 --checkpoint.initial_load_path="$tmp/hf2" --checkpoint.initial_load_in_hf=true
+fails train 1 "$tmp/i_bad" --training.steps=1 --checkpoint.initial_load_path="$tmp/hf2" --checkpoint.initial_load_in_hf=true
 rc=$?
 [ $rc -ne 0 ] && grep -q "num_hidden_layers is 3, this model has 6" "$tmp/i_bad.log"; check "HF config.json of another model named (exit $rc)" $?
 $PY - "$tmp/hf" <<'PY'
@@ -179,7 +172,7 @@ n = struct.unpack("<Q", raw[:8])[0]; hdr = json.loads(raw[8:8+n])
 hdr["model.layers.1.mlp.up_proj.weight_renamed"] = hdr.pop("model.layers.1.mlp.up_proj.weight")
 hj = json.dumps(hdr).encode(); open(p, "wb").write(struct.pack("<Q", len(hj)) + hj + raw[8+n:])
 PY
-train 1 "$tmp/i_bad2" --training.steps=1 --checkpoint.initial_load_path="$tmp/hf" --checkpoint.initial_load_in_hf=true
+fails train 1 "$tmp/i_bad2" --training.steps=1 --checkpoint.initial_load_path="$tmp/hf" --checkpoint.initial_load_in_hf=true
 rc=$?
 [ $rc -ne 0 ] && grep -q "has no tensor 'model.layers.1.mlp.up_proj.weight'" "$tmp/i_bad2.log"; check "HF file lacking a tensor: named (exit $rc)" $?
 finish

@@ -26,18 +26,6 @@ COMMON=(--training.dataset=mine --training.dataset_path="$tmp/data" --model.voca
         --training.steps=6 --training.seq_len=32 --training.global_batch_size=8
         --training.local_batch_size=2 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=0.1
         --validation.enable=true --validation.freq=3 --validation.steps=4 --checkpoint.interval=3)
-losses() { /usr/bin/python3 -c "
-import json,sys
-last={}
-for l in open(sys.argv[1]):
-    r=json.loads(l); last[r['step']]=r
-print('\n'.join(repr(last[s]['loss']) for s in (4,5,6)))
-print(repr(last[6]['validation_loss']))" "$1"; }
-close() { /usr/bin/python3 -c "
-import sys
-a=[float(x) for x in open(sys.argv[1])]; b=[float(x) for x in open(sys.argv[2])]
-sys.exit(0 if len(a)==len(b)==4 and all(abs(x-y)<=1e-5*abs(y) for x,y in zip(a,b)) else 1)" "$1" "$2"; }
-
 "$ROOT/scripts/launch" 2 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" \
   --job.dump_folder="$tmp/a" > "$tmp/a.log" 2>&1
 check "2-rank run on a shard folder" $?
@@ -46,11 +34,13 @@ grep -q "validation loss" "$tmp/a.log"; check "validation loss reported" $?
   --job.dump_folder="$tmp/b" --checkpoint.enable=true --debug.fail_rank=1 --debug.fail_step=4 \
   > "$tmp/b1.log" 2>&1
 grep -q 'position' "$tmp/b/checkpoint/step-00000003/manifest.json"; check "checkpoint holds the loader position" $?
-"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/b" \
-  --checkpoint.enable=true > "$tmp/b2.log" 2>&1
+run "$tmp/b2.log" "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/b" \
+  --checkpoint.enable=true
 check "resume on 1 rank" $?
-losses "$tmp/a/metrics.jsonl" > "$tmp/a.l" 2>/dev/null; losses "$tmp/b/metrics.jsonl" > "$tmp/b.l" 2>/dev/null
-close "$tmp/b.l" "$tmp/a.l"; check "resumed steps 4-6 and the validation loss match the uninterrupted run" $?
+{ metric "$tmp/a/metrics.jsonl" 4 6 && metric "$tmp/a/metrics.jsonl" 6 6 validation_loss; } > "$tmp/a.l"
+{ metric "$tmp/b/metrics.jsonl" 4 6 && metric "$tmp/b/metrics.jsonl" 6 6 validation_loss; } > "$tmp/b.l"
+close "$tmp/b.l" "$tmp/a.l"
+check "resumed steps 4-6 (loss, grad_norm) and the validation loss match the uninterrupted run" $?
 # plots of the run: four PNG files
 "$CTITAN" plot "$tmp/a" --out "$tmp/plots" > "$tmp/plot.log" 2>&1
 ok=0

@@ -19,3 +19,54 @@ finish() {
   echo "$pass passed, $fail failed"
   [ "$fail" -eq 0 ]
 }
+#   metric FILE FIRST LAST [KEY...]   from a metrics.jsonl, one line per step FIRST..LAST with
+#             the KEYs' values (default: loss grad_norm; records of a step merged, later ones
+#             winning) at full precision; status 1 and a message when the file, a step or a key
+#             is missing, so a run that wrote nothing cannot compare equal to another
+#   close A B [TOL]   A and B (metric outputs) have the same non-zero number of lines and
+#             fields, each value within TOL (default 1e-5) relative to B's
+#   same A B  A and B are byte-identical and not empty
+#   run LOG CMD...    CMD with stdout+stderr to LOG (appended); its status, LOG's tail on failure
+metric() {
+  /usr/bin/python3 - "$@" <<'PY'
+import json, sys
+path, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+keys = sys.argv[4:] or ["loss", "grad_norm"]
+try:
+    steps = {}
+    for line in open(path):
+        r = json.loads(line)
+        steps.setdefault(r["step"], {}).update(r)
+    for s in range(first, last + 1):
+        print(" ".join(repr(steps[s][k]) for k in keys))
+except (OSError, ValueError, KeyError) as e:
+    sys.exit(f"metric: {path}: steps {first}-{last} {keys}: {type(e).__name__} {e}")
+PY
+}
+close() {
+  /usr/bin/python3 - "$1" "$2" "${3:-1e-5}" <<'PY'
+import sys
+a = [l.split() for l in open(sys.argv[1])]
+b = [l.split() for l in open(sys.argv[2])]
+tol = float(sys.argv[3])
+ok = len(a) == len(b) > 0 and all(len(x) == len(y) > 0 for x, y in zip(a, b))
+ok = ok and all(abs(float(u) - float(v)) <= tol * abs(float(v))
+                for x, y in zip(a, b) for u, v in zip(x, y))
+if not ok:
+    print(f"close: {sys.argv[1]} vs {sys.argv[2]} (rel tol {tol}):", file=sys.stderr)
+    for x, y in list(zip(a, b))[:8]:
+        print("   ", " ".join(x), "|", " ".join(y), file=sys.stderr)
+    if len(a) != len(b) or not a:
+        print(f"    {len(a)} lines vs {len(b)}", file=sys.stderr)
+sys.exit(0 if ok else 1)
+PY
+}
+same() { [ -s "$1" ] && [ -s "$2" ] && cmp -s "$1" "$2"; }
+run() {
+  local log=$1 rc
+  shift
+  "$@" >> "$log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || { echo "  exit $rc: $*" >&2; tail -5 "$log" >&2; }
+  return $rc
+}

@@ -1,7 +1,10 @@
 /* FSDP tests, run under mpiexec on 2, 3 and 4 ranks (and 4 ranks as 2 replicas x 2 shards):
- * N-rank training equals 1-rank training (losses and gathered parameters within 1e-5
- * relative, computed on rank 0 in the same run), reruns are bitwise identical, persistent
- * memory is 1/N, and the bf16 all-gather moves half the bytes and trains like fp32.
+ * N-rank training equals 1-rank training (losses, gradient norms and gathered parameters
+ * within 1e-5 relative, computed on rank 0 in the same run), reruns are bitwise identical,
+ * persistent memory is 1/N, and the bf16 all-gather moves half the bytes and trains like fp32.
+ * Self-check: a 1-rank run whose gradient is deliberately scaled by 2 must fail the
+ * comparison (with AdamW and clipping at 0.3 its losses and parameters barely move: only the
+ * gradient norm tells it apart).
  * Llama by default; --hyena runs the same checks on a Hyena model (other units, a tied head).
  *   test_fsdp [--replicate R] [--bf16-check] [--hyena] */
 #include <math.h>
@@ -13,6 +16,7 @@
 #include "comm/comm.h"
 #include "comm/stream.h"
 #include "data/synthetic.h"
+#include "kernels/kernels.h"
 #include "parallel/fsdp.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"
@@ -58,6 +62,7 @@ static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum, in
 
 struct run {
 	double losses[STEPS];
+	double grad_norms[STEPS];
 	float *params;
 	int64_t persistent_bytes;
 	int64_t ag_bytes;
@@ -90,10 +95,9 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 		CHECK(fsdp_train_step(&f, &opt, tok, tgt, ACCUM, lr_schedule_at(&sched, s), 0.3,
 		                      &r) == CT_OK,
 		      "step");
-		if (s < STEPS)
-			out->losses[s] = r.loss;
-		else
-			out->losses[STEPS - 1] = r.loss;
+		int k = s < STEPS ? s : STEPS - 1;
+		out->losses[k] = r.loss;
+		out->grad_norms[k] = r.grad_norm;
 	}
 	out->ag_bytes = comm_bytes(COMM_ALL_GATHER);
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
@@ -104,7 +108,30 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	model_free(&m);
 }
 
-static void run_single(struct run *out, int dp)
+/* train_step with the loss gradient multiplied by gscale (the defect the self-check puts in). */
+static void scaled_train_step(struct model *m, struct adamw *opt, const int32_t *tok,
+                              const int32_t *tgt, int64_t accum, double lr, double gscale,
+                              struct train_step_result *r)
+{
+	int64_t N = m->N, valid = llama_count_valid(tgt, accum * N);
+	memset(m->grads, 0, (size_t)m->table->numel * sizeof(float));
+	double dscale = gscale / (double)valid;
+	model_set_loss_dscale(m, dscale);
+	double loss_sum = 0;
+	for (int64_t a = 0; a < accum; a++) {
+		memcpy(m->tokens, tok + a * N, (size_t)N * sizeof(int32_t));
+		memcpy(m->targets, tgt + a * N, (size_t)N * sizeof(int32_t));
+		loss_sum += model_forward(m, NULL);
+		model_backward(m, dscale);
+	}
+	r->loss = loss_sum / (double)valid;
+	r->grad_norm = sqrt(sumsq_f32(m->grads, m->table->numel));
+	r->valid = valid;
+	adamw_step(opt, m->table, m->params, m->grads, lr, clip_coefficient(r->grad_norm, 0.3));
+}
+
+/* gscale 1: the 1-rank reference through train_step; otherwise the deliberately wrong one. */
+static void run_single(struct run *out, int dp, double gscale)
 {
 	struct model_config c;
 	config(&c);
@@ -124,10 +151,15 @@ static void run_single(struct run *out, int dp)
 		synthetic_batch(seed, m.vocab_size, s * G, G, T, tok,
 		                tgt); /* rows in order (a*dp + d)*B */
 		struct train_step_result r;
-		CHECK(train_step(&m, &opt, tok, tgt, dp * ACCUM, lr_schedule_at(&sched, s), 0.3,
-		                 &r) == CT_OK,
-		      "step");
+		if (gscale == 1.0)
+			CHECK(train_step(&m, &opt, tok, tgt, dp * ACCUM, lr_schedule_at(&sched, s),
+			                 0.3, &r) == CT_OK,
+			      "step");
+		else
+			scaled_train_step(&m, &opt, tok, tgt, dp * ACCUM, lr_schedule_at(&sched, s),
+			                  gscale, &r);
 		out->losses[s] = r.loss;
+		out->grad_norms[s] = r.grad_norm;
 	}
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
 	memcpy(out->params, m.params, (size_t)m.table->numel * sizeof(float));
@@ -148,26 +180,57 @@ static int64_t numel(void)
 	return n;
 }
 
+/* Mismatches of run a against the 1-rank reference: losses, gradient norms and parameters,
+ * each within 1e-5 relative; printed when verbose. */
+static int compare(const struct run *a, const struct run *ref, int64_t n, bool verbose,
+                   int *loss_param_mismatches)
+{
+	int bad = 0, lp = 0;
+	for (int s = 0; s < STEPS; s++) {
+		bool lok = fabs(a->losses[s] - ref->losses[s]) < 1e-5 * ref->losses[s];
+		bool gok = fabs(a->grad_norms[s] - ref->grad_norms[s]) < 1e-5 * ref->grad_norms[s];
+		if (verbose)
+			fprintf(stderr,
+			        "  step %d: loss %.7f (1 rank %.7f)%s, grad_norm %.7f (1 rank "
+			        "%.7f)%s\n",
+			        s + 1, a->losses[s], ref->losses[s], lok ? "" : " MISMATCH",
+			        a->grad_norms[s], ref->grad_norms[s], gok ? "" : " MISMATCH");
+		bad += !lok + !gok;
+		lp += !lok;
+	}
+	double e = rel_err_f32(a->params, ref->params, n);
+	if (verbose)
+		fprintf(stderr, "  parameters after %d steps: rel err %.3e vs 1 rank\n", STEPS, e);
+	bad += !(e < 1e-5);
+	lp += !(e < 1e-5);
+	if (loss_param_mismatches)
+		*loss_param_mismatches = lp;
+	return bad;
+}
+
 TEST_CASE(test_equivalence)
 {
-	struct run a, b, ref;
+	struct run a, b, ref, scaled;
 	run_fsdp(&a, false, STREAM_THREAD, STEPS);
 	run_fsdp(&b, false, STREAM_INLINE, STEPS);
 	int64_t n = numel();
 	if (mesh.rank == 0) {
-		run_single(&ref, mesh.dp_group.size);
-		for (int s = 0; s < STEPS; s++) {
-			fprintf(stderr, "  step %d: loss %.7f (1 rank %.7f)\n", s + 1, a.losses[s],
-			        ref.losses[s]);
-			EXPECT(fabs(a.losses[s] - ref.losses[s]) < 1e-5 * ref.losses[s],
-			       "step %d loss %.9g vs 1-rank %.9g", s + 1, a.losses[s],
-			       ref.losses[s]);
-			EXPECT(a.losses[s] == b.losses[s],
-			       "rerun (inline stream) loss not bitwise");
-		}
-		double e = rel_err_f32(a.params, ref.params, n);
-		fprintf(stderr, "  parameters after %d steps: rel err %.3e vs 1 rank\n", STEPS, e);
-		EXPECT(e < 1e-5, "params rel err %.3e", e);
+		run_single(&ref, mesh.dp_group.size, 1.0);
+		EXPECT(compare(&a, &ref, n, true, NULL) == 0,
+		       "FSDP differs from 1 rank (losses, grad norms or parameters)");
+		for (int s = 0; s < STEPS; s++)
+			EXPECT(a.losses[s] == b.losses[s] && a.grad_norms[s] == b.grad_norms[s],
+			       "rerun (inline stream) step %d not bitwise", s + 1);
+		/* self-check: a gradient scaled by 2 must not pass */
+		run_single(&scaled, mesh.dp_group.size, 2.0);
+		int lp;
+		int bad = compare(&scaled, &ref, n, false, &lp);
+		fprintf(stderr,
+		        "  self-check, gradient x2: %d mismatches (%d of them in losses/parameters, "
+		        "the rest in grad norms)\n",
+		        bad, lp);
+		EXPECT(bad > 0, "a gradient scaled by 2 passes the comparison");
+		free(scaled.params);
 		EXPECT(memcmp(a.params, b.params, (size_t)n * sizeof(float)) == 0,
 		       "rerun params not bitwise identical");
 		/* persistent memory: params + grads + 2 moments = 16 bytes per (padded) element */
@@ -216,10 +279,7 @@ int main(int argc, char **argv)
 			hyena = true;
 	}
 	CHECK(mesh_build(&mesh, 1, replicate, -1, 1) == CT_OK, "mesh");
-	/* one seed for all ranks */
-	int64_t s = (int64_t)test_seed();
-	comm_all_reduce_i64(&mesh.world_group, &s, 1);
-	seed = (uint64_t)s;
+	seed = test_seed_all(&mesh.world_group);
 	if (mesh.rank == 0)
 		fprintf(stderr, "world %d = %d replicas x %d shards\n", mesh.world,
 		        mesh.dp_replicate, mesh.dp_shard);
@@ -227,7 +287,7 @@ int main(int argc, char **argv)
 		RUN(test_bf16_all_gather);
 	else
 		RUN(test_equivalence);
-	int rc = mesh.rank == 0 ? test_summary() : 0;
+	int rc = test_summary_all(&mesh.world_group);
 	mesh_free(&mesh);
 	comm_finalize();
 	return rc;

@@ -240,7 +240,7 @@ TEST_CASE(test_filter_compute)
 
 /* Run `steps` train steps through the model interface; losses out, params left in m. */
 static void run_steps(struct hyena_model *hm, int steps, int64_t accum, const int32_t *tok,
-                      const int32_t *tgt, double *losses)
+                      const int32_t *tgt, double *losses, double *grad_norms)
 {
 	struct model m;
 	model_wrap_hyena(&m, hm);
@@ -252,6 +252,7 @@ static void run_steps(struct hyena_model *hm, int steps, int64_t accum, const in
 		EXPECT(train_step(&m, &opt, tok + off, tgt + off, accum, 3e-3, 1.0, &r) == CT_OK,
 		       "step");
 		losses[s] = r.loss;
+		grad_norms[s] = r.grad_norm;
 	}
 	adamw_free(&opt);
 }
@@ -274,14 +275,16 @@ TEST_CASE(test_accumulation_and_determinism)
 	hyena_init_params(&a.cfg, &a.table, test_seed(), a.params, 0, n);
 	memcpy(b.params, a.params, (size_t)n * sizeof(float));
 	memcpy(d.params, a.params, (size_t)n * sizeof(float));
-	double la[3], lb[3], ld[3];
-	run_steps(&a, 3, 1, tok, tgt, la);
-	run_steps(&b, 3, 2, tok, tgt, lb);
-	run_steps(&d, 3, 1, tok, tgt, ld);
+	double la[3], lb[3], ld[3], ga[3], gb[3], gd[3];
+	run_steps(&a, 3, 1, tok, tgt, la, ga);
+	run_steps(&b, 3, 2, tok, tgt, lb, gb);
+	run_steps(&d, 3, 1, tok, tgt, ld, gd);
 	for (int s = 0; s < 3; s++) {
 		EXPECT(fabs(la[s] - lb[s]) < 1e-5 * la[s], "step %d: loss %.8g vs accum %.8g", s,
 		       la[s], lb[s]);
-		EXPECT(la[s] == ld[s], "rerun not bitwise identical");
+		EXPECT(fabs(ga[s] - gb[s]) < 1e-5 * ga[s], "step %d: grad_norm %.8g vs accum %.8g",
+		       s, ga[s], gb[s]);
+		EXPECT(la[s] == ld[s] && ga[s] == gd[s], "rerun not bitwise identical");
 	}
 	EXPECT(rel_err_f32(b.params, a.params, n) < 1e-5, "accumulated params %.3e",
 	       rel_err_f32(b.params, a.params, n));
@@ -312,8 +315,8 @@ TEST_CASE(test_overfit_one_batch)
 		memcpy(tok_all + 32 * s, tok, sizeof(tok));
 		memcpy(tgt_all + 32 * s, tgt, sizeof(tgt));
 	}
-	double losses[30];
-	run_steps(&hm, 30, 1, tok_all, tgt_all, losses);
+	double losses[30], grad_norms[30];
+	run_steps(&hm, 30, 1, tok_all, tgt_all, losses, grad_norms);
 	EXPECT(losses[29] < 0.5 * losses[0], "loss %.4f -> %.4f after 30 steps on one batch",
 	       losses[0], losses[29]);
 	hyena_free(&hm);

@@ -360,9 +360,7 @@ int main(int argc, char **argv)
 {
 	CHECK(comm_init(&argc, &argv) == CT_OK, "comm init");
 	CHECK(mesh_build(&mesh, 1, 1, -1, 1) == CT_OK, "mesh");
-	int64_t s = (int64_t)test_seed();
-	comm_all_reduce_i64(&mesh.world_group, &s, 1);
-	seed = (uint64_t)s;
+	seed = test_seed_all(&mesh.world_group);
 	if (mesh.rank == 0) {
 		fprintf(stderr, "world %d\n", mesh.world);
 		RUN(test_bucket_plans);
@@ -371,7 +369,7 @@ int main(int argc, char **argv)
 		RUN(test_checkpoint_memory);
 	}
 	RUN(test_pass_combinations_bitwise);
-	int rc = mesh.rank == 0 ? test_summary() : 0;
+	int rc = test_summary_all(&mesh.world_group);
 	mesh_free(&mesh);
 	comm_finalize();
 	return rc;

@@ -5,24 +5,53 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm/comm.h"
+
 int test_failures_in_case;
 static int tests_passed, tests_failed;
 static uint64_t rng_state;
 
-uint64_t test_seed(void)
+static uint64_t seed_value;
+static bool seed_have;
+
+static void seed_set(uint64_t seed, bool print)
 {
-	static uint64_t seed;
-	static bool have;
-	if (!have) {
-		const char *s = getenv("CT_TEST_SEED");
-		seed =
-		    s ? strtoull(s, NULL, 10) : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16));
+	if (print)
 		fprintf(stderr, "test seed %llu (set CT_TEST_SEED to reproduce)\n",
 		        (unsigned long long)seed);
-		rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
-		have = true;
+	seed_value = seed;
+	rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
+	seed_have = true;
+}
+
+uint64_t test_seed(void)
+{
+	if (!seed_have) {
+		const char *s = getenv("CT_TEST_SEED");
+		seed_set(s ? strtoull(s, NULL, 10) : ((uint64_t)time(NULL) ^ ((uint64_t)getpid() << 16)),
+		         true);
 	}
-	return seed;
+	return seed_value;
+}
+
+uint64_t test_seed_all(const struct comm_group *g)
+{
+	/* ranks other than 0 contribute 0 to the sum: a broadcast through the all-reduce */
+	int64_t s = g->rank == 0 ? (int64_t)test_seed() : 0;
+	comm_all_reduce_i64(g, &s, 1);
+	if (g->rank != 0)
+		seed_set((uint64_t)s, false);
+	return (uint64_t)s;
+}
+
+int test_summary_all(const struct comm_group *g)
+{
+	int64_t n[2] = {tests_passed, tests_failed};
+	comm_all_reduce_i64(g, n, 2);
+	if (g->rank == 0)
+		printf("%lld passed, %lld failed (all %d ranks)\n", (long long)n[0], (long long)n[1],
+		       g->size);
+	return n[1] ? 1 : 0;
 }
 
 static uint64_t test_next(void)

@@ -31,6 +31,14 @@ int test_summary(void);
 
 /* Fresh random inputs per run unless CT_TEST_SEED is set; the seed is printed. */
 uint64_t test_seed(void);
+
+/* MPI tests. test_seed_all: rank 0 of g draws (or reads CT_TEST_SEED) and prints the seed once;
+ * every rank gets that seed (and the same test_uniform stream), so the printed seed reproduces
+ * the run. test_summary_all: every rank's failures count; rank 0 prints the totals and every
+ * rank returns the same exit status. */
+struct comm_group;
+uint64_t test_seed_all(const struct comm_group *g);
+int test_summary_all(const struct comm_group *g);
 /* ||a-b||_2 / max(||b||_2, tiny) */
 double rel_err_f64(const double *a, const double *b, int64_t n);
 double rel_err_f32(const float *a, const float *b, int64_t n);
