@@ -122,7 +122,8 @@ bad "manifest naming a file outside the folder" "file entry '../../etc/passwd' i
 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=100000 --job.dump_folder="$tmp/s" \
   --checkpoint.enable=true --checkpoint.interval=100000 > "$tmp/s.log" 2>&1 &
 pid=$!
-for _ in $(seq 1 100); do grep -q "step:" "$tmp/s.log" 2>/dev/null && break; sleep 0.2; done
+# the event (a first step logged), not a fixed wait
+until grep -q "step:" "$tmp/s.log" 2>/dev/null; do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
 kill -TERM $pid
 wait $pid
 rc=$?

@@ -27,8 +27,17 @@ for t in $(seq 1 "$TRIALS"); do
   [ $((RANDOM % 2)) -eq 0 ] && what=rank
   setsid "$ROOT/scripts/launch" 2 "$CTITAN" train "$ROOT/configs/debug.toml" "${ARGS[@]}" \
     --checkpoint.async_mode=$mode --job.dump_folder="$d" > "$d.log" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 300); do grep -q "saved step 1 " "$d.log" 2>/dev/null && break; sleep 0.1; done
+  pid=$! # setsid: also the process group of mpiexec and its ranks
+  # wait for the event (the first save), not for a fixed time: a slow machine only takes longer
+  until grep -q "saved step 1 " "$d.log" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if ! grep -q "saved step 1 " "$d.log"; then
+    check "trial $t ($mode save): the job ended before its first save" 1
+    tail -5 "$d.log"
+    continue
+  fi
   sleep "$((RANDOM % 20 / 10)).$((RANDOM % 10))"
   if [ $what = job ]; then
     kill -9 -- -"$pid" 2>/dev/null # the whole process group: mpiexec and both ranks
@@ -38,8 +47,10 @@ for t in $(seq 1 "$TRIALS"); do
     kill -9 "$victim" 2>/dev/null
   fi
   wait $pid 2>/dev/null
-  pkill -9 -f -- "--job.dump_folder=$d" 2>/dev/null
-  sleep 0.2
+  # whatever of this trial's process group survives (a rank mpiexec left behind) goes too;
+  # then wait until the group is empty, so nothing writes while the checkpoint is read
+  kill -9 -- -"$pid" 2>/dev/null
+  while kill -0 -- -"$pid" 2>/dev/null; do sleep 0.05; done
   latest=$(cat "$d/checkpoint/latest" 2>/dev/null)
   if [ -z "$latest" ]; then
     check "trial $t ($mode save, kill $what): killed before the first save completed (no latest)" 1
