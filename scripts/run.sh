@@ -17,8 +17,8 @@ if [ ! -s "$data/bible.txt" ]; then
   echo "== default corpus: bible-kjv =="
   bible gen1:1-rev22:21 < /dev/null > "$data/bible.txt.tmp" && mv "$data/bible.txt.tmp" "$data/bible.txt"
 fi
-echo "== tokenizer: 2046 BPE tokens + <|begin_of_text|>, <|end_of_text|> =="
-"$CTITAN" tokenizer train --vocab-size 2046 --input "$data/bible.txt" --out "$data/tokenizer.model"
+echo "== tokenizer: 2048 ids (2046 BPE tokens + <|begin_of_text|>, <|end_of_text|>) =="
+"$CTITAN" tokenizer train --vocab-size 2048 --input "$data/bible.txt" --out "$data/tokenizer.model"
 echo "== prepare: token shards in $data/default =="
 rm -rf "$data/default"
 "$CTITAN" prepare --tokenizer "$data/tokenizer.model" --input "$data/bible.txt" \

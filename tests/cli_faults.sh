@@ -79,4 +79,38 @@ for a in "${bad_args[@]}"; do
 done
 [ "$n_ok" -eq "${#bad_args[@]}" ]; check "${#bad_args[@]} bad command lines: exit 2 naming the key ($n_ok ok)" $?
 
+# keys that would silently do nothing in this config: exit 2 naming the key
+inert=("--model.hyena_order=3" "--model.hyena_l_max=64" "--debug.deterministic=false"
+       "--activation_checkpoint.selective_ac_option=2" "--validation.enable=true")
+hy=(--model.name=hyena --model.flavor=hyena-debug)
+n_ok=0
+for a in "${inert[@]}" "${hy[*]} --model.rope_scaling=true" "${hy[*]} --model.hyena_sin_freq=0"; do
+  "$CTITAN" train "$ROOT/configs/debug.toml" $a > /dev/null 2> "$tmp/bad.err"
+  rc=$?
+  key=${a##* --}; key=${key#--}; key=${key%%=*}
+  if [ $rc -eq 2 ] && grep -q "${key}" "$tmp/bad.err"; then n_ok=$((n_ok + 1)); else echo "  '$a': exit $rc: $(head -1 "$tmp/bad.err")"; fi
+done
+[ "$n_ok" -eq 7 ]; check "7 keys that would do nothing here: exit 2 naming the key ($n_ok ok)" $?
+# `ctitan help` lists every command main.c dispatches
+missing=""
+for c in $(grep -o 'strcmp(cmd, "[a-z]*")' "$ROOT/src/cli/main.c" | cut -d'"' -f2 | sort -u); do
+  case $c in help|version|--help|-h|--version) continue ;; esac
+  "$CTITAN" help | grep -q "^  $c " || missing="$missing $c"
+done
+"$CTITAN" help | grep -q "generate --checkpoint DIR" || missing="$missing generate--checkpoint"
+[ -z "$missing" ]; check "ctitan help lists every command (missing:${missing:- none})" $?
+
+# generate's numeric flags: whole numbers where a count or seed is meant, p in (0, 1]
+n_ok=0
+gen_bad=("--max-new-tokens 1.5" "--max-new-tokens -3" "--max-new-tokens 3000000000" "--top-k 2.0"
+         "--top-p 7" "--top-p 0" "--temperature nan" "--seed -1" "--seed 99999999999999999999999")
+for a in "${gen_bad[@]}"; do
+  "$CTITAN" generate "$ROOT/configs/debug.toml" --prompt-ids 1,2 $a > /dev/null 2> "$tmp/bad.err"
+  rc=$?
+  if [ $rc -eq 2 ] && grep -q -- "${a%% *}" "$tmp/bad.err"; then n_ok=$((n_ok + 1)); else echo "  generate $a: exit $rc: $(head -1 "$tmp/bad.err")"; fi
+done
+[ "$n_ok" -eq "${#gen_bad[@]}" ]; check "generate: ${#gen_bad[@]} bad numeric flags exit 2 naming the flag ($n_ok ok)" $?
+"$CTITAN" train --help 2>&1 | grep -A2 "tensor_parallel_degree" | grep -q "not yet supported"
+check "--help says tensor_parallel_degree is not yet supported" $?
+
 finish

@@ -377,6 +377,9 @@ TEST_CASE(full_file_parses)
 	       "parallelism");
 	EXPECT(c.metrics.log_freq == 5 && c.metrics.peak_tflops == 100 && !c.metrics.enable_jsonl,
 	       "metrics");
+	/* debug.deterministic = false parses but would do nothing: validation refuses it */
+	EXPECT(config_validate(&c) != 0, "deterministic = false validates");
+	c.debug.deterministic = true;
 	EXPECT(config_validate(&c) == 0, "full file validates");
 
 	/* The generated file with every key in the table. */

@@ -52,10 +52,14 @@ grep -q "bad.tiktoken:1:" "$WORK/stderr" || fail "the bad rank file is not named
 expect_rc 1 "$CTITAN" tokenizer encode --tokenizer /nonexistent.tiktoken --input /dev/null
 /usr/bin/python3 "$ROOT/tests/tokenizer/make_corpus.py" small.bin --size 300000 --seed 7 >/dev/null
 "$CTITAN" tokenizer train --vocab-size 1000 --input small.bin small.bin --out small.tok >/dev/null
+# --vocab-size counts the specials: ids 0..999 in all, so model.vocab_size = 1000 fits
+[ "$("$CTITAN" tokenizer info --tokenizer small.tok | awk '/^regular tokens:/{r=$3} /^special tokens:/{s=$3} END{print r+s}')" = 1000 ] ||
+	fail "--vocab-size 1000 did not give 1000 ids in all"
+expect_rc 2 "$CTITAN" tokenizer train --vocab-size 257 --input small.bin --out never.tok
 "$CTITAN" tokenizer encode --tokenizer small.tok --input small.bin --output small.ids
 "$CTITAN" tokenizer decode --tokenizer small.tok --input small.ids --output small.out
 cmp -s small.bin small.out || fail "trained tokenizer: decode(encode(x)) != x"
-echo "cli: usage/exit codes ok; train (vocab 1000) + encode + decode round trip ok"
+echo "cli: usage/exit codes ok; train (1000 ids, specials included) + encode + decode round trip ok"
 
 # ---- 2. npm packages -------------------------------------------------------------------------
 command -v npm >/dev/null && command -v node >/dev/null ||

@@ -6,6 +6,9 @@
  * eager, recompute or flash; infer/hyena_gen). The config ([model] name) says which. */
 #include "cli/generate_cmd.h"
 
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,23 +114,38 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 			a->mixer_mode = v;
 			continue;
 		}
+		bool integer = strcmp(k, "--temperature") != 0 && strcmp(k, "--top-p") != 0;
+		if (integer) { /* counts and the seed: whole numbers, exactly */
+			errno = 0;
+			unsigned long long u = strtoull(v, &end, 10);
+			bool is_seed = strcmp(k, "--seed") == 0;
+			if (*end || end == v || v[0] == '-' || v[0] == '+' || errno == ERANGE ||
+			    (!is_seed && u > (unsigned long long)INT32_MAX)) {
+				LOG_ERROR("%s: expected a whole number in 0..%s, got '%s'", k,
+				          is_seed ? "2^64-1" : "2^31-1", v);
+				return CT_ERR_USAGE;
+			}
+			if (strcmp(k, "--max-new-tokens") == 0 || strcmp(k, "--max-tokens") == 0)
+				a->o.max_new_tokens = (int64_t)u;
+			else if (strcmp(k, "--top-k") == 0)
+				a->o.top_k = (int64_t)u;
+			else if (strcmp(k, "--flash-threshold") == 0)
+				a->flash_thr = (int64_t)u;
+			else
+				a->o.seed = (uint64_t)u;
+			continue;
+		}
 		double x = strtod(v, &end);
-		if (*end || end == v || x < 0) {
-			LOG_ERROR("%s: expected a non-negative number, got '%s'", k, v);
+		bool top_p = strcmp(k, "--top-p") == 0;
+		if (*end || end == v || !isfinite(x) || x < 0 || (top_p && !(x > 0 && x <= 1))) {
+			LOG_ERROR("%s: expected %s, got '%s'", k,
+			          top_p ? "a number in (0, 1]" : "a finite non-negative number", v);
 			return CT_ERR_USAGE;
 		}
-		if (strcmp(k, "--max-new-tokens") == 0 || strcmp(k, "--max-tokens") == 0)
-			a->o.max_new_tokens = (int64_t)x;
-		else if (strcmp(k, "--temperature") == 0)
-			a->o.temperature = x;
-		else if (strcmp(k, "--top-k") == 0)
-			a->o.top_k = (int64_t)x;
-		else if (strcmp(k, "--top-p") == 0)
+		if (top_p)
 			a->o.top_p = x;
-		else if (strcmp(k, "--flash-threshold") == 0)
-			a->flash_thr = (int64_t)x;
 		else
-			a->o.seed = (uint64_t)x;
+			a->o.temperature = x;
 	}
 	*argc = out;
 	return CT_OK;

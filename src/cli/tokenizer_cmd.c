@@ -17,9 +17,10 @@ static void usage(FILE *f)
 	       "commands:\n"
 	       "  train --vocab-size N --input FILE... --out PATH\n"
 	       "        [--min-count N] [--pattern llama3|gpt2|REGEX] [--special-tokens A,B,...]\n"
-	       "      train a byte-level BPE vocabulary of N regular tokens (256 bytes + merges)\n"
-	       "      on the files ('-' is stdin); special tokens get ids N, N+1, ...\n"
-	       "      (default <|begin_of_text|>,<|end_of_text|>; '' for none); writes a\n"
+	       "      train a byte-level BPE vocabulary of N ids in all, special tokens\n"
+	       "      included, so model.vocab_size = N fits it: N - S regular tokens (256\n"
+	       "      bytes + merges) learnt on the files ('-' is stdin), then the S special\n"
+	       "      tokens (default <|begin_of_text|>,<|end_of_text|>; '' for none); writes a\n"
 	       "      tiktoken rank file with a ctitan header (docs/tokenizer.md)\n"
 	       "  encode --tokenizer PATH [--input FILE] [--output FILE] [--specials]\n"
 	       "         [--stats] [--quiet] [--repeat N]\n"
@@ -221,14 +222,23 @@ static int cmd_train(struct opts *o)
 		return rc;
 	char *spec = o->specials ? xstrdup(o->specials) : NULL;
 	const char **names = spec ? xcalloc(strlen(spec) + 2, sizeof(*names)) : NULL;
+	int n_special = spec ? split_specials(spec, names) : 2; /* tok_train's default pair */
+	if (o->vocab_size - n_special < 256) {
+		LOG_ERROR("tokenizer train: --vocab-size %lld counts the %d special tokens too: it "
+		          "must be at least %d (256 bytes + the specials)",
+		          o->vocab_size, n_special, 256 + n_special);
+		free(names);
+		free(spec);
+		return CT_ERR_USAGE;
+	}
 	struct tok_train_opts to = {
-	    .vocab_size = o->vocab_size,
+	    .vocab_size = o->vocab_size - n_special,
 	    .min_count = o->min_count,
 	    .pattern = !o->pattern || !strcmp(o->pattern, "llama3") ? TOK_PATTERN_LLAMA3
 	               : !strcmp(o->pattern, "gpt2")                ? TOK_PATTERN_GPT2
 	                                                            : o->pattern,
 	    .specials = names,
-	    .n_special = spec ? split_specials(spec, names) : 0,
+	    .n_special = spec ? n_special : 0,
 	    .progress = true,
 	};
 	struct tok_trainer *tr = NULL;

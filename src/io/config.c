@@ -77,6 +77,7 @@ static const char *const cfg_sections[] = {"job",          "model",      "optimi
 #define IN_CO(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_EXCL, .hi = (b)}
 #define IN_CC(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_INCL, .hi = (b)}
 #define UNSET_OR_GE(a) .range = {.lo_kind = BOUND_INCL, .lo = (a), .minus_one_ok = true}
+#define UNSET_OR_GT(a) .range = {.lo_kind = BOUND_EXCL, .lo = (a), .minus_one_ok = true}
 #define UNSET_OR_IN_CC(a, b)                                                                       \
 	.range = {.lo_kind = BOUND_INCL,                                                           \
 	          .lo = (a),                                                                       \
@@ -117,7 +118,7 @@ static const struct cfg_key cfg_schema[] = {
      .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
     {ROW(model, hyena_emb_dim), .def = "-1", UNSET_OR_GE(3),
      .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
-    {ROW(model, hyena_sin_freq), .def = "-1", UNSET_OR_GE(0),
+    {ROW(model, hyena_sin_freq), .def = "-1", UNSET_OR_GT(0),
      .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
     {ROW(model, hyena_l_max), .def = "-1", UNSET_OR_GE(1),
      .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
@@ -165,9 +166,11 @@ static const struct cfg_key cfg_schema[] = {
     {ROW(parallelism, data_parallel_replicate_degree), .def = "1", GE(1),
      .help = "Replicated data-parallel degree (HSDP when sharded too)."},
     {ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
-     .help = "Tensor-parallel degree."},
+     .help = "Tensor-parallel degree; values > 1 are not yet supported (train refuses them, "
+             "plan too)."},
     {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
-     .help = "Pipeline-parallel degree."},
+     .help = "Pipeline-parallel degree; values > 1 are not yet supported (train refuses "
+             "them, plan too)."},
     {ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
      CHOICES("default", "always", "never"),
      .help = "Free gathered parameters after forward (default: except the last stage)."},
@@ -276,7 +279,8 @@ static const struct cfg_key cfg_schema[] = {
 
     {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
     {ROW(debug, deterministic), .def = "true",
-     .help = "Kept for TorchTitan configs; ctitan is always deterministic."},
+     .help = "Kept for TorchTitan configs; ctitan is always deterministic (false is "
+             "refused)."},
     {ROW(debug, fail_rank), .def = "-1", UNSET_OR_GE(0),
      .help = "Fault injection for tests: this rank kills itself during debug.fail_step."},
     {ROW(debug, fail_step), .def = "0", GE(0),
@@ -1387,6 +1391,46 @@ static int cfg_validate_field(const struct ct_config *cfg, const struct cfg_key 
 	return 0;
 }
 
+/* Keys that would silently do nothing in this config are refused (exit 2, naming the key):
+ * a setting the user believes in but the run ignores is worse than an error. */
+static int cfg_validate_inert(const struct ct_config *cfg)
+{
+	const struct cfg_where w = {"config", 0};
+	const struct ct_config *c = cfg;
+	bool hyena = strcmp(c->model.name, "hyena") == 0;
+	if (!hyena) {
+		const struct {
+			const char *name;
+			bool set;
+		} hk[] = {{"hyena_order", c->model.hyena_order != -1},
+		          {"hyena_filter_order", c->model.hyena_filter_order != -1},
+		          {"hyena_emb_dim", c->model.hyena_emb_dim != -1},
+		          {"hyena_sin_freq", c->model.hyena_sin_freq != -1},
+		          {"hyena_l_max", c->model.hyena_l_max != -1}};
+		for (size_t i = 0; i < ARRAY_SIZE(hk); i++)
+			if (hk[i].set)
+				return cfg_fail(&w,
+				                "model.%s: only read when model.name = \"hyena\" "
+				                "(this is %s)",
+				                hk[i].name, c->model.name);
+	}
+	if (hyena && c->model.rope_scaling)
+		return cfg_fail(&w, "model.rope_scaling: Hyena has no RoPE (only read for llama3)");
+	if (strcmp(c->activation_checkpoint.mode, "selective") != 0 &&
+	    strcmp(c->activation_checkpoint.selective_ac_option, "op") != 0)
+		return cfg_fail(&w,
+		                "activation_checkpoint.selective_ac_option: only read when "
+		                "activation_checkpoint.mode = \"selective\" (this is \"%s\")",
+		                c->activation_checkpoint.mode);
+	if (c->validation.enable && strcmp(c->training.dataset, "synthetic") == 0)
+		return cfg_fail(&w, "validation.enable: synthetic data has no validation split "
+		                    "(use a dataset, or validation.enable = false)");
+	if (!c->debug.deterministic)
+		return cfg_fail(&w, "debug.deterministic = false is not supported: ctitan's runs "
+		                    "are always deterministic");
+	return 0;
+}
+
 int config_validate(const struct ct_config *cfg)
 {
 	const struct cfg_where w = {"config", 0};
@@ -1431,6 +1475,9 @@ int config_validate(const struct ct_config *cfg)
 		                "activation_checkpoint.selective_ac_option: '%s' is not yet "
 		                "supported (only \"op\", the per-op policy)",
 		                cfg->activation_checkpoint.selective_ac_option);
+	int rc = cfg_validate_inert(cfg);
+	if (rc)
+		return rc;
 	/* Ranks are an int in MPI: the fixed degrees must multiply to something that fits. */
 	const struct ct_config *c = cfg;
 	int64_t degrees[] = {c->parallelism.data_parallel_replicate_degree,
