@@ -14,7 +14,7 @@
 #include "model/llama.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "train/trainer.h"
 
 static void rand_batch(int32_t *tok, int32_t *tgt, int64_t n, int64_t V, bool ignores)

@@ -21,6 +21,7 @@
 #include "model/llama_hf.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
+#include "train/model_spec.h"
 #include "train/trainer.h"
 
 static int copy_file(const char *from, const char *to)
@@ -53,7 +54,7 @@ static int export_run(const char *ckpt, const char *out)
 	if ((rc = config_load_file(&cfg, path)))
 		return rc;
 	struct llama_config mc;
-	if ((rc = trainer_model_config(&cfg, &mc)))
+	if ((rc = model_spec_llama(&cfg, &mc)))
 		return rc;
 	struct llama_table t;
 	llama_table_build(&t, &mc);

@@ -19,6 +19,7 @@
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
 #include "train/step_plan.h"
+#include "train/model_spec.h"
 #include "train/trainer.h"
 
 static void plan_usage(FILE *f)
@@ -77,7 +78,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	}
 	int accum = (int)(global / (Bm * world));
 	struct llama_config mc;
-	int rc = trainer_model_config(cfg, &mc);
+	int rc = model_spec_llama(cfg, &mc);
 	if (rc)
 		return rc;
 	enum sched_ac ac;

@@ -121,4 +121,11 @@ double model_flops_per_token(const struct model *m, int64_t seq_len);
 /* One line for the log: family, flavor, shape, parameter count. */
 void model_describe(const struct model *m, char *buf, size_t n);
 
+/* What one optimizer step reports (train_step, fsdp_train_step). */
+struct train_step_result {
+	double loss;      /* sum of token losses / valid tokens of the whole step */
+	double grad_norm; /* before clipping */
+	int64_t valid;    /* valid target tokens in the step */
+};
+
 #endif

@@ -9,7 +9,6 @@
 #include "base/mem.h"
 #include "kernels/kernels.h"
 #include "schedule/sched_pass.h"
-#include "train/trainer.h"
 
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r)
 {

@@ -32,7 +32,7 @@
 #include "model/model.h"
 #include "schedule/sched_exec.h"
 #include "schedule/schedule.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 enum fsdp_reshard { FSDP_RESHARD_DEFAULT, FSDP_RESHARD_ALWAYS, FSDP_RESHARD_NEVER };
 

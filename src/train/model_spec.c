@@ -4,7 +4,31 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "train/trainer.h"
+
+int model_spec_llama(const struct ct_config *cfg, struct llama_config *mc)
+{
+	if (strcmp(cfg->model.name, "hyena") == 0) {
+		LOG_ERROR(
+		    "model.name = \"hyena\": not yet supported by this command (llama3 only)");
+		return CT_ERR_USAGE;
+	}
+	if (strcmp(cfg->model.name, "llama3") != 0) {
+		LOG_ERROR("model.name: '%s' is not supported (llama3, hyena)", cfg->model.name);
+		return CT_ERR_USAGE;
+	}
+	if (hyena_is_flavor(cfg->model.flavor)) {
+		LOG_ERROR("model.flavor: '%s' is a hyena flavor; set model.name = \"hyena\"",
+		          cfg->model.flavor);
+		return CT_ERR_USAGE;
+	}
+	int rc = llama_config_preset(mc, cfg->model.flavor);
+	if (rc)
+		return rc;
+	if (cfg->model.vocab_size > 0)
+		mc->vocab_size = cfg->model.vocab_size;
+	mc->rope_scaling = cfg->model.rope_scaling;
+	return llama_config_finish(mc);
+}
 
 int model_spec_hyena(const struct ct_config *cfg, struct hyena_config *hc)
 {
@@ -50,5 +74,5 @@ int model_spec_from_config(const struct ct_config *cfg, struct model_config *mc)
 		LOG_ERROR("model.name: '%s' is not supported (llama3, hyena)", cfg->model.name);
 		return CT_ERR_USAGE;
 	}
-	return trainer_model_config(cfg, &mc->llama);
+	return model_spec_llama(cfg, &mc->llama);
 }

@@ -27,7 +27,7 @@
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_spec.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 #include "train/step_plan.h"
 #include "schedule/sched_trace.h"
 
@@ -54,31 +54,6 @@ struct trainer {
 	FILE *sample_log; /* debug.sample_log */
 	int64_t *samples; /* the dataset samples of this rank's current batch (accum x B) */
 };
-
-int trainer_model_config(const struct ct_config *cfg, struct llama_config *mc)
-{
-	if (strcmp(cfg->model.name, "hyena") == 0) {
-		LOG_ERROR(
-		    "model.name = \"hyena\": not yet supported by this command (llama3 only)");
-		return CT_ERR_USAGE;
-	}
-	if (strcmp(cfg->model.name, "llama3") != 0) {
-		LOG_ERROR("model.name: '%s' is not supported (llama3, hyena)", cfg->model.name);
-		return CT_ERR_USAGE;
-	}
-	if (hyena_is_flavor(cfg->model.flavor)) {
-		LOG_ERROR("model.flavor: '%s' is a hyena flavor; set model.name = \"hyena\"",
-		          cfg->model.flavor);
-		return CT_ERR_USAGE;
-	}
-	int rc = llama_config_preset(mc, cfg->model.flavor);
-	if (rc)
-		return rc;
-	if (cfg->model.vocab_size > 0)
-		mc->vocab_size = cfg->model.vocab_size;
-	mc->rope_scaling = cfg->model.rope_scaling;
-	return llama_config_finish(mc);
-}
 
 static int trainer_build_model(struct trainer *tr)
 {

@@ -1,8 +1,8 @@
-/* train/optim: AdamW over a flat parameter buffer described by the model's table (weight
+/* optim/optim: AdamW over a flat parameter buffer described by the model's table (weight
  * decay on matrices only), and global-norm gradient clipping. The moments m and v mirror the
  * parameter buffer (or, under FSDP, this rank's shard of it). */
-#ifndef CT_TRAIN_OPTIM_H
-#define CT_TRAIN_OPTIM_H
+#ifndef CT_OPTIM_OPTIM_H
+#define CT_OPTIM_OPTIM_H
 
 #include <stdbool.h>
 #include <stdint.h>
