@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_tokenizer: libFuzzer harness for data/tokenizer (not part of the CMake build).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Isrc tests/fuzz/fuzz_tokenizer.c \
- *         src/data/tokenizer.c src/base/log.c -lpcre2-8 -lcjson -lm -o /tmp/fuzz_tokenizer
+ *         src/data/tokenizer*.c src/base/log.c -lpcre2-8 -lcjson -lm -o /tmp/fuzz_tokenizer
  *   mkdir -p /tmp/fuzz_tokenizer_corpus
  *   /tmp/fuzz_tokenizer -max_total_time=120 -close_fd_mask=2 /tmp/fuzz_tokenizer_corpus
  *

@@ -18,7 +18,8 @@ cd "$ROOT"
 build fuzz_config tests/fuzz/fuzz_config.c src/io/config.c src/base/log.c -lm
 build fuzz_shards tests/fuzz/fuzz_shards.c src/data/shards.c src/data/loader.c src/base/log.c \
   src/base/mem.c src/base/rng.c -lcjson -lm -lpthread
-build fuzz_tokenizer tests/fuzz/fuzz_tokenizer.c src/data/tokenizer.c src/base/log.c -lpcre2-8 \
+build fuzz_tokenizer tests/fuzz/fuzz_tokenizer.c src/data/tokenizer.c src/data/tokenizer_files.c \
+  src/data/tokenizer_train.c src/base/log.c -lpcre2-8 \
   -lcjson -lm
 build fuzz_checkpoint tests/fuzz/fuzz_checkpoint.c src/train/ckpt_manifest.c src/io/safetensors.c src/io/file.c \
   src/base/log.c -lcjson -lxxhash -lm
