@@ -1,4 +1,6 @@
-/* io/config: the schema table, a TOML subset parser and command-line overrides.
+/* io/config: loading (files, command-line overrides), assignment, defaults and validation.
+ * The schema table is io/config_schema.c, the TOML literals io/config_toml.c, printing and
+ * help io/config_print.c.
  *
  * Everything about a key lives in one row of cfg_schema: where it is stored, its type (taken
  * from the struct field itself with _Generic, so the two cannot disagree), its default
@@ -9,295 +11,23 @@
  * file parser and config_apply_args differ only in how they find the value text. Loading is
  * atomic: a source is applied to a copy and committed only when every line of it is valid.
  */
-#include "io/config.h"
+
+#include "io/config_impl.h"
 
 #include "base/log.h"
 
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
-#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-
-/* ------------------------------------------------------------------------------------------
- * Schema
- */
-
-enum cfg_type { CFG_STRING, CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_TYPE_COUNT };
-
-static const char *const cfg_type_names[] = {"string", "int", "float", "bool"};
-_Static_assert(ARRAY_SIZE(cfg_type_names) == CFG_TYPE_COUNT, "one name per type");
-
-/* "expected <noun>" */
-static const char *const cfg_type_nouns[] = {"a string", "an integer", "a float",
-                                             "a boolean (true or false)"};
-_Static_assert(ARRAY_SIZE(cfg_type_nouns) == CFG_TYPE_COUNT, "one noun per type");
-
-enum cfg_bound { BOUND_NONE, BOUND_INCL, BOUND_EXCL };
-
-struct cfg_range {
-	enum cfg_bound lo_kind, hi_kind;
-	double lo, hi;
-	bool minus_one_ok; /* -1 ("unset") is accepted besides the range */
-};
-
-struct cfg_key {
-	const char *section;
-	const char *name;
-	enum cfg_type type;
-	size_t offset;
-	size_t size;                /* bytes of the field; a string holds size - 1 bytes */
-	const char *def;            /* the default, written as on the command line */
-	struct cfg_range range;     /* numbers only */
-	const char *const *choices; /* strings only; NULL-terminated, or NULL for any string */
-	const char *help;
-};
-
-/* Sections in the order they are printed; rows below are grouped in this order. */
-static const char *const cfg_sections[] = {"job",          "model",      "optimizer",
-                                           "lr_scheduler", "training",   "parallelism",
-                                           "validation",   "checkpoint", "activation_checkpoint",
-                                           "comm",         "metrics",    "profiling",
-                                           "plan",         "debug"};
-#define CFG_N_SECTIONS ARRAY_SIZE(cfg_sections)
-
-#define CFG_FIELD(sec, key) (((struct ct_config *)0)->sec.key)
-#define CFG_TYPE_OF(sec, key)                                                                      \
-	_Generic(CFG_FIELD(sec, key), char *: CFG_STRING, int64_t: CFG_INT, double: CFG_FLOAT, \
-		 bool: CFG_BOOL)
-#define ROW(sec, key)                                                                              \
-	.section = #sec, .name = #key, .type = CFG_TYPE_OF(sec, key),                              \
-	.offset = offsetof(struct ct_config, sec.key), .size = sizeof(CFG_FIELD(sec, key))
-
-#define GE(a)          .range = {.lo_kind = BOUND_INCL, .lo = (a)}
-#define GT(a)          .range = {.lo_kind = BOUND_EXCL, .lo = (a)}
-#define IN_CO(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_EXCL, .hi = (b)}
-#define IN_CC(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_INCL, .hi = (b)}
-#define UNSET_OR_GE(a) .range = {.lo_kind = BOUND_INCL, .lo = (a), .minus_one_ok = true}
-#define UNSET_OR_GT(a) .range = {.lo_kind = BOUND_EXCL, .lo = (a), .minus_one_ok = true}
-#define UNSET_OR_IN_CC(a, b)                                                                       \
-	.range = {.lo_kind = BOUND_INCL,                                                           \
-	          .lo = (a),                                                                       \
-	          .hi_kind = BOUND_INCL,                                                           \
-	          .hi = (b),                                                                       \
-	          .minus_one_ok = true}
-#define CHOICES(...)                                                                               \
-	.choices = (const char *const[])                                                           \
-	{                                                                                          \
-		__VA_ARGS__, NULL                                                                  \
-	}
-
-static const struct cfg_key cfg_schema[] = {
-    {ROW(job, dump_folder), .def = "./outputs",
-     .help = "Folder for metrics.jsonl, checkpoints and traces."},
-    {ROW(job, description), .def = "", .help = "Free-form description of the run."},
-    {ROW(job, print_config), .def = "false",
-     .help = "Print the effective config as TOML and exit."},
-    {ROW(job, log_level), .def = "info", CHOICES("debug", "info", "warning", "error"),
-     .help = "Least severe log message shown."},
-
-    {ROW(model, name), .def = "llama3", .help = "Model family."},
-    {ROW(model, flavor), .def = "debugmodel",
-     CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B", "hyena-debug", "hyena-small"),
-     .help = "Model size within the family (llama3: debugmodel .. 405B; hyena: hyena-debug, "
-             "hyena-small)."},
-    {ROW(model, vocab_size), .def = "-1", UNSET_OR_GE(1),
-     .help = "Vocabulary size; -1: the flavor's vocabulary."},
-    {ROW(model, rope_scaling), .def = "false",
-     .help = "Llama 3.1 RoPE frequency scaling (factor 8, low 1, high 4, original context "
-             "8192)."},
-    {ROW(model, tokenizer_path), .def = "",
-     .help = "Tokenizer (rank file or tokenizer.json) of the dataset; generate uses it for "
-             "text, train checks that its ids fit the vocabulary."},
-    {ROW(model, hyena_order), .def = "-1", UNSET_OR_GE(2),
-     .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
-    {ROW(model, hyena_filter_order), .def = "-1", UNSET_OR_GE(1),
-     .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
-    {ROW(model, hyena_emb_dim), .def = "-1", UNSET_OR_GE(3),
-     .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
-    {ROW(model, hyena_sin_freq), .def = "-1", UNSET_OR_GT(0),
-     .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
-    {ROW(model, hyena_l_max), .def = "-1", UNSET_OR_GE(1),
-     .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
-
-    {ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer."},
-    {ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate."},
-    {ROW(optimizer, beta1), .def = "0.9", IN_CO(0, 1), .help = "Decay rate of the first moment."},
-    {ROW(optimizer, beta2), .def = "0.95", IN_CO(0, 1), .help = "Decay rate of the second moment."},
-    {ROW(optimizer, eps), .def = "1e-8", GT(0), .help = "Added to the root of the second moment."},
-    {ROW(optimizer, weight_decay), .def = "0.1", GE(0), .help = "Decoupled weight decay."},
-
-    {ROW(lr_scheduler, warmup_steps), .def = "200", GE(0),
-     .help = "Steps of linear warmup to optimizer.lr."},
-    {ROW(lr_scheduler, decay_ratio), .def = "-1", UNSET_OR_IN_CC(0, 1),
-     .help = "Fraction of the steps spent decaying, at the end; -1: decay starts right "
-             "after warmup."},
-    {ROW(lr_scheduler, decay_type), .def = "linear", CHOICES("linear", "sqrt", "cosine"),
-     .help = "Shape of the decay."},
-    {ROW(lr_scheduler, min_lr_factor), .def = "0.0", IN_CC(0, 1),
-     .help = "Final learning rate as a fraction of optimizer.lr."},
-
-    {ROW(training, local_batch_size), .def = "8", GE(1),
-     .help = "Sequences per rank per micro-batch."},
-    {ROW(training, global_batch_size), .def = "-1", UNSET_OR_GE(1),
-     .help = "Sequences per step; -1: local * dp, else a multiple of local * dp "
-             "(gradient accumulation)."},
-    {ROW(training, seq_len), .def = "2048", GE(1), .help = "Tokens per sequence."},
-    {ROW(training, max_norm), .def = "1.0", GT(0),
-     .help = "Gradient clipping threshold on the global gradient norm."},
-    {ROW(training, steps), .def = "10000", GE(1), .help = "Optimizer steps to run."},
-    {ROW(training, dataset), .def = "synthetic",
-     .help = "\"synthetic\" (seeded sequences with a learnable rule), \"default\" (the "
-             "corpus `make run` prepares in outputs/data/default) or the name of the dataset "
-             "in training.dataset_path."},
-    {ROW(training, dataset_path), .def = "",
-     .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
-             "used unless training.dataset is \"synthetic\"."},
-    {ROW(training, mixed_precision_param), .def = "float32", CHOICES("float32", "bfloat16"),
-     .help = "Type of the parameters in forward and backward."},
-    {ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
-     .help = "Type of gradient reductions."},
-
-    {ROW(parallelism, data_parallel_shard_degree), .def = "-1", UNSET_OR_GE(1),
-     .help = "FSDP degree; -1: the ranks left after the other degrees."},
-    {ROW(parallelism, data_parallel_replicate_degree), .def = "1", GE(1),
-     .help = "Replicated data-parallel degree (HSDP when sharded too)."},
-    {ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
-     .help = "Tensor-parallel degree; values > 1 are not yet supported (train refuses them, "
-             "plan too)."},
-    {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
-     .help = "Pipeline-parallel degree; values > 1 are not yet supported (train refuses "
-             "them, plan too)."},
-    {ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
-     CHOICES("default", "always", "never"),
-     .help = "Free gathered parameters after forward (default: except the last stage)."},
-
-    {ROW(validation, enable), .def = "false",
-     .help = "Report the loss on the val split of training.dataset_path."},
-    {ROW(validation, freq), .def = "100", GE(1),
-     .help = "Evaluate every this many steps and at the last step."},
-    {ROW(validation, steps), .def = "-1", UNSET_OR_GE(1),
-     .help = "Steps per evaluation; -1: the whole val split."},
-
-    {ROW(checkpoint, enable), .def = "false",
-     .help = "Save checkpoints, and resume from the newest one (or checkpoint.load_step)."},
-    {ROW(checkpoint, folder), .def = "checkpoint",
-     .help = "Checkpoint folder, inside job.dump_folder."},
-    {ROW(checkpoint, interval), .def = "500", GE(1),
-     .help = "Save every this many steps, at the last step and on SIGTERM/SIGINT."},
-    {ROW(checkpoint, keep_latest_k), .def = "10", GE(0),
-     .help = "Keep this many newest checkpoints and delete older ones; 0 keeps all."},
-    {ROW(checkpoint, load_step), .def = "-1", UNSET_OR_GE(0),
-     .help = "Resume from this step; -1: the newest complete checkpoint, if any."},
-    {ROW(checkpoint, async_mode), .def = "disabled", CHOICES("disabled", "async"),
-     .help = "disabled: training waits while a checkpoint is written; async: the state is "
-             "copied to a staging buffer and written by a background thread while training "
-             "goes on."},
-    {ROW(checkpoint, exclude_from_loading), .def = "",
-     .help = "Comma-separated parts of a resumed checkpoint not to load: optimizer (fresh "
-             "AdamW moments), lr_scheduler (the schedule restarts at the resumed step), "
-             "dataloader (the data order restarts), train_state (step and tokens seen "
-             "restart at 0)."},
-    {ROW(checkpoint, initial_load_path), .def = "",
-     .help = "When checkpoint.folder has no checkpoint: start from this checkpoint (a "
-             "step-NNNNNNNN folder or a folder of them) or, with initial_load_in_hf, this "
-             "Hugging Face folder (model.safetensors or an index of shards, config.json)."},
-    {ROW(checkpoint, initial_load_model_only), .def = "true",
-     .help = "With initial_load_path: load the weights only and start at step 0; false "
-             "also loads optimizer, data and trainer state."},
-    {ROW(checkpoint, initial_load_in_hf), .def = "false",
-     .help = "initial_load_path is a Hugging Face Llama folder (as `ctitan export` writes)."},
-
-    {ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn", "selective", "full"),
-     .help = "none: save every activation; ffn: recompute each block's FFN up-projections "
-             "(w1, w3 outputs, the largest activations) in backward instead of saving them; "
-             "selective: TorchTitan's per-op policy (keep matmul and attention outputs except "
-             "every second matmul, recompute the rest); full: keep only each block's input and "
-             "recompute the block before its backward."},
-    {ROW(activation_checkpoint, selective_ac_option), .def = "op",
-     .help = "For mode = selective: \"op\" (per-op policy). TorchTitan's per-layer integer "
-             "option is not yet supported."},
-
-    {ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
-     .help = "How collectives advance: inline on the compute thread (each runs, blocking, "
-             "when issued), or on a communication thread that overlaps them with compute when "
-             "the schedule issues them ahead (comm.prefetch, comm.reduce_scatter_defer)."},
-    {ROW(comm, timeout_seconds), .def = "300", GT(0),
-     .help = "A collective that takes longer aborts the job (a peer died or hangs)."},
-    {ROW(comm, buckets), .def = "per_block",
-     .help = "FSDP buckets: \"per_block\" (embedding, each block, norm + output), \"auto\" "
-             "(greedy with the cost model, under comm.bucket_cap_mb), or comma-separated "
-             "groups of '+'-joined units (embed, block indices from 0, norm) in order, e.g. "
-             "\"embed+0,1+2,3+norm\"."},
-    {ROW(comm, bucket_cap_mb), .def = "100", GT(0),
-     .help = "Automatic bucketing: most gathered parameter MiB in one bucket."},
-    {ROW(comm, prefetch), .def = "1", IN_CC(0, 16),
-     .help = "Issue each all-gather this many gathers ahead of its use (0: at use)."},
-    {ROW(comm, reduce_scatter_defer), .def = "1", IN_CC(0, 16),
-     .help = "Wait for a reduce-scatter only when this many later ones are issued (0: at "
-             "once)."},
-    {ROW(comm, memory_budget_gb), .def = "0", GE(0),
-     .help = "Peak memory per rank the reordering keeps to (predicted by the cost model; "
-             "prefetch depth is lowered to fit); 0: no budget."},
-    {ROW(comm, bandwidth_gbps), .def = "0", GE(0),
-     .help = "Cost model: link bandwidth per rank in Gbit/s; 0: measured at start-up "
-             "(ctitan plan needs it)."},
-    {ROW(comm, latency_us), .def = "0", GE(0),
-     .help = "Cost model: latency of one collective in microseconds (with "
-             "comm.bandwidth_gbps)."},
-    {ROW(comm, simulate_bandwidth_gbps), .def = "0", GE(0),
-     .help = "Make every collective take at least its bytes over a link of this many Gbit/s "
-             "(overlap experiments on one machine); 0: off."},
-    {ROW(comm, simulate_latency_us), .def = "0", GE(0),
-     .help = "Simulated link: microseconds added to every collective."},
-
-    {ROW(metrics, log_freq), .def = "1", GE(1), .help = "Log every this many steps."},
-    {ROW(metrics, peak_tflops), .def = "0.0", GE(0),
-     .help = "Peak TFLOP/s per rank for MFU; 0: measure sgemm on a large square at "
-             "start-up."},
-    {ROW(metrics, enable_jsonl), .def = "true",
-     .help = "Write metrics.jsonl into job.dump_folder."},
-
-    {ROW(profiling, enable_profiling), .def = "false",
-     .help = "Write a Chrome trace (Perfetto, chrome://tracing) per rank every profile_freq "
-             "steps: compute and communication on separate tracks (FSDP runs)."},
-    {ROW(profiling, save_traces_folder), .def = "profile_trace",
-     .help = "Traces go to <job.dump_folder>/<this>/iteration_<step>/rank<r>_trace.json."},
-    {ROW(profiling, profile_freq), .def = "10", GE(1), .help = "Trace every this many steps."},
-
-    {ROW(plan, compute_efficiency), .def = "0.5", IN_CC(0.01, 1),
-     .help = "ctitan plan: fraction of metrics.peak_tflops the kernels achieve on the "
-             "target."},
-    {ROW(plan, memory_bandwidth_gbs), .def = "3000", GT(0),
-     .help = "ctitan plan: the target's memory bandwidth in GB/s (buffer copies, optimizer)."},
-    {ROW(plan, activation_dtype), .def = "auto", CHOICES("auto", "float32", "bfloat16"),
-     .help = "ctitan plan: element type of activations and gathered parameters on the "
-             "target; auto: training.mixed_precision_param."},
-
-    {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
-    {ROW(debug, deterministic), .def = "true",
-     .help = "Kept for TorchTitan configs; ctitan is always deterministic (false is "
-             "refused)."},
-    {ROW(debug, fail_rank), .def = "-1", UNSET_OR_GE(0),
-     .help = "Fault injection for tests: this rank kills itself during debug.fail_step."},
-    {ROW(debug, fail_step), .def = "0", GE(0),
-     .help = "The 1-based step in which debug.fail_rank dies (after any background "
-             "checkpoint save has finished)."},
-    {ROW(debug, sample_log), .def = "",
-     .help = "Tests: each rank appends \"step sample\" lines for the dataset samples it "
-             "trained on to <sample_log>.rank-R."},
-};
-#define CFG_N_KEYS ARRAY_SIZE(cfg_schema)
 
 static void *cfg_field(struct ct_config *cfg, const struct cfg_key *k)
 {
 	return (char *)cfg + k->offset;
 }
 
-static const void *cfg_field_const(const struct ct_config *cfg, const struct cfg_key *k)
+const void *cfg_field_const(const struct ct_config *cfg, const struct cfg_key *k)
 {
 	return (const char *)cfg + k->offset;
 }
@@ -319,12 +49,13 @@ static int cfg_key_index(const char *sec, const char *key, size_t n)
 	return -1;
 }
 
+
 /* ------------------------------------------------------------------------------------------
  * Messages: where an error is, what a key expects, what was found, what was probably meant.
  */
 
 /* Up to max bytes of s[0..n) for a message, non-printable bytes as '?', "..." if cut. */
-static void cfg_snippet(const char *s, size_t n, size_t max, char *buf, size_t size)
+void cfg_snippet(const char *s, size_t n, size_t max, char *buf, size_t size)
 {
 	size_t j = 0;
 	for (size_t i = 0; i < n && i < max && j + 4 < size; i++) {
@@ -337,11 +68,6 @@ static void cfg_snippet(const char *s, size_t n, size_t max, char *buf, size_t s
 	}
 	buf[j] = '\0';
 }
-
-struct cfg_where {
-	const char *name; /* file name, or the command-line argument */
-	int line;         /* 1-based; 0 for a command-line argument */
-};
 
 __attribute__((format(printf, 2, 3))) static int cfg_fail(const struct cfg_where *w,
                                                           const char *fmt, ...)
@@ -381,7 +107,7 @@ static void cfg_choices_text(const char *const *choices, char *buf, size_t n)
 }
 
 /* The constraint alone, as shown in --help: ">= 1", "-1 or in [0, 1]", "linear | sqrt". */
-static void cfg_constraint_text(const struct cfg_key *k, char *buf, size_t n)
+void cfg_constraint_text(const struct cfg_key *k, char *buf, size_t n)
 {
 	char r[96];
 	buf[0] = '\0';
@@ -510,352 +236,6 @@ static int cfg_unknown_key(const struct cfg_where *w, const char *sec, const cha
 	return cfg_fail(w, "unknown key '%s.%s'; the keys of [%s] are %s", sec, shown, sec, all);
 }
 
-/* ------------------------------------------------------------------------------------------
- * Values: the TOML subset's literals, parsed before we look at what the key wants.
- */
-
-enum cfg_vkind {
-	VAL_STRING,
-	VAL_INTEGER,
-	VAL_FLOAT,
-	VAL_BOOL,
-	VAL_ARRAY,
-	VAL_INVALID,
-	VAL_KIND_COUNT
-};
-
-static const char *const cfg_vkind_nouns[] = {"a string",  "an integer", "a float",
-                                              "a boolean", "an array",   "an invalid value"};
-_Static_assert(ARRAY_SIZE(cfg_vkind_nouns) == VAL_KIND_COUNT, "one noun per value kind");
-
-struct cfg_value {
-	enum cfg_vkind kind;
-	int64_t i;
-	double f;
-	bool b;
-	char s[CONFIG_STR_MAX]; /* VAL_STRING: the first CONFIG_STR_MAX - 1 bytes */
-	size_t len;             /* VAL_STRING: the full length */
-	char text[72];          /* the literal as written (numbers, invalid tokens) */
-	const char *note;       /* VAL_INVALID: why, if more can be said than "got 'text'" */
-};
-
-/* Parse functions return 0, or -1 for a syntax error described in err but not yet reported
- * (the caller adds the place and the key), or CT_ERR_USAGE for an error already reported. */
-struct cfg_parser {
-	const char *p, *end;
-	int line;      /* 0 when parsing a command-line value */
-	char err[256]; /* the syntax error, when a parse function returns -1 */
-	int err_line;
-};
-
-#define CFG_MAX_DEPTH 32
-
-__attribute__((format(printf, 2, 3))) static int cfg_syntax(struct cfg_parser *ps, const char *fmt,
-                                                            ...)
-{
-	va_list ap;
-	va_start(ap, fmt);
-	vsnprintf(ps->err, sizeof(ps->err), fmt, ap);
-	va_end(ap);
-	if (!ps->err_line)
-		ps->err_line = ps->line;
-	return -1;
-}
-
-static bool cfg_is_bare(char c)
-{
-	return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-	       c == '_' || c == '-';
-}
-
-/* Characters of an unquoted literal: numbers, booleans, and the words we reject. */
-static bool cfg_is_token(char c)
-{
-	return cfg_is_bare(c) || c == '+' || c == '.';
-}
-
-static void cfg_skip_ws(struct cfg_parser *ps)
-{
-	while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t'))
-		ps->p++;
-}
-
-/* Inside arrays: whitespace, newlines and comments. */
-static int cfg_skip_ws_lines(struct cfg_parser *ps)
-{
-	for (;;) {
-		cfg_skip_ws(ps);
-		if (ps->p >= ps->end)
-			return 0;
-		if (*ps->p == '#') {
-			while (ps->p < ps->end && *ps->p != '\n')
-				ps->p++;
-		} else if (*ps->p == '\n') {
-			ps->p++;
-			ps->line++;
-		} else if (*ps->p == '\r' && ps->p + 1 < ps->end && ps->p[1] == '\n') {
-			ps->p += 2;
-			ps->line++;
-		} else {
-			return 0;
-		}
-	}
-}
-
-/* "'x'" for a message about the text at p (up to the end of the line). */
-static void cfg_here(const struct cfg_parser *ps, char *buf, size_t n)
-{
-	if (ps->p >= ps->end) {
-		snprintf(buf, n, "end of input");
-		return;
-	}
-	size_t len = 0;
-	while (ps->p + len < ps->end && ps->p[len] != '\n' && ps->p[len] != '\r')
-		len++;
-	if (len == 0) {
-		snprintf(buf, n, "%s", *ps->p == '\n' ? "end of line" : "carriage return");
-		return;
-	}
-	if ((unsigned char)*ps->p < 0x20 || *ps->p == 0x7f) {
-		snprintf(buf, n, "control character 0x%02x", (unsigned char)*ps->p);
-		return;
-	}
-	char s[48];
-	cfg_snippet(ps->p, len, 24, s, sizeof(s));
-	snprintf(buf, n, "'%s'", s);
-}
-
-static void cfg_string_push(struct cfg_value *v, char c)
-{
-	if (v->len < sizeof(v->s) - 1)
-		v->s[v->len] = c;
-	v->len++;
-}
-
-static void cfg_string_end(struct cfg_value *v)
-{
-	v->s[v->len < sizeof(v->s) - 1 ? v->len : sizeof(v->s) - 1] = '\0';
-}
-
-/* At the opening quote of "..." or '...'. TOML forbids raw control characters in both. */
-static int cfg_parse_string(struct cfg_parser *ps, struct cfg_value *v)
-{
-	char quote = *ps->p;
-	bool basic = quote == '"';
-	ps->p++;
-	v->kind = VAL_STRING;
-	v->len = 0;
-	if (ps->end - ps->p >= 2 && ps->p[0] == quote && ps->p[1] == quote)
-		return cfg_syntax(ps, "multi-line strings (%c%c%c) are not supported", quote, quote,
-		                  quote);
-	for (;;) {
-		if (ps->p >= ps->end || *ps->p == '\n' || *ps->p == '\r')
-			return cfg_syntax(ps, "unterminated string (missing closing %c)", quote);
-		unsigned char c = (unsigned char)*ps->p++;
-		if (c == (unsigned char)quote)
-			break;
-		if ((c < 0x20 && c != '\t') || c == 0x7f)
-			return cfg_syntax(ps, "control character 0x%02x in a string", c);
-		if (!basic || c != '\\') {
-			cfg_string_push(v, (char)c);
-			continue;
-		}
-		if (ps->p >= ps->end)
-			return cfg_syntax(ps, "unterminated string (missing closing %c)", quote);
-		char e = *ps->p++;
-		switch (e) {
-		case 'b':
-			cfg_string_push(v, '\b');
-			break;
-		case 't':
-			cfg_string_push(v, '\t');
-			break;
-		case 'n':
-			cfg_string_push(v, '\n');
-			break;
-		case 'f':
-			cfg_string_push(v, '\f');
-			break;
-		case 'r':
-			cfg_string_push(v, '\r');
-			break;
-		case '"':
-			cfg_string_push(v, '"');
-			break;
-		case '\\':
-			cfg_string_push(v, '\\');
-			break;
-		case 'u':
-		case 'U':
-			return cfg_syntax(ps,
-			                  "\\%c escapes are not supported; write the character "
-			                  "itself (UTF-8)",
-			                  e);
-		default: {
-			char s[8];
-			cfg_snippet(&e, 1, 1, s, sizeof(s));
-			return cfg_syntax(ps,
-			                  "invalid escape '\\%s' in a string (valid: \\b \\t \\n "
-			                  "\\f \\r \\\" \\\\)",
-			                  s);
-		}
-		}
-	}
-	cfg_string_end(v);
-	return 0;
-}
-
-/* Digits with single underscores between them; at least one digit. */
-static const char *cfg_scan_digits(const char *s)
-{
-	if (!(*s >= '0' && *s <= '9'))
-		return NULL;
-	while ((*s >= '0' && *s <= '9') || (*s == '_' && s[1] >= '0' && s[1] <= '9'))
-		s++;
-	return s;
-}
-
-/* Classifies an unquoted token (NUL-terminated, underscores and all) into v. */
-static void cfg_classify(const char *t, struct cfg_value *v)
-{
-	v->kind = VAL_INVALID;
-	v->note = NULL;
-	if (strcmp(t, "true") == 0 || strcmp(t, "false") == 0) {
-		v->kind = VAL_BOOL;
-		v->b = t[0] == 't';
-		return;
-	}
-	const char *s = t + (t[0] == '+' || t[0] == '-');
-	if (strcmp(s, "inf") == 0 || strcmp(s, "nan") == 0) {
-		v->note = "inf and nan are not allowed";
-		return;
-	}
-	const char *q = cfg_scan_digits(s);
-	if (!q)
-		return;
-	if (s[0] == '0' && q - s > 1) {
-		v->note = "leading zeros are not allowed";
-		return;
-	}
-	bool is_float = false;
-	if (*q == '.') {
-		q = cfg_scan_digits(q + 1);
-		if (!q)
-			return;
-		is_float = true;
-	}
-	if (*q == 'e' || *q == 'E') {
-		q++;
-		q += *q == '+' || *q == '-';
-		q = cfg_scan_digits(q);
-		if (!q)
-			return;
-		is_float = true;
-	}
-	if (*q)
-		return;
-
-	char clean[72];
-	size_t n = 0;
-	for (const char *c = t; *c; c++)
-		if (*c != '_')
-			clean[n++] = *c;
-	clean[n] = '\0';
-	errno = 0;
-	if (is_float) {
-		v->f = strtod(clean, NULL);
-		if (isinf(v->f)) {
-			v->note = "too large for a double";
-			return;
-		}
-		v->kind = VAL_FLOAT;
-	} else {
-		v->i = strtoll(clean, NULL, 10);
-		if (errno == ERANGE) {
-			v->note = "does not fit in 64 bits";
-			return;
-		}
-		v->kind = VAL_INTEGER;
-	}
-}
-
-static int cfg_parse_value(struct cfg_parser *ps, struct cfg_value *v, int depth);
-
-/* At '['. Parsed for TOML's sake; no key takes an array yet, so the elements are dropped. */
-static int cfg_parse_array(struct cfg_parser *ps, struct cfg_value *v, int depth)
-{
-	int start_line = ps->line;
-	struct cfg_value elem;
-	char here[64];
-	if (depth >= CFG_MAX_DEPTH)
-		return cfg_syntax(ps, "arrays nested deeper than %d", CFG_MAX_DEPTH);
-	ps->p++;
-	v->kind = VAL_ARRAY;
-	for (;;) {
-		if (cfg_skip_ws_lines(ps))
-			return -1;
-		if (ps->p >= ps->end)
-			goto unterminated;
-		if (*ps->p == ']') {
-			ps->p++;
-			return 0;
-		}
-		if (cfg_parse_value(ps, &elem, depth + 1))
-			return -1;
-		if (elem.kind == VAL_INVALID)
-			return cfg_syntax(ps, "invalid value '%s' in an array%s%s", elem.text,
-			                  elem.note ? ": " : "", elem.note ? elem.note : "");
-		cfg_skip_ws_lines(ps);
-		if (ps->p >= ps->end)
-			goto unterminated;
-		if (*ps->p == ',') {
-			ps->p++;
-		} else if (*ps->p == ']') {
-			ps->p++;
-			return 0;
-		} else {
-			cfg_here(ps, here, sizeof(here));
-			if (ps->line > start_line)
-				return cfg_syntax(ps,
-				                  "expected ',' or ']' in the array opened at "
-				                  "line %d, got %s",
-				                  start_line, here);
-			return cfg_syntax(ps, "expected ',' or ']' in an array, got %s", here);
-		}
-	}
-unterminated:
-	ps->err_line = start_line;
-	return cfg_syntax(ps, "unterminated array (missing ']')");
-}
-
-static int cfg_parse_value(struct cfg_parser *ps, struct cfg_value *v, int depth)
-{
-	char here[64];
-	v->note = NULL;
-	v->text[0] = '\0';
-	if (ps->p >= ps->end || *ps->p == '\n' || *ps->p == '\r' || *ps->p == '#')
-		return cfg_syntax(ps, "missing value");
-	if (*ps->p == '"' || *ps->p == '\'')
-		return cfg_parse_string(ps, v);
-	if (*ps->p == '[')
-		return cfg_parse_array(ps, v, depth);
-	if (!cfg_is_token(*ps->p)) {
-		cfg_here(ps, here, sizeof(here));
-		return cfg_syntax(ps, "unexpected %s where a value should be", here);
-	}
-	const char *start = ps->p;
-	while (ps->p < ps->end && cfg_is_token(*ps->p))
-		ps->p++;
-	size_t n = (size_t)(ps->p - start);
-	cfg_snippet(start, n, 60, v->text, sizeof(v->text));
-	if (n > 60) {
-		v->kind = VAL_INVALID;
-		v->note = "too long for a number";
-		return 0;
-	}
-	cfg_classify(v->text, v);
-	return 0;
-}
 
 /* ------------------------------------------------------------------------------------------
  * Assignment: the one place a value reaches a field.
@@ -1013,8 +393,8 @@ static int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const
 
 struct cfg_file_state {
 	int section;                      /* index in cfg_sections, -1 before the first header */
-	int section_line[CFG_N_SECTIONS]; /* where each section was opened, 0 if not yet */
-	int key_line[CFG_N_KEYS];         /* where each key was set, 0 if not yet */
+	int section_line[CFG_MAX_SECTIONS]; /* where each section was opened, 0 if not yet */
+	int key_line[CFG_MAX_KEYS];         /* where each key was set, 0 if not yet */
 	const char *name;
 };
 
@@ -1158,6 +538,7 @@ static int cfg_parse_document(struct ct_config *cfg, const char *text, size_t le
 {
 	struct cfg_parser ps = {.p = text, .end = text + len, .line = 1};
 	struct cfg_file_state st = {.section = -1, .name = name};
+	CHECK(CFG_N_KEYS <= CFG_MAX_KEYS && CFG_N_SECTIONS <= CFG_MAX_SECTIONS, "schema too large");
 	if (len >= 3 && memcmp(text, "\xEF\xBB\xBF", 3) == 0)
 		ps.p += 3; /* UTF-8 byte order mark */
 	while (ps.p < ps.end) {
@@ -1325,6 +706,9 @@ int config_apply_args(struct ct_config *cfg, int argc, char **argv)
 /* The schema's own invariants; cheap, so checked every time defaults are built. */
 static void cfg_schema_check(void)
 {
+	CHECK(CFG_N_KEYS <= CFG_MAX_KEYS && CFG_N_SECTIONS <= CFG_MAX_SECTIONS,
+	      "schema: %zu keys in %zu sections: raise CFG_MAX_KEYS / CFG_MAX_SECTIONS", CFG_N_KEYS,
+	      CFG_N_SECTIONS);
 	int last_section = 0;
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
 		const struct cfg_key *k = &cfg_schema[i];
@@ -1495,152 +879,4 @@ int config_validate(const struct ct_config *cfg)
 		ranks *= degrees[i];
 	}
 	return 0;
-}
-
-/* ------------------------------------------------------------------------------------------
- * Printing
- */
-
-/* The shortest of %.15g, %.16g, %.17g that reads back exactly, always with a '.' or an
- * exponent so that it reads back as a float. */
-static void cfg_format_float(double x, char *buf, size_t n)
-{
-	for (int prec = 15; prec <= 17; prec++) {
-		snprintf(buf, n, "%.*g", prec, x);
-		if (strtod(buf, NULL) == x)
-			break;
-	}
-	if (!strpbrk(buf, ".eEn")) /* n: inf, nan, which never pass validation */
-		strncat(buf, ".0", n - strlen(buf) - 1);
-}
-
-static void cfg_print_string(const char *s, FILE *f)
-{
-	fputc('"', f);
-	for (; *s; s++) {
-		switch (*s) {
-		case '"':
-			fputs("\\\"", f);
-			break;
-		case '\\':
-			fputs("\\\\", f);
-			break;
-		case '\b':
-			fputs("\\b", f);
-			break;
-		case '\t':
-			fputs("\\t", f);
-			break;
-		case '\n':
-			fputs("\\n", f);
-			break;
-		case '\f':
-			fputs("\\f", f);
-			break;
-		case '\r':
-			fputs("\\r", f);
-			break;
-		default:
-			fputc(*s, f);
-			break;
-		}
-	}
-	fputc('"', f);
-}
-
-static void cfg_print_value(const struct ct_config *cfg, const struct cfg_key *k, FILE *f)
-{
-	const void *field = cfg_field_const(cfg, k);
-	char buf[64];
-	int64_t i;
-	double x;
-	bool b;
-	switch (k->type) {
-	case CFG_STRING:
-		cfg_print_string(field, f);
-		break;
-	case CFG_INT:
-		memcpy(&i, field, sizeof(i));
-		fprintf(f, "%lld", (long long)i);
-		break;
-	case CFG_FLOAT:
-		memcpy(&x, field, sizeof(x));
-		cfg_format_float(x, buf, sizeof(buf));
-		fputs(buf, f);
-		break;
-	case CFG_BOOL:
-		memcpy(&b, field, sizeof(b));
-		fputs(b ? "true" : "false", f);
-		break;
-	case CFG_TYPE_COUNT:
-		break;
-	}
-}
-
-static size_t cfg_section_width(const char *sec)
-{
-	size_t w = 0;
-	for (size_t i = 0; i < CFG_N_KEYS; i++)
-		if (strcmp(cfg_schema[i].section, sec) == 0 && strlen(cfg_schema[i].name) > w)
-			w = strlen(cfg_schema[i].name);
-	return w;
-}
-
-void config_print(const struct ct_config *cfg, FILE *f)
-{
-	fprintf(f, "# ctitan effective configuration\n");
-	for (size_t s = 0; s < CFG_N_SECTIONS; s++) {
-		int width = (int)cfg_section_width(cfg_sections[s]);
-		fprintf(f, "\n[%s]\n", cfg_sections[s]);
-		for (size_t i = 0; i < CFG_N_KEYS; i++) {
-			const struct cfg_key *k = &cfg_schema[i];
-			if (strcmp(k->section, cfg_sections[s]) != 0)
-				continue;
-			fprintf(f, "%-*s = ", width, k->name);
-			cfg_print_value(cfg, k, f);
-			fputc('\n', f);
-		}
-	}
-}
-
-/* fputs of a line without its trailing blanks. */
-static void cfg_put_line(char *line, FILE *f)
-{
-	size_t n = strlen(line);
-	while (n > 0 && line[n - 1] == ' ')
-		line[--n] = '\0';
-	fprintf(f, "%s\n", line);
-}
-
-void config_print_help(FILE *f)
-{
-	int wname = 0, wdef = 0;
-	char def[CONFIG_STR_MAX + 8], cons[256], line[1024];
-	for (size_t i = 0; i < CFG_N_KEYS; i++) {
-		const struct cfg_key *k = &cfg_schema[i];
-		int dn = (int)strlen(k->def) + (k->type == CFG_STRING ? 2 : 0);
-		if ((int)strlen(k->name) > wname)
-			wname = (int)strlen(k->name);
-		if (dn > wdef)
-			wdef = dn;
-	}
-	fprintf(f, "Configuration keys: set them in the TOML file under [section], or override "
-	           "them with --section.key=value or --section.key value.\n\n");
-	snprintf(line, sizeof(line), "  %-*s  %-6s  %-*s  %s", wname, "key", "type", wdef,
-	         "default", "allowed");
-	cfg_put_line(line, f);
-	for (size_t s = 0; s < CFG_N_SECTIONS; s++) {
-		fprintf(f, "\n[%s]\n", cfg_sections[s]);
-		for (size_t i = 0; i < CFG_N_KEYS; i++) {
-			const struct cfg_key *k = &cfg_schema[i];
-			if (strcmp(k->section, cfg_sections[s]) != 0)
-				continue;
-			snprintf(def, sizeof(def), k->type == CFG_STRING ? "\"%s\"" : "%s", k->def);
-			cfg_constraint_text(k, cons, sizeof(cons));
-			snprintf(line, sizeof(line), "  %-*s  %-6s  %-*s  %s", wname, k->name,
-			         cfg_type_names[k->type], wdef, def, cons);
-			cfg_put_line(line, f);
-			fprintf(f, "  %*s  %s\n", wname, "", k->help);
-		}
-	}
 }

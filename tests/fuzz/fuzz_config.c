@@ -1,7 +1,7 @@
 /* tests/fuzz/fuzz_config: libFuzzer harness for io/config (not part of the CMake build).
  *
  *   clang -g -O1 -fsanitize=fuzzer,address,undefined -Isrc tests/fuzz/fuzz_config.c \
- *         src/io/config.c src/base/log.c -lm -o /tmp/fuzz_config
+ *         src/io/config*.c src/base/log.c -lm -o /tmp/fuzz_config
  *   mkdir -p /tmp/fuzz_config_corpus
  *   /tmp/fuzz_config -max_total_time=60 -close_fd_mask=2 /tmp/fuzz_config_corpus
  *

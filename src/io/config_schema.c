@@ -1,0 +1,253 @@
+/* io/config_schema: the schema table, one row per key (see io/config.c for what a row holds).
+ * New keys: one contiguous block of rows in their section; regenerate docs/config.md. */
+#include "io/config_impl.h"
+
+#include <stddef.h>
+
+/* ------------------------------------------------------------------------------------------
+ * Schema
+ */
+
+const char *const cfg_type_names[] = {"string", "int", "float", "bool"};
+_Static_assert(ARRAY_SIZE(cfg_type_names) == CFG_TYPE_COUNT, "one name per type");
+
+/* "expected <noun>" */
+const char *const cfg_type_nouns[] = {"a string", "an integer", "a float",
+                                             "a boolean (true or false)"};
+_Static_assert(ARRAY_SIZE(cfg_type_nouns) == CFG_TYPE_COUNT, "one noun per type");
+
+/* Sections in the order they are printed; rows below are grouped in this order. */
+const char *const cfg_sections[] = {"job",          "model",      "optimizer",
+                                           "lr_scheduler", "training",   "parallelism",
+                                           "validation",   "checkpoint", "activation_checkpoint",
+                                           "comm",         "metrics",    "profiling",
+                                           "plan",         "debug"};
+const size_t cfg_n_sections = ARRAY_SIZE(cfg_sections);
+
+#define CFG_FIELD(sec, key) (((struct ct_config *)0)->sec.key)
+#define CFG_TYPE_OF(sec, key)                                                                      \
+	_Generic(CFG_FIELD(sec, key), char *: CFG_STRING, int64_t: CFG_INT, double: CFG_FLOAT, \
+		 bool: CFG_BOOL)
+#define ROW(sec, key)                                                                              \
+	.section = #sec, .name = #key, .type = CFG_TYPE_OF(sec, key),                              \
+	.offset = offsetof(struct ct_config, sec.key), .size = sizeof(CFG_FIELD(sec, key))
+
+#define GE(a)          .range = {.lo_kind = BOUND_INCL, .lo = (a)}
+#define GT(a)          .range = {.lo_kind = BOUND_EXCL, .lo = (a)}
+#define IN_CO(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_EXCL, .hi = (b)}
+#define IN_CC(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_INCL, .hi = (b)}
+#define UNSET_OR_GE(a) .range = {.lo_kind = BOUND_INCL, .lo = (a), .minus_one_ok = true}
+#define UNSET_OR_GT(a) .range = {.lo_kind = BOUND_EXCL, .lo = (a), .minus_one_ok = true}
+#define UNSET_OR_IN_CC(a, b)                                                                       \
+	.range = {.lo_kind = BOUND_INCL,                                                           \
+	          .lo = (a),                                                                       \
+	          .hi_kind = BOUND_INCL,                                                           \
+	          .hi = (b),                                                                       \
+	          .minus_one_ok = true}
+#define CHOICES(...)                                                                               \
+	.choices = (const char *const[])                                                           \
+	{                                                                                          \
+		__VA_ARGS__, NULL                                                                  \
+	}
+
+const struct cfg_key cfg_schema[] = {
+    {ROW(job, dump_folder), .def = "./outputs",
+     .help = "Folder for metrics.jsonl, checkpoints and traces."},
+    {ROW(job, description), .def = "", .help = "Free-form description of the run."},
+    {ROW(job, print_config), .def = "false",
+     .help = "Print the effective config as TOML and exit."},
+    {ROW(job, log_level), .def = "info", CHOICES("debug", "info", "warning", "error"),
+     .help = "Least severe log message shown."},
+
+    {ROW(model, name), .def = "llama3", .help = "Model family."},
+    {ROW(model, flavor), .def = "debugmodel",
+     CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B", "hyena-debug", "hyena-small"),
+     .help = "Model size within the family (llama3: debugmodel .. 405B; hyena: hyena-debug, "
+             "hyena-small)."},
+    {ROW(model, vocab_size), .def = "-1", UNSET_OR_GE(1),
+     .help = "Vocabulary size; -1: the flavor's vocabulary."},
+    {ROW(model, rope_scaling), .def = "false",
+     .help = "Llama 3.1 RoPE frequency scaling (factor 8, low 1, high 4, original context "
+             "8192)."},
+    {ROW(model, tokenizer_path), .def = "",
+     .help = "Tokenizer (rank file or tokenizer.json) of the dataset; generate uses it for "
+             "text, train checks that its ids fit the vocabulary."},
+    {ROW(model, hyena_order), .def = "-1", UNSET_OR_GE(2),
+     .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
+    {ROW(model, hyena_filter_order), .def = "-1", UNSET_OR_GE(1),
+     .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
+    {ROW(model, hyena_emb_dim), .def = "-1", UNSET_OR_GE(3),
+     .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
+    {ROW(model, hyena_sin_freq), .def = "-1", UNSET_OR_GT(0),
+     .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
+    {ROW(model, hyena_l_max), .def = "-1", UNSET_OR_GE(1),
+     .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
+
+    {ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer."},
+    {ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate."},
+    {ROW(optimizer, beta1), .def = "0.9", IN_CO(0, 1), .help = "Decay rate of the first moment."},
+    {ROW(optimizer, beta2), .def = "0.95", IN_CO(0, 1), .help = "Decay rate of the second moment."},
+    {ROW(optimizer, eps), .def = "1e-8", GT(0), .help = "Added to the root of the second moment."},
+    {ROW(optimizer, weight_decay), .def = "0.1", GE(0), .help = "Decoupled weight decay."},
+
+    {ROW(lr_scheduler, warmup_steps), .def = "200", GE(0),
+     .help = "Steps of linear warmup to optimizer.lr."},
+    {ROW(lr_scheduler, decay_ratio), .def = "-1", UNSET_OR_IN_CC(0, 1),
+     .help = "Fraction of the steps spent decaying, at the end; -1: decay starts right "
+             "after warmup."},
+    {ROW(lr_scheduler, decay_type), .def = "linear", CHOICES("linear", "sqrt", "cosine"),
+     .help = "Shape of the decay."},
+    {ROW(lr_scheduler, min_lr_factor), .def = "0.0", IN_CC(0, 1),
+     .help = "Final learning rate as a fraction of optimizer.lr."},
+
+    {ROW(training, local_batch_size), .def = "8", GE(1),
+     .help = "Sequences per rank per micro-batch."},
+    {ROW(training, global_batch_size), .def = "-1", UNSET_OR_GE(1),
+     .help = "Sequences per step; -1: local * dp, else a multiple of local * dp "
+             "(gradient accumulation)."},
+    {ROW(training, seq_len), .def = "2048", GE(1), .help = "Tokens per sequence."},
+    {ROW(training, max_norm), .def = "1.0", GT(0),
+     .help = "Gradient clipping threshold on the global gradient norm."},
+    {ROW(training, steps), .def = "10000", GE(1), .help = "Optimizer steps to run."},
+    {ROW(training, dataset), .def = "synthetic",
+     .help = "\"synthetic\" (seeded sequences with a learnable rule), \"default\" (the "
+             "corpus `make run` prepares in outputs/data/default) or the name of the dataset "
+             "in training.dataset_path."},
+    {ROW(training, dataset_path), .def = "",
+     .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
+             "used unless training.dataset is \"synthetic\"."},
+    {ROW(training, mixed_precision_param), .def = "float32", CHOICES("float32", "bfloat16"),
+     .help = "Type of the parameters in forward and backward."},
+    {ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
+     .help = "Type of gradient reductions."},
+
+    {ROW(parallelism, data_parallel_shard_degree), .def = "-1", UNSET_OR_GE(1),
+     .help = "FSDP degree; -1: the ranks left after the other degrees."},
+    {ROW(parallelism, data_parallel_replicate_degree), .def = "1", GE(1),
+     .help = "Replicated data-parallel degree (HSDP when sharded too)."},
+    {ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
+     .help = "Tensor-parallel degree; values > 1 are not yet supported (train refuses them, "
+             "plan too)."},
+    {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
+     .help = "Pipeline-parallel degree; values > 1 are not yet supported (train refuses "
+             "them, plan too)."},
+    {ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
+     CHOICES("default", "always", "never"),
+     .help = "Free gathered parameters after forward (default: except the last stage)."},
+
+    {ROW(validation, enable), .def = "false",
+     .help = "Report the loss on the val split of training.dataset_path."},
+    {ROW(validation, freq), .def = "100", GE(1),
+     .help = "Evaluate every this many steps and at the last step."},
+    {ROW(validation, steps), .def = "-1", UNSET_OR_GE(1),
+     .help = "Steps per evaluation; -1: the whole val split."},
+
+    {ROW(checkpoint, enable), .def = "false",
+     .help = "Save checkpoints, and resume from the newest one (or checkpoint.load_step)."},
+    {ROW(checkpoint, folder), .def = "checkpoint",
+     .help = "Checkpoint folder, inside job.dump_folder."},
+    {ROW(checkpoint, interval), .def = "500", GE(1),
+     .help = "Save every this many steps, at the last step and on SIGTERM/SIGINT."},
+    {ROW(checkpoint, keep_latest_k), .def = "10", GE(0),
+     .help = "Keep this many newest checkpoints and delete older ones; 0 keeps all."},
+    {ROW(checkpoint, load_step), .def = "-1", UNSET_OR_GE(0),
+     .help = "Resume from this step; -1: the newest complete checkpoint, if any."},
+    {ROW(checkpoint, async_mode), .def = "disabled", CHOICES("disabled", "async"),
+     .help = "disabled: training waits while a checkpoint is written; async: the state is "
+             "copied to a staging buffer and written by a background thread while training "
+             "goes on."},
+    {ROW(checkpoint, exclude_from_loading), .def = "",
+     .help = "Comma-separated parts of a resumed checkpoint not to load: optimizer (fresh "
+             "AdamW moments), lr_scheduler (the schedule restarts at the resumed step), "
+             "dataloader (the data order restarts), train_state (step and tokens seen "
+             "restart at 0)."},
+    {ROW(checkpoint, initial_load_path), .def = "",
+     .help = "When checkpoint.folder has no checkpoint: start from this checkpoint (a "
+             "step-NNNNNNNN folder or a folder of them) or, with initial_load_in_hf, this "
+             "Hugging Face folder (model.safetensors or an index of shards, config.json)."},
+    {ROW(checkpoint, initial_load_model_only), .def = "true",
+     .help = "With initial_load_path: load the weights only and start at step 0; false "
+             "also loads optimizer, data and trainer state."},
+    {ROW(checkpoint, initial_load_in_hf), .def = "false",
+     .help = "initial_load_path is a Hugging Face Llama folder (as `ctitan export` writes)."},
+
+    {ROW(activation_checkpoint, mode), .def = "none", CHOICES("none", "ffn", "selective", "full"),
+     .help = "none: save every activation; ffn: recompute each block's FFN up-projections "
+             "(w1, w3 outputs, the largest activations) in backward instead of saving them; "
+             "selective: TorchTitan's per-op policy (keep matmul and attention outputs except "
+             "every second matmul, recompute the rest); full: keep only each block's input and "
+             "recompute the block before its backward."},
+    {ROW(activation_checkpoint, selective_ac_option), .def = "op",
+     .help = "For mode = selective: \"op\" (per-op policy). TorchTitan's per-layer integer "
+             "option is not yet supported."},
+
+    {ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
+     .help = "How collectives advance: inline on the compute thread (each runs, blocking, "
+             "when issued), or on a communication thread that overlaps them with compute when "
+             "the schedule issues them ahead (comm.prefetch, comm.reduce_scatter_defer)."},
+    {ROW(comm, timeout_seconds), .def = "300", GT(0),
+     .help = "A collective that takes longer aborts the job (a peer died or hangs)."},
+    {ROW(comm, buckets), .def = "per_block",
+     .help = "FSDP buckets: \"per_block\" (embedding, each block, norm + output), \"auto\" "
+             "(greedy with the cost model, under comm.bucket_cap_mb), or comma-separated "
+             "groups of '+'-joined units (embed, block indices from 0, norm) in order, e.g. "
+             "\"embed+0,1+2,3+norm\"."},
+    {ROW(comm, bucket_cap_mb), .def = "100", GT(0),
+     .help = "Automatic bucketing: most gathered parameter MiB in one bucket."},
+    {ROW(comm, prefetch), .def = "1", IN_CC(0, 16),
+     .help = "Issue each all-gather this many gathers ahead of its use (0: at use)."},
+    {ROW(comm, reduce_scatter_defer), .def = "1", IN_CC(0, 16),
+     .help = "Wait for a reduce-scatter only when this many later ones are issued (0: at "
+             "once)."},
+    {ROW(comm, memory_budget_gb), .def = "0", GE(0),
+     .help = "Peak memory per rank the reordering keeps to (predicted by the cost model; "
+             "prefetch depth is lowered to fit); 0: no budget."},
+    {ROW(comm, bandwidth_gbps), .def = "0", GE(0),
+     .help = "Cost model: link bandwidth per rank in Gbit/s; 0: measured at start-up "
+             "(ctitan plan needs it)."},
+    {ROW(comm, latency_us), .def = "0", GE(0),
+     .help = "Cost model: latency of one collective in microseconds (with "
+             "comm.bandwidth_gbps)."},
+    {ROW(comm, simulate_bandwidth_gbps), .def = "0", GE(0),
+     .help = "Make every collective take at least its bytes over a link of this many Gbit/s "
+             "(overlap experiments on one machine); 0: off."},
+    {ROW(comm, simulate_latency_us), .def = "0", GE(0),
+     .help = "Simulated link: microseconds added to every collective."},
+
+    {ROW(metrics, log_freq), .def = "1", GE(1), .help = "Log every this many steps."},
+    {ROW(metrics, peak_tflops), .def = "0.0", GE(0),
+     .help = "Peak TFLOP/s per rank for MFU; 0: measure sgemm on a large square at "
+             "start-up."},
+    {ROW(metrics, enable_jsonl), .def = "true",
+     .help = "Write metrics.jsonl into job.dump_folder."},
+
+    {ROW(profiling, enable_profiling), .def = "false",
+     .help = "Write a Chrome trace (Perfetto, chrome://tracing) per rank every profile_freq "
+             "steps: compute and communication on separate tracks (FSDP runs)."},
+    {ROW(profiling, save_traces_folder), .def = "profile_trace",
+     .help = "Traces go to <job.dump_folder>/<this>/iteration_<step>/rank<r>_trace.json."},
+    {ROW(profiling, profile_freq), .def = "10", GE(1), .help = "Trace every this many steps."},
+
+    {ROW(plan, compute_efficiency), .def = "0.5", IN_CC(0.01, 1),
+     .help = "ctitan plan: fraction of metrics.peak_tflops the kernels achieve on the "
+             "target."},
+    {ROW(plan, memory_bandwidth_gbs), .def = "3000", GT(0),
+     .help = "ctitan plan: the target's memory bandwidth in GB/s (buffer copies, optimizer)."},
+    {ROW(plan, activation_dtype), .def = "auto", CHOICES("auto", "float32", "bfloat16"),
+     .help = "ctitan plan: element type of activations and gathered parameters on the "
+             "target; auto: training.mixed_precision_param."},
+
+    {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
+    {ROW(debug, deterministic), .def = "true",
+     .help = "Kept for TorchTitan configs; ctitan is always deterministic (false is "
+             "refused)."},
+    {ROW(debug, fail_rank), .def = "-1", UNSET_OR_GE(0),
+     .help = "Fault injection for tests: this rank kills itself during debug.fail_step."},
+    {ROW(debug, fail_step), .def = "0", GE(0),
+     .help = "The 1-based step in which debug.fail_rank dies (after any background "
+             "checkpoint save has finished)."},
+    {ROW(debug, sample_log), .def = "",
+     .help = "Tests: each rank appends \"step sample\" lines for the dataset samples it "
+             "trained on to <sample_log>.rank-R."},
+};
+const size_t cfg_n_keys = ARRAY_SIZE(cfg_schema);
