@@ -121,7 +121,7 @@ static int cmp_double(const void *x, const void *y)
 }
 
 /* Times one (L, mode): every position, or the sampled windows. */
-static void run_one(const struct args *a, const struct hyena_config *c, const struct llama_table *t,
+static void run_one(const struct args *a, const struct hyena_config *c, const struct param_table *t,
                     const float *params, int64_t L, enum oc_mode mode, struct row *r)
 {
 	struct hgen_opts o = {.mode = mode,
@@ -211,7 +211,7 @@ int main(int argc, char **argv)
 	c.l_max = (int64_t)1 << a.lmax; /* one filter; shorter runs use its prefix */
 	if (hyena_config_finish(&c))
 		return 2;
-	struct llama_table t;
+	struct param_table t;
 	hyena_table_build(&t, &c);
 	float *params = malloc((size_t)t.numel * sizeof(float));
 	hyena_init_params(&c, &t, 1234, params, 0, t.numel);
@@ -278,6 +278,6 @@ int main(int argc, char **argv)
 		       r->mixer / fl->mixer, r->mean / fl->mean);
 	}
 	free(rows), free(params);
-	llama_table_free(&t);
+	param_table_free(&t);
 	return 0;
 }

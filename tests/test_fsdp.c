@@ -172,11 +172,11 @@ static void run_single(struct run *out, int dp, double gscale)
 static int64_t numel(void)
 {
 	struct model_config c;
-	struct llama_table t;
+	struct param_table t;
 	config(&c);
 	model_table_build(&t, &c);
 	int64_t n = t.numel;
-	llama_table_free(&t);
+	param_table_free(&t);
 	return n;
 }
 

@@ -50,7 +50,7 @@ static void tiny_config(struct hyena_config *c, int64_t order, int64_t l_max)
 TEST_CASE(test_table_and_init)
 {
 	struct hyena_config c;
-	struct llama_table t;
+	struct param_table t;
 	EXPECT(hyena_config_preset(&c, "hyena-small") == CT_OK, "preset");
 	c.l_max = 256;
 	EXPECT(hyena_config_finish(&c) == CT_OK, "finish");
@@ -63,11 +63,11 @@ TEST_CASE(test_table_and_init)
 	EXPECT(t.numel == V * D + 4 * blk + 2 * D, "%lld parameters, want %lld", (long long)t.numel,
 	       (long long)(V * D + 4 * blk + 2 * D));
 	EXPECT(t.n_units == 6 && t.unit_begin[t.n_units] == t.numel, "units");
-	const struct llama_param *fq =
-	    llama_table_find(&t, "layers.3.mixer.filter_fn.implicit_filter.1.freq");
+	const struct param_entry *fq =
+	    param_table_find(&t, "layers.3.mixer.filter_fn.implicit_filter.1.freq");
 	EXPECT(fq && fq->unit == 4 && fq->numel == F && !fq->weight_decay, "freq entry");
-	EXPECT(llama_table_find(&t, "layers.0.mixer.in_proj.weight")->weight_decay, "decay");
-	EXPECT(!llama_table_find(&t, "layers.0.mixer.filter_fn.implicit_filter.6.weight")
+	EXPECT(param_table_find(&t, "layers.0.mixer.in_proj.weight")->weight_decay, "decay");
+	EXPECT(!param_table_find(&t, "layers.0.mixer.filter_fn.implicit_filter.6.weight")
 	            ->weight_decay,
 	       "no decay on the implicit filter");
 	uint64_t seed = test_seed();
@@ -79,14 +79,14 @@ TEST_CASE(test_table_and_init)
 	hyena_init_params(&c, &t, seed, part + cut, cut, t.numel - cut);
 	EXPECT(memcmp(full, part, (size_t)t.numel * sizeof(float)) == 0, "sharded init differs");
 	EXPECT(full[fq->offset] == 14.0f, "freq = w");
-	const struct llama_param *sf = llama_table_find(&t, "layers.1.mixer.short_filter.weight");
+	const struct param_entry *sf = param_table_find(&t, "layers.1.mixer.short_filter.weight");
 	double mx = 0;
 	for (int64_t j = 0; j < sf->numel; j++)
 		mx = fmax(mx, fabs(full[sf->offset + j]));
 	EXPECT(mx <= 1 / sqrt(3.0) && mx > 0.5, "short filter U(+-1/sqrt 3): max %g", mx);
 	free(full);
 	free(part);
-	llama_table_free(&t);
+	param_table_free(&t);
 }
 
 /* ------------------------------------------------------------ finite differences */
@@ -129,7 +129,7 @@ static void fd_model(int64_t order, int64_t B, int64_t T, int64_t l_max)
 	}
 	double worst = 0;
 	for (int i = 0; i < m.table.count; i++) {
-		const struct llama_param *p = &m.table.p[i];
+		const struct param_entry *p = &m.table.p[i];
 		double e = rel_err_f64(m.grads64 + p->offset, num + p->offset, p->numel);
 		if (e > 1e-6)
 			fprintf(stderr, "  %s: rel err %.3e\n", p->name, e);
@@ -324,7 +324,7 @@ TEST_CASE(test_overfit_one_batch)
 
 /* ------------------------------------------------------------ PyTorch reference */
 
-static void add_params(struct st_file *f, const struct llama_table *t, const float *buf,
+static void add_params(struct st_file *f, const struct param_table *t, const float *buf,
                        const char *prefix)
 {
 	for (int i = 0; i < t->count; i++) {

@@ -23,7 +23,7 @@
 
 struct fixture {
 	struct hyena_config c;
-	struct llama_table t;
+	struct param_table t;
 	float *p32;
 	double *p64;
 	int64_t B, T;
@@ -73,7 +73,7 @@ static void fixture_build(struct fixture *f, int64_t order, int64_t B, int64_t T
 
 static void fixture_free(struct fixture *f)
 {
-	llama_table_free(&f->t);
+	param_table_free(&f->t);
 	free(f->p32), free(f->p64), free(f->tokens), free(f->ref64), free(f->ref32);
 }
 

@@ -39,7 +39,7 @@ TEST_CASE(test_presets)
 	};
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
 		struct llama_config c;
-		struct llama_table t;
+		struct param_table t;
 		EXPECT(llama_config_preset(&c, want[i].flavor) == CT_OK, "preset %s",
 		       want[i].flavor);
 		llama_table_build(&t, &c);
@@ -48,28 +48,28 @@ TEST_CASE(test_presets)
 		EXPECT(c.ffn_hidden == want[i].ffn, "%s: ffn %lld", want[i].flavor,
 		       (long long)c.ffn_hidden);
 		EXPECT(t.unit_begin[t.n_units] == t.numel, "units cover the buffer");
-		llama_table_free(&t);
+		param_table_free(&t);
 	}
 	/* TorchTitan's FLOPs/token check values */
 	struct llama_config c;
-	struct llama_table t;
+	struct param_table t;
 	llama_config_preset(&c, "debugmodel");
 	llama_table_build(&t, &c);
 	double f = llama_flops_per_token(&c, &t, 2048);
 	EXPECT(fabs(f - 7.159e7) < 0.001e7, "debug flops/token %.4e", f);
-	llama_table_free(&t);
+	param_table_free(&t);
 	llama_config_preset(&c, "8B");
 	llama_table_build(&t, &c);
 	f = llama_flops_per_token(&c, &t, 8192);
 	EXPECT(fabs(f - 5.791e10) < 0.001e10, "8B flops/token %.4e", f);
-	llama_table_free(&t);
+	param_table_free(&t);
 	EXPECT(llama_config_preset(&c, "7B") == CT_ERR_USAGE, "unknown flavor rejected");
 }
 
 TEST_CASE(test_init)
 {
 	struct llama_config c;
-	struct llama_table t;
+	struct param_table t;
 	llama_config_preset(&c, "debugmodel");
 	llama_table_build(&t, &c);
 	uint64_t seed = test_seed();
@@ -83,13 +83,13 @@ TEST_CASE(test_init)
 	llama_init_params(&c, &t, seed, part + cut2, cut2, t.numel - cut2);
 	EXPECT(memcmp(full, part, (size_t)t.numel * sizeof(float)) == 0, "sharded init differs");
 	/* statistics */
-	const struct llama_param *emb = llama_table_find(&t, "tok_embeddings.weight");
-	const struct llama_param *wq = llama_table_find(&t, "layers.0.attention.wq.weight");
-	const struct llama_param *wo = llama_table_find(&t, "layers.5.attention.wo.weight");
-	const struct llama_param *out = llama_table_find(&t, "output.weight");
-	const struct llama_param *nw = llama_table_find(&t, "norm.weight");
+	const struct param_entry *emb = param_table_find(&t, "tok_embeddings.weight");
+	const struct param_entry *wq = param_table_find(&t, "layers.0.attention.wq.weight");
+	const struct param_entry *wo = param_table_find(&t, "layers.5.attention.wo.weight");
+	const struct param_entry *out = param_table_find(&t, "output.weight");
+	const struct param_entry *nw = param_table_find(&t, "norm.weight");
 	struct {
-		const struct llama_param *p;
+		const struct param_entry *p;
 		double std;
 	} s[] = {{emb, 1.0}, {wq, 0.02}, {wo, 0.02 / sqrt(12.0)}, {out, 1.0 / 16.0}};
 	for (int i = 0; i < 4; i++) {
@@ -110,7 +110,7 @@ TEST_CASE(test_init)
 	EXPECT(memcmp(full, part, (size_t)t.numel * sizeof(float)) != 0, "seed changes weights");
 	free(full);
 	free(part);
-	llama_table_free(&t);
+	param_table_free(&t);
 }
 
 static void small_config(struct llama_config *c)
@@ -332,7 +332,7 @@ TEST_CASE(test_activation_memory_linear)
 
 /* ------------------------------------------------------------ PyTorch reference */
 
-static void add_params(struct st_file *f, const struct llama_table *t, const float *buf,
+static void add_params(struct st_file *f, const struct param_table *t, const float *buf,
                        const char *prefix)
 {
 	for (int i = 0; i < t->count; i++) {

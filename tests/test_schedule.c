@@ -124,11 +124,11 @@ static void run(struct run *out, enum sched_ac ac, int plan, bool reorder,
 static int64_t numel(void)
 {
 	struct llama_config c;
-	struct llama_table t;
+	struct param_table t;
 	config(&c);
 	llama_table_build(&t, &c);
 	int64_t n = t.numel;
-	llama_table_free(&t);
+	param_table_free(&t);
 	return n;
 }
 
@@ -169,14 +169,14 @@ TEST_CASE(test_pass_combinations_bitwise)
 static void naive_sched(struct sched *s, enum sched_reshard reshard, int micro)
 {
 	struct llama_config c;
-	struct llama_table t;
+	struct param_table t;
 	config(&c);
 	llama_table_build(&t, &c);
 	struct sched_unit *u = calloc((size_t)t.n_units, sizeof(*u));
 	sched_units_from_table(&t, 4, u);
 	sched_build(s, u, t.n_units, micro, reshard);
 	free(u);
-	llama_table_free(&t);
+	param_table_free(&t);
 }
 
 TEST_CASE(test_bucket_plans)

@@ -56,7 +56,7 @@ static int export_run(const char *ckpt, const char *out)
 	struct llama_config mc;
 	if ((rc = model_spec_llama(&cfg, &mc)))
 		return rc;
-	struct llama_table t;
+	struct param_table t;
 	llama_table_build(&t, &mc);
 	size_t bytes = (size_t)t.numel * sizeof(float);
 	float *params = mem_alloc(MEM_PARAMS, bytes), *perm = mem_alloc(MEM_OTHER, bytes);
@@ -68,7 +68,7 @@ static int export_run(const char *ckpt, const char *out)
 	st_init(&f);
 	char **names = xcalloc((size_t)t.count, sizeof(char *));
 	for (int i = 0; !rc && i < t.count; i++) {
-		const struct llama_param *p = &t.p[i];
+		const struct param_entry *p = &t.p[i];
 		char name[160];
 		CHECK(llama_hf_name(p->name, name, sizeof(name)), "export: no HF name for %s",
 		      p->name);
@@ -112,7 +112,7 @@ static int export_run(const char *ckpt, const char *out)
 	free(names);
 	mem_free(MEM_PARAMS, params, bytes);
 	mem_free(MEM_OTHER, perm, bytes);
-	llama_table_free(&t);
+	param_table_free(&t);
 	return rc;
 }
 

@@ -189,7 +189,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		return CT_ERR_USAGE;
 	}
 	const int64_t vocab = model_config_vocab(&spec);
-	struct llama_table t;
+	struct param_table t;
 	rc = model_table_build(&t, &spec);
 	if (rc)
 		return rc;
@@ -295,7 +295,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	hgen_free_f32(hg);
 	free(prompt), free(out);
 	mem_free(MEM_PARAMS, params, (size_t)t.numel * sizeof(float));
-	llama_table_free(&t);
+	param_table_free(&t);
 	return rc;
 }
 

@@ -85,7 +85,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	rc = step_plan_ac(cfg, &ac);
 	if (rc)
 		return rc;
-	struct llama_table t;
+	struct param_table t;
 	llama_table_build(&t, &mc);
 	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
 	sched_units_from_table(&t, shard, units);
@@ -157,7 +157,7 @@ out_sched:
 	sched_free(&naive);
 out_table:
 	free(units);
-	llama_table_free(&t);
+	param_table_free(&t);
 	return rc;
 }
 

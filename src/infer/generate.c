@@ -11,7 +11,7 @@
 
 struct gen_state {
 	struct llama_config c;
-	const struct llama_table *t;
+	const struct param_table *t;
 	const float *w;
 	int64_t max_len, pos;
 	float *kcache, *vcache; /* L x max_len x KVD */
@@ -22,14 +22,14 @@ struct gen_state {
 
 static const float *weight(const struct gen_state *g, const char *fmt, int64_t l)
 {
-	char name[LLAMA_NAME_MAX];
+	char name[PARAM_NAME_MAX];
 	snprintf(name, sizeof(name), fmt, (int)l);
-	const struct llama_param *p = llama_table_find(g->t, name);
+	const struct param_entry *p = param_table_find(g->t, name);
 	CHECK(p, "generate: no tensor %s", name);
 	return g->w + p->offset;
 }
 
-struct gen_state *gen_create(const struct llama_config *c, const struct llama_table *t,
+struct gen_state *gen_create(const struct llama_config *c, const struct param_table *t,
                              const float *params, int64_t max_len)
 {
 	struct gen_state *g = xcalloc(1, sizeof(*g));

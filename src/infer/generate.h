@@ -25,7 +25,7 @@ struct gen_state;
 
 /* A decoder over parameters in table layout (not copied; must outlive the state), for
  * sequences of up to max_len positions. */
-struct gen_state *gen_create(const struct llama_config *c, const struct llama_table *t,
+struct gen_state *gen_create(const struct llama_config *c, const struct param_table *t,
                              const float *params, int64_t max_len);
 void gen_free(struct gen_state *g);
 /* Feed one token at the next position; returns the logits (V floats, owned by the state). */

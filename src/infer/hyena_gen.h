@@ -49,7 +49,7 @@ struct hgen_times {
 	struct hgen##S;                                                                            \
 	/* params: the flat buffer described by t (must outlive the decoder). NULL with a          \
 	 * message on bad options. */                                                              \
-	struct hgen##S *hgen_create##S(const struct hyena_config *c, const struct llama_table *t,  \
+	struct hgen##S *hgen_create##S(const struct hyena_config *c, const struct param_table *t,  \
 	                               const real *params, const struct hgen_opts *o);             \
 	void hgen_free##S(struct hgen##S *g);                                                      \
 	/* tokens (B, n_prompt); all_logits (B, n_prompt, V) or NULL. Returns the logits (B, V)    \

@@ -28,7 +28,7 @@ static void *HG_S(hg_alloc)(struct HG_S(hgen) * g, size_t n, size_t size)
 	return xcalloc(n ? n : 1, size);
 }
 
-struct HG_S(hgen) * HG_S(hgen_create)(const struct hyena_config *c, const struct llama_table *t,
+struct HG_S(hgen) * HG_S(hgen_create)(const struct hyena_config *c, const struct param_table *t,
                                       const HG_S(hg_real) * params, const struct hgen_opts *o)
 {
 	if (o->max_len < 1 || o->max_len > c->l_max) {

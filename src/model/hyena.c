@@ -97,28 +97,7 @@ int hyena_config_preset(struct hyena_config *c, const char *flavor)
 
 /* ---------------------------------------------------------------- parameter table */
 
-static void table_add(struct llama_table *t, int *cap, const char *name, int unit, int64_t d0,
-                      int64_t d1, bool decay)
-{
-	if (t->count == *cap) {
-		*cap = *cap ? 2 * *cap : 64;
-		t->p = realloc(t->p, (size_t)*cap * sizeof(*t->p));
-		CHECK(t->p, "out of memory");
-	}
-	struct llama_param *p = &t->p[t->count++];
-	memset(p, 0, sizeof(*p));
-	snprintf(p->name, sizeof(p->name), "%s", name);
-	p->ndim = d1 > 0 ? 2 : 1;
-	p->shape[0] = d0;
-	p->shape[1] = d1 > 0 ? d1 : 1;
-	p->numel = d0 * p->shape[1];
-	p->offset = t->numel;
-	p->unit = unit;
-	p->weight_decay = decay && p->ndim == 2;
-	t->numel += p->numel;
-}
-
-int hyena_table_build(struct llama_table *t, const struct hyena_config *c)
+int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 {
 	memset(t, 0, sizeof(*t));
 	int cap = 0, L = (int)c->n_layers;
@@ -126,8 +105,8 @@ int hyena_table_build(struct llama_table *t, const struct hyena_config *c)
 	int64_t E = c->emb_dim, H = c->ffn_hidden, V = c->vocab_size;
 	t->n_units = L + 2;
 	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
-	char name[LLAMA_NAME_MAX];
-	table_add(t, &cap, "tok_embeddings.weight", 0, V, D, true);
+	char name[PARAM_NAME_MAX];
+	param_table_add(t, &cap, "tok_embeddings.weight", 0, V, D, true);
 	t->numel_embedding = V * D;
 	static const char *const names[HYB_COUNT] = {
 	    [HYB_NORM1_W] = "mixer_norm.weight",
@@ -185,12 +164,12 @@ int hyena_table_build(struct llama_table *t, const struct hyena_config *c)
 			snprintf(name, sizeof(name), "layers.%d.%s", l, names[k]);
 			/* safari: no weight decay on the implicit filter (its "_optim" wd = 0) */
 			bool decay = strstr(names[k], "implicit_filter") == NULL;
-			table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], decay);
+			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], decay);
 		}
 	}
 	t->unit_begin[L + 1] = t->numel;
-	table_add(t, &cap, "norm.weight", L + 1, D, 0, false);
-	table_add(t, &cap, "norm.bias", L + 1, D, 0, false);
+	param_table_add(t, &cap, "norm.weight", L + 1, D, 0, false);
+	param_table_add(t, &cap, "norm.bias", L + 1, D, 0, false);
 	t->unit_begin[L + 2] = t->numel;
 	return CT_OK;
 }
@@ -211,7 +190,7 @@ double hyena_flops_per_token(const struct hyena_config *c, int64_t seq_len)
 
 enum init_kind { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_UNIFORM, INIT_CONST };
 
-static void param_init_spec(const struct hyena_config *c, const struct llama_param *p,
+static void param_init_spec(const struct hyena_config *c, const struct param_entry *p,
                             enum init_kind *kind, double *a)
 {
 	const char *n = p->name;
@@ -242,12 +221,12 @@ static void param_init_spec(const struct hyena_config *c, const struct llama_par
 	}
 }
 
-void hyena_init_params(const struct hyena_config *c, const struct llama_table *t, uint64_t seed,
+void hyena_init_params(const struct hyena_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n)
 {
 	int64_t last = first + n;
 	for (int i = 0; i < t->count; i++) {
-		const struct llama_param *p = &t->p[i];
+		const struct param_entry *p = &t->p[i];
 		int64_t lo = p->offset > first ? p->offset : first;
 		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
 		if (lo >= hi)
@@ -315,7 +294,7 @@ int64_t hyena_filter_scratch_reals(const struct hyena_config *c, int64_t L)
 	void FN(const struct hyena_config *c, const HREAL *block_params, int64_t L, HREAL *h,      \
 	        HREAL *scratch)                                                                    \
 	{                                                                                          \
-		struct llama_table t;                                                              \
+		struct param_table t;                                                              \
 		hyena_table_build(&t, c);                                                          \
 		HREAL *w[HYB_COUNT];                                                               \
 		int64_t base = t.unit_begin[1], Cf = (c->order - 1) * c->dim;                      \
@@ -325,7 +304,7 @@ int64_t hyena_filter_scratch_reals(const struct hyena_config *c, int64_t L)
 		int64_t lmax = c->l_max > L ? c->l_max : L;                                        \
 		hyena_filter_features##S(z, win, L, lmax, c->emb_dim, Cf);                         \
 		hy_filter_forward##S(c, w, z, win, L, h, fa);                                      \
-		llama_table_free(&t);                                                              \
+		param_table_free(&t);                                                              \
 	}
 FILTER_COMPUTE(float, _f32, hyena_filter_compute)
 FILTER_COMPUTE(double, _f64, hyena_filter_compute_f64)
@@ -490,7 +469,7 @@ void hyena_free(struct hyena_model *m)
 	mem_free(MEM_ACTIVATIONS, m->scratch, (size_t)m->scratch_bytes);
 	free(m->unit_w), free(m->unit_dw), free(m->unit_w64), free(m->unit_dw64);
 	free(m->blk);
-	llama_table_free(&m->table);
+	param_table_free(&m->table);
 	memset(m, 0, sizeof(*m));
 }
 

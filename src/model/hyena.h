@@ -5,7 +5,7 @@
  *
  * Units: 0 = token embedding, 1..M = blocks, M+1 = final LayerNorm + LM head tied to the
  * embedding (+ the fused loss). Parameters live in one flat buffer in unit order, described by
- * a `struct llama_table` (the same table type as Llama, so checkpoints, FSDP and AdamW treat
+ * a `struct param_table` (the same table type as Llama, so checkpoints, FSDP and AdamW treat
  * both alike); each unit owns the contiguous range [unit_begin[u], unit_begin[u+1]).
  *
  * The tied head reads the embedding that unit 0's forward used (under FSDP a copy kept by the
@@ -90,7 +90,7 @@ enum hyena_block_tensor {
 /* Names: tok_embeddings.weight; layers.<l>.{mixer_norm, mixer.in_proj, mixer.short_filter,
  * mixer.filter_fn.bias, mixer.filter_fn.implicit_filter.{0,1(freq),2,4,6}, mixer.out_proj,
  * ffn_norm, feed_forward.fc1, feed_forward.fc2}.{weight,bias}; norm.{weight,bias}. */
-int hyena_table_build(struct llama_table *t, const struct hyena_config *c);
+int hyena_table_build(struct param_table *t, const struct hyena_config *c);
 /* Index in the table of tensor k of block l. */
 static inline int hyena_block_tensor_index(int l, int k)
 {
@@ -102,7 +102,7 @@ static inline int hyena_block_tensor_index(int l, int k)
  * 0.02/sqrt(2M)) (GPT-2 residual scaling, as safari); biases of those 0; LayerNorms 1, 0;
  * short filter and implicit-MLP layers PyTorch's default U(+-1/sqrt(fan_in)) (weights and
  * biases); filter_fn.bias N(0, 1); freq = sin_freq. Writes elements [first, first+n). */
-void hyena_init_params(const struct hyena_config *c, const struct llama_table *t, uint64_t seed,
+void hyena_init_params(const struct hyena_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n);
 
 /* 6 x (matmul parameters incl. the tied head) + the FFT long convolutions (forward and
@@ -142,7 +142,7 @@ struct hyena_block_acts {
 
 struct hyena_model {
 	struct hyena_config cfg;
-	struct llama_table table;
+	struct param_table table;
 	int64_t B, T, N; /* N = B*T tokens */
 	bool f64, own_params;
 	int nthreads;

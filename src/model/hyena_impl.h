@@ -19,7 +19,7 @@ static HREAL *HT(scr)(const struct hyena_model *m, int64_t off)
 /* Tensor i of the table inside its unit's current buffer. */
 static HREAL *HT(tensor)(const struct hyena_model *m, HREAL *const *unit_base, int i)
 {
-	const struct llama_param *p = &m->table.p[i];
+	const struct param_entry *p = &m->table.p[i];
 	return unit_base[p->unit] + (p->offset - m->table.unit_begin[p->unit]);
 }
 

@@ -93,28 +93,7 @@ int llama_config_preset(struct llama_config *c, const char *flavor)
 
 /* ---------------------------------------------------------------- parameter table */
 
-static void table_add(struct llama_table *t, int *cap, const char *name, int unit, int64_t d0,
-                      int64_t d1)
-{
-	if (t->count == *cap) {
-		*cap = *cap ? 2 * *cap : 64;
-		t->p = realloc(t->p, (size_t)*cap * sizeof(*t->p));
-		CHECK(t->p, "out of memory");
-	}
-	struct llama_param *p = &t->p[t->count++];
-	memset(p, 0, sizeof(*p));
-	snprintf(p->name, sizeof(p->name), "%s", name);
-	p->ndim = d1 > 0 ? 2 : 1;
-	p->shape[0] = d0;
-	p->shape[1] = d1 > 0 ? d1 : 1;
-	p->numel = d0 * p->shape[1];
-	p->offset = t->numel;
-	p->unit = unit;
-	p->weight_decay = p->ndim == 2;
-	t->numel += p->numel;
-}
-
-int llama_table_build(struct llama_table *t, const struct llama_config *c)
+int llama_table_build(struct param_table *t, const struct llama_config *c)
 {
 	memset(t, 0, sizeof(*t));
 	int cap = 0;
@@ -123,16 +102,16 @@ int llama_table_build(struct llama_table *t, const struct llama_config *c)
 	int L = (int)c->n_layers;
 	t->n_units = L + 2;
 	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
-	char name[LLAMA_NAME_MAX];
+	char name[PARAM_NAME_MAX];
 
-	table_add(t, &cap, "tok_embeddings.weight", 0, V, C);
+	param_table_add(t, &cap, "tok_embeddings.weight", 0, V, C, true);
 	t->numel_embedding = V * C;
 	for (int l = 0; l < L; l++) {
 		t->unit_begin[l + 1] = t->numel;
 #define ADD(suffix, d0, d1)                                                                        \
 	do {                                                                                       \
 		snprintf(name, sizeof(name), "layers.%d." suffix, l);                              \
-		table_add(t, &cap, name, l + 1, d0, d1);                                           \
+		param_table_add(t, &cap, name, l + 1, d0, d1, true);                               \
 	} while (0)
 		ADD("attention_norm.weight", C, 0);
 		ADD("attention.wq.weight", HD, C);
@@ -146,28 +125,13 @@ int llama_table_build(struct llama_table *t, const struct llama_config *c)
 #undef ADD
 	}
 	t->unit_begin[L + 1] = t->numel;
-	table_add(t, &cap, "norm.weight", L + 1, C, 0);
-	table_add(t, &cap, "output.weight", L + 1, V, C);
+	param_table_add(t, &cap, "norm.weight", L + 1, C, 0, true);
+	param_table_add(t, &cap, "output.weight", L + 1, V, C, true);
 	t->unit_begin[L + 2] = t->numel;
 	return CT_OK;
 }
 
-void llama_table_free(struct llama_table *t)
-{
-	free(t->p);
-	free(t->unit_begin);
-	memset(t, 0, sizeof(*t));
-}
-
-const struct llama_param *llama_table_find(const struct llama_table *t, const char *name)
-{
-	for (int i = 0; i < t->count; i++)
-		if (strcmp(t->p[i].name, name) == 0)
-			return &t->p[i];
-	return NULL;
-}
-
-double llama_flops_per_token(const struct llama_config *c, const struct llama_table *t,
+double llama_flops_per_token(const struct llama_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
 	return 6.0 * (double)(t->numel - t->numel_embedding) +
@@ -179,7 +143,7 @@ double llama_flops_per_token(const struct llama_config *c, const struct llama_ta
 /* TorchTitan's llama3 init: embeddings N(0,1); wq, wk, wv, w1 trunc-normal std 0.02 (cut at
  * +-2, absolute, as torch's trunc_normal_ default); wo, w2, w3 std 0.02/sqrt(2(l+1))
  * (depth init); norms 1; output std dim^-0.5 cut at 3 sigma. */
-static void param_init_spec(const struct llama_config *c, const struct llama_param *p, int *kind,
+static void param_init_spec(const struct llama_config *c, const struct param_entry *p, int *kind,
                             double *std, double *cut)
 {
 	*kind = 2; /* 0 ones, 1 normal, 2 truncated normal */
@@ -200,12 +164,12 @@ static void param_init_spec(const struct llama_config *c, const struct llama_par
 	}
 }
 
-void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
+void llama_init_params(const struct llama_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n)
 {
 	int64_t last = first + n;
 	for (int i = 0; i < t->count; i++) {
-		const struct llama_param *p = &t->p[i];
+		const struct param_entry *p = &t->p[i];
 		int64_t lo = p->offset > first ? p->offset : first;
 		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
 		if (lo >= hi)
@@ -237,7 +201,7 @@ void llama_init_params(const struct llama_config *c, const struct llama_table *t
 /* Address of tensor i inside its unit's current buffer (params or grads). */
 static float *tensor_at(const struct llama_model *m, float *const *unit_base, int i)
 {
-	const struct llama_param *p = &m->table.p[i];
+	const struct param_entry *p = &m->table.p[i];
 	return unit_base[p->unit] + (p->offset - m->table.unit_begin[p->unit]);
 }
 
@@ -438,7 +402,7 @@ void llama_free(struct llama_model *m)
 	free(m->unit_w);
 	free(m->unit_dw);
 	free(m->acts);
-	llama_table_free(&m->table);
+	param_table_free(&m->table);
 	memset(m, 0, sizeof(*m));
 }
 

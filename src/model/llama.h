@@ -16,8 +16,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/param_table.h"
+
 #define LLAMA_IGNORE_INDEX (-100)
-#define LLAMA_NAME_MAX     96
 
 struct llama_config {
 	char flavor[32];
@@ -38,39 +39,21 @@ int llama_config_preset(struct llama_config *c, const char *flavor);
 int llama_config_finish(struct llama_config *c);
 const char *llama_flavor_list(void);
 
-struct llama_param {
-	char name[LLAMA_NAME_MAX]; /* TorchTitan name, e.g. layers.3.attention.wq.weight */
-	int ndim;
-	int64_t shape[2];
-	int64_t offset, numel; /* in elements, in the flat buffer */
-	int unit;
-	bool weight_decay; /* matrices only */
-};
 
-struct llama_table {
-	struct llama_param *p;
-	int count;
-	int n_units;         /* L + 2 */
-	int64_t *unit_begin; /* n_units + 1 offsets */
-	int64_t numel;       /* total parameters */
-	int64_t numel_embedding;
-};
 
-int llama_table_build(struct llama_table *t, const struct llama_config *c);
-void llama_table_free(struct llama_table *t);
-const struct llama_param *llama_table_find(const struct llama_table *t, const char *name);
+int llama_table_build(struct param_table *t, const struct llama_config *c);
 
 /* TorchTitan's init, from a counter-based RNG keyed by (seed, tensor name, element): the
  * same weights on any number of ranks. Writes elements [first, first+n) of the flat buffer
  * into out (so a rank can initialise just its shard). */
-void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
+void llama_init_params(const struct llama_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n);
 
 /* RoPE tables (T, head_dim/2): cos and sin of t * f_i (with Llama 3.1 scaling if enabled). */
 void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab);
 
 /* FLOPs per token, TorchTitan's formula: 6*(N - N_embedding) + 12*L*C*T. */
-double llama_flops_per_token(const struct llama_config *c, const struct llama_table *t,
+double llama_flops_per_token(const struct llama_config *c, const struct param_table *t,
                              int64_t seq_len);
 
 /* Pointers to one block's tensors inside a flat buffer (params or grads). */
@@ -112,7 +95,7 @@ struct llama_build_opts {
 
 struct llama_model {
 	struct llama_config cfg;
-	struct llama_table table;
+	struct param_table table;
 	int64_t B, T, N;
 	/* Where each unit's parameters and gradients live: contiguous, in table order. With
 	 * own_params both point into the flat buffers below; under FSDP they point at gathered

@@ -159,7 +159,7 @@ static int check_config(const char *dir, const struct llama_config *c, bool *tie
 }
 
 /* Copy an F32 or BF16 tensor into dst as float, checking its shape. */
-static int take(const struct st_tensor *s, const char *file, const struct llama_param *p,
+static int take(const struct st_tensor *s, const char *file, const struct param_entry *p,
                 float *dst)
 {
 	bool shape_ok = s->ndim == p->ndim;
@@ -182,7 +182,7 @@ static int take(const struct st_tensor *s, const char *file, const struct llama_
 	return CT_OK;
 }
 
-int llama_hf_load(const char *dir, const struct llama_config *c, const struct llama_table *t,
+int llama_hf_load(const char *dir, const struct llama_config *c, const struct param_table *t,
                   float *params)
 {
 	bool tied = false;
@@ -231,7 +231,7 @@ int llama_hf_load(const char *dir, const struct llama_config *c, const struct ll
 		for (int j = i; j < t->count && !rc; j++) {
 			if (!file_of[j] || done[j] || strcmp(file_of[j], file_of[i]) != 0)
 				continue;
-			const struct llama_param *p = &t->p[j];
+			const struct param_entry *p = &t->p[j];
 			const struct st_tensor *s = st_find(&f, names[j]);
 			if (!s) {
 				if (tied && strcmp(names[j], "lm_head.weight") == 0) {
@@ -257,8 +257,8 @@ int llama_hf_load(const char *dir, const struct llama_config *c, const struct ll
 		}
 		st_free(&f);
 	}
-	const struct llama_param *emb = llama_table_find(t, "tok_embeddings.weight"),
-	                         *out = llama_table_find(t, "output.weight");
+	const struct param_entry *emb = param_table_find(t, "tok_embeddings.weight"),
+	                         *out = param_table_find(t, "output.weight");
 	if (!rc && out && !done[out - t->p]) {
 		CHECK(emb && emb->numel == out->numel, "hf: tied weights of different sizes");
 		memcpy(params + out->offset, params + emb->offset,

@@ -32,7 +32,7 @@ char *llama_hf_config_json(const struct llama_config *c);
  * (errors name the key); every tensor must be present as F32 or BF16 with the right
  * shape (errors name the file and tensor). A missing lm_head with
  * tie_word_embeddings copies the embedding. */
-int llama_hf_load(const char *dir, const struct llama_config *c, const struct llama_table *t,
+int llama_hf_load(const char *dir, const struct llama_config *c, const struct param_table *t,
                   float *params);
 
 #endif

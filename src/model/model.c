@@ -26,13 +26,13 @@ const char *model_config_flavor(const struct model_config *c)
 	return c->kind == MODEL_HYENA ? c->hyena.flavor : c->llama.flavor;
 }
 
-int model_table_build(struct llama_table *t, const struct model_config *c)
+int model_table_build(struct param_table *t, const struct model_config *c)
 {
 	return c->kind == MODEL_HYENA ? hyena_table_build(t, &c->hyena)
 	                              : llama_table_build(t, &c->llama);
 }
 
-void model_init_params_cfg(const struct model_config *c, const struct llama_table *t, uint64_t seed,
+void model_init_params_cfg(const struct model_config *c, const struct param_table *t, uint64_t seed,
                            float *out, int64_t first, int64_t n)
 {
 	if (c->kind == MODEL_HYENA)
@@ -71,7 +71,7 @@ static void llama_op_logits(void *impl, float *logits)
 {
 	llama_logits(impl, logits);
 }
-static double llama_op_flops(const struct model_config *c, const struct llama_table *t,
+static double llama_op_flops(const struct model_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
 	return llama_flops_per_token(&c->llama, t, seq_len);
@@ -124,7 +124,7 @@ static void hyena_op_logits(void *impl, float *logits)
 {
 	hyena_logits(impl, logits);
 }
-static double hyena_op_flops(const struct model_config *c, const struct llama_table *t,
+static double hyena_op_flops(const struct model_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
 	(void)t;

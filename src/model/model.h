@@ -2,9 +2,10 @@
  * and checkpoints run any of them.
  *
  * A family is a list of units over one flat parameter buffer described by a `struct
- * llama_table` (name, shape, offset, unit): FSDP gathers and reduce-scatters per unit, AdamW
- * and checkpoints walk the table. What differs per family is behind `struct model_ops`:
- * binding a unit to its (gathered) parameters, unit forward/backward, init and FLOPs.
+ * param_table` (model/param_table.h: name, shape, offset, unit): FSDP gathers and
+ * reduce-scatters per unit, AdamW and checkpoints walk the table. What differs per family is
+ * behind `struct model_ops`: binding a unit to its (gathered) parameters, unit
+ * forward/backward, init and FLOPs.
  *
  * `struct model` holds the family's model (impl) and views of its stable buffers (tokens,
  * targets, flat params/grads, unit pointer arrays), so callers copy a batch into m->tokens or
@@ -34,8 +35,8 @@ struct model_config {
 int64_t model_config_vocab(const struct model_config *c);
 const char *model_config_flavor(const struct model_config *c);
 /* The parameter table of a config (no model needed: generate, export, tests). */
-int model_table_build(struct llama_table *t, const struct model_config *c);
-void model_init_params_cfg(const struct model_config *c, const struct llama_table *t, uint64_t seed,
+int model_table_build(struct param_table *t, const struct model_config *c);
+void model_init_params_cfg(const struct model_config *c, const struct param_table *t, uint64_t seed,
                            float *out, int64_t first, int64_t n);
 
 struct model_build_opts {
@@ -55,7 +56,7 @@ struct model_ops {
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this */
 	void (*set_loss_dscale)(void *impl, double dscale);
 	void (*logits)(void *impl, float *logits);
-	double (*flops_per_token)(const struct model_config *c, const struct llama_table *t,
+	double (*flops_per_token)(const struct model_config *c, const struct param_table *t,
 	                          int64_t seq_len);
 	void (*free)(void *impl);
 };
@@ -66,7 +67,7 @@ struct model {
 	void *impl; /* struct llama_model * or struct hyena_model * */
 	bool owns_impl;
 	/* views of the implementation's buffers (valid while it lives) */
-	const struct llama_table *table;
+	const struct param_table *table;
 	enum llama_ac ac; /* the activation checkpointing it was built with */
 	int n_units;
 	int64_t B, T, N, vocab_size;

@@ -37,12 +37,12 @@ void adamw_update_slice(struct adamw *o, float *params, const float *grads, int6
 	             decay ? o->weight_decay : 0.0, o->t, gscale);
 }
 
-void adamw_step(struct adamw *o, const struct llama_table *t, float *params, const float *grads,
+void adamw_step(struct adamw *o, const struct param_table *t, float *params, const float *grads,
                 double lr, double gscale)
 {
 	adamw_begin_step(o);
 	for (int i = 0; i < t->count; i++) {
-		const struct llama_param *p = &t->p[i];
+		const struct param_entry *p = &t->p[i];
 		adamw_update_slice(o, params + p->offset, grads + p->offset, p->offset, p->numel,
 		                   lr, p->weight_decay, gscale);
 	}

@@ -21,7 +21,7 @@ void adamw_init(struct adamw *o, int64_t numel, double beta1, double beta2, doub
 void adamw_free(struct adamw *o);
 /* One step over the whole flat buffers of a table, with gradients multiplied by gscale (the
  * clipping coefficient). */
-void adamw_step(struct adamw *o, const struct llama_table *t, float *params, const float *grads,
+void adamw_step(struct adamw *o, const struct param_table *t, float *params, const float *grads,
                 double lr, double gscale);
 /* The same step by pieces (e.g. this rank's shards): begin once, then update each slice;
  * `at` is the slice's offset in the moment buffers. */

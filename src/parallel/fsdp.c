@@ -76,7 +76,7 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 	f->stream = stream;
 	f->bf16 = bf16;
 	f->reshard = reshard;
-	const struct llama_table *t = m->table;
+	const struct param_table *t = m->table;
 	int64_t N = mesh->dp_shard, r = mesh->dp_shard_rank;
 	f->n_units = t->n_units;
 	f->p = xcalloc((size_t)t->count, sizeof(*f->p));
@@ -84,7 +84,7 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 	for (int u = 0; u < t->n_units; u++)
 		f->u[u].first_param = -1;
 	for (int i = 0; i < t->count; i++) {
-		const struct llama_param *lp = &t->p[i];
+		const struct param_entry *lp = &t->p[i];
 		struct fsdp_param *p = &f->p[i];
 		struct fsdp_unit *un = &f->u[lp->unit];
 		if (un->first_param < 0)
@@ -144,7 +144,7 @@ void fsdp_free(struct fsdp *f)
 
 void fsdp_init_params(struct fsdp *f, uint64_t seed)
 {
-	const struct llama_table *t = f->model->table;
+	const struct param_table *t = f->model->table;
 	int64_t r = f->mesh->dp_shard_rank;
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
@@ -227,7 +227,7 @@ static int64_t bucket_shard_base(const struct fsdp *f, int b)
 /* Offset of unit u's parameters inside its bucket's full buffer. */
 static int64_t unit_full_off(const struct fsdp *f, int b, int u)
 {
-	const struct llama_table *t = f->model->table;
+	const struct param_table *t = f->model->table;
 	return t->unit_begin[u] - t->unit_begin[f->sched.buckets[b].unit0];
 }
 
@@ -450,7 +450,7 @@ static int be_optim(void *ctx)
 	struct fsdp *f = ctx;
 	struct adamw *opt = f->step.opt;
 	adamw_begin_step(opt);
-	const struct llama_table *t = f->model->table;
+	const struct param_table *t = f->model->table;
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
 		int64_t at = f->u[t->p[i].unit].shard_base + p->shard_off;
@@ -548,7 +548,7 @@ void fsdp_gather_full(struct fsdp *f, float *out)
 {
 	/* Always fp32, whatever the training all-gather dtype: this is the master copy. One unit
 	 * at a time, bypassing the step's buckets. */
-	const struct llama_table *t = f->model->table;
+	const struct param_table *t = f->model->table;
 	int64_t N = f->mesh->dp_shard, max_shard = 0;
 	for (int u = 0; u < f->n_units; u++)
 		max_shard = f->u[u].shard_numel > max_shard ? f->u[u].shard_numel : max_shard;

@@ -45,13 +45,13 @@ int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int
 	return tokens + e * (L * per_block + shared + head + scratch);
 }
 
-void sched_units_from_table(const struct llama_table *t, int64_t dp_shard, struct sched_unit *out)
+void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struct sched_unit *out)
 {
 	for (int u = 0; u < t->n_units; u++)
 		out[u] = (struct sched_unit){.full_numel = t->unit_begin[u + 1] - t->unit_begin[u],
 		                             .is_block = u > 0 && u < t->n_units - 1};
 	for (int i = 0; i < t->count; i++) {
-		const struct llama_param *p = &t->p[i];
+		const struct param_entry *p = &t->p[i];
 		int64_t rows = p->shape[0], cols = p->numel / rows;
 		out[p->unit].shard_numel += (rows + dp_shard - 1) / dp_shard * cols;
 	}

@@ -53,7 +53,7 @@ struct sched_prediction {
 
 /* Units of a Llama table sharded dim-0 over dp_shard ranks (chunk = ceil(rows / dp_shard),
  * padded): what fsdp_sched_units gives, without building anything. */
-void sched_units_from_table(const struct llama_table *t, int64_t dp_shard, struct sched_unit *out);
+void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struct sched_unit *out);
 
 /* Fill the model-dependent parts: per-unit FLOPs of a (B, T) micro-batch and activation
  * bytes under `ac` (act_elem_bytes per activation element), shard sizes of s's units, the

@@ -769,11 +769,11 @@ int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
 }
 
 int ckpt_load_params(const char *root, int64_t step, const struct model_config *cfg,
-                     const struct llama_table *t, float *params)
+                     const struct param_table *t, float *params)
 {
 	struct ckpt_tensor *ct = xcalloc((size_t)t->count, sizeof(*ct));
 	for (int i = 0; i < t->count; i++) {
-		const struct llama_param *p = &t->p[i];
+		const struct param_entry *p = &t->p[i];
 		ct[i] = (struct ckpt_tensor){.name = p->name,
 		                             .ndim = p->ndim,
 		                             .rows = p->shape[0],

@@ -129,6 +129,6 @@ int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
 /* On a single process: every parameter of checkpoint `step` (whatever rank count saved it) into
  * a flat buffer in table layout; no optimizer moments. For generate and export. */
 int ckpt_load_params(const char *root, int64_t step, const struct model_config *cfg,
-                     const struct llama_table *t, float *params);
+                     const struct param_table *t, float *params);
 
 #endif

@@ -466,10 +466,10 @@ static void trainer_on_signal(int sig)
  * FSDP. Parameters and both AdamW moments share one layout. */
 static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr)
 {
-	const struct llama_table *t = tr->model.table;
+	const struct param_table *t = tr->model.table;
 	struct ckpt_tensor *ct = xcalloc((size_t)t->count, sizeof(*ct));
 	for (int i = 0; i < t->count; i++) {
-		const struct llama_param *p = &t->p[i];
+		const struct param_entry *p = &t->p[i];
 		int64_t row0 = 0, nrows = p->shape[0], at = p->offset;
 		float *w = tr->model.params;
 		if (tr->sharded) {
@@ -539,7 +539,7 @@ static int trainer_load(struct trainer *tr, const char *root, int64_t step, bool
  * keeps its rows. */
 static int trainer_load_hf(struct trainer *tr, const char *dir)
 {
-	const struct llama_table *t = tr->model.table;
+	const struct param_table *t = tr->model.table;
 	if (tr->model.cfg.kind != MODEL_LLAMA) {
 		LOG_ERROR("checkpoint.initial_load_in_hf: Hugging Face weights are Llama's; "
 		          "model.name = \"%s\" is not supported",

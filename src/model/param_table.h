@@ -1,0 +1,36 @@
+/* model/param_table: the flat parameter table every model family fills: one entry per tensor
+ * (name, shape, offset in the flat buffer, FSDP unit, weight decay), grouped into units. */
+#ifndef CT_MODEL_PARAM_TABLE_H
+#define CT_MODEL_PARAM_TABLE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define PARAM_NAME_MAX 96
+
+struct param_entry {
+	char name[PARAM_NAME_MAX]; /* TorchTitan name, e.g. layers.3.attention.wq.weight */
+	int ndim;
+	int64_t shape[2];
+	int64_t offset, numel; /* in elements, in the flat buffer */
+	int unit;
+	bool weight_decay; /* matrices only */
+};
+
+struct param_table {
+	struct param_entry *p;
+	int count;
+	int n_units;         /* L + 2 */
+	int64_t *unit_begin; /* n_units + 1 offsets */
+	int64_t numel;       /* total parameters */
+	int64_t numel_embedding;
+};
+
+/* Appends a d0 x d1 tensor (d1 <= 0: a vector of d0) to unit `unit` at the end of the flat
+ * buffer; weight decay when `decay` and it is a matrix. *cap is the builder's capacity. */
+void param_table_add(struct param_table *t, int *cap, const char *name, int unit, int64_t d0,
+                     int64_t d1, bool decay);
+void param_table_free(struct param_table *t);
+const struct param_entry *param_table_find(const struct param_table *t, const char *name);
+
+#endif
