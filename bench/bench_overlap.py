@@ -27,11 +27,11 @@ import subprocess
 import sys
 import tempfile
 
+from ompi_env import ompi_env  # noqa: E402  (bench/ompi_env.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader",
-               OMPI_MCA_pml="ob1", OMPI_MCA_hwloc_base_binding_policy="none")
+MPI_ENV = ompi_env()  # scripts/ompi.env
 GIB = 2.0 ** 30
 CATS = ["params", "grads", "optimizer", "full_params", "full_grads", "activations", "comm"]
 

@@ -1,9 +1,10 @@
 # Test registry: each tests/test_<name>.c is a plain executable; add it here.
 # Environment for every test: MPI as root and oversubscribed (CI runs as root on 2 cores),
 # one OpenMP thread per rank for MPI tests, deterministic OpenBLAS kernel choice.
+# (the OpenMPI part from scripts/ompi.env, shared with scripts/launch and the benchmarks)
+file(STRINGS ${CMAKE_SOURCE_DIR}/scripts/ompi.env CT_OMPI_ENV REGEX "^[A-Za-z_]+=")
 set(CT_TEST_ENV
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-  OMPI_MCA_btl=self,vader OMPI_MCA_pml=ob1 OMPI_MCA_hwloc_base_binding_policy=none
+  ${CT_OMPI_ENV}
   ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1
   LSAN_OPTIONS=suppressions=${CMAKE_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
