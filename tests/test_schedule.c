@@ -41,7 +41,7 @@ static void config(struct llama_config *c)
 }
 
 /* A fixed cost model (every rank the same, no timing): auto bucketing is deterministic. */
-static void fixed_cost(struct sched_cost_model *cm, const struct sched *s, enum sched_ac ac)
+static void fixed_cost(struct sched_cost_model *cm, const struct sched *s, enum model_ac ac)
 {
 	struct llama_config c;
 	config(&c);
@@ -60,15 +60,13 @@ struct run {
 static const char *const plans[] = {"per_block", "embed+0,1+2+norm", "auto"};
 
 /* ac, plan index (-1: naive, no passes), reorder on/off, reshard, progress mode */
-static void run(struct run *out, enum sched_ac ac, int plan, bool reorder,
+static void run(struct run *out, enum model_ac ac, int plan, bool reorder,
                 enum fsdp_reshard reshard, enum stream_mode mode, char *desc, size_t dsize)
 {
 	struct llama_config c;
 	config(&c);
-	static const enum llama_ac model_ac[] = {LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE,
-	                                         LLAMA_AC_FULL};
 	struct llama_model m;
-	const struct llama_build_opts opts = {.own_params = false, .ac = model_ac[ac]};
+	const struct llama_build_opts opts = {.own_params = false, .ac = ac};
 	CHECK(llama_build_ex(&m, &c, B, T, &opts) == CT_OK, "build");
 	struct comm_stream *stream = comm_stream_create(mode, 60);
 	struct fsdp f;
@@ -136,11 +134,11 @@ TEST_CASE(test_pass_combinations_bitwise)
 {
 	struct run ref;
 	char desc[512] = "naive";
-	run(&ref, SCHED_AC_NONE, -1, false, FSDP_RESHARD_DEFAULT, STREAM_INLINE, desc,
+	run(&ref, MODEL_AC_NONE, -1, false, FSDP_RESHARD_DEFAULT, STREAM_INLINE, desc,
 	    sizeof(desc));
 	int64_t n = numel();
 	int k = 0;
-	static const enum sched_ac acs[] = {SCHED_AC_NONE, SCHED_AC_SELECTIVE, SCHED_AC_FULL};
+	static const enum model_ac acs[] = {MODEL_AC_NONE, MODEL_AC_SELECTIVE, MODEL_AC_FULL};
 	for (int a = 0; a < 3; a++)
 		for (int p = 0; p < 3; p++)
 			for (int r = 0; r < 2; r++, k++) {
@@ -221,7 +219,7 @@ TEST_CASE(test_passes_structure)
 			struct sched s, ck, bk, ro;
 			naive_sched(&s, (enum sched_reshard)r, micro);
 			EXPECT(sched_validate(&s, why, sizeof(why)), "naive: %s", why);
-			sched_pass_checkpoint(&s, SCHED_AC_FULL, &ck);
+			sched_pass_checkpoint(&s, MODEL_AC_FULL, &ck);
 			EXPECT(sched_validate(&ck, why, sizeof(why)), "checkpoint: %s", why);
 			struct sched_bucket plan[3] = {{0, 2}, {2, 1}, {3, 2}};
 			sched_pass_bucket(&ck, plan, 3, &bk);
@@ -274,7 +272,7 @@ TEST_CASE(test_memory_budget)
 	struct sched s, deep, shallow, fit;
 	naive_sched(&s, SCHED_RESHARD_ALWAYS, 1);
 	struct sched_cost_model cm;
-	fixed_cost(&cm, &s, SCHED_AC_NONE);
+	fixed_cost(&cm, &s, MODEL_AC_NONE);
 	struct sched_reorder_opts o0 = {0, 0, 0}, o3 = {3, 1, 0};
 	sched_pass_reorder(&s, &o0, &cm, &shallow);
 	sched_pass_reorder(&s, &o3, &cm, &deep);
@@ -305,8 +303,7 @@ TEST_CASE(test_checkpoint_memory)
 	struct llama_config c;
 	config(&c);
 	int64_t Bm = 2, Tm = 256;
-	static const enum llama_ac modes[] = {LLAMA_AC_NONE, LLAMA_AC_SELECTIVE, LLAMA_AC_FULL};
-	static const enum sched_ac smodes[] = {SCHED_AC_NONE, SCHED_AC_SELECTIVE, SCHED_AC_FULL};
+	static const enum model_ac modes[] = {MODEL_AC_NONE, MODEL_AC_SELECTIVE, MODEL_AC_FULL};
 	int64_t measured[3], predicted[3];
 	double loss[3];
 	float *grads[3];
@@ -321,7 +318,7 @@ TEST_CASE(test_checkpoint_memory)
 		const struct llama_build_opts opts = {.own_params = true, .ac = modes[i]};
 		CHECK(llama_build_ex(&m, &c, Bm, Tm, &opts) == CT_OK, "build");
 		measured[i] = mem_current(MEM_ACTIVATIONS) - before;
-		predicted[i] = sched_cost_activation_bytes(&c, Bm, Tm, smodes[i], 4);
+		predicted[i] = sched_cost_activation_bytes(&c, Bm, Tm, modes[i], 4);
 		n = m.table.numel;
 		if (!params) {
 			params = malloc((size_t)n * sizeof(float));
@@ -342,14 +339,14 @@ TEST_CASE(test_checkpoint_memory)
 		fprintf(stderr,
 		        "  %-9s activations %.2f MiB (none %.2f MiB): saves %.2f MiB, cost model "
 		        "predicts %.2f MiB (%+.1f%%)\n",
-		        sched_ac_name(smodes[i]), measured[i] / 1048576.0, measured[0] / 1048576.0,
+		        sched_ac_name(modes[i]), measured[i] / 1048576.0, measured[0] / 1048576.0,
 		        cut / 1048576.0, want / 1048576.0, 100.0 * (cut - want) / want);
 		EXPECT(cut > 0 && fabs(cut - want) <= 0.10 * want, "%s: saves %.0f, predicted %.0f",
-		       sched_ac_name(smodes[i]), cut, want);
-		EXPECT(loss[i] == loss[0], "%s: loss %.9g vs %.9g", sched_ac_name(smodes[i]),
+		       sched_ac_name(modes[i]), cut, want);
+		EXPECT(loss[i] == loss[0], "%s: loss %.9g vs %.9g", sched_ac_name(modes[i]),
 		       loss[i], loss[0]);
 		EXPECT(memcmp(grads[i], grads[0], (size_t)n * sizeof(float)) == 0,
-		       "%s: gradients differ", sched_ac_name(smodes[i]));
+		       "%s: gradients differ", sched_ac_name(modes[i]));
 	}
 	for (int i = 0; i < 3; i++)
 		free(grads[i]);

@@ -5,7 +5,7 @@
  *     aborts the whole job (MPI_Abort once comm exists, abort() before).
  *   - recoverable failures return a negative ct_err code after logging a message that names
  *     the file, key or tensor involved; callers propagate it up to main(), which maps it to an
- *     exit code (CT_ERR_USAGE -> 2, anything else -> 1).
+ *     exit code with ct_exit_code (CT_ERR_USAGE -> 2, anything else -> 1).
  */
 #ifndef CT_BASE_LOG_H
 #define CT_BASE_LOG_H
@@ -18,6 +18,12 @@ enum ct_err {
 	CT_ERR_RUNTIME = -1, /* I/O failure, bad file, numeric failure: exit 1 */
 	CT_ERR_USAGE = -2,   /* bad command line or configuration: exit 2 */
 };
+
+/* The process exit code of a ct_err: 0, 2 for CT_ERR_USAGE, 1 for anything else. */
+static inline int ct_exit_code(int rc)
+{
+	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+}
 
 enum log_level { LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_LEVEL_COUNT };
 

@@ -135,5 +135,5 @@ int cmd_export(int argc, char **argv)
 		rc = export_run(argv[0], argv[1]);
 		comm_finalize();
 	}
-	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+	return ct_exit_code(rc);
 }

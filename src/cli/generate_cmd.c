@@ -356,5 +356,5 @@ int cmd_generate(int argc, char **argv)
 			comm_finalize();
 		}
 	}
-	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+	return ct_exit_code(rc);
 }

@@ -44,11 +44,6 @@ static void usage(FILE *f)
 	        CTITAN_VERSION);
 }
 
-static int exit_code(int rc)
-{
-	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
-}
-
 static int log_level_from(const char *s)
 {
 	static const char *const names[] = {"debug", "info", "warning", "error"};
@@ -76,10 +71,10 @@ static int cmd_train(int argc, char **argv)
 	config_defaults(&cfg);
 	int rc = comm_init(&argc, &argv);
 	if (rc)
-		return exit_code(rc);
+		return ct_exit_code(rc);
 	rc = cmd_train_config(&cfg, argc, argv);
 	comm_finalize();
-	return exit_code(rc);
+	return ct_exit_code(rc);
 }
 
 /* Everything after MPI is up; returns a ct_err code. */

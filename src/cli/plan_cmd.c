@@ -81,7 +81,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	int rc = model_spec_llama(cfg, &mc);
 	if (rc)
 		return rc;
-	enum sched_ac ac;
+	enum model_ac ac;
 	rc = step_plan_ac(cfg, &ac);
 	if (rc)
 		return rc;
@@ -216,5 +216,5 @@ int cmd_plan(int argc, char **argv)
 	if (!rc)
 		rc = plan_run(&cfg, world, all_nodes);
 	free(rest);
-	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+	return ct_exit_code(rc);
 }

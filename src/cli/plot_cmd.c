@@ -110,7 +110,7 @@ int cmd_plot(int argc, char **argv)
 	int rows, val_rows;
 	int rc = write_data(jsonl, dat, &rows, &val_rows);
 	if (rc)
-		return rc == CT_ERR_USAGE ? 2 : 1;
+		return ct_exit_code(rc);
 	FILE *gp = popen("gnuplot", "w");
 	if (!gp) {
 		LOG_ERROR("plot: cannot run gnuplot (install Debian's gnuplot-nox)");

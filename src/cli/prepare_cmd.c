@@ -343,5 +343,5 @@ int cmd_prepare(int argc, char **argv)
 		tok_free(p.tok);
 	free(sep);
 	free(inputs);
-	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
+	return ct_exit_code(rc);
 }

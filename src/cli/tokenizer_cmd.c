@@ -36,11 +36,6 @@ static void usage(FILE *f)
 	       "exit codes: 0 success, 1 runtime failure, 2 bad usage\n");
 }
 
-static int exit_code(int rc)
-{
-	return rc == CT_OK ? 0 : (rc == CT_ERR_USAGE ? 2 : 1);
-}
-
 struct opts {
 	const char *tokenizer, *input, *output, *out, *pattern, *specials;
 	const char **inputs;
@@ -435,5 +430,5 @@ int cmd_tokenizer(int argc, char **argv)
 	if (!rc)
 		rc = fn(&o);
 	free(o.inputs);
-	return exit_code(rc);
+	return ct_exit_code(rc);
 }

@@ -272,8 +272,8 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
 	int64_t KVD = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
 	int64_t f = sizeof(float);
-	bool sel = m->ac == LLAMA_AC_SELECTIVE, full = m->ac == LLAMA_AC_FULL;
-	bool ffn_saved = m->ac == LLAMA_AC_NONE || sel || full;
+	bool sel = m->ac == MODEL_AC_SELECTIVE, full = m->ac == MODEL_AC_FULL;
+	bool ffn_saved = m->ac == MODEL_AC_NONE || sel || full;
 	m->tokens = carve(cv, N * (int64_t)sizeof(int32_t));
 	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
 	struct llama_block_acts shared = {0};
@@ -350,8 +350,8 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 {
 	memset(m, 0, sizeof(*m));
 	m->cfg = *c;
-	m->ac = opts->recompute_ffn ? LLAMA_AC_FFN : opts->ac;
-	m->recompute_ffn = m->ac == LLAMA_AC_FFN;
+	m->ac = opts->recompute_ffn ? MODEL_AC_FFN : opts->ac;
+	m->recompute_ffn = m->ac == MODEL_AC_FFN;
 	int rc = llama_config_finish(&m->cfg);
 	if (rc)
 		return rc;
@@ -511,7 +511,7 @@ void llama_unit_recompute(struct llama_model *m, int u)
 {
 	/* Every unit's forward is a pure function of its saved input and its parameters, so
 	 * recomputing is running it again. */
-	if (u > 0 && u <= m->cfg.n_layers && m->ac == LLAMA_AC_SELECTIVE)
+	if (u > 0 && u <= m->cfg.n_layers && m->ac == MODEL_AC_SELECTIVE)
 		block_recompute_selective(m, u - 1);
 	else if (u > 0 && u <= m->cfg.n_layers)
 		block_forward(m, u - 1);
@@ -616,7 +616,7 @@ double llama_forward(struct llama_model *m, int64_t *n_valid)
 
 bool llama_unit_needs_recompute(const struct llama_model *m, int u)
 {
-	return (m->ac == LLAMA_AC_SELECTIVE || m->ac == LLAMA_AC_FULL) && u > 0 &&
+	return (m->ac == MODEL_AC_SELECTIVE || m->ac == MODEL_AC_FULL) && u > 0 &&
 	       u <= m->cfg.n_layers;
 }
 

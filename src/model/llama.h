@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/model_ac.h"
 #include "model/param_table.h"
 
 #define LLAMA_IGNORE_INDEX (-100)
@@ -82,15 +83,14 @@ struct llama_block_acts {
  *    second matmul: keep x, q (wq), v (wv), attention output and lse, h1 (w1); recompute k
  *    (wk), the residual after attention (wo), h3 (w3) and the norms.
  *  FULL: save only each block's input x; recompute the whole block. */
-enum llama_ac { LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE, LLAMA_AC_FULL };
 
 /* How a model is built. */
 struct llama_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
-	bool recompute_ffn; /* shorthand for ac = LLAMA_AC_FFN: do not save the FFN
+	bool recompute_ffn; /* shorthand for ac = MODEL_AC_FFN: do not save the FFN
 	                       up-projections (w1, w3 outputs: 2*N*F floats per block, the largest
 	                       activations); recompute them in backward (two extra matmuls) */
-	enum llama_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
+	enum model_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
 };
 
 struct llama_model {
@@ -118,7 +118,7 @@ struct llama_model {
 	float *dh1, *dh3; /* (N,F) */
 	float *h1s, *h3s; /* (N,F) recomputed w1/w3 outputs (recompute_ffn only) */
 	bool recompute_ffn;
-	enum llama_ac ac;
+	enum model_ac ac;
 	float *dq, *dk, *dv, *datt; /* (N,H*D) / (N,KV*D) */
 	float *ce_scratch;          /* ce_chunk * V */
 	int64_t ce_chunk;

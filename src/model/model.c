@@ -203,7 +203,7 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 	memset(m, 0, sizeof(*m));
 	int rc;
 	if (c->kind == MODEL_HYENA) {
-		if (opts->ac != LLAMA_AC_NONE || opts->recompute_ffn) {
+		if (opts->ac != MODEL_AC_NONE || opts->recompute_ffn) {
 			LOG_ERROR("activation_checkpoint.mode: Hyena models save every activation; "
 			          "only \"none\" is supported");
 			return CT_ERR_USAGE;

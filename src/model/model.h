@@ -42,7 +42,7 @@ void model_init_params_cfg(const struct model_config *c, const struct param_tabl
 struct model_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
 	bool recompute_ffn; /* Llama: recompute the FFN up-projections in backward */
-	enum llama_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
+	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
 };
 
 struct model_ops {
@@ -68,7 +68,7 @@ struct model {
 	bool owns_impl;
 	/* views of the implementation's buffers (valid while it lives) */
 	const struct param_table *table;
-	enum llama_ac ac; /* the activation checkpointing it was built with */
+	enum model_ac ac; /* the activation checkpointing it was built with */
 	int n_units;
 	int64_t B, T, N, vocab_size;
 	int32_t *tokens, *targets; /* (N) current micro-batch */

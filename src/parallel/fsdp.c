@@ -171,11 +171,9 @@ void fsdp_naive_schedule(const struct fsdp *f, int accum, struct sched *s)
 	sched_build(s, units, f->n_units, accum, (enum sched_reshard)f->reshard);
 	free(units);
 	/* the model's checkpointing is part of the step: RECOMPUTE before each such backward */
-	static const enum sched_ac from_model[] = {SCHED_AC_NONE, SCHED_AC_FFN, SCHED_AC_SELECTIVE,
-	                                           SCHED_AC_FULL};
-	if (f->model->ac != LLAMA_AC_NONE) {
+	if (f->model->ac != MODEL_AC_NONE) {
 		struct sched next;
-		sched_pass_checkpoint(s, from_model[f->model->ac], &next);
+		sched_pass_checkpoint(s, f->model->ac, &next);
 		sched_replace(s, &next);
 	}
 }
@@ -188,9 +186,7 @@ int fsdp_set_schedule(struct fsdp *f, const struct sched *s)
 		          s->n_units != f->n_units ? "wrong number of units" : why);
 		return CT_ERR_USAGE;
 	}
-	static const enum llama_ac to_model[] = {LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE,
-	                                         LLAMA_AC_FULL};
-	if (to_model[s->ac] != f->model->ac) {
+	if (s->ac != f->model->ac) {
 		LOG_ERROR("schedule: activation checkpointing '%s' does not match the model's",
 		          sched_ac_name(s->ac));
 		return CT_ERR_USAGE;

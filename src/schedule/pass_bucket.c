@@ -190,7 +190,7 @@ void sched_pass_bucket_auto(const struct sched *in, const struct sched_cost_mode
 	free(plan);
 }
 
-int sched_pipeline(const struct sched *naive, enum sched_ac ac, const char *buckets,
+int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buckets,
                    int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
                    const struct sched_cost_model *cm, struct sched *out)
 {

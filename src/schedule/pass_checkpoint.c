@@ -8,12 +8,12 @@
  * recomputation (flagged on the node). */
 #include "schedule/sched_pass.h"
 
-void sched_pass_checkpoint(const struct sched *in, enum sched_ac ac, struct sched *out)
+void sched_pass_checkpoint(const struct sched *in, enum model_ac ac, struct sched *out)
 {
 	struct sched mid;
 	sched_init_like(&mid, in);
 	mid.ac = ac;
-	bool nodes = ac == SCHED_AC_SELECTIVE || ac == SCHED_AC_FULL;
+	bool nodes = ac == MODEL_AC_SELECTIVE || ac == MODEL_AC_FULL;
 	for (int i = 0; i < in->n_nodes; i++) {
 		struct sched_node n = in->nodes[i];
 		if (n.kind == SCHED_RECOMPUTE)

@@ -13,7 +13,7 @@
 /* ---------------------------------------------------------------- model side */
 
 int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
-                                    enum sched_ac ac, int64_t e)
+                                    enum model_ac ac, int64_t e)
 {
 	int64_t N = B * T, C = c->dim, H = c->n_heads, D = c->head_dim, HD = H * D;
 	int64_t KVD = c->n_kv_heads * D, F = c->ffn_hidden, V = c->vocab_size, L = c->n_layers;
@@ -22,15 +22,15 @@ int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int
 	int64_t lse = N * H, xmid = N * C, h = N * F;
 	int64_t per_block, shared = 0, scratch_extra = 0;
 	switch (ac) {
-	case SCHED_AC_FULL: /* keep the block input; everything else once, recomputed */
+	case MODEL_AC_FULL: /* keep the block input; everything else once, recomputed */
 		per_block = x;
 		shared = 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
 		break;
-	case SCHED_AC_SELECTIVE: /* keep wq, wv, w1 matmul and attention outputs */
+	case MODEL_AC_SELECTIVE: /* keep wq, wv, w1 matmul and attention outputs */
 		per_block = x + q + v + att + lse + h;
 		shared = 2 * rstd + k + xmid + h;
 		break;
-	case SCHED_AC_FFN: /* w1, w3 outputs recomputed into backward scratch */
+	case MODEL_AC_FFN: /* w1, w3 outputs recomputed into backward scratch */
 		per_block = x + 2 * rstd + q + k + v + att + lse + xmid;
 		scratch_extra = 2 * h;
 		break;
@@ -59,7 +59,7 @@ void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struc
 
 void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
                      int64_t T, const struct sched *s, int64_t dp_shard, bool bf16_gather,
-                     enum sched_ac ac, int64_t act_elem_bytes)
+                     enum model_ac ac, int64_t act_elem_bytes)
 {
 	memset(cm, 0, sizeof(*cm));
 	int U = s->n_units;
@@ -76,12 +76,12 @@ void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, 
 	for (int u = 1; u < U - 1; u++) {
 		cm->fwd_mm[u] = mm;
 		cm->fwd_attn[u] = attn;
-		cm->bwd_mm[u] = 2.0 * mm + (ac == SCHED_AC_FFN ? 4.0 * N * C * F : 0.0);
+		cm->bwd_mm[u] = 2.0 * mm + (ac == MODEL_AC_FFN ? 4.0 * N * C * F : 0.0);
 		cm->bwd_attn[u] = 2.5 * attn; /* scores recomputed tile by tile, then 4 products */
-		if (ac == SCHED_AC_FULL) {
+		if (ac == MODEL_AC_FULL) {
 			cm->rec_mm[u] = mm;
 			cm->rec_attn[u] = attn;
-		} else if (ac == SCHED_AC_SELECTIVE) {
+		} else if (ac == MODEL_AC_SELECTIVE) {
 			cm->rec_mm[u] = 2.0 * N * (C * KVD + HD * C + C * F); /* wk, wo, w3 */
 		}
 	}

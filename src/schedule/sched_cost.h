@@ -60,13 +60,13 @@ void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struc
  * all-gather dtype. Rates and latencies are left for the caller (or sched_cost_calibrate). */
 void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
                      int64_t T, const struct sched *s, int64_t dp_shard, bool bf16_gather,
-                     enum sched_ac ac, int64_t act_elem_bytes);
+                     enum model_ac ac, int64_t act_elem_bytes);
 void sched_cost_free(struct sched_cost_model *cm);
 
 /* Activation bytes a model with these shapes allocates under `ac` (saved activations plus
  * backward scratch), elem_bytes per element: what MEM_ACTIVATIONS peaks at. */
 int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
-                                    enum sched_ac ac, int64_t elem_bytes);
+                                    enum model_ac ac, int64_t elem_bytes);
 
 /* Measure compute rates here and collective latency/bandwidth on `stream` over `group`
  * (a few sizes, fastest of a few runs each), then take the median over `world` so every rank

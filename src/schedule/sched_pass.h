@@ -22,7 +22,7 @@
 
 struct sched_cost_model;
 
-void sched_pass_checkpoint(const struct sched *in, enum sched_ac ac, struct sched *out);
+void sched_pass_checkpoint(const struct sched *in, enum model_ac ac, struct sched *out);
 
 /* Parse a bucket plan: "per_block" (one bucket per unit: embedding, each block, norm +
  * output), or comma-separated groups of '+'-joined units — "embed", block indices from 0,
@@ -54,7 +54,7 @@ void sched_pass_bucket_auto(const struct sched *in, const struct sched_cost_mode
 
 /* checkpoint(ac) → bucket(spec: "per_block", "auto" or groups) → reorder(o). CT_ERR_USAGE
  * (message logged, naming comm.buckets) on a bad spec. */
-int sched_pipeline(const struct sched *naive, enum sched_ac ac, const char *buckets,
+int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buckets,
                    int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
                    const struct sched_cost_model *cm, struct sched *out);
 

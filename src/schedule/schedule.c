@@ -12,7 +12,7 @@ _Static_assert(sizeof(sched_kind_names) / sizeof(sched_kind_names[0]) == SCHED_K
                "one name per node kind");
 
 static const char *const sched_ac_names[] = {"none", "ffn", "selective", "full"};
-_Static_assert(sizeof(sched_ac_names) / sizeof(sched_ac_names[0]) == SCHED_AC_COUNT,
+_Static_assert(sizeof(sched_ac_names) / sizeof(sched_ac_names[0]) == MODEL_AC_COUNT,
                "one name per activation-checkpointing mode");
 
 const char *sched_kind_name(enum sched_kind k)
@@ -20,16 +20,16 @@ const char *sched_kind_name(enum sched_kind k)
 	return k < SCHED_KIND_COUNT ? sched_kind_names[k] : "?";
 }
 
-const char *sched_ac_name(enum sched_ac a)
+const char *sched_ac_name(enum model_ac a)
 {
-	return a < SCHED_AC_COUNT ? sched_ac_names[a] : "?";
+	return a < MODEL_AC_COUNT ? sched_ac_names[a] : "?";
 }
 
-int sched_ac_parse(const char *name, enum sched_ac *a)
+int sched_ac_parse(const char *name, enum model_ac *a)
 {
-	for (int i = 0; i < SCHED_AC_COUNT; i++)
+	for (int i = 0; i < MODEL_AC_COUNT; i++)
 		if (strcmp(name, sched_ac_names[i]) == 0) {
-			*a = (enum sched_ac)i;
+			*a = (enum model_ac)i;
 			return CT_OK;
 		}
 	LOG_ERROR("activation_checkpoint.mode: unknown '%s' (none, ffn, selective, full)", name);

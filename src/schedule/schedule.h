@@ -24,6 +24,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "model/model_ac.h"
+
 enum sched_kind {
 	SCHED_BATCH,          /* load micro-batch `micro` into the model */
 	SCHED_ALL_GATHER,     /* issue the all-gather of bucket's parameters */
@@ -61,7 +63,6 @@ struct sched_bucket {
 	int unit0, n_units; /* units [unit0, unit0 + n_units) */
 };
 
-enum sched_ac { SCHED_AC_NONE, SCHED_AC_FFN, SCHED_AC_SELECTIVE, SCHED_AC_FULL, SCHED_AC_COUNT };
 enum sched_reshard { SCHED_RESHARD_DEFAULT, SCHED_RESHARD_ALWAYS, SCHED_RESHARD_NEVER };
 
 struct sched {
@@ -70,7 +71,7 @@ struct sched {
 	int n_buckets;
 	struct sched_bucket *buckets;
 	enum sched_reshard reshard;
-	enum sched_ac ac; /* set by the activation-checkpointing pass */
+	enum model_ac ac; /* set by the activation-checkpointing pass */
 	int prefetch;     /* set by the reordering pass (for printing) */
 	int n_nodes, cap;
 	struct sched_node *nodes;
@@ -106,8 +107,8 @@ int64_t sched_bucket_shard(const struct sched *s, int b);
 int sched_bucket_of(const struct sched *s, int u);
 
 const char *sched_kind_name(enum sched_kind k);
-const char *sched_ac_name(enum sched_ac a);
-int sched_ac_parse(const char *name, enum sched_ac *a);
+const char *sched_ac_name(enum model_ac a);
+int sched_ac_parse(const char *name, enum model_ac *a);
 /* Short label of node i, e.g. "AG b3" or "FWD u2" (buf >= 32 bytes). */
 void sched_node_label(const struct sched *s, int i, char *buf, size_t size);
 /* Bucket b as the config writes it, e.g. "embed+0" or "5+norm". */

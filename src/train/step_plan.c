@@ -6,7 +6,7 @@
 
 #include "base/log.h"
 
-int step_plan_ac(const struct ct_config *cfg, enum sched_ac *ac)
+int step_plan_ac(const struct ct_config *cfg, enum model_ac *ac)
 {
 	return sched_ac_parse(cfg->activation_checkpoint.mode, ac);
 }
@@ -48,7 +48,7 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
                     struct comm_stream *stream, struct sched_cost_model *cm, bool *have_cm)
 {
-	enum sched_ac ac;
+	enum model_ac ac;
 	int rc = step_plan_ac(cfg, &ac);
 	if (rc)
 		return rc;

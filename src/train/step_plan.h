@@ -14,7 +14,7 @@
 #include "schedule/sched_pass.h"
 
 /* activation_checkpoint.mode as the schedule's enum (CT_ERR_USAGE naming the key). */
-int step_plan_ac(const struct ct_config *cfg, enum sched_ac *ac);
+int step_plan_ac(const struct ct_config *cfg, enum model_ac *ac);
 void step_plan_reorder_opts(const struct ct_config *cfg, struct sched_reorder_opts *o);
 
 /* comm.buckets must name n_units units (also checked on one rank, where no schedule runs). */

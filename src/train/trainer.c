@@ -73,16 +73,14 @@ static int trainer_build_model(struct trainer *tr)
 		          cfg->activation_checkpoint.mode);
 		return CT_ERR_USAGE;
 	}
-	enum sched_ac ac;
+	enum model_ac ac;
 	rc = step_plan_ac(cfg, &ac);
 	if (!rc)
 		rc = step_plan_check_buckets(
 		    cfg, (int)(mc.kind == MODEL_HYENA ? mc.hyena.n_layers : mc.llama.n_layers) + 2);
 	if (rc)
 		return rc;
-	static const enum llama_ac model_ac[] = {LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE,
-	                                         LLAMA_AC_FULL};
-	const struct model_build_opts opts = {.own_params = !tr->sharded, .ac = model_ac[ac]};
+	const struct model_build_opts opts = {.own_params = !tr->sharded, .ac = ac};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
