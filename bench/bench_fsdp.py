@@ -10,7 +10,13 @@ Prints per rank count: tokens/s per rank and in total, MFU, persistent memory pe
 (parameters + gradients + AdamW moments, which FSDP shards 1/N), the peak of gathered
 full-parameter buffers, and peak RSS per rank; then PyTorch (bench/torch_dp.py) on 2 ranks and
 the ratios ctitan(2 ranks) / PyTorch. One MFU peak for all: ctitan's sgemm measurement on the
-whole machine, divided by the ranks sharing it.
+whole machine, divided by the ranks sharing it (not the hardware peak).
+
+Like for like: both sides run cores / ranks threads per rank (ctitan's default; PyTorch gets
+the same through --threads-per-rank). The PyTorch baseline is DDP + ZeRO-1 (torch 1.13's
+ZeroRedundancyOptimizer sharding AdamW's state), not FSDP: PyTorch's FSDP does not run on CPU.
+Its attention materialises the T x T score matrix (torch 1.13 has no fused attention), ctitan's
+is tiled (O(T) memory per head), so RSS differences at long T are partly that.
 """
 
 import argparse
@@ -21,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from ompi_env import ompi_env  # noqa: E402  (bench/ompi_env.py)
+from ompi_env import ompi_env  # bench/ompi_env.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -68,11 +74,11 @@ def bench_ctitan(args, n, peak_per_rank, env):
                 exposed=sum(r["exposed_comm_s"] for r in timed) / len(timed), step_s=step_s)
 
 
-def bench_torch(args, peak_per_rank, env):
+def bench_torch(args, peak_per_rank, threads, env):
     cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_dp.py"), "--ranks", "2",
            "--mode", args.torch_mode, "--flavor", args.flavor, "--seq-len", str(args.seq),
            "--global-batch", str(args.global_batch), "--steps", str(args.steps + args.warmup),
-           "--warmup-steps", str(args.warmup), "--threads-per-rank", "1",
+           "--warmup-steps", str(args.warmup), "--threads-per-rank", str(threads),
            "--peak-tflops", str(peak_per_rank)]
     rec = json.loads(run(cmd, env).strip().splitlines()[-1])
     return dict(impl=rec["impl"], ranks=2, tps_per_rank=rec["tps_per_rank"],
@@ -120,7 +126,11 @@ def main():
             print(f"  persistent memory {n} ranks / 1 rank = {r['persistent'] / rows[1]['persistent']:.3f}"
                   f" (ideal {1 / n:.3f})")
     if args.torch_mode != "none":
-        t = bench_torch(args, peak / 2, env)
+        threads = max(1, cores // 2)  # what ctitan's 2 ranks run (comm_init: cores / ranks)
+        print(f"PyTorch baseline: DDP + ZeRO-1 on 2 ranks x {threads} threads (the same threads "
+              f"per rank as ctitan's 2 ranks; PyTorch FSDP does not run on CPU); its attention "
+              f"materialises T x T")
+        t = bench_torch(args, peak / 2, threads, env)
         print(f"{t['impl']:<14}{2:>6}{t['tps_per_rank']:>11.1f}{t['tps_total']:>8.1f}"
               f"{t['mfu']:>7.1f}{'':>12}{'':>15}{t['rss'] / GIB:>9.2f}{'':>10}{t['loss']:>8.4f}")
         if 2 in rows:
