@@ -24,6 +24,13 @@ print(f"step {step} s, {tps} tokens/s/rank, {mem} GiB, exposed {exp} s")
 sys.exit(0 if ok else 1)
 PY
 check "8B: step time, tokens/s, memory and exposed comm are sane; selective AC in the schedule" $?
+grep -q "plans compared" "$tmp/8b.txt" && grep -q "^  #1 .*per_block" "$tmp/8b.txt" && grep -q "lower bound" "$tmp/8b.txt"
+check "8B: the plans the automatic search compared are printed" $?
+"$CTITAN" plan "$ROOT/configs/8b.toml" --world-size 128 > "$tmp/8b2.txt" 2>&1 && cmp -s "$tmp/8b.txt" "$tmp/8b2.txt"
+check "8B: the plan depends only on its inputs (two runs print the same)" $?
+"$CTITAN" plan "$ROOT/configs/8b.toml" --world-size 128 --comm.buckets=auto --comm.memory_budget_gb=10 > /dev/null 2> "$tmp/err"
+[ $? -eq 2 ] && grep -q "memory_budget_gb.*no plan fits.*smallest predicted peak is 2[0-9.]* GiB" "$tmp/err"
+check "a memory budget no plan fits: exit 2 with the smallest predicted peak" $?
 for c in 70b 405b; do
   "$CTITAN" plan "$ROOT/configs/$c.toml" --world-size 512 $H100 --comm.buckets=auto \
     --activation_checkpoint.mode=full --training.mixed_precision_param=bfloat16 \

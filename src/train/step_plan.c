@@ -45,6 +45,24 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 	         cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6, cm->rs_bytes_s / 1e9);
 }
 
+void step_plan_log_report(const struct sched_auto_report *r, int n_units)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
+		return;
+	sched_auto_report_print(r, n_units, f, "");
+	fclose(f);
+	for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+		nl = strchr(line, '\n');
+		if (nl)
+			*nl = 0;
+		LOG_INFO("%s", line);
+	}
+	free(text);
+}
+
 int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
                     struct comm_stream *stream, struct sched_cost_model *cm, bool *have_cm)
 {
@@ -78,9 +96,13 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 		}
 		cm->overlap = strcmp(cfg->comm.progress, "thread") == 0;
 	}
+	struct sched_auto_report rep;
 	rc = sched_pipeline(&naive, ac, cfg->comm.buckets,
 	                    (int64_t)(cfg->comm.bucket_cap_mb * (double)(1 << 20)), &o,
-	                    *have_cm ? cm : NULL, &s);
+	                    *have_cm ? cm : NULL, &s, &rep);
+	if (rep.n_evaluated > 0)
+		step_plan_log_report(&rep, naive.n_units);
+	sched_auto_report_free(&rep);
 	if (rc == CT_OK)
 		rc = fsdp_set_schedule(f, &s);
 	if (rc == CT_OK) {

@@ -28,6 +28,9 @@ int step_plan_check_buckets(const struct ct_config *cfg, int n_units);
 int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
                     struct comm_stream *stream, struct sched_cost_model *cm, bool *have_cm);
 
+/* Log the plans the automatic search compared, one line each. */
+void step_plan_log_report(const struct sched_auto_report *r, int n_units);
+
 /* Print a prediction line for schedule s under cm (rank 0 logs it). */
 void step_plan_log(const struct sched *s, const struct sched_cost_model *cm);
 
