@@ -31,6 +31,10 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 /* Log the plans the automatic search compared, one line each. */
 void step_plan_log_report(const struct sched_auto_report *r, int n_units);
 
+/* Log the cost model's prediction against a profiled step, per node kind. */
+void step_plan_log_compare(const struct sched *s, const struct sched_cost_model *cm,
+                           const struct sched_record *rec, double t0, double t1);
+
 /* Print a prediction line for schedule s under cm (rank 0 logs it). */
 void step_plan_log(const struct sched *s, const struct sched_cost_model *cm);
 

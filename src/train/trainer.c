@@ -377,6 +377,8 @@ static void trainer_batch(struct trainer *tr, int64_t step)
  * layout), from the executor's record of the step just run. */
 static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 {
+	if (tr->sharded && tr->have_cost)
+		step_plan_log_compare(&tr->fsdp.sched, &tr->cost, tr->fsdp.rec, t0, timer_now());
 	if (!tr->sharded) {
 		if (step == tr->cfg->profiling.profile_freq)
 			LOG_WARN("profiling: traces record the FSDP schedule; a single-rank run "
