@@ -91,6 +91,32 @@ void step_plan_log_compare(const struct sched *s, const struct sched_cost_model 
 	log_lines(text);
 }
 
+double step_plan_predict_single(const struct ct_config *cfg, const struct llama_config *c,
+                                const struct llama_table *t, int64_t B, int64_t T, int accum,
+                                struct comm_stream *stream, const struct comm_group *world)
+{
+	enum sched_ac ac;
+	if (step_plan_ac(cfg, &ac))
+		return 0.0;
+	struct sched_unit *units = xcalloc((size_t)t->n_units, sizeof(*units));
+	sched_units_from_table(t, 1, units);
+	struct sched naive, s;
+	sched_build(&naive, units, t->n_units, accum, SCHED_RESHARD_DEFAULT);
+	free(units);
+	sched_pass_checkpoint(&naive, ac, &s);
+	struct sched_cost_model cm;
+	sched_cost_init(&cm, c, B, T, &s, 1, false, ac, 4);
+	sched_cost_calibrate(&cm, c, B, T, stream, world, world, false);
+	cm.overlap = false;
+	step_plan_log(&s, &cm);
+	struct sched_prediction p;
+	sched_predict(&s, &cm, &p, NULL);
+	sched_cost_free(&cm);
+	sched_free(&naive);
+	sched_free(&s);
+	return p.step_s;
+}
+
 int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
                     struct comm_stream *stream, struct sched_cost_model *cm, bool *have_cm)
 {
