@@ -4,10 +4,10 @@
  * the same sequence and at the same shapes (batch x sequence tokens, capped for time; the
  * rate then scales by FLOPs or bytes): a block's forward matmuls, attention and elementwise
  * kernels; its backward's; the fused output projection + cross-entropy; the embedding; AdamW;
- * a large copy. The rate of a term is its work (sched_cost_init's FLOP and byte counts) over
+ * a large copy — each once per round over 5 rounds, median. The rate of a term is its work (sched_cost_init's FLOP and byte counts) over
  * the measured time, so the prediction at these shapes reproduces the measurement. Matmuls go
  * through matmul_forward/backward, so the rates follow whatever engine those dispatch to.
- * Collectives: all-gather and reduce-scatter timed on the stream at 5 sizes (fastest of 3),
+ * Collectives: all-gather and reduce-scatter timed on the stream at 5 sizes (median of 3),
  * latency + bytes / bandwidth fitted by least squares; with a progress thread, the slowdown of
  * compute while a collective runs beside it. Every figure is the median over ranks, so every
  * rank picks the same schedule. */
@@ -54,7 +54,7 @@ struct cal {
 	float *dq, *dk, *dv, *dx, *dxn, *dh1, *dh3, *dres;
 	float *wq, *wk, *wv, *wo, *w1, *w2, *w3, *wout, *nw, *dw, *scratch;
 	int32_t *tok;
-	float *all;
+	float *all, *big; /* big: 4 x optim_n floats for AdamW and the copy */
 };
 
 static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, int64_t T)
@@ -167,43 +167,51 @@ static void cal_run(struct cal *c, enum cal_part p, int64_t optim_n)
 		embedding_forward_f32(c->x, c->tok, c->wout, N, C);
 		embedding_backward_f32(c->dw, c->dres, c->tok, N, C);
 		break;
-	case CAL_OPTIM:
-		adamw_update(c->wout, c->dw, c->h1, c->h3, optim_n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1,
-		             1.0);
+	case CAL_OPTIM: /* over buffers as large as the shards (to 4 x 16 MiB): not in cache */
+		adamw_update(c->big, c->big + optim_n, c->big + 2 * optim_n, c->big + 3 * optim_n,
+		             optim_n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1, 1.0);
 		break;
 	case CAL_COPY:
-		memcpy(c->dw, c->wout, (size_t)(V * C) * sizeof(float));
+		memcpy(c->big, c->big + 2 * optim_n, (size_t)(2 * optim_n) * sizeof(float));
 		break;
 	default:
 		break;
 	}
 }
 
-/* Median of 3 timed runs after a warm-up: the typical time, as a step sees it. */
-static double cal_time(struct cal *c, enum cal_part p, int64_t optim_n)
+#define CAL_ROUNDS 5
+
+/* Every part once per round, round-robin, after a warm-up round; each part's median over the
+ * rounds: the typical time as a step sees it, with load that changes during calibration
+ * spread over all parts alike. */
+static void cal_time_all(struct cal *c, int64_t optim_n, double *out)
 {
-	double t[3];
-	cal_run(c, p, optim_n);
-	for (int r = 0; r < 3; r++) {
-		double t0 = timer_now();
-		cal_run(c, p, optim_n);
-		t[r] = timer_now() - t0;
-	}
-	return median(t, 3);
+	double t[CAL_PARTS][CAL_ROUNDS];
+	for (int r = -1; r < CAL_ROUNDS; r++)
+		for (int p = 0; p < CAL_PARTS; p++) {
+			double t0 = timer_now();
+			cal_run(c, (enum cal_part)p, optim_n);
+			if (r >= 0)
+				t[p][r] = timer_now() - t0;
+		}
+	for (int p = 0; p < CAL_PARTS; p++)
+		out[p] = median(t[p], CAL_ROUNDS);
 }
 
 #define CAL_SIZES 5
 
+/* Median of 3 after a warm-up, like the compute parts: the typical time, skew between ranks
+ * included (a step sees it too). */
 static double time_op(struct comm_stream *st, struct comm_op *op)
 {
-	double best = 1e30;
+	double t[3];
+	comm_stream_wait(st, comm_stream_enqueue(st, op));
 	for (int r = 0; r < 3; r++) {
 		double t0 = timer_now();
 		comm_stream_wait(st, comm_stream_enqueue(st, op));
-		double t = timer_now() - t0;
-		best = t < best ? t : best;
+		t[r] = timer_now() - t0;
 	}
-	return best;
+	return median(t, 3);
 }
 
 /* Indices into the measurement vector shared across ranks. */
@@ -215,12 +223,19 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 {
 	struct cal c;
 	cal_alloc(&c, lc, B, T);
-	int64_t optim_n = c.V * c.C < (int64_t)1 << 22 ? c.V * c.C : (int64_t)1 << 22;
-	optim_n = optim_n < c.N * c.F ? optim_n : c.N * c.F;
+	/* AdamW and copies over the shards' size (at least 4 Mi floats per array, out of cache;
+	 * at most 4 x 16 MiB) */
+	int64_t optim_n = cm->params_bytes / 4;
+	optim_n = optim_n < (int64_t)1 << 20 ? (int64_t)1 << 20
+	          : optim_n > (int64_t)1 << 22 ? (int64_t)1 << 22
+	                                        : optim_n;
+	c.big = malloc((size_t)(4 * optim_n) * sizeof(float));
+	CHECK(c.big, "out of memory (cost model calibration)");
+	for (int64_t i = 0; i < 4 * optim_n; i++)
+		c.big[i] = (float)(i % 1000) * 1e-4f + 0.01f;
 	double vals[V_COUNT];
 	memset(vals, 0, sizeof(vals));
-	for (int p = 0; p < CAL_PARTS; p++)
-		vals[V_PARTS + p] = cal_time(&c, (enum cal_part)p, optim_n);
+	cal_time_all(&c, optim_n, vals + V_PARTS);
 
 	/* collectives on the stream (the simulated link applies), bytes per rank */
 	static const int64_t sizes[CAL_SIZES] = {64 << 10, 512 << 10, 2 << 20, 8 << 20, 16 << 20};
@@ -239,26 +254,32 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 		vals[V_COMM + 4 * i + 2] = (double)comm_op_wire_bytes(&rs);
 		vals[V_COMM + 4 * i + 3] = time_op(stream, &rs);
 	}
-	/* interference: a block's forward matmuls with the largest all-gather beside them */
+	/* interference: a block's forward matmuls alone, then with the largest all-gather beside
+	 * them, in 3 interleaved pairs (so load changes hit both alike); the slowdown over the
+	 * time they overlapped, median of the pairs */
 	if (n > 1 && overlap) {
-		double alone = vals[V_PARTS + CAL_FWD_MM], with[3], frac[3];
+		double frac[3];
 		struct comm_op ag = {COMM_ALL_GATHER, group, send, recv, big, NULL,
 		                     "calibration all-gather beside compute"};
 		for (int r = 0; r < 3; r++) {
-			int64_t tk = comm_stream_enqueue(stream, &ag);
 			double t0 = timer_now();
 			cal_run(&c, CAL_FWD_MM, optim_n);
-			with[r] = timer_now() - t0;
+			double alone = timer_now() - t0;
+			comm_barrier(group);
+			int64_t tk = comm_stream_enqueue(stream, &ag);
+			t0 = timer_now();
+			cal_run(&c, CAL_FWD_MM, optim_n);
+			double with = timer_now() - t0;
 			comm_stream_wait(stream, tk);
 			double c0, c1;
 			comm_stream_op_times(stream, tk, &c0, &c1);
-			double ov = (c1 < t0 + with[r] ? c1 : t0 + with[r]) - (c0 > t0 ? c0 : t0);
-			frac[r] = ov > 0 ? (with[r] - alone) / ov : 0.0;
+			double ov = (c1 < t0 + with ? c1 : t0 + with) - (c0 > t0 ? c0 : t0);
+			frac[r] = ov > 1e-4 ? (with - alone) / ov : 0.0;
 		}
 		vals[V_INTERF] = median(frac, 3);
 	}
 	free(send), free(recv), free(scr);
-	free(c.all), free(c.tok);
+	free(c.all), free(c.tok), free(c.big);
 
 	/* every rank: the median over ranks of every measurement */
 	int W = world->size;
@@ -291,10 +312,11 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 		cm->rate[k][SCHED_TERM_EMBED] = embed;
 	}
 	cm->optim_bytes_s = SCHED_OPTIM_BYTES * (double)optim_n / t[CAL_OPTIM];
-	cm->mem_bytes_s = 2.0 * (double)(c.V * c.C) * 4.0 / t[CAL_COPY];
+	cm->mem_bytes_s = 2.0 * (double)(2 * optim_n) * 4.0 / t[CAL_COPY];
 	cm->matmul_flops = cm->rate[SCHED_WORK_FWD][SCHED_TERM_MATMUL];
 	cm->attn_flops = cm->rate[SCHED_WORK_FWD][SCHED_TERM_ATTN];
-	cm->interference = vals[V_INTERF] < 0 ? 0 : (vals[V_INTERF] > 4 ? 4 : vals[V_INTERF]);
+	/* at most the whole of the comm thread's time taken from compute */
+	cm->interference = vals[V_INTERF] < 0 ? 0 : (vals[V_INTERF] > 1 ? 1 : vals[V_INTERF]);
 	double xb[CAL_SIZES], ty[CAL_SIZES];
 	if (n > 1) {
 		for (int i = 0; i < CAL_SIZES; i++)
