@@ -167,6 +167,9 @@ static int check_setup(const struct setup *x, int P, int D, int64_t budget, bool
 				}
 				min_peak = pk < min_peak ? pk : min_peak;
 				fitting++;
+				EXPECT(rc || st >= rep.lower_bound_s * (1 - 1e-12),
+				       "%s: '%s' predicts %.6f s, under the lower bound %.6f s", x->what,
+				       plans[i], st, rep.lower_bound_s);
 				if (st < best_manual) {
 					best_manual = st;
 					snprintf(best_spec, sizeof(best_spec), "%.120s p%d d%d",

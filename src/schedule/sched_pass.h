@@ -58,8 +58,8 @@ void sched_pass_reorder(const struct sched *in, const struct sched_reorder_opts 
  * plan of units [0, j) extended by a bucket [j, k), each candidate priced by the full timeline
  * with the rest completed as single units and as buckets of the same size), every uniform
  * plan (k units per bucket, embedding and norm alone or joined), then local search (move a
- * boundary, merge, split) from the best until no move helps. The report states the lower
- * bound (the step with every collective hidden) and the gap to it.
+ * boundary, merge, split) from the best until no move helps. The report states a lower bound
+ * on every plan's step (the compute nodes alone, the same in every plan) and the gap to it.
  *
  * Returns CT_ERR_USAGE (out left empty) when no plan fits the memory budget; the report then
  * holds the smallest predicted peak. */
@@ -82,7 +82,7 @@ struct sched_auto_report {
 	bool exhaustive;  /* every plan under the cap was evaluated */
 	bool fits;        /* some plan fits the memory budget */
 	int64_t min_peak; /* smallest predicted peak of any plan evaluated */
-	double lower_bound_s; /* no plan's predicted step is below this: compute and copies */
+	double lower_bound_s; /* no plan's predicted step is below this: the compute alone */
 };
 
 int sched_pass_auto(const struct sched *in, const struct sched_cost_model *cm,
