@@ -30,9 +30,20 @@ struct score {
 	int64_t peak, over; /* bytes over the budget (0: fits) */
 };
 
+/* Steps within this fraction are a tie, broken by the smaller peak. */
+#define TIE 1e-9
+
+static bool faster(double step_a, int64_t peak_a, double step_b, int64_t peak_b)
+{
+	if (step_a < step_b * (1 - TIE) || step_a > step_b * (1 + TIE))
+		return step_a < step_b;
+	return peak_a < peak_b;
+}
+
 static bool better(const struct score *a, const struct score *b)
 {
-	return a->over != b->over ? a->over < b->over : a->step_s < b->step_s;
+	return a->over != b->over ? a->over < b->over
+	                          : faster(a->step_s, a->peak, b->step_s, b->peak);
 }
 
 /* Gathered bytes of units [a, b). */
@@ -57,22 +68,23 @@ static int cuts_to_buckets(const bool *cut, int U, struct sched_bucket *b)
 	return n;
 }
 
-static bool same_plan(const struct sched_plan_eval *e, const struct sched_bucket *b, int n,
-                      int p, int d)
+static bool same_plan(const struct sched_plan_eval *e, const struct sched_bucket *b, int n, int p,
+                      int d)
 {
 	return e->n_buckets == n && e->prefetch == p && e->rs_defer == d &&
 	       memcmp(e->buckets, b, (size_t)n * sizeof(*b)) == 0;
 }
 
 /* Keep the SCHED_AUTO_TOP best fitting plans, best first, each once. */
-static void keep_top(struct sched_auto_report *r, const struct sched_bucket *b, int n, int p,
-                     int d, const struct score *sc)
+static void keep_top(struct sched_auto_report *r, const struct sched_bucket *b, int n, int p, int d,
+                     const struct score *sc)
 {
 	for (int i = 0; i < r->n_top; i++)
 		if (same_plan(&r->top[i], b, n, p, d))
 			return;
 	int at = r->n_top;
-	while (at > 0 && sc->step_s < r->top[at - 1].step_s)
+	while (at > 0 &&
+	       faster(sc->step_s, sc->peak, r->top[at - 1].step_s, r->top[at - 1].peak_bytes))
 		at--;
 	if (at >= SCHED_AUTO_TOP)
 		return;
@@ -291,10 +303,13 @@ int sched_pass_auto(const struct sched *in, const struct sched_cost_model *cm,
 {
 	memset(r, 0, sizeof(*r));
 	int U = in->n_units;
-	struct search S = {in, cm, o, cap_bytes, U, xcalloc((size_t)U + 1, sizeof(int64_t)), r,
-	                   xcalloc((size_t)U, sizeof(struct sched_bucket))};
+	struct search S = {in, cm,
+	                   o,  cap_bytes,
+	                   U,  xcalloc((size_t)U + 1, sizeof(int64_t)),
+	                   r,  xcalloc((size_t)U, sizeof(struct sched_bucket))};
 	for (int u = 0; u < U; u++)
-		S.prefix_bytes[u + 1] = S.prefix_bytes[u] + in->units[u].full_numel * cm->full_elem_bytes;
+		S.prefix_bytes[u + 1] =
+		    S.prefix_bytes[u] + in->units[u].full_numel * cm->full_elem_bytes;
 	int P = o->prefetch, D = o->rs_defer, combos = (P + 1) * (D + 1);
 	int64_t parts = count_partitions(&S, SCHED_AUTO_EXHAUSTIVE);
 	r->exhaustive = parts * combos <= SCHED_AUTO_EXHAUSTIVE;
@@ -316,7 +331,12 @@ int sched_pass_auto(const struct sched *in, const struct sched_cost_model *cm,
 	int n = cuts_to_buckets(c, U, S.tmp);
 	struct score pb = build(&S, S.tmp, n, P, D, NULL);
 	r->per_block = (struct sched_plan_eval){xcalloc((size_t)n, sizeof(struct sched_bucket)),
-	                                        n, P, D, pb.step_s, pb.exposed_s, pb.peak};
+	                                        n,
+	                                        P,
+	                                        D,
+	                                        pb.step_s,
+	                                        pb.exposed_s,
+	                                        pb.peak};
 	memcpy(r->per_block.buckets, S.tmp, (size_t)n * sizeof(struct sched_bucket));
 	r->per_block_valid = true;
 	int rc = CT_OK;
@@ -325,7 +345,8 @@ int sched_pass_auto(const struct sched *in, const struct sched_cost_model *cm,
 		memset(out, 0, sizeof(*out));
 	} else {
 		const struct sched_plan_eval *e = &r->top[0];
-		struct score sc = build(&S, e->buckets, e->n_buckets, e->prefetch, e->rs_defer, out);
+		struct score sc =
+		    build(&S, e->buckets, e->n_buckets, e->prefetch, e->rs_defer, out);
 		r->lower_bound_s = sc.compute_s; /* the same compute nodes in every plan */
 	}
 	free(S.prefix_bytes), free(S.tmp), free(cut), free(c);
@@ -348,8 +369,8 @@ void sched_plan_string(const struct sched_bucket *b, int n_buckets, int n_units,
 		snprintf(buf, size, "per_block");
 		return;
 	}
-	struct sched s = {.n_units = n_units, .n_buckets = n_buckets,
-	                  .buckets = (struct sched_bucket *)b};
+	struct sched s = {
+	    .n_units = n_units, .n_buckets = n_buckets, .buckets = (struct sched_bucket *)b};
 	size_t at = 0;
 	buf[0] = 0;
 	for (int i = 0; i < n_buckets; i++) {
@@ -369,8 +390,9 @@ static void print_one(const struct sched_plan_eval *e, int n_units, FILE *f, con
 {
 	char plan[160];
 	sched_plan_string(e->buckets, e->n_buckets, n_units, plan, sizeof(plan));
-	fprintf(f, "%s%-9s step %8.4f s  exposed %7.4f s  peak %7.3f GiB  prefetch %d  defer %d  "
-	           "%d buckets: %s\n",
+	fprintf(f,
+	        "%s%-9s step %8.4f s  exposed %7.4f s  peak %7.3f GiB  prefetch %d  defer %d  "
+	        "%d buckets: %s\n",
 	        indent, tag, e->step_s, e->exposed_s, (double)e->peak_bytes / (double)(1ll << 30),
 	        e->prefetch, e->rs_defer, e->n_buckets, plan);
 }
@@ -391,8 +413,9 @@ void sched_auto_report_print(const struct sched_auto_report *r, int n_units, FIL
 	if (r->per_block_valid)
 		print_one(&r->per_block, n_units, f, indent, "per-block");
 	if (r->n_top > 0)
-		fprintf(f, "%slower bound %.4f s (the compute alone: every copy and collective hidden); "
-		           "the chosen plan is within %.1f%% of it\n",
-		        indent, r->lower_bound_s,
-		        100.0 * (r->top[0].step_s / r->lower_bound_s - 1.0));
+		fprintf(
+		    f,
+		    "%slower bound %.4f s (the compute alone: every copy and collective hidden); "
+		    "the chosen plan is within %.1f%% of it\n",
+		    indent, r->lower_bound_s, 100.0 * (r->top[0].step_s / r->lower_bound_s - 1.0));
 }

@@ -149,7 +149,8 @@ int sched_pipeline(const struct sched *naive, enum sched_ac ac, const char *buck
 			LOG_ERROR("comm.memory_budget_gb = %.3f GiB: no plan fits (%lld plans "
 			          "compared); the smallest predicted peak is %.3f GiB per rank",
 			          (double)o->memory_bytes / (double)(1ll << 30),
-			          (long long)r->n_evaluated, (double)r->min_peak / (double)(1ll << 30));
+			          (long long)r->n_evaluated,
+			          (double)r->min_peak / (double)(1ll << 30));
 		if (!report)
 			sched_auto_report_free(&own);
 		sched_free(&ck);
@@ -174,11 +175,12 @@ int sched_pipeline(const struct sched *naive, enum sched_ac ac, const char *buck
 		struct sched_prediction p;
 		sched_predict(out, cm, &p, NULL);
 		if (p.peak_bytes > o->memory_bytes) {
-			LOG_ERROR("comm.memory_budget_gb = %.3f GiB: the plan '%s' does not fit even "
-			          "with prefetching lowered; its smallest predicted peak is %.3f GiB "
-			          "per rank (comm.buckets = \"auto\" searches every plan)",
-			          (double)o->memory_bytes / (double)(1ll << 30), buckets,
-			          (double)p.peak_bytes / (double)(1ll << 30));
+			LOG_ERROR(
+			    "comm.memory_budget_gb = %.3f GiB: the plan '%s' does not fit even "
+			    "with prefetching lowered; its smallest predicted peak is %.3f GiB "
+			    "per rank (comm.buckets = \"auto\" searches every plan)",
+			    (double)o->memory_bytes / (double)(1ll << 30), buckets,
+			    (double)p.peak_bytes / (double)(1ll << 30));
 			sched_free(out);
 			return CT_ERR_USAGE;
 		}

@@ -4,13 +4,13 @@
  * the same sequence and at the same shapes (batch x sequence tokens, capped for time; the
  * rate then scales by FLOPs or bytes): a block's forward matmuls, attention and elementwise
  * kernels; its backward's; the fused output projection + cross-entropy; the embedding; AdamW;
- * a large copy — each once per round over 5 rounds, median. The rate of a term is its work (sched_cost_init's FLOP and byte counts) over
- * the measured time, so the prediction at these shapes reproduces the measurement. Matmuls go
- * through matmul_forward/backward, so the rates follow whatever engine those dispatch to.
- * Collectives: all-gather and reduce-scatter timed on the stream at 5 sizes (median of 3),
- * latency + bytes / bandwidth fitted by least squares; with a progress thread, the slowdown of
- * compute while a collective runs beside it. Every figure is the median over ranks, so every
- * rank picks the same schedule. */
+ * a large copy — each once per round over 5 rounds, median. The rate of a term is its work
+ * (sched_cost_init's FLOP and byte counts) over the measured time, so the prediction at these
+ * shapes reproduces the measurement. Matmuls go through matmul_forward/backward, so the rates
+ * follow whatever engine those dispatch to. Collectives: all-gather and reduce-scatter timed on the
+ * stream at 5 sizes (median of 3), latency + bytes / bandwidth fitted by least squares; with a
+ * progress thread, the slowdown of compute while a collective runs beside it. Every figure is the
+ * median over ranks, so every rank picks the same schedule. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -73,17 +73,38 @@ static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, i
 	struct {
 		float **p;
 		int64_t n;
-	} parts[] = {{&c->x, N * C},      {&c->xn, N * C},       {&c->q, N * HD},
-	             {&c->k, N * KVD},    {&c->v, N * KVD},      {&c->att, N * HD},
-	             {&c->lse, N * c->H}, {&c->h1, N * F},       {&c->h3, N * F},
-	             {&c->gate, N * F},   {&c->out, N * C},      {&c->rstd, N},
-	             {&c->cos, c->T * c->D}, {&c->sin, c->T * c->D}, {&c->dq, N * HD},
-	             {&c->dk, N * KVD},   {&c->dv, N * KVD},     {&c->dx, N * C},
-	             {&c->dxn, N * C},    {&c->dh1, N * F},      {&c->dh3, N * F},
-	             {&c->dres, N * C},   {&c->wq, HD * C},      {&c->wk, KVD * C},
-	             {&c->wv, KVD * C},   {&c->wo, C * HD},      {&c->w1, F * C},
-	             {&c->w2, C * F},     {&c->w3, F * C},       {&c->wout, V * C},
-	             {&c->nw, C},         {&c->dw, (V > F ? V : F) * C},
+	} parts[] = {{&c->x, N * C},
+	             {&c->xn, N * C},
+	             {&c->q, N * HD},
+	             {&c->k, N * KVD},
+	             {&c->v, N * KVD},
+	             {&c->att, N * HD},
+	             {&c->lse, N * c->H},
+	             {&c->h1, N * F},
+	             {&c->h3, N * F},
+	             {&c->gate, N * F},
+	             {&c->out, N * C},
+	             {&c->rstd, N},
+	             {&c->cos, c->T * c->D},
+	             {&c->sin, c->T * c->D},
+	             {&c->dq, N * HD},
+	             {&c->dk, N * KVD},
+	             {&c->dv, N * KVD},
+	             {&c->dx, N * C},
+	             {&c->dxn, N * C},
+	             {&c->dh1, N * F},
+	             {&c->dh3, N * F},
+	             {&c->dres, N * C},
+	             {&c->wq, HD * C},
+	             {&c->wk, KVD * C},
+	             {&c->wv, KVD * C},
+	             {&c->wo, C * HD},
+	             {&c->w1, F * C},
+	             {&c->w2, C * F},
+	             {&c->w3, F * C},
+	             {&c->wout, V * C},
+	             {&c->nw, C},
+	             {&c->dw, (V > F ? V : F) * C},
 	             {&c->scratch, c->chunk * V}};
 	int64_t total = 0;
 	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
@@ -104,8 +125,17 @@ static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, i
 }
 
 enum cal_part {
-	CAL_FWD_MM, CAL_FWD_ATTN, CAL_FWD_ELEM, CAL_BWD_MM, CAL_BWD_ATTN, CAL_BWD_ELEM, CAL_HEAD,
-	CAL_EMBED, CAL_OPTIM, CAL_COPY, CAL_PARTS
+	CAL_FWD_MM,
+	CAL_FWD_ATTN,
+	CAL_FWD_ELEM,
+	CAL_BWD_MM,
+	CAL_BWD_ATTN,
+	CAL_BWD_ELEM,
+	CAL_HEAD,
+	CAL_EMBED,
+	CAL_OPTIM,
+	CAL_COPY,
+	CAL_PARTS
 };
 
 /* Run one part of a unit's work once. */
@@ -145,8 +175,8 @@ static void cal_run(struct cal *c, enum cal_part p, int64_t optim_n)
 		matmul_backward_f32(c->dxn, c->dw, c->dv, c->xn, c->wv, N, C, KVD);
 		break;
 	case CAL_BWD_ATTN:
-		attention_backward_f32(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k, c->v,
-		                       B, T, H, KV, D);
+		attention_backward_f32(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k,
+		                       c->v, B, T, H, KV, D);
 		break;
 	case CAL_BWD_ELEM:
 		rmsnorm_forward_f32(c->xn, c->rstd, c->out, c->nw, N, C, 1e-5);
@@ -226,9 +256,9 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 	/* AdamW and copies over the shards' size (at least 4 Mi floats per array, out of cache;
 	 * at most 4 x 16 MiB) */
 	int64_t optim_n = cm->params_bytes / 4;
-	optim_n = optim_n < (int64_t)1 << 20 ? (int64_t)1 << 20
+	optim_n = optim_n < (int64_t)1 << 20   ? (int64_t)1 << 20
 	          : optim_n > (int64_t)1 << 22 ? (int64_t)1 << 22
-	                                        : optim_n;
+	                                       : optim_n;
 	c.big = malloc((size_t)(4 * optim_n) * sizeof(float));
 	CHECK(c.big, "out of memory (cost model calibration)");
 	for (int64_t i = 0; i < 4 * optim_n; i++)
@@ -259,7 +289,12 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 	 * time they overlapped, median of the pairs */
 	if (n > 1 && overlap) {
 		double frac[3];
-		struct comm_op ag = {COMM_ALL_GATHER, group, send, recv, big, NULL,
+		struct comm_op ag = {COMM_ALL_GATHER,
+		                     group,
+		                     send,
+		                     recv,
+		                     big,
+		                     NULL,
 		                     "calibration all-gather beside compute"};
 		for (int r = 0; r < 3; r++) {
 			double t0 = timer_now();

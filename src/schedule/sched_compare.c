@@ -7,17 +7,30 @@
 #include "schedule/sched_trace.h"
 
 enum row {
-	ROW_FWD_EMBED, ROW_FWD_BLOCK, ROW_FWD_HEAD, ROW_BWD_EMBED, ROW_BWD_BLOCK, ROW_BWD_HEAD,
-	ROW_RECOMPUTE, ROW_AG_ISSUE, ROW_RS_ISSUE, ROW_AG_WAIT, ROW_RS_WAIT, ROW_TAIL_CLIP,
-	ROW_TAIL_OPTIM, ROW_OTHER, ROW_OUTSIDE, ROW_COUNT
+	ROW_FWD_EMBED,
+	ROW_FWD_BLOCK,
+	ROW_FWD_HEAD,
+	ROW_BWD_EMBED,
+	ROW_BWD_BLOCK,
+	ROW_BWD_HEAD,
+	ROW_RECOMPUTE,
+	ROW_AG_ISSUE,
+	ROW_RS_ISSUE,
+	ROW_AG_WAIT,
+	ROW_RS_WAIT,
+	ROW_TAIL_CLIP,
+	ROW_TAIL_OPTIM,
+	ROW_OTHER,
+	ROW_OUTSIDE,
+	ROW_COUNT
 };
 
 static const char *const row_name[ROW_COUNT] = {
-    "FWD embedding",         "FWD blocks",          "FWD norm+output+loss",
-    "BWD embedding",         "BWD blocks",          "BWD final norm",
-    "RECOMPUTE",             "all-gather issue",    "reduce-scatter issue",
-    "WAIT all-gather",       "WAIT reduce-scatter", "CLIP",
-    "OPTIM",                 "BATCH, FREE",         "outside the schedule"};
+    "FWD embedding",   "FWD blocks",          "FWD norm+output+loss",
+    "BWD embedding",   "BWD blocks",          "BWD final norm",
+    "RECOMPUTE",       "all-gather issue",    "reduce-scatter issue",
+    "WAIT all-gather", "WAIT reduce-scatter", "CLIP",
+    "OPTIM",           "BATCH, FREE",         "outside the schedule"};
 
 static enum row row_of(const struct sched *s, const struct sched_node *n)
 {
@@ -46,8 +59,7 @@ static enum row row_of(const struct sched *s, const struct sched_node *n)
 }
 
 void sched_profile_compare(const struct sched *s, const struct sched_cost_model *cm,
-                           const struct sched_record *rec, double t_step0, double t_step1,
-                           FILE *f)
+                           const struct sched_record *rec, double t_step0, double t_step1, FILE *f)
 {
 	double *nt = xcalloc(2 * (size_t)s->n_nodes, sizeof(double));
 	struct sched_prediction p;

@@ -70,7 +70,7 @@ void sched_cost_block_work(const struct llama_config *c, int64_t B, int64_t T,
 	/* norm backward x2 (read dout, x; write dx; dw), both norms and SwiGLU recomputed,
 	 * RoPE backward, SwiGLU backward (read 3, write 2) */
 	w->bwd_elem = e * (8.0 * N * C + 4.0 * N * C + 2.0 * N * (HD + KVD) + 8.0 * N * F);
-	w->head = 6.0 * N * C * V; /* logits, their input and weight gradients, fused */
+	w->head = 6.0 * N * C * V;  /* logits, their input and weight gradients, fused */
 	w->embed = e * 5.0 * N * C; /* lookup: read + write; scatter: read dout, update rows */
 }
 
@@ -104,7 +104,8 @@ void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, 
 			rc[SCHED_TERM_ATTN][u] = w.fwd_attn;
 			rc[SCHED_TERM_ELEM][u] = es * w.fwd_elem;
 		} else if (ac == SCHED_AC_SELECTIVE) {
-			rc[SCHED_TERM_MATMUL][u] = 2.0 * N * (C * KVD + HD * C + C * F); /* wk, wo, w3 */
+			rc[SCHED_TERM_MATMUL][u] =
+			    2.0 * N * (C * KVD + HD * C + C * F); /* wk, wo, w3 */
 			rc[SCHED_TERM_ELEM][u] = es * 4.0 * (4.0 * N * C + 2.0 * N * KVD);
 		}
 	}
@@ -141,7 +142,7 @@ double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, i
 	for (int t = 0; t < SCHED_TERM_COUNT; t++) {
 		double r = cm->rate[k][t];
 		if (r <= 0)
-			r = t == SCHED_TERM_ATTN                          ? cm->attn_flops
+			r = t == SCHED_TERM_ATTN                            ? cm->attn_flops
 			    : t == SCHED_TERM_ELEM || t == SCHED_TERM_EMBED ? cm->mem_bytes_s
 			                                                    : cm->matmul_flops;
 		double x = cm->work[k][t][unit] > 0 ? cm->work[k][t][unit] / r : 0.0;

@@ -47,9 +47,9 @@ struct sched_cost_model {
 	/* hardware: rate[kind][term] in FLOP/s or bytes/s; 0 falls back to the uniform figures
 	 * below (matmul_flops for matmul and head, attn_flops, mem_bytes_s for bytes) */
 	double rate[SCHED_WORK_COUNT][SCHED_TERM_COUNT];
-	double matmul_flops; /* FLOP/s of matmuls (the forward rate when calibrated) */
-	double attn_flops;   /* FLOP/s of the attention kernel */
-	double mem_bytes_s;  /* copy bandwidth (copy-in/out, bf16 casts, gradient zeroing) */
+	double matmul_flops;  /* FLOP/s of matmuls (the forward rate when calibrated) */
+	double attn_flops;    /* FLOP/s of the attention kernel */
+	double mem_bytes_s;   /* copy bandwidth (copy-in/out, bf16 casts, gradient zeroing) */
 	double optim_bytes_s; /* AdamW at SCHED_OPTIM_BYTES per parameter; 0: mem_bytes_s */
 	double interference;  /* compute slows by this fraction while the comm stream runs */
 	double ag_latency_s, ag_bytes_s; /* all-gather: time = latency + wire bytes / rate */

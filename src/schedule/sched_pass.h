@@ -63,7 +63,7 @@ void sched_pass_reorder(const struct sched *in, const struct sched_reorder_opts 
  *
  * Returns CT_ERR_USAGE (out left empty) when no plan fits the memory budget; the report then
  * holds the smallest predicted peak. */
-#define SCHED_AUTO_EXHAUSTIVE 6000
+#define SCHED_AUTO_EXHAUSTIVE 20000
 #define SCHED_AUTO_TOP        5
 
 struct sched_plan_eval {
@@ -74,14 +74,14 @@ struct sched_plan_eval {
 };
 
 struct sched_auto_report {
-	int n_top;                                    /* plans that fit, best first */
+	int n_top; /* plans that fit, best first */
 	struct sched_plan_eval top[SCHED_AUTO_TOP];
-	struct sched_plan_eval per_block;             /* per-block at the configured depths */
+	struct sched_plan_eval per_block; /* per-block at the configured depths */
 	bool per_block_valid;
 	int64_t n_evaluated;
-	bool exhaustive;  /* every plan under the cap was evaluated */
-	bool fits;        /* some plan fits the memory budget */
-	int64_t min_peak; /* smallest predicted peak of any plan evaluated */
+	bool exhaustive;      /* every plan under the cap was evaluated */
+	bool fits;            /* some plan fits the memory budget */
+	int64_t min_peak;     /* smallest predicted peak of any plan evaluated */
 	double lower_bound_s; /* no plan's predicted step is below this: the compute alone */
 };
 

@@ -24,7 +24,6 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
  * (t_step0: when the step began, t_step1: when it ended). */
 struct sched_cost_model;
 void sched_profile_compare(const struct sched *s, const struct sched_cost_model *cm,
-                           const struct sched_record *rec, double t_step0, double t_step1,
-                           FILE *f);
+                           const struct sched_record *rec, double t_step0, double t_step1, FILE *f);
 
 #endif

@@ -45,14 +45,15 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 	         cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
 	         cm->rs_bytes_s / 1e9, 100.0 * (cm->overlap ? cm->interference : 0.0));
 	const double(*r)[SCHED_TERM_COUNT] = cm->rate;
-	LOG_INFO("cost model rates: matmul fwd %.1f bwd %.1f GFLOP/s, attention fwd %.1f bwd "
-	         "%.1f GFLOP/s, output+loss %.1f GFLOP/s, elementwise fwd %.1f bwd %.1f GB/s, "
-	         "embedding %.1f GB/s, AdamW %.1f GB/s, copies %.1f GB/s",
-	         r[SCHED_WORK_FWD][SCHED_TERM_MATMUL] / 1e9, r[SCHED_WORK_BWD][SCHED_TERM_MATMUL] / 1e9,
-	         r[SCHED_WORK_FWD][SCHED_TERM_ATTN] / 1e9, r[SCHED_WORK_BWD][SCHED_TERM_ATTN] / 1e9,
-	         r[SCHED_WORK_FWD][SCHED_TERM_HEAD] / 1e9, r[SCHED_WORK_FWD][SCHED_TERM_ELEM] / 1e9,
-	         r[SCHED_WORK_BWD][SCHED_TERM_ELEM] / 1e9, r[SCHED_WORK_FWD][SCHED_TERM_EMBED] / 1e9,
-	         cm->optim_bytes_s / 1e9, cm->mem_bytes_s / 1e9);
+	LOG_INFO(
+	    "cost model rates: matmul fwd %.1f bwd %.1f GFLOP/s, attention fwd %.1f bwd "
+	    "%.1f GFLOP/s, output+loss %.1f GFLOP/s, elementwise fwd %.1f bwd %.1f GB/s, "
+	    "embedding %.1f GB/s, AdamW %.1f GB/s, copies %.1f GB/s",
+	    r[SCHED_WORK_FWD][SCHED_TERM_MATMUL] / 1e9, r[SCHED_WORK_BWD][SCHED_TERM_MATMUL] / 1e9,
+	    r[SCHED_WORK_FWD][SCHED_TERM_ATTN] / 1e9, r[SCHED_WORK_BWD][SCHED_TERM_ATTN] / 1e9,
+	    r[SCHED_WORK_FWD][SCHED_TERM_HEAD] / 1e9, r[SCHED_WORK_FWD][SCHED_TERM_ELEM] / 1e9,
+	    r[SCHED_WORK_BWD][SCHED_TERM_ELEM] / 1e9, r[SCHED_WORK_FWD][SCHED_TERM_EMBED] / 1e9,
+	    cm->optim_bytes_s / 1e9, cm->mem_bytes_s / 1e9);
 }
 
 static void log_lines(char *text)

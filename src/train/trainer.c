@@ -131,9 +131,9 @@ static int trainer_build_model(struct trainer *tr)
 	} else {
 		model_init_params(m, seed, m->params, 0, m->table->numel);
 		if (cfg->profiling.enable_profiling && mc.kind == MODEL_LLAMA)
-			tr->single_pred_s = step_plan_predict_single(cfg, &mc.llama, m->table, m->B,
-			                                             m->T, (int)tr->accum, tr->stream,
-			                                             &tr->mesh.world_group);
+			tr->single_pred_s = step_plan_predict_single(
+			    cfg, &mc.llama, m->table, m->B, m->T, (int)tr->accum, tr->stream,
+			    &tr->mesh.world_group);
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
 	           cfg->optimizer.eps, cfg->optimizer.weight_decay);
