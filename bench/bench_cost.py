@@ -5,7 +5,7 @@ Each run trains a few steps with profiling on, so the cost model is calibrated a
 the same run (rates at the model's shapes, median over ranks) and the last step is compared
 with it per node kind. Prints one row per (model, ranks): the predicted step, the measured step
 (mean of the steps after the first), the profiled step alone, the error of the prediction
-against both, and the load average while the run ran — on a shared machine, load that changes
+against both, and the load average while the run ran (OpenMP threads per rank: cores / ranks) — on a shared machine, load that changes
 between the calibration and the steps shows up as error that is not the model's.
 
   /usr/bin/python3 bench/bench_cost.py [--ctitan build/ctitan] [--steps 4] [--ranks 1,2,4]
@@ -56,8 +56,10 @@ def main():
                        "--profiling.enable_profiling=true",
                        f"--profiling.profile_freq={a.steps}"]
                 l0 = load()
+                # one OpenMP thread per core and rank: no oversubscription of our own
+                th = str(max(1, (os.cpu_count() or 2) // n))
                 p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   env=env, cwd=ROOT)
+                                   env=dict(env, OMP_NUM_THREADS=th), cwd=ROOT)
                 text = p.stdout.decode(errors="replace")
                 if p.returncode != 0:
                     sys.exit(f"bench: {' '.join(cmd)} failed:\n{text[-3000:]}")

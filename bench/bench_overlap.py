@@ -19,6 +19,7 @@ average when it ran (the machine may be shared: compare the rows of one run, not
 
   /usr/bin/python3 bench/bench_overlap.py [--ctitan build/ctitan] [--steps 3] [--rounds 3]
                                          [--gbps 10 | --both] [--batch 2] [--seq 256]
+                                         [--threads N]
 """
 
 import argparse
@@ -132,8 +133,13 @@ def main():
     ap.add_argument("--both", action="store_true", help="the simulated link, then none")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=0, help="OpenMP threads per rank "
+                    "(default: cores / 2)")
     a = ap.parse_args()
-    env = dict(os.environ, **MPI_ENV)
+    # one OpenMP thread per core and rank: ranks x threads never oversubscribe the cores
+    env = dict(os.environ, **MPI_ENV,
+               OMP_NUM_THREADS=str(a.threads or max(1, (os.cpu_count() or 2) // 2)))
+    print(f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} per rank")
     with tempfile.TemporaryDirectory() as tmp:
         for g in ([a.gbps, 0.0] if a.both else [a.gbps]):
             one_link(a, g, env, tmp)
