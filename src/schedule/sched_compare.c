@@ -89,6 +89,24 @@ void sched_profile_compare(const struct sched *s, const struct sched_cost_model 
 		fprintf(f, "  %-22s %5d %9.4fs %9.4fs %+7.1f%%\n", row_name[r], count[r], pred[r],
 		        meas[r], err);
 	}
+	/* the big compute kinds' measured / predicted: one common factor says the machine ran at
+	 * another speed than when calibrated (load); a spread says a term is wrong */
+	double lo = 1e30, hi = 0;
+	double total = 0;
+	for (int r = ROW_FWD_EMBED; r <= ROW_RECOMPUTE; r++)
+		total += meas[r];
+	for (int r = ROW_FWD_EMBED; r <= ROW_RECOMPUTE; r++)
+		if (meas[r] > 0.05 * total && pred[r] > 0) {
+			double q = meas[r] / pred[r];
+			lo = q < lo ? q : lo;
+			hi = q > hi ? q : hi;
+		}
+	if (hi > 0)
+		fprintf(f,
+		        "  compute kinds over 5%% of compute, measured / predicted: %.2f .. %.2f "
+		        "(one common factor: the machine's speed changed since calibration; a "
+		        "spread: a term is off)\n",
+		        lo, hi);
 	double ms = t_step1 - t_step0;
 	fprintf(f, "  %-22s %5d %9.4fs %9.4fs %+7.1f%%\n", "step", s->n_nodes, p.step_s, ms,
 	        100.0 * (p.step_s / ms - 1.0));
