@@ -80,7 +80,7 @@ static void run(struct run *out, enum model_ac ac, int plan, bool reorder,
 		struct sched_cost_model cm;
 		fixed_cost(&cm, &naive, ac);
 		struct sched_reorder_opts o = {reorder ? 2 : 0, reorder ? 1 : 0, 0};
-		CHECK(sched_pipeline(&naive, ac, plans[plan], 64 << 20, &o, &cm, &s) == CT_OK,
+		CHECK(sched_pipeline(&naive, ac, plans[plan], 64 << 20, &o, &cm, &s, NULL) == CT_OK,
 		      "pipeline");
 		EXPECT(fsdp_set_schedule(&f, &s) == CT_OK, "schedule rejected");
 		char names[256] = "";

@@ -109,10 +109,22 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	cm.overlap = true;
 	struct sched_reorder_opts o;
 	step_plan_reorder_opts(cfg, &o);
-	rc = sched_pipeline(&naive, ac, c->comm.buckets,
-	                    (int64_t)(c->comm.bucket_cap_mb * (double)(1 << 20)), &o, &cm, &s);
-	if (rc)
+	/* the plans the automatic search compares, also when the config names a manual plan */
+	int64_t cap = (int64_t)(c->comm.bucket_cap_mb * (double)(1 << 20));
+	struct sched_auto_report arep;
+	struct sched as;
+	bool is_auto = strcmp(c->comm.buckets, "auto") == 0;
+	rc = sched_pipeline(&naive, ac, "auto", cap, &o, &cm, &as, &arep);
+	if (rc == CT_OK)
+		sched_free(&as);
+	if (rc == CT_OK && !is_auto)
+		rc = sched_pipeline(&naive, ac, c->comm.buckets, cap, &o, &cm, &s, NULL);
+	else if (rc == CT_OK)
+		rc = sched_pipeline(&naive, ac, "auto", cap, &o, &cm, &s, NULL);
+	if (rc) {
+		sched_auto_report_free(&arep);
 		goto out_sched;
+	}
 	struct sched_prediction p;
 	sched_predict(&s, &cm, &p, NULL);
 	double fpt = llama_flops_per_token(&mc, &t, T);
@@ -133,6 +145,14 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       "reduce-scatter defer %d):\n",
 	       sched_ac_name(ac), c->comm.buckets, o.prefetch, o.rs_defer);
 	sched_print(&s, stdout, !all_nodes);
+	printf("\nplans compared (comm.buckets = \"auto\", prefetch 0..%d, reduce-scatter defer "
+	       "0..%d, bucket cap %.0f MiB%s):\n",
+	       o.prefetch, o.rs_defer, c->comm.bucket_cap_mb,
+	       o.memory_bytes > 0 ? ", memory budget" : "");
+	sched_auto_report_print(&arep, naive.n_units, stdout, "  ");
+	if (!is_auto)
+		printf("  (the configured plan '%s' is the one below)\n", c->comm.buckets);
+	sched_auto_report_free(&arep);
 	printf("\nbucket sizes (gathered parameters):");
 	for (int b = 0; b < s.n_buckets && b < 12; b++)
 		printf(" %.0f MiB",

@@ -189,19 +189,23 @@ const struct cfg_key cfg_schema[] = {
      .help = "A collective that takes longer aborts the job (a peer died or hangs)."},
     {ROW(comm, buckets), .def = "per_block",
      .help = "FSDP buckets: \"per_block\" (embedding, each block, norm + output), \"auto\" "
-             "(greedy with the cost model, under comm.bucket_cap_mb), or comma-separated "
+             "(the plan with the fastest predicted step: buckets under comm.bucket_cap_mb, "
+             "prefetch depth and reduce-scatter deferral up to comm.prefetch and "
+             "comm.reduce_scatter_defer, searched together), or comma-separated "
              "groups of '+'-joined units (embed, block indices from 0, norm) in order, e.g. "
              "\"embed+0,1+2,3+norm\"."},
     {ROW(comm, bucket_cap_mb), .def = "100", GT(0),
      .help = "Automatic bucketing: most gathered parameter MiB in one bucket."},
     {ROW(comm, prefetch), .def = "1", IN_CC(0, 16),
-     .help = "Issue each all-gather this many gathers ahead of its use (0: at use)."},
+     .help = "Issue each all-gather this many gathers ahead of its use (0: at use); with "
+             "comm.buckets = \"auto\", the deepest the search tries."},
     {ROW(comm, reduce_scatter_defer), .def = "1", IN_CC(0, 16),
      .help = "Wait for a reduce-scatter only when this many later ones are issued (0: at "
-             "once)."},
+             "once); with comm.buckets = \"auto\", the most the search tries."},
     {ROW(comm, memory_budget_gb), .def = "0", GE(0),
      .help = "Peak memory per rank the reordering keeps to (predicted by the cost model; "
-             "prefetch depth is lowered to fit); 0: no budget."},
+             "prefetch depth is lowered to fit; a budget no plan fits exits 2 with the "
+             "smallest predicted peak); 0: no budget."},
     {ROW(comm, bandwidth_gbps), .def = "0", GE(0),
      .help = "Cost model: link bandwidth per rank in Gbit/s; 0: measured at start-up "
              "(ctitan plan needs it)."},

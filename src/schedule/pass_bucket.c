@@ -1,9 +1,7 @@
 /* schedule/pass_bucket: bucketing — merge the collectives of adjacent units.
  *
- * Manual plans come from the config (comm.buckets); the automatic plan is SimpleFSDP's
- * greedy: walk the units in order and extend the current bucket while the cost model says the
- * step gets no slower (the bucket's communication still hides behind the compute it overlaps)
- * and the memory caps hold; otherwise start a new bucket. */
+ * Manual plans come from the config (comm.buckets); the automatic plan is searched by
+ * pass_auto.c (buckets, prefetch depth and reduce-scatter deferral together). */
 #include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,68 +129,10 @@ void sched_pass_bucket(const struct sched *in, const struct sched_bucket *bucket
 	sched_free(&mid);
 }
 
-/* A merge must save this fraction of the predicted step: smaller gains are within the cost
- * model's error, and a bigger bucket costs memory (and cache) the model does not price. */
-#define SCHED_AUTO_MIN_GAIN 0.005
-
-/* Predicted step time of `plan` (units beyond it as single buckets), after reordering. */
-static double plan_cost(const struct sched *in, const struct sched_cost_model *cm,
-                        const struct sched_reorder_opts *o, struct sched_bucket *plan, int n,
-                        int64_t *peak)
-{
-	struct sched_bucket *full = xcalloc((size_t)in->n_units, sizeof(*full));
-	memcpy(full, plan, (size_t)n * sizeof(*plan));
-	int nb = n;
-	for (int u = plan[n - 1].unit0 + plan[n - 1].n_units; u < in->n_units; u++)
-		full[nb++] = (struct sched_bucket){u, 1};
-	struct sched b, r;
-	sched_pass_bucket(in, full, nb, &b);
-	sched_pass_reorder(&b, o, cm, &r);
-	struct sched_prediction pr;
-	sched_predict(&r, cm, &pr, NULL);
-	*peak = pr.peak_bytes;
-	sched_free(&b);
-	sched_free(&r);
-	free(full);
-	return pr.step_s;
-}
-
-void sched_pass_bucket_auto(const struct sched *in, const struct sched_cost_model *cm,
-                            const struct sched_reorder_opts *o, int64_t cap_bytes,
-                            struct sched *out)
-{
-	int U = in->n_units, n = 1;
-	struct sched_bucket *plan = xcalloc((size_t)U, sizeof(*plan));
-	plan[0] = (struct sched_bucket){0, 1};
-	int64_t peak;
-	double best = plan_cost(in, cm, o, plan, n, &peak);
-	for (int u = 1; u < U; u++) {
-		/* option A: u starts a new bucket (that is what `best` already priced) */
-		struct sched_bucket *last = &plan[n - 1];
-		int64_t bytes = 0;
-		for (int v = last->unit0; v <= u; v++)
-			bytes += in->units[v].full_numel * 4;
-		if (bytes <= cap_bytes) {
-			/* option B: extend the current bucket by u */
-			last->n_units++;
-			int64_t peak_b;
-			double tb = plan_cost(in, cm, o, plan, n, &peak_b);
-			bool fits = o->memory_bytes <= 0 || peak_b <= o->memory_bytes;
-			if (fits && tb < best * (1.0 - SCHED_AUTO_MIN_GAIN)) {
-				best = tb;
-				continue;
-			}
-			last->n_units--;
-		}
-		plan[n++] = (struct sched_bucket){u, 1};
-	}
-	sched_pass_bucket(in, plan, n, out);
-	free(plan);
-}
-
 int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buckets,
                    int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
-                   const struct sched_cost_model *cm, struct sched *out)
+                   const struct sched_cost_model *cm, struct sched *out,
+                   struct sched_auto_report *report)
 {
 	struct sched ck, bk;
 	sched_pass_checkpoint(naive, ac, &ck);
@@ -202,22 +142,48 @@ int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buck
 			sched_free(&ck);
 			return CT_ERR_USAGE;
 		}
-		sched_pass_bucket_auto(&ck, cm, o, bucket_cap_bytes, &bk);
-	} else {
-		struct sched_bucket *plan;
-		int nb;
-		char why[256];
-		if (sched_bucket_plan_parse(buckets, naive->n_units, &plan, &nb, why,
-		                            sizeof(why))) {
-			LOG_ERROR("comm.buckets: '%s': %s", buckets, why);
-			sched_free(&ck);
-			return CT_ERR_USAGE;
-		}
-		sched_pass_bucket(&ck, plan, nb, &bk);
-		free(plan);
+		struct sched_auto_report own;
+		struct sched_auto_report *r = report ? report : &own;
+		int rc = sched_pass_auto(&ck, cm, o, bucket_cap_bytes, out, r);
+		if (rc)
+			LOG_ERROR("comm.memory_budget_gb = %.3f GiB: no plan fits (%lld plans "
+			          "compared); the smallest predicted peak is %.3f GiB per rank",
+			          (double)o->memory_bytes / (double)(1ll << 30),
+			          (long long)r->n_evaluated,
+			          (double)r->min_peak / (double)(1ll << 30));
+		if (!report)
+			sched_auto_report_free(&own);
+		sched_free(&ck);
+		return rc;
 	}
+	if (report)
+		memset(report, 0, sizeof(*report));
+	struct sched_bucket *plan;
+	int nb;
+	char why[256];
+	if (sched_bucket_plan_parse(buckets, naive->n_units, &plan, &nb, why, sizeof(why))) {
+		LOG_ERROR("comm.buckets: '%s': %s", buckets, why);
+		sched_free(&ck);
+		return CT_ERR_USAGE;
+	}
+	sched_pass_bucket(&ck, plan, nb, &bk);
+	free(plan);
 	sched_pass_reorder(&bk, o, cm, out);
 	sched_free(&ck);
 	sched_free(&bk);
+	if (cm && o->memory_bytes > 0) {
+		struct sched_prediction p;
+		sched_predict(out, cm, &p, NULL);
+		if (p.peak_bytes > o->memory_bytes) {
+			LOG_ERROR(
+			    "comm.memory_budget_gb = %.3f GiB: the plan '%s' does not fit even "
+			    "with prefetching lowered; its smallest predicted peak is %.3f GiB "
+			    "per rank (comm.buckets = \"auto\" searches every plan)",
+			    (double)o->memory_bytes / (double)(1ll << 30), buckets,
+			    (double)p.peak_bytes / (double)(1ll << 30));
+			sched_free(out);
+			return CT_ERR_USAGE;
+		}
+	}
 	return CT_OK;
 }

@@ -48,25 +48,26 @@ static void prefetch(const struct sched *in, const struct sched_reorder_opts *o,
 	int K = 0, n = in->n_nodes;
 	int *ag = xcalloc((size_t)n, sizeof(int)), *wait = xcalloc((size_t)n, sizeof(int));
 	int *floor = xcalloc((size_t)n, sizeof(int)), *after = xcalloc((size_t)n, sizeof(int));
+	/* one pass each way: the latest FREE of the gather's bucket before it (its floor) and
+	 * the gather's WAIT after it; O(nodes) so the automatic search can afford many plans */
+	int *last_free = xcalloc((size_t)in->n_buckets, sizeof(int));
+	int *pending = xcalloc((size_t)in->n_buckets, sizeof(int));
+	for (int b = 0; b < in->n_buckets; b++)
+		last_free[b] = -1;
 	for (int i = 0; i < n; i++) {
-		if (in->nodes[i].kind != SCHED_ALL_GATHER)
+		const struct sched_node *q = &in->nodes[i];
+		if (q->kind == SCHED_FREE)
+			last_free[q->bucket] = i;
+		if (is_ag_wait(q))
+			wait[pending[q->bucket]] = i;
+		if (q->kind != SCHED_ALL_GATHER)
 			continue;
 		ag[K] = i;
-		floor[K] = -1; /* the latest FREE of the same bucket before it */
-		for (int p = i - 1; p >= 0; p--)
-			if (in->nodes[p].kind == SCHED_FREE &&
-			    in->nodes[p].bucket == in->nodes[i].bucket) {
-				floor[K] = p;
-				break;
-			}
-		for (int p = i + 1; p < n; p++)
-			if (is_ag_wait(&in->nodes[p]) &&
-			    in->nodes[p].bucket == in->nodes[i].bucket) {
-				wait[K] = p;
-				break;
-			}
+		floor[K] = last_free[q->bucket];
+		pending[q->bucket] = K;
 		K++;
 	}
+	free(last_free), free(pending);
 	for (int j = 0; j < K; j++) {
 		int prev = j > 0 ? after[j - 1] : -1;
 		for (int d = o->prefetch; d >= 0; d--) {

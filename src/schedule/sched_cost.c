@@ -1,4 +1,5 @@
-/* schedule/sched_cost: FLOPs and bytes per node, calibration, and the two-resource timeline. */
+/* schedule/sched_cost: work per node and term, and the two-resource timeline (calibration of
+ * the rates: sched_calib.c). */
 #include "schedule/sched_cost.h"
 
 #include <math.h>
@@ -6,9 +7,6 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "base/timer.h"
-#include "comm/comm.h"
-#include "kernels/kernels.h"
 
 /* ---------------------------------------------------------------- model side */
 
@@ -57,6 +55,25 @@ void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struc
 	}
 }
 
+void sched_cost_block_work(const struct llama_config *c, int64_t B, int64_t T,
+                           struct sched_cost_work *w)
+{
+	double N = (double)(B * T), C = (double)c->dim, H = (double)c->n_heads;
+	double D = (double)c->head_dim, HD = H * D, KVD = (double)c->n_kv_heads * D;
+	double F = (double)c->ffn_hidden, V = (double)c->vocab_size, e = 4.0;
+	w->fwd_mm = 2.0 * N * (C * HD + 2.0 * C * KVD + HD * C + 3.0 * C * F);
+	w->fwd_attn = 2.0 * (double)B * H * (double)T * (double)T * D; /* causal half of 4BHT^2D */
+	w->bwd_mm = 2.0 * w->fwd_mm;
+	w->bwd_attn = 2.5 * w->fwd_attn; /* scores recomputed tile by tile, then 4 products */
+	/* two norms (read x, write xn), RoPE on q and k in place, SwiGLU (read 2, write 1) */
+	w->fwd_elem = e * (4.0 * N * C + 2.0 * N * (HD + KVD) + 3.0 * N * F);
+	/* norm backward x2 (read dout, x; write dx; dw), both norms and SwiGLU recomputed,
+	 * RoPE backward, SwiGLU backward (read 3, write 2) */
+	w->bwd_elem = e * (8.0 * N * C + 4.0 * N * C + 2.0 * N * (HD + KVD) + 8.0 * N * F);
+	w->head = 6.0 * N * C * V;  /* logits, their input and weight gradients, fused */
+	w->embed = e * 5.0 * N * C; /* lookup: read + write; scatter: read dout, update rows */
+}
+
 void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
                      int64_t T, const struct sched *s, int64_t dp_shard, bool bf16_gather,
                      enum model_ac ac, int64_t act_elem_bytes)
@@ -64,28 +81,38 @@ void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, 
 	memset(cm, 0, sizeof(*cm));
 	int U = s->n_units;
 	cm->n_units = U;
-	double **arr[] = {&cm->fwd_mm,   &cm->fwd_attn, &cm->bwd_mm,
-	                  &cm->bwd_attn, &cm->rec_mm,   &cm->rec_attn};
-	for (size_t i = 0; i < sizeof(arr) / sizeof(arr[0]); i++)
-		*arr[i] = xcalloc((size_t)U, sizeof(double));
-	double N = (double)(B * T), C = (double)c->dim, H = (double)c->n_heads;
-	double D = (double)c->head_dim, HD = H * D, KVD = (double)c->n_kv_heads * D;
-	double F = (double)c->ffn_hidden, V = (double)c->vocab_size;
-	double mm = 2.0 * N * (C * HD + 2.0 * C * KVD + HD * C + 3.0 * C * F);
-	double attn = 2.0 * (double)B * H * (double)T * (double)T * D; /* causal: half of 4BHT^2D */
+	for (int k = 0; k < SCHED_WORK_COUNT; k++)
+		for (int t = 0; t < SCHED_TERM_COUNT; t++)
+			cm->work[k][t] = xcalloc((size_t)U, sizeof(double));
+	struct sched_cost_work w;
+	sched_cost_block_work(c, B, T, &w);
+	double N = (double)(B * T), C = (double)c->dim, F = (double)c->ffn_hidden;
+	double KVD = (double)c->n_kv_heads * (double)c->head_dim;
+	double HD = (double)c->n_heads * (double)c->head_dim;
+	double es = (double)act_elem_bytes / 4.0; /* elementwise traffic scales with the dtype */
+	double *const *fw = cm->work[SCHED_WORK_FWD], *const *bw = cm->work[SCHED_WORK_BWD],
+	              *const *rc = cm->work[SCHED_WORK_REC];
 	for (int u = 1; u < U - 1; u++) {
-		cm->fwd_mm[u] = mm;
-		cm->fwd_attn[u] = attn;
-		cm->bwd_mm[u] = 2.0 * mm + (ac == MODEL_AC_FFN ? 4.0 * N * C * F : 0.0);
-		cm->bwd_attn[u] = 2.5 * attn; /* scores recomputed tile by tile, then 4 products */
+		fw[SCHED_TERM_MATMUL][u] = w.fwd_mm;
+		fw[SCHED_TERM_ATTN][u] = w.fwd_attn;
+		fw[SCHED_TERM_ELEM][u] = es * w.fwd_elem;
+		bw[SCHED_TERM_MATMUL][u] = w.bwd_mm + (ac == MODEL_AC_FFN ? 4.0 * N * C * F : 0.0);
+		bw[SCHED_TERM_ATTN][u] = w.bwd_attn;
+		bw[SCHED_TERM_ELEM][u] = es * w.bwd_elem;
 		if (ac == MODEL_AC_FULL) {
-			cm->rec_mm[u] = mm;
-			cm->rec_attn[u] = attn;
+			rc[SCHED_TERM_MATMUL][u] = w.fwd_mm;
+			rc[SCHED_TERM_ATTN][u] = w.fwd_attn;
+			rc[SCHED_TERM_ELEM][u] = es * w.fwd_elem;
 		} else if (ac == MODEL_AC_SELECTIVE) {
-			cm->rec_mm[u] = 2.0 * N * (C * KVD + HD * C + C * F); /* wk, wo, w3 */
+			rc[SCHED_TERM_MATMUL][u] =
+			    2.0 * N * (C * KVD + HD * C + C * F); /* wk, wo, w3 */
+			rc[SCHED_TERM_ELEM][u] = es * 4.0 * (4.0 * N * C + 2.0 * N * KVD);
 		}
 	}
-	cm->fwd_mm[U - 1] = 6.0 * N * C * V; /* logits, their input and weight gradients, fused */
+	fw[SCHED_TERM_HEAD][U - 1] = w.head;
+	bw[SCHED_TERM_ELEM][U - 1] = es * 4.0 * 4.0 * N * C; /* final norm backward */
+	fw[SCHED_TERM_EMBED][0] = es * 4.0 * 2.0 * N * C;
+	bw[SCHED_TERM_EMBED][0] = es * 4.0 * 3.0 * N * C;
 	cm->dp_shard = dp_shard;
 	cm->ag_elem_bytes = bf16_gather ? 2 : 4;
 	cm->act_elem_bytes = act_elem_bytes;
@@ -102,145 +129,28 @@ void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, 
 
 void sched_cost_free(struct sched_cost_model *cm)
 {
-	free(cm->fwd_mm), free(cm->fwd_attn), free(cm->bwd_mm);
-	free(cm->bwd_attn), free(cm->rec_mm), free(cm->rec_attn);
+	for (int k = 0; k < SCHED_WORK_COUNT; k++)
+		for (int t = 0; t < SCHED_TERM_COUNT; t++)
+			free(cm->work[k][t]);
 	memset(cm, 0, sizeof(*cm));
 }
 
-/* ---------------------------------------------------------------- calibration */
-
-static double median(double *v, int n)
+double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, int unit,
+                         double terms[SCHED_TERM_COUNT])
 {
-	for (int i = 1; i < n; i++)
-		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-			double t = v[j];
-			v[j] = v[j - 1];
-			v[j - 1] = t;
-		}
-	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* Least-squares line time = a + b * bytes; returns latency a (>= 0) and rate 1/b. */
-static void fit_line(const double *bytes, const double *t, int n, double *lat, double *rate)
-{
-	double sx = 0, sy = 0, sxx = 0, sxy = 0;
-	for (int i = 0; i < n; i++) {
-		sx += bytes[i], sy += t[i], sxx += bytes[i] * bytes[i], sxy += bytes[i] * t[i];
+	double sum = 0;
+	for (int t = 0; t < SCHED_TERM_COUNT; t++) {
+		double r = cm->rate[k][t];
+		if (r <= 0)
+			r = t == SCHED_TERM_ATTN                            ? cm->attn_flops
+			    : t == SCHED_TERM_ELEM || t == SCHED_TERM_EMBED ? cm->mem_bytes_s
+			                                                    : cm->matmul_flops;
+		double x = cm->work[k][t][unit] > 0 ? cm->work[k][t][unit] / r : 0.0;
+		if (terms)
+			terms[t] = x;
+		sum += x;
 	}
-	double den = n * sxx - sx * sx;
-	double b = den > 0 ? (n * sxy - sx * sy) / den : 0.0;
-	if (b <= 0) /* flat: all latency; bandwidth from the largest size */
-		b = t[n - 1] / bytes[n - 1];
-	double a = (sy - b * sx) / n;
-	*lat = a > 1e-7 ? a : 1e-7;
-	*rate = 1.0 / b;
-}
-
-#define CAL_SIZES 3
-
-static double time_op(struct comm_stream *st, struct comm_op *op)
-{
-	double best = 1e30;
-	for (int r = 0; r < 3; r++) {
-		double t0 = timer_now();
-		comm_stream_wait(st, comm_stream_enqueue(st, op));
-		double t = timer_now() - t0;
-		best = t < best ? t : best;
-	}
-	return best;
-}
-
-void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
-                          int64_t T, struct comm_stream *stream, const struct comm_group *group,
-                          const struct comm_group *world)
-{
-	/* compute: sgemm at a block's FFN shape, attention at one sequence, a large copy */
-	int64_t N = B * T > 2048 ? 2048 : B * T, C = c->dim, F = c->ffn_hidden;
-	int64_t Ta = T > 512 ? 512 : T, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
-	size_t fl = sizeof(float);
-	int64_t big = N * F > Ta * H * D * 4 ? N * F : Ta * H * D * 4;
-	float *a = calloc((size_t)(N * C > big ? N * C : big), fl),
-	      *w = calloc((size_t)(F * C), fl);
-	float *o = calloc((size_t)big, fl), *lse = calloc((size_t)(H * Ta), fl);
-	CHECK(a && w && o && lse, "out of memory");
-	for (int64_t i = 0; i < F * C; i++)
-		w[i] = (float)((i * 7919) % 1000) * 1e-3f - 0.5f;
-	for (int64_t i = 0; i < N * C; i++)
-		a[i] = (float)((i * 104729) % 1000) * 1e-3f - 0.5f;
-	double best = 1e30;
-	for (int r = 0; r < 3; r++) {
-		double t0 = timer_now();
-		matmul_forward_f32(o, a, w, N, C, F, 0);
-		double t = timer_now() - t0;
-		best = t < best ? t : best;
-	}
-	double vals[3 + 4 * CAL_SIZES];
-	vals[0] = 2.0 * (double)N * (double)C * (double)F / best;
-	best = 1e30;
-	for (int r = 0; r < 2; r++) {
-		double t0 = timer_now();
-		attention_forward_f32(o, lse, a, a, a, 1, Ta, H, KV, D);
-		double t = timer_now() - t0;
-		best = t < best ? t : best;
-	}
-	vals[1] = 2.0 * (double)H * (double)Ta * (double)Ta * (double)D / best;
-	best = 1e30;
-	for (int r = 0; r < 3; r++) {
-		double t0 = timer_now();
-		memcpy(o, a, (size_t)(N * C) * fl);
-		double t = timer_now() - t0;
-		best = t < best ? t : best;
-	}
-	vals[2] = 2.0 * (double)(N * C) * (double)fl / best; /* read + write */
-	free(a), free(w), free(o), free(lse);
-
-	/* collectives on the stream (the simulated link applies), bytes per rank */
-	static const int64_t sizes[CAL_SIZES] = {64 << 10, 1 << 20, 8 << 20};
-	int64_t n = group->size;
-	char *send = calloc((size_t)sizes[CAL_SIZES - 1], 1);
-	char *recv = calloc((size_t)(n * sizes[CAL_SIZES - 1]), 1);
-	float *scr = calloc((size_t)(3 * sizes[CAL_SIZES - 1]), 1);
-	CHECK(send && recv && scr, "out of memory");
-	for (int i = 0; i < CAL_SIZES; i++) {
-		struct comm_op ag = {COMM_ALL_GATHER,         group, send, recv, sizes[i], NULL,
-		                     "calibration all-gather"};
-		int64_t cnt = sizes[i] / 4 / n;
-		struct comm_op rs = {COMM_REDUCE_SCATTER,         group, recv, scr, cnt, scr + cnt,
-		                     "calibration reduce-scatter"};
-		vals[3 + 4 * i] = (double)comm_op_wire_bytes(&ag);
-		vals[4 + 4 * i] = time_op(stream, &ag);
-		vals[5 + 4 * i] = (double)comm_op_wire_bytes(&rs);
-		vals[6 + 4 * i] = time_op(stream, &rs);
-	}
-	free(send), free(recv), free(scr);
-
-	/* every rank: the median over ranks of every measurement */
-	int nv = 3 + 4 * CAL_SIZES, W = world->size;
-	double *all = calloc((size_t)(nv * W), sizeof(double)),
-	       *col = calloc((size_t)W, sizeof(double));
-	CHECK(all && col, "out of memory");
-	comm_all_gather(world, vals, all, nv * (int64_t)sizeof(double));
-	for (int k = 0; k < nv; k++) {
-		for (int r = 0; r < W; r++)
-			col[r] = all[r * nv + k];
-		vals[k] = median(col, W);
-	}
-	free(all), free(col);
-	cm->matmul_flops = vals[0];
-	cm->attn_flops = vals[1];
-	cm->mem_bytes_s = vals[2];
-	double xb[CAL_SIZES], ty[CAL_SIZES];
-	if (n > 1) {
-		for (int i = 0; i < CAL_SIZES; i++)
-			xb[i] = vals[3 + 4 * i], ty[i] = vals[4 + 4 * i];
-		fit_line(xb, ty, CAL_SIZES, &cm->ag_latency_s, &cm->ag_bytes_s);
-		for (int i = 0; i < CAL_SIZES; i++)
-			xb[i] = vals[5 + 4 * i], ty[i] = vals[6 + 4 * i];
-		fit_line(xb, ty, CAL_SIZES, &cm->rs_latency_s, &cm->rs_bytes_s);
-	} else {
-		cm->ag_latency_s = cm->rs_latency_s = 0;
-		cm->ag_bytes_s = cm->rs_bytes_s = 1e30;
-	}
+	return sum;
 }
 
 /* ---------------------------------------------------------------- timeline and memory */
@@ -254,6 +164,19 @@ static void take(struct pool_count *p, int64_t k)
 	p->cur += k;
 	if (p->cur > p->peak)
 		p->peak = p->cur;
+}
+
+/* Compute of dt seconds starting at t, with the comm stream busy until cf: while it is, the
+ * comm thread takes cycles (cm->interference: the fraction compute slows by). */
+static double stretch(const struct sched_cost_model *cm, double t, double cf, double dt)
+{
+	double k = cm->overlap ? cm->interference : 0.0;
+	if (k <= 0 || cf <= t)
+		return dt;
+	double busy = cf - t; /* wall time with the stream busy */
+	if (busy >= dt * (1.0 + k))
+		return dt * (1.0 + k);
+	return busy + (dt - busy / (1.0 + k));
 }
 
 void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
@@ -272,7 +195,8 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		shard_total += sh;
 	}
 	struct pool_count pw = {0}, pg = {0}, agr = {0}, rss = {0};
-	double t = 0, cf = 0, mem = cm->mem_bytes_s, esz = (double)cm->ag_elem_bytes;
+	double mem = cm->mem_bytes_s, esz = (double)cm->ag_elem_bytes;
+	double t = (double)shard_total * 4.0 / mem, cf = 0; /* zero the gradient shards */
 	for (int i = 0; i < s->n_nodes; i++) {
 		const struct sched_node *n = &s->nodes[i];
 		double t0 = t;
@@ -334,15 +258,12 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		case SCHED_BWD:
 		case SCHED_RECOMPUTE: {
 			int u = n->unit;
-			const double *mm = n->kind == SCHED_FWD   ? cm->fwd_mm
-			                   : n->kind == SCHED_BWD ? cm->bwd_mm
-			                                          : cm->rec_mm;
-			const double *at = n->kind == SCHED_FWD   ? cm->fwd_attn
-			                   : n->kind == SCHED_BWD ? cm->bwd_attn
-			                                          : cm->rec_attn;
-			double dt = mm[u] / cm->matmul_flops + at[u] / cm->attn_flops;
-			t += dt;
+			enum sched_work k = n->kind == SCHED_FWD   ? SCHED_WORK_FWD
+			                    : n->kind == SCHED_BWD ? SCHED_WORK_BWD
+			                                           : SCHED_WORK_REC;
+			double dt = sched_cost_node_s(cm, k, u, NULL);
 			p->compute_s += dt;
+			t += stretch(cm, t, cf, dt);
 			int gb = sched_bucket_of(s, u);
 			if ((n->kind == SCHED_BWD ||
 			     (n->kind == SCHED_FWD && u == s->n_units - 1)) &&
@@ -356,7 +277,8 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			t += (double)shard_total * 4.0 / mem + 2.0 * cm->ag_latency_s;
 			break;
 		case SCHED_OPTIM:
-			t += (double)shard_total * 4.0 * 7.0 / mem;
+			t += (double)shard_total * SCHED_OPTIM_BYTES /
+			     (cm->optim_bytes_s > 0 ? cm->optim_bytes_s : mem);
 			break;
 		default:
 			break;

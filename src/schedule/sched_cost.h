@@ -1,18 +1,23 @@
 /* schedule/sched_cost: the cost model — predicts the timeline, peak memory and exposed
  * communication of any schedule without running it.
  *
- * Compute: each unit's forward, backward and recompute FLOPs (from the model's shapes and the
- * activation-checkpointing mode) over a rate per kernel kind (matmul, attention), measured at
- * start-up (sgemm and the attention kernel at the model's shapes) or, for planning, the
- * target's peak FLOP/s times an efficiency. Communication: latency + wire bytes / bandwidth
- * for all-gather and reduce-scatter, calibrated at start-up by timing a few sizes on the comm
- * stream (all ranks use the median over ranks, so they pick the same schedule) or given.
+ * Compute: a node's time is a sum of terms, each work / rate, kept per node kind (FWD, BWD,
+ * RECOMPUTE) so new node kinds add rows: matmul FLOPs, attention FLOPs, elementwise bytes
+ * (norms, RoPE, SwiGLU: memory-bandwidth bound), the fused output projection + cross-entropy
+ * (FLOPs) and the embedding (bytes). The work comes from the model's shapes and the
+ * activation-checkpointing mode; the rates are measured at start-up at the model's real
+ * shapes (sched_calib.c), or, for planning, the target's peak FLOP/s times an efficiency and
+ * its memory bandwidth. Copies (collective copy-in/out, gradient zeroing), the clip norm and
+ * AdamW are memory-bound terms of their own. Communication: latency + wire bytes / bandwidth
+ * per collective kind, fitted over sizes at start-up or given.
  *
  * The timeline has two resources, the compute thread and the comm stream (FIFO): a collective
  * starts when issued and the stream is free; a WAIT stalls compute until it ends (that stall
- * is exposed communication); without a progress thread a collective runs at issue, all of
- * it exposed. Memory mirrors parallel/fsdp: persistent shards, moments, activations by mode,
- * and pools of largest-bucket-sized buffers whose count is the schedule's peak in use.
+ * is exposed communication); without a progress thread a collective runs at issue, all of it
+ * exposed; with one, compute that runs while the stream is busy is slowed by the measured
+ * interference (the comm thread shares the cores). Memory mirrors parallel/fsdp: persistent
+ * shards, moments, activations by mode, and pools of largest-bucket-sized buffers whose count
+ * is the schedule's peak in use.
  */
 #ifndef CT_SCHEDULE_SCHED_COST_H
 #define CT_SCHEDULE_SCHED_COST_H
@@ -24,17 +29,35 @@
 #include "model/llama.h"
 #include "schedule/schedule.h"
 
+/* Terms of a compute node's time, and the node kinds that carry per-unit work. */
+enum sched_term {
+	SCHED_TERM_MATMUL, /* FLOPs */
+	SCHED_TERM_ATTN,   /* FLOPs */
+	SCHED_TERM_ELEM,   /* bytes: norms, RoPE, SwiGLU */
+	SCHED_TERM_HEAD,   /* FLOPs: output projection + cross-entropy, fused */
+	SCHED_TERM_EMBED,  /* bytes: embedding lookup / scatter */
+	SCHED_TERM_COUNT
+};
+enum sched_work { SCHED_WORK_FWD, SCHED_WORK_BWD, SCHED_WORK_REC, SCHED_WORK_COUNT };
+
+/* AdamW traffic per parameter: read p, g, m, v; write p, m, v (fp32). */
+#define SCHED_OPTIM_BYTES 28.0
+
 struct sched_cost_model {
-	/* hardware */
-	double matmul_flops;             /* FLOP/s of sgemm at the model's shapes */
-	double attn_flops;               /* FLOP/s of the attention kernel */
-	double mem_bytes_s;              /* copy bandwidth (copy-in/out, bf16 casts, AdamW) */
+	/* hardware: rate[kind][term] in FLOP/s or bytes/s; 0 falls back to the uniform figures
+	 * below (matmul_flops for matmul and head, attn_flops, mem_bytes_s for bytes) */
+	double rate[SCHED_WORK_COUNT][SCHED_TERM_COUNT];
+	double matmul_flops;  /* FLOP/s of matmuls (the forward rate when calibrated) */
+	double attn_flops;    /* FLOP/s of the attention kernel */
+	double mem_bytes_s;   /* copy bandwidth (copy-in/out, bf16 casts, gradient zeroing) */
+	double optim_bytes_s; /* AdamW at SCHED_OPTIM_BYTES per parameter; 0: mem_bytes_s */
+	double interference;  /* compute slows by this fraction while the comm stream runs */
 	double ag_latency_s, ag_bytes_s; /* all-gather: time = latency + wire bytes / rate */
 	double rs_latency_s, rs_bytes_s;
 	bool overlap; /* collectives progress during compute (comm.progress = thread) */
 	/* model and layout */
 	int n_units;
-	double *fwd_mm, *fwd_attn, *bwd_mm, *bwd_attn, *rec_mm, *rec_attn; /* FLOPs per unit */
+	double *work[SCHED_WORK_COUNT][SCHED_TERM_COUNT]; /* per unit: FLOPs or bytes */
 	int64_t dp_shard;
 	int64_t ag_elem_bytes; /* 2 for bf16 all-gather, 4 for fp32 */
 	int64_t act_elem_bytes;
@@ -50,6 +73,18 @@ struct sched_prediction {
 	int64_t full_params_bytes, full_grads_bytes, comm_bytes;
 	int64_t n_collectives;
 };
+
+/* One node's time under cm, and its terms (terms may be NULL). */
+double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, int unit,
+                         double terms[SCHED_TERM_COUNT]);
+
+/* The work of one block (and the head, embedding) at (B, T), fp32: what calibration divides
+ * by its measured times. */
+struct sched_cost_work {
+	double fwd_mm, fwd_attn, fwd_elem, bwd_mm, bwd_attn, bwd_elem, head, embed;
+};
+void sched_cost_block_work(const struct llama_config *c, int64_t B, int64_t T,
+                           struct sched_cost_work *w);
 
 /* Units of a Llama table sharded dim-0 over dp_shard ranks (chunk = ceil(rows / dp_shard),
  * padded): what fsdp_sched_units gives, without building anything. */
@@ -68,15 +103,17 @@ void sched_cost_free(struct sched_cost_model *cm);
 int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
                                     enum model_ac ac, int64_t elem_bytes);
 
-/* Measure compute rates here and collective latency/bandwidth on `stream` over `group`
- * (a few sizes, fastest of a few runs each), then take the median over `world` so every rank
- * holds the same model. Collective calls on world and group: all ranks must call it. */
+/* Measure every rate here at the model's shapes (sched_calib.c), collective latency and
+ * bandwidth on `stream` over `group` (5 sizes), and, when `overlap` (a progress thread), the
+ * interference; then take the median over `world` so every rank holds the same model.
+ * Collective calls on world and group: all ranks must call it. */
 struct comm_group;
 void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
                           int64_t T, struct comm_stream *stream, const struct comm_group *group,
-                          const struct comm_group *world);
+                          const struct comm_group *world, bool overlap);
 
-/* Predict s's step. node_t (2 * n_nodes: start, end on the compute thread) may be NULL. */
+/* Predict s's step. node_t (2 * n_nodes: start, end on the compute thread) may be NULL.
+ * The step also pays zeroing the gradient shards before the first node. */
 void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
                    struct sched_prediction *p, double *node_t);
 

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "schedule/sched_trace.h"
 
 int step_plan_ac(const struct ct_config *cfg, enum model_ac *ac)
 {
@@ -38,11 +39,83 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 	struct sched_prediction p;
 	sched_predict(s, cm, &p, NULL);
 	LOG_INFO("cost model: step %.3f s (compute %.3f s, comm %.3f s, exposed %.3f s), peak "
-	         "%.2f GiB/rank; sgemm %.1f GFLOP/s, attention %.1f GFLOP/s, all-gather %.0f us "
-	         "+ %.2f GB/s, reduce-scatter %.0f us + %.2f GB/s",
+	         "%.2f GiB/rank; all-gather %.0f us + %.2f GB/s, reduce-scatter %.0f us + %.2f "
+	         "GB/s, compute slowed %.0f%% beside a collective",
 	         p.step_s, p.compute_s, p.comm_s, p.exposed_s, (double)p.peak_bytes / (1 << 30),
-	         cm->matmul_flops / 1e9, cm->attn_flops / 1e9, cm->ag_latency_s * 1e6,
-	         cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6, cm->rs_bytes_s / 1e9);
+	         cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
+	         cm->rs_bytes_s / 1e9, 100.0 * (cm->overlap ? cm->interference : 0.0));
+	const double(*r)[SCHED_TERM_COUNT] = cm->rate;
+	LOG_INFO(
+	    "cost model rates: matmul fwd %.1f bwd %.1f GFLOP/s, attention fwd %.1f bwd "
+	    "%.1f GFLOP/s, output+loss %.1f GFLOP/s, elementwise fwd %.1f bwd %.1f GB/s, "
+	    "embedding %.1f GB/s, AdamW %.1f GB/s, copies %.1f GB/s",
+	    r[SCHED_WORK_FWD][SCHED_TERM_MATMUL] / 1e9, r[SCHED_WORK_BWD][SCHED_TERM_MATMUL] / 1e9,
+	    r[SCHED_WORK_FWD][SCHED_TERM_ATTN] / 1e9, r[SCHED_WORK_BWD][SCHED_TERM_ATTN] / 1e9,
+	    r[SCHED_WORK_FWD][SCHED_TERM_HEAD] / 1e9, r[SCHED_WORK_FWD][SCHED_TERM_ELEM] / 1e9,
+	    r[SCHED_WORK_BWD][SCHED_TERM_ELEM] / 1e9, r[SCHED_WORK_FWD][SCHED_TERM_EMBED] / 1e9,
+	    cm->optim_bytes_s / 1e9, cm->mem_bytes_s / 1e9);
+}
+
+static void log_lines(char *text)
+{
+	for (char *line = text, *nl; line && *line; line = nl ? nl + 1 : NULL) {
+		nl = strchr(line, '\n');
+		if (nl)
+			*nl = 0;
+		LOG_INFO("%s", line);
+	}
+	free(text);
+}
+
+void step_plan_log_report(const struct sched_auto_report *r, int n_units)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
+		return;
+	sched_auto_report_print(r, n_units, f, "");
+	fclose(f);
+	log_lines(text);
+}
+
+void step_plan_log_compare(const struct sched *s, const struct sched_cost_model *cm,
+                           const struct sched_record *rec, double t0, double t1)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+	if (!f)
+		return;
+	sched_profile_compare(s, cm, rec, t0, t1, f);
+	fclose(f);
+	log_lines(text);
+}
+
+double step_plan_predict_single(const struct ct_config *cfg, const struct llama_config *c,
+                                const struct param_table *t, int64_t B, int64_t T, int accum,
+                                struct comm_stream *stream, const struct comm_group *world)
+{
+	enum model_ac ac;
+	if (step_plan_ac(cfg, &ac))
+		return 0.0;
+	struct sched_unit *units = xcalloc((size_t)t->n_units, sizeof(*units));
+	sched_units_from_table(t, 1, units);
+	struct sched naive, s;
+	sched_build(&naive, units, t->n_units, accum, SCHED_RESHARD_DEFAULT);
+	free(units);
+	sched_pass_checkpoint(&naive, ac, &s);
+	struct sched_cost_model cm;
+	sched_cost_init(&cm, c, B, T, &s, 1, false, ac, 4);
+	sched_cost_calibrate(&cm, c, B, T, stream, world, world, false);
+	cm.overlap = false;
+	step_plan_log(&s, &cm);
+	struct sched_prediction p;
+	sched_predict(&s, &cm, &p, NULL);
+	sched_cost_free(&cm);
+	sched_free(&naive);
+	sched_free(&s);
+	return p.step_s;
 }
 
 int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
@@ -70,17 +143,22 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 		bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
 		sched_cost_init(cm, &m->cfg.llama, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac,
 		                4);
+		bool overlap = strcmp(cfg->comm.progress, "thread") == 0;
 		sched_cost_calibrate(cm, &m->cfg.llama, m->B, m->T, stream,
-		                     &f->mesh->dp_shard_group, &f->mesh->world_group);
+		                     &f->mesh->dp_shard_group, &f->mesh->world_group, overlap);
 		if (cfg->comm.bandwidth_gbps > 0) {
 			cm->ag_bytes_s = cm->rs_bytes_s = cfg->comm.bandwidth_gbps * 1e9 / 8;
 			cm->ag_latency_s = cm->rs_latency_s = cfg->comm.latency_us * 1e-6;
 		}
-		cm->overlap = strcmp(cfg->comm.progress, "thread") == 0;
+		cm->overlap = overlap;
 	}
+	struct sched_auto_report rep;
 	rc = sched_pipeline(&naive, ac, cfg->comm.buckets,
 	                    (int64_t)(cfg->comm.bucket_cap_mb * (double)(1 << 20)), &o,
-	                    *have_cm ? cm : NULL, &s);
+	                    *have_cm ? cm : NULL, &s, &rep);
+	if (rep.n_evaluated > 0)
+		step_plan_log_report(&rep, naive.n_units);
+	sched_auto_report_free(&rep);
 	if (rc == CT_OK)
 		rc = fsdp_set_schedule(f, &s);
 	if (rc == CT_OK) {

@@ -40,6 +40,7 @@ struct trainer {
 	bool sharded;
 	struct sched_cost_model cost; /* the step's cost model, when the config needs one */
 	bool have_cost;
+	double single_pred_s; /* one rank, profiling: the cost model's predicted step (0: none) */
 	struct adamw opt;
 	struct lr_schedule lr;
 	struct loader *train_ld; /* a shard folder */
@@ -102,6 +103,10 @@ static int trainer_build_model(struct trainer *tr)
 			return rc;
 	} else {
 		model_init_params(m, seed, m->params, 0, m->table->numel);
+		if (cfg->profiling.enable_profiling && mc.kind == MODEL_LLAMA)
+			tr->single_pred_s = step_plan_predict_single(
+			    cfg, &mc.llama, m->table, m->B, m->T, (int)tr->accum, tr->stream,
+			    &tr->mesh.world_group);
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
 	           cfg->optimizer.eps, cfg->optimizer.weight_decay);
@@ -350,6 +355,13 @@ static void trainer_batch(struct trainer *tr, int64_t step)
  * layout), from the executor's record of the step just run. */
 static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 {
+	if (tr->sharded && tr->have_cost)
+		step_plan_log_compare(&tr->fsdp.sched, &tr->cost, tr->fsdp.rec, t0, timer_now());
+	if (!tr->sharded && tr->single_pred_s > 0) {
+		double ms = timer_now() - t0;
+		LOG_INFO("cost model vs this step: predicted %.4f s, measured %.4f s (%+.1f%%)",
+		         tr->single_pred_s, ms, 100.0 * (tr->single_pred_s / ms - 1.0));
+	}
 	if (!tr->sharded) {
 		if (step == tr->cfg->profiling.profile_freq)
 			LOG_WARN("profiling: traces record the FSDP schedule; a single-rank run "

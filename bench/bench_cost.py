@@ -1,0 +1,89 @@
+#!/usr/bin/python3
+"""Cost model vs measured step (bench/cost): the debug and 125M models on 1, 2 and 4 ranks.
+
+Each run trains a few steps with profiling on, so the cost model is calibrated at start-up in
+the same run (rates at the model's shapes, median over ranks) and the last step is compared
+with it per node kind. Prints one row per (model, ranks): the predicted step, the measured step
+(mean of the steps after the first), the profiled step alone, the error of the prediction
+against both, and the load average while the run ran (OpenMP threads per rank: cores / ranks) — on a shared machine, load that changes
+between the calibration and the steps shows up as error that is not the model's.
+
+  /usr/bin/python3 bench/bench_cost.py [--ctitan build/ctitan] [--steps 4] [--ranks 1,2,4]
+                                      [--models debug,125m]
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader",
+               OMPI_MCA_pml="ob1", OMPI_MCA_hwloc_base_binding_policy="none")
+# per model: batch x seq per rank (the 125M run of bench_overlap; the debug config's own)
+SHAPES = {"debug": (8, 256), "125m": (2, 256)}
+
+
+def load():
+    return float(open("/proc/loadavg").read().split()[0])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctitan", default=os.path.join(ROOT, "build", "ctitan"))
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--ranks", default="1,2,4")
+    ap.add_argument("--models", default="debug,125m")
+    a = ap.parse_args()
+    env = dict(os.environ, **MPI_ENV)
+    print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in a.models.split(","):
+            for n in [int(x) for x in a.ranks.split(",")]:
+                dump = os.path.join(tmp, f"{model}_{n}")
+                B, T = SHAPES[model]
+                cmd = [os.path.join(ROOT, "scripts", "launch"), str(n), a.ctitan, "train",
+                       os.path.join(ROOT, "configs", f"{model}.toml"),
+                       f"--job.dump_folder={dump}", f"--training.steps={a.steps}",
+                       f"--training.local_batch_size={B}", f"--training.seq_len={T}",
+                       "--training.dataset=synthetic", "--metrics.log_freq=1",
+                       "--profiling.enable_profiling=true",
+                       f"--profiling.profile_freq={a.steps}"]
+                l0 = load()
+                # one OpenMP thread per core and rank: no oversubscription of our own
+                th = str(max(1, (os.cpu_count() or 2) // n))
+                p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   env=dict(env, OMP_NUM_THREADS=th), cwd=ROOT)
+                text = p.stdout.decode(errors="replace")
+                if p.returncode != 0:
+                    sys.exit(f"bench: {' '.join(cmd)} failed:\n{text[-3000:]}")
+                recs = [json.loads(l) for l in open(os.path.join(dump, "metrics.jsonl"))]
+                tail = recs[1:] if len(recs) > 1 else recs
+                meas = sum(r["step_s"] for r in tail) / len(tail)
+                pred = float(re.search(r"cost model: step ([\d.]+) s", text).group(1))
+                m = re.search(r"(?:^|\n)\S*\s*step\s+\d+\s+([\d.]+)s\s+([\d.]+)s", text)
+                m1 = re.search(r"predicted ([\d.]+) s, measured ([\d.]+) s", text)
+                prof = float(m.group(2)) if m else float(m1.group(2)) if m1 else float("nan")
+                table = re.findall(r"cost model vs this step.*?(?=\nstep:)", text, re.S)
+                rows.append((model, n, pred, meas, prof, (l0 + load()) / 2))
+                print(f"  {model} x{n}: predicted {pred:.3f} s, measured {meas:.3f} s "
+                      f"(profiled step {prof:.3f} s), load {rows[-1][5]:.1f}", flush=True)
+                if table and n > 1:
+                    print("\n".join("    " + l for l in table[0].splitlines()[1:]))
+    print()
+    print(f"{'model':<7} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'error':>8} "
+          f"{'profiled s':>11} {'error':>8} {'load':>5}")
+    for model, n, pred, meas, prof, ld in rows:
+        print(f"{model:<7} {n:>5} {pred:>12.3f} {meas:>11.3f} {100 * (pred / meas - 1):>+7.1f}% "
+              f"{prof:>11.3f} {100 * (pred / prof - 1):>+7.1f}% {ld:>5.1f}")
+    print(f"uptime: {os.popen('uptime').read().strip()}")
+
+
+if __name__ == "__main__":
+    main()

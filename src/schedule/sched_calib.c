@@ -1,0 +1,367 @@
+/* schedule/sched_calib: measure the cost model's rates on this machine, at the model's shapes.
+ *
+ * Each term of each compute node kind is timed by running the kernels a Llama unit runs, in
+ * the same sequence and at the same shapes (batch x sequence tokens, capped for time; the
+ * rate then scales by FLOPs or bytes): a block's forward matmuls, attention and elementwise
+ * kernels; its backward's; the fused output projection + cross-entropy; the embedding; AdamW;
+ * a large copy — each once per round over 5 rounds, median. The rate of a term is its work
+ * (sched_cost_init's FLOP and byte counts) over the measured time, so the prediction at these
+ * shapes reproduces the measurement. Matmuls go through matmul_forward/backward, so the rates
+ * follow whatever engine those dispatch to. Collectives: all-gather and reduce-scatter timed on the
+ * stream at 5 sizes (median of 3), latency + bytes / bandwidth fitted by least squares; with a
+ * progress thread, the slowdown of compute while a collective runs beside it. Every figure is the
+ * median over ranks, so every rank picks the same schedule. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/timer.h"
+#include "comm/comm.h"
+#include "kernels/kernels.h"
+#include "schedule/sched_cost.h"
+
+static double median(double *v, int n)
+{
+	for (int i = 1; i < n; i++)
+		for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+			double t = v[j];
+			v[j] = v[j - 1];
+			v[j - 1] = t;
+		}
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Least-squares line time = a + b * bytes; returns latency a (>= 0) and rate 1/b. */
+static void fit_line(const double *bytes, const double *t, int n, double *lat, double *rate)
+{
+	double sx = 0, sy = 0, sxx = 0, sxy = 0;
+	for (int i = 0; i < n; i++) {
+		sx += bytes[i], sy += t[i], sxx += bytes[i] * bytes[i], sxy += bytes[i] * t[i];
+	}
+	double den = n * sxx - sx * sx;
+	double b = den > 0 ? (n * sxy - sx * sy) / den : 0.0;
+	if (b <= 0) /* flat: all latency; bandwidth from the largest size */
+		b = t[n - 1] / bytes[n - 1];
+	double a = (sy - b * sx) / n;
+	*lat = a > 1e-7 ? a : 1e-7;
+	*rate = 1.0 / b;
+}
+
+/* The buffers of one block at (Bc, T) and the head, filled with small values. */
+struct cal {
+	int64_t B, T, N, C, H, KV, D, HD, KVD, F, V, chunk;
+	float *x, *xn, *q, *k, *v, *att, *lse, *h1, *h3, *gate, *out, *rstd, *cos, *sin;
+	float *dq, *dk, *dv, *dx, *dxn, *dh1, *dh3, *dres;
+	float *wq, *wk, *wv, *wo, *w1, *w2, *w3, *wout, *nw, *dw, *scratch;
+	int32_t *tok;
+	float *all, *big; /* big: 4 x optim_n floats for AdamW and the copy */
+};
+
+static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, int64_t T)
+{
+	memset(c, 0, sizeof(*c));
+	c->T = T > 1024 ? 1024 : T;
+	c->B = B;
+	while (c->B > 1 && c->B * c->T > 2048)
+		c->B--;
+	c->N = c->B * c->T, c->C = lc->dim, c->H = lc->n_heads, c->KV = lc->n_kv_heads;
+	c->D = lc->head_dim, c->HD = c->H * c->D, c->KVD = c->KV * c->D, c->F = lc->ffn_hidden;
+	c->V = lc->vocab_size;
+	c->chunk = (4 << 20) / (4 * c->V);
+	c->chunk = c->chunk < 1 ? 1 : (c->chunk > c->N ? c->N : c->chunk);
+	int64_t N = c->N, C = c->C, F = c->F, HD = c->HD, KVD = c->KVD, V = c->V;
+	struct {
+		float **p;
+		int64_t n;
+	} parts[] = {{&c->x, N * C},
+	             {&c->xn, N * C},
+	             {&c->q, N * HD},
+	             {&c->k, N * KVD},
+	             {&c->v, N * KVD},
+	             {&c->att, N * HD},
+	             {&c->lse, N * c->H},
+	             {&c->h1, N * F},
+	             {&c->h3, N * F},
+	             {&c->gate, N * F},
+	             {&c->out, N * C},
+	             {&c->rstd, N},
+	             {&c->cos, c->T * c->D},
+	             {&c->sin, c->T * c->D},
+	             {&c->dq, N * HD},
+	             {&c->dk, N * KVD},
+	             {&c->dv, N * KVD},
+	             {&c->dx, N * C},
+	             {&c->dxn, N * C},
+	             {&c->dh1, N * F},
+	             {&c->dh3, N * F},
+	             {&c->dres, N * C},
+	             {&c->wq, HD * C},
+	             {&c->wk, KVD * C},
+	             {&c->wv, KVD * C},
+	             {&c->wo, C * HD},
+	             {&c->w1, F * C},
+	             {&c->w2, C * F},
+	             {&c->w3, F * C},
+	             {&c->wout, V * C},
+	             {&c->nw, C},
+	             {&c->dw, (V > F ? V : F) * C},
+	             {&c->scratch, c->chunk * V}};
+	int64_t total = 0;
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
+		total += parts[i].n;
+	c->all = malloc((size_t)total * sizeof(float));
+	c->tok = malloc((size_t)N * sizeof(int32_t));
+	CHECK(c->all && c->tok, "out of memory (cost model calibration, %lld floats)",
+	      (long long)total);
+	for (int64_t i = 0; i < total; i++)
+		c->all[i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
+	for (int64_t i = 0; i < N; i++)
+		c->tok[i] = (int32_t)((i * 104729) % V);
+	float *at = c->all;
+	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
+		*parts[i].p = at;
+		at += parts[i].n;
+	}
+}
+
+enum cal_part {
+	CAL_FWD_MM,
+	CAL_FWD_ATTN,
+	CAL_FWD_ELEM,
+	CAL_BWD_MM,
+	CAL_BWD_ATTN,
+	CAL_BWD_ELEM,
+	CAL_HEAD,
+	CAL_EMBED,
+	CAL_OPTIM,
+	CAL_COPY,
+	CAL_PARTS
+};
+
+/* Run one part of a unit's work once. */
+static void cal_run(struct cal *c, enum cal_part p, int64_t optim_n)
+{
+	int64_t B = c->B, T = c->T, N = c->N, C = c->C, H = c->H, KV = c->KV, D = c->D;
+	int64_t HD = c->HD, KVD = c->KVD, F = c->F, V = c->V;
+	int64_t nv;
+	switch (p) {
+	case CAL_FWD_MM:
+		matmul_forward_f32(c->q, c->xn, c->wq, N, C, HD, 0);
+		matmul_forward_f32(c->k, c->xn, c->wk, N, C, KVD, 0);
+		matmul_forward_f32(c->v, c->xn, c->wv, N, C, KVD, 0);
+		matmul_forward_f32(c->out, c->att, c->wo, N, HD, C, 1);
+		matmul_forward_f32(c->h1, c->xn, c->w1, N, C, F, 0);
+		matmul_forward_f32(c->h3, c->xn, c->w3, N, C, F, 0);
+		matmul_forward_f32(c->out, c->gate, c->w2, N, F, C, 1);
+		break;
+	case CAL_FWD_ATTN:
+		attention_forward_f32(c->att, c->lse, c->q, c->k, c->v, B, T, H, KV, D);
+		break;
+	case CAL_FWD_ELEM:
+		rmsnorm_forward_f32(c->xn, c->rstd, c->x, c->nw, N, C, 1e-5);
+		rope_forward_f32(c->q, c->cos, c->sin, B, T, H, D);
+		rope_forward_f32(c->k, c->cos, c->sin, B, T, KV, D);
+		rmsnorm_forward_f32(c->xn, c->rstd, c->out, c->nw, N, C, 1e-5);
+		swiglu_forward_f32(c->gate, c->h1, c->h3, N * F);
+		break;
+	case CAL_BWD_MM:
+		matmul_backward_f32(NULL, c->dw, c->dres, c->gate, c->w2, N, F, C);
+		matmul_backward_f32(c->gate, NULL, c->dres, NULL, c->w2, N, F, C);
+		matmul_backward_f32(c->dxn, c->dw, c->dh1, c->xn, c->w1, N, C, F);
+		matmul_backward_f32(c->dxn, c->dw, c->dh3, c->xn, c->w3, N, C, F);
+		matmul_backward_f32(c->dq, c->dw, c->dres, c->att, c->wo, N, HD, C);
+		matmul_backward_f32(c->dxn, c->dw, c->dq, c->xn, c->wq, N, C, HD);
+		matmul_backward_f32(c->dxn, c->dw, c->dk, c->xn, c->wk, N, C, KVD);
+		matmul_backward_f32(c->dxn, c->dw, c->dv, c->xn, c->wv, N, C, KVD);
+		break;
+	case CAL_BWD_ATTN:
+		attention_backward_f32(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k,
+		                       c->v, B, T, H, KV, D);
+		break;
+	case CAL_BWD_ELEM:
+		rmsnorm_forward_f32(c->xn, c->rstd, c->out, c->nw, N, C, 1e-5);
+		swiglu_forward_f32(c->gate, c->h1, c->h3, N * F);
+		swiglu_backward_f32(c->dh1, c->dh3, c->gate, c->h1, c->h3, N * F);
+		rmsnorm_backward_f32(c->dres, c->dw, c->dxn, c->out, c->nw, c->rstd, N, C);
+		rope_backward_f32(c->dq, c->cos, c->sin, B, T, H, D);
+		rope_backward_f32(c->dk, c->cos, c->sin, B, T, KV, D);
+		rmsnorm_forward_f32(c->xn, c->rstd, c->x, c->nw, N, C, 1e-5);
+		rmsnorm_backward_f32(c->dres, c->dw, c->dxn, c->x, c->nw, c->rstd, N, C);
+		break;
+	case CAL_HEAD:
+		rmsnorm_forward_f32(c->xn, c->rstd, c->x, c->nw, N, C, 1e-5);
+		cross_entropy_fused_f32(c->dx, c->dw, c->xn, c->wout, c->tok, N, C, V, -100, 1e-3,
+		                        c->scratch, c->chunk, &nv);
+		break;
+	case CAL_EMBED:
+		embedding_forward_f32(c->x, c->tok, c->wout, N, C);
+		embedding_backward_f32(c->dw, c->dres, c->tok, N, C);
+		break;
+	case CAL_OPTIM: /* over buffers as large as the shards (to 4 x 16 MiB): not in cache */
+		adamw_update(c->big, c->big + optim_n, c->big + 2 * optim_n, c->big + 3 * optim_n,
+		             optim_n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1, 1.0);
+		break;
+	case CAL_COPY:
+		memcpy(c->big, c->big + 2 * optim_n, (size_t)(2 * optim_n) * sizeof(float));
+		break;
+	default:
+		break;
+	}
+}
+
+#define CAL_ROUNDS 5
+
+/* Every part once per round, round-robin, after a warm-up round; each part's median over the
+ * rounds: the typical time as a step sees it, with load that changes during calibration
+ * spread over all parts alike. */
+static void cal_time_all(struct cal *c, int64_t optim_n, double *out)
+{
+	double t[CAL_PARTS][CAL_ROUNDS];
+	for (int r = -1; r < CAL_ROUNDS; r++)
+		for (int p = 0; p < CAL_PARTS; p++) {
+			double t0 = timer_now();
+			cal_run(c, (enum cal_part)p, optim_n);
+			if (r >= 0)
+				t[p][r] = timer_now() - t0;
+		}
+	for (int p = 0; p < CAL_PARTS; p++)
+		out[p] = median(t[p], CAL_ROUNDS);
+}
+
+#define CAL_SIZES 5
+
+/* Median of 3 after a warm-up, like the compute parts: the typical time, skew between ranks
+ * included (a step sees it too). */
+static double time_op(struct comm_stream *st, struct comm_op *op)
+{
+	double t[3];
+	comm_stream_wait(st, comm_stream_enqueue(st, op));
+	for (int r = 0; r < 3; r++) {
+		double t0 = timer_now();
+		comm_stream_wait(st, comm_stream_enqueue(st, op));
+		t[r] = timer_now() - t0;
+	}
+	return median(t, 3);
+}
+
+/* Indices into the measurement vector shared across ranks. */
+enum { V_PARTS = 0, V_COMM = CAL_PARTS, V_INTERF = CAL_PARTS + 4 * CAL_SIZES, V_COUNT };
+
+void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config *lc, int64_t B,
+                          int64_t T, struct comm_stream *stream, const struct comm_group *group,
+                          const struct comm_group *world, bool overlap)
+{
+	struct cal c;
+	cal_alloc(&c, lc, B, T);
+	/* AdamW and copies over the shards' size (at least 4 Mi floats per array, out of cache;
+	 * at most 4 x 16 MiB) */
+	int64_t optim_n = cm->params_bytes / 4;
+	optim_n = optim_n < (int64_t)1 << 20   ? (int64_t)1 << 20
+	          : optim_n > (int64_t)1 << 22 ? (int64_t)1 << 22
+	                                       : optim_n;
+	c.big = malloc((size_t)(4 * optim_n) * sizeof(float));
+	CHECK(c.big, "out of memory (cost model calibration)");
+	for (int64_t i = 0; i < 4 * optim_n; i++)
+		c.big[i] = (float)(i % 1000) * 1e-4f + 0.01f;
+	double vals[V_COUNT];
+	memset(vals, 0, sizeof(vals));
+	cal_time_all(&c, optim_n, vals + V_PARTS);
+
+	/* collectives on the stream (the simulated link applies), bytes per rank */
+	static const int64_t sizes[CAL_SIZES] = {64 << 10, 512 << 10, 2 << 20, 8 << 20, 16 << 20};
+	int64_t n = group->size, big = sizes[CAL_SIZES - 1];
+	char *send = calloc((size_t)big, 1), *recv = calloc((size_t)(n * big), 1);
+	float *scr = calloc((size_t)(3 * big), 1);
+	CHECK(send && recv && scr, "out of memory");
+	for (int i = 0; i < CAL_SIZES && n > 1; i++) {
+		struct comm_op ag = {COMM_ALL_GATHER,         group, send, recv, sizes[i], NULL,
+		                     "calibration all-gather"};
+		int64_t cnt = sizes[i] / 4 / n;
+		struct comm_op rs = {COMM_REDUCE_SCATTER,         group, recv, scr, cnt, scr + cnt,
+		                     "calibration reduce-scatter"};
+		vals[V_COMM + 4 * i] = (double)comm_op_wire_bytes(&ag);
+		vals[V_COMM + 4 * i + 1] = time_op(stream, &ag);
+		vals[V_COMM + 4 * i + 2] = (double)comm_op_wire_bytes(&rs);
+		vals[V_COMM + 4 * i + 3] = time_op(stream, &rs);
+	}
+	/* interference: a block's forward matmuls alone, then with the largest all-gather beside
+	 * them, in 3 interleaved pairs (so load changes hit both alike); the slowdown over the
+	 * time they overlapped, median of the pairs */
+	if (n > 1 && overlap) {
+		double frac[3];
+		struct comm_op ag = {COMM_ALL_GATHER,
+		                     group,
+		                     send,
+		                     recv,
+		                     big,
+		                     NULL,
+		                     "calibration all-gather beside compute"};
+		for (int r = 0; r < 3; r++) {
+			double t0 = timer_now();
+			cal_run(&c, CAL_FWD_MM, optim_n);
+			double alone = timer_now() - t0;
+			comm_barrier(group);
+			int64_t tk = comm_stream_enqueue(stream, &ag);
+			t0 = timer_now();
+			cal_run(&c, CAL_FWD_MM, optim_n);
+			double with = timer_now() - t0;
+			comm_stream_wait(stream, tk);
+			double c0, c1;
+			comm_stream_op_times(stream, tk, &c0, &c1);
+			double ov = (c1 < t0 + with ? c1 : t0 + with) - (c0 > t0 ? c0 : t0);
+			frac[r] = ov > 1e-4 ? (with - alone) / ov : 0.0;
+		}
+		vals[V_INTERF] = median(frac, 3);
+	}
+	free(send), free(recv), free(scr);
+	free(c.all), free(c.tok), free(c.big);
+
+	/* every rank: the median over ranks of every measurement */
+	int W = world->size;
+	double *all = calloc((size_t)(V_COUNT * W), sizeof(double)),
+	       *col = calloc((size_t)W, sizeof(double));
+	CHECK(all && col, "out of memory");
+	comm_all_gather(world, vals, all, V_COUNT * (int64_t)sizeof(double));
+	for (int k = 0; k < V_COUNT; k++) {
+		for (int r = 0; r < W; r++)
+			col[r] = all[r * V_COUNT + k];
+		vals[k] = median(col, W);
+	}
+	free(all), free(col);
+
+	/* rates: the work sched_cost_init counts for these shapes over the measured time */
+	struct sched_cost_work w;
+	sched_cost_block_work(lc, c.B, c.T, &w);
+	const double *t = vals + V_PARTS;
+	cm->rate[SCHED_WORK_FWD][SCHED_TERM_MATMUL] = w.fwd_mm / t[CAL_FWD_MM];
+	cm->rate[SCHED_WORK_FWD][SCHED_TERM_ATTN] = w.fwd_attn / t[CAL_FWD_ATTN];
+	cm->rate[SCHED_WORK_FWD][SCHED_TERM_ELEM] = w.fwd_elem / t[CAL_FWD_ELEM];
+	cm->rate[SCHED_WORK_BWD][SCHED_TERM_MATMUL] = w.bwd_mm / t[CAL_BWD_MM];
+	cm->rate[SCHED_WORK_BWD][SCHED_TERM_ATTN] = w.bwd_attn / t[CAL_BWD_ATTN];
+	cm->rate[SCHED_WORK_BWD][SCHED_TERM_ELEM] = w.bwd_elem / t[CAL_BWD_ELEM];
+	for (int k = 0; k < SCHED_TERM_COUNT; k++)
+		cm->rate[SCHED_WORK_REC][k] = cm->rate[SCHED_WORK_FWD][k];
+	double head = w.head / t[CAL_HEAD], embed = w.embed / t[CAL_EMBED];
+	for (int k = 0; k < SCHED_WORK_COUNT; k++) {
+		cm->rate[k][SCHED_TERM_HEAD] = head;
+		cm->rate[k][SCHED_TERM_EMBED] = embed;
+	}
+	cm->optim_bytes_s = SCHED_OPTIM_BYTES * (double)optim_n / t[CAL_OPTIM];
+	cm->mem_bytes_s = 2.0 * (double)(2 * optim_n) * 4.0 / t[CAL_COPY];
+	cm->matmul_flops = cm->rate[SCHED_WORK_FWD][SCHED_TERM_MATMUL];
+	cm->attn_flops = cm->rate[SCHED_WORK_FWD][SCHED_TERM_ATTN];
+	/* at most the whole of the comm thread's time taken from compute */
+	cm->interference = vals[V_INTERF] < 0 ? 0 : (vals[V_INTERF] > 1 ? 1 : vals[V_INTERF]);
+	double xb[CAL_SIZES], ty[CAL_SIZES];
+	if (n > 1) {
+		for (int i = 0; i < CAL_SIZES; i++)
+			xb[i] = vals[V_COMM + 4 * i], ty[i] = vals[V_COMM + 4 * i + 1];
+		fit_line(xb, ty, CAL_SIZES, &cm->ag_latency_s, &cm->ag_bytes_s);
+		for (int i = 0; i < CAL_SIZES; i++)
+			xb[i] = vals[V_COMM + 4 * i + 2], ty[i] = vals[V_COMM + 4 * i + 3];
+		fit_line(xb, ty, CAL_SIZES, &cm->rs_latency_s, &cm->rs_bytes_s);
+	} else {
+		cm->ag_latency_s = cm->rs_latency_s = 0;
+		cm->ag_bytes_s = cm->rs_bytes_s = 1e30;
+	}
+}

@@ -1,0 +1,278 @@
+/* The automatic plan is optimal for its cost model (one process, no timing: fixed rates):
+ *  - on several models (debug: every partition is searched; 125M and 1B: the dynamic
+ *    program + local search) and links (slow with a high latency, where merging buckets pays;
+ *    fast with no latency, where it does not; no overlap at all), auto's predicted step is <=
+ *    the predicted step of every manual plan — per-block, every uniform grouping (k units per
+ *    bucket, embedding and norm alone or joined) and random partitions — at every prefetch
+ *    depth and reduce-scatter deferral the search may choose;
+ *  - with a memory budget between the smallest and largest peaks, auto fits it and beats
+ *    every manual plan that fits; with a budget no plan fits, auto and manual plans fail with
+ *    CT_ERR_USAGE and the report holds the smallest peak of all plans.
+ *   test_sched_auto */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "schedule/sched_cost.h"
+#include "schedule/sched_pass.h"
+#include "testutil.h"
+
+#define NRANDOM 25
+
+struct setup {
+	const char *flavor;
+	int64_t B, T, dp;
+	enum model_ac ac;
+	double flops, lat_s, bytes_s;
+	bool overlap;
+	const char *what;
+	enum sched_reshard reshard;
+};
+
+static void build(const struct setup *x, struct sched *naive, struct sched_cost_model *cm)
+{
+	struct llama_config c;
+	CHECK(llama_config_preset(&c, x->flavor) == CT_OK, "preset");
+	llama_config_finish(&c);
+	struct param_table t;
+	llama_table_build(&t, &c);
+	struct sched_unit *u = calloc((size_t)t.n_units, sizeof(*u));
+	sched_units_from_table(&t, x->dp, u);
+	sched_build(naive, u, t.n_units, 1, x->reshard);
+	sched_cost_init(cm, &c, x->B, x->T, naive, x->dp, false, x->ac, 4);
+	cm->matmul_flops = x->flops;
+	cm->attn_flops = x->flops / 3;
+	cm->mem_bytes_s = 2e10;
+	cm->ag_latency_s = cm->rs_latency_s = x->lat_s;
+	cm->ag_bytes_s = cm->rs_bytes_s = x->bytes_s;
+	cm->overlap = x->overlap;
+	free(u);
+	param_table_free(&t);
+}
+
+/* Predicted step and peak of a manual plan at depths (p, d); false if it fails the budget. */
+static bool manual(const struct sched *naive, const struct setup *x,
+                   const struct sched_cost_model *cm, const char *spec, int p, int d,
+                   int64_t budget, double *step, int64_t *peak)
+{
+	struct sched_reorder_opts o = {p, d, budget};
+	struct sched s;
+	log_set_level(LOG_LEVEL_COUNT); /* a plan over the budget logs why; expected here */
+	int rc = sched_pipeline(naive, x->ac, spec, INT64_MAX / 4, &o, cm, &s, NULL);
+	log_set_level(LOG_INFO);
+	if (rc)
+		return false;
+	struct sched_prediction pr;
+	sched_predict(&s, cm, &pr, NULL);
+	*step = pr.step_s;
+	*peak = pr.peak_bytes;
+	sched_free(&s);
+	return true;
+}
+
+/* The manual plans: uniform groupings and random partitions, as comm.buckets strings. */
+static int manual_plans(int U, char ***out)
+{
+	char **v = calloc(4 * (size_t)U + NRANDOM + 1, sizeof(char *));
+	int n = 0;
+	struct sched_bucket *b = calloc((size_t)U, sizeof(*b));
+	bool *cut = calloc((size_t)U, sizeof(bool));
+	for (int k = 1; k <= U; k++)
+		for (int var = 0; var < 4; var++) {
+			int lo = var & 1 ? 1 : 0, hi = var & 2 ? U - 1 : U;
+			memset(cut, 0, (size_t)U);
+			cut[0] = true;
+			for (int u = lo; u < hi; u += k)
+				cut[u] = true;
+			if (hi < U)
+				cut[U - 1] = true;
+			int nb = 0;
+			for (int u = 0; u < U; u++) {
+				if (cut[u])
+					b[nb++] = (struct sched_bucket){u, 0};
+				b[nb - 1].n_units++;
+			}
+			v[n] = malloc(8192);
+			sched_plan_string(b, nb, U, v[n], 8192);
+			n++;
+		}
+	for (int r = 0; r < NRANDOM; r++) {
+		double pc = test_uniform(0.1, 0.9);
+		int nb = 0;
+		for (int u = 0; u < U; u++) {
+			if (u == 0 || test_uniform(0, 1) < pc)
+				b[nb++] = (struct sched_bucket){u, 0};
+			b[nb - 1].n_units++;
+		}
+		v[n] = malloc(8192);
+		sched_plan_string(b, nb, U, v[n], 8192);
+		n++;
+	}
+	free(b), free(cut);
+	*out = v;
+	return n;
+}
+
+/* Auto vs every manual plan on one set-up; returns auto's bucket count and, in *gain, how
+ * much faster than per-block (at the deepest depths) auto's plan predicts. */
+static int check_setup(const struct setup *x, int P, int D, int64_t budget, bool expect_fit,
+                       double *gain)
+{
+	struct sched naive, s;
+	struct sched_cost_model cm;
+	build(x, &naive, &cm);
+	int U = naive.n_units;
+	struct sched_reorder_opts o = {P, D, budget};
+	struct sched_auto_report rep;
+	log_set_level(LOG_LEVEL_COUNT);
+	int rc = sched_pipeline(&naive, x->ac, "auto", INT64_MAX / 4, &o, &cm, &s, &rep);
+	log_set_level(LOG_INFO);
+	double astep = INFINITY;
+	int64_t apeak = 0;
+	int nb = 0;
+	if (rc == CT_OK) {
+		struct sched_prediction pr;
+		sched_predict(&s, &cm, &pr, NULL);
+		astep = pr.step_s;
+		apeak = pr.peak_bytes;
+		nb = s.n_buckets;
+		char why[256];
+		EXPECT(sched_validate(&s, why, sizeof(why)), "%s: auto schedule invalid: %s",
+		       x->what, why);
+		EXPECT(fabs(astep - rep.top[0].step_s) <= 1e-12 * astep,
+		       "%s: the schedule's step %.9f is not the report's best %.9f", x->what, astep,
+		       rep.top[0].step_s);
+		sched_free(&s);
+	}
+	EXPECT((rc == CT_OK) == expect_fit, "%s: auto returned %d", x->what, rc);
+	char **plans;
+	int n = manual_plans(U, &plans);
+	int64_t min_peak = INT64_MAX;
+	int beaten = 0, fitting = 0;
+	double best_manual = INFINITY;
+	char best_spec[160] = "";
+	for (int i = 0; i < n; i++)
+		for (int p = 0; p <= P; p++)
+			for (int d = 0; d <= D; d++) {
+				double st;
+				int64_t pk;
+				bool ok = manual(&naive, x, &cm, plans[i], p, d, budget, &st, &pk);
+				/* the peak without a budget, for the smallest-peak check */
+				if (!ok) {
+					bool any =
+					    manual(&naive, x, &cm, plans[i], p, d, 0, &st, &pk);
+					CHECK(any, "plan without a budget");
+					min_peak = pk < min_peak ? pk : min_peak;
+					continue;
+				}
+				min_peak = pk < min_peak ? pk : min_peak;
+				fitting++;
+				EXPECT(rc || st >= rep.lower_bound_s * (1 - 1e-12),
+				       "%s: '%s' predicts %.6f s, under the lower bound %.6f s",
+				       x->what, plans[i], st, rep.lower_bound_s);
+				if (st < best_manual) {
+					best_manual = st;
+					snprintf(best_spec, sizeof(best_spec), "%.120s p%d d%d",
+					         plans[i], p, d);
+				}
+				if (st < astep * (1 - 1e-9)) { /* the search breaks ties by peak */
+					beaten++;
+					if (beaten <= 3)
+						fprintf(
+						    stderr,
+						    "  FAIL %s: manual '%.100s' p%d d%d predicts "
+						    "%.6f s < auto %.6f s\n",
+						    x->what, plans[i], p, d, st, astep);
+				}
+			}
+	if (gain) {
+		double pb;
+		int64_t pk;
+		CHECK(manual(&naive, x, &cm, "per_block", P, D, budget, &pb, &pk), "per_block");
+		*gain = pb / astep - 1.0;
+	}
+	EXPECT(beaten == 0, "%s: %d manual plans predicted faster than auto", x->what, beaten);
+	if (rc == CT_OK)
+		EXPECT(budget <= 0 || apeak <= budget, "%s: auto peak %lld over budget %lld",
+		       x->what, (long long)apeak, (long long)budget);
+	else
+		EXPECT(rep.min_peak <= min_peak && rep.min_peak > budget,
+		       "%s: reported smallest peak %lld, manual plans reach %lld (budget %lld)",
+		       x->what, (long long)rep.min_peak, (long long)min_peak, (long long)budget);
+	EXPECT(expect_fit || fitting == 0, "%s: %d manual plans fit where auto found none", x->what,
+	       fitting);
+	fprintf(stderr,
+	        "  %-44s auto %.4f s (%2d of %2d buckets, %s, %lld plans) best manual %.4f s "
+	        "(%s)\n",
+	        x->what, astep, nb, U, rep.exhaustive ? "exhaustive" : "DP+local",
+	        (long long)rep.n_evaluated, best_manual, best_spec);
+	for (int i = 0; i < n; i++)
+		free(plans[i]);
+	free(plans);
+	sched_auto_report_free(&rep);
+	sched_cost_free(&cm);
+	sched_free(&naive);
+	return nb;
+}
+
+static const struct setup setups[] = {
+    {"debugmodel", 2, 256, 4, MODEL_AC_NONE, 5e10, 5e-3, 1e9, true,
+     "debug, slow link + 5 ms latency", SCHED_RESHARD_DEFAULT},
+    {"debugmodel", 2, 256, 4, MODEL_AC_SELECTIVE, 5e10, 0, 2e8, true,
+     "debug, selective AC, 1.6 Gb/s no latency", SCHED_RESHARD_DEFAULT},
+    {"125M", 2, 256, 2, MODEL_AC_NONE, 2e11, 2e-3, 1.25e9, true,
+     "125M, 10 Gb/s + 2 ms (merging pays)", SCHED_RESHARD_DEFAULT},
+    {"125M", 2, 256, 2, MODEL_AC_NONE, 2e11, 0, 1e11, true,
+     "125M, 800 Gb/s, no latency, no reshard (it does not)", SCHED_RESHARD_NEVER},
+    {"125M", 2, 256, 2, MODEL_AC_FULL, 2e11, 0, 1e11, true, "125M, full AC, 800 Gb/s",
+     SCHED_RESHARD_DEFAULT},
+    {"125M", 2, 256, 4, MODEL_AC_NONE, 2e11, 1e-3, 1e9, false, "125M, no overlap, 1 ms",
+     SCHED_RESHARD_DEFAULT},
+    {"1B", 1, 1024, 8, MODEL_AC_SELECTIVE, 1e12, 5e-4, 5e9, true, "1B, 40 Gb/s + 0.5 ms",
+     SCHED_RESHARD_DEFAULT},
+};
+
+TEST_CASE(test_auto_beats_every_manual_plan)
+{
+	for (size_t i = 0; i < sizeof(setups) / sizeof(setups[0]); i++) {
+		double gain;
+		int nb = check_setup(&setups[i], 1, 1, 0, true, &gain);
+		if (i == 2)
+			EXPECT(nb < 14 && gain > 0.005,
+			       "%s: merging pays, yet auto keeps %d buckets (%.2f%% gain)",
+			       setups[i].what, nb, 100 * gain);
+		if (i == 3) /* zero latency: merging saves nothing, and big buckets expose more */
+			EXPECT(gain < 1e-9, "%s: merging should not pay, yet auto gains %.3g",
+			       setups[i].what, gain);
+	}
+	/* deeper prefetch and deferral choices */
+	check_setup(&setups[0], 2, 2, 0, true, NULL);
+}
+
+TEST_CASE(test_auto_memory_budget)
+{
+	const struct setup *x = &setups[0];
+	struct sched naive;
+	struct sched_cost_model cm;
+	build(x, &naive, &cm);
+	/* the range of peaks: per-block without prefetch vs everything in one bucket */
+	double st;
+	int64_t lo, hi;
+	CHECK(manual(&naive, x, &cm, "per_block", 0, 0, 0, &st, &lo), "per_block");
+	CHECK(manual(&naive, x, &cm, "embed+0+1+2+3+4+5+norm", 1, 1, 0, &st, &hi), "one");
+	sched_cost_free(&cm);
+	sched_free(&naive);
+	fprintf(stderr, "  peaks: per-block no prefetch %lld, one bucket %lld bytes\n",
+	        (long long)lo, (long long)hi);
+	check_setup(x, 1, 1, lo + (hi - lo) / 4, true, NULL);
+	check_setup(x, 1, 1, lo - 1, false, NULL);
+}
+
+int main(void)
+{
+	test_seed();
+	RUN(test_auto_beats_every_manual_plan);
+	RUN(test_auto_memory_budget);
+	return test_summary();
+}
