@@ -28,7 +28,7 @@ rc=$?
 dt=$(($(date +%s) - t0 - 2))  # start-up
 cat "$tmp/blocking.log" | grep watchdog | head -2
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && within blocking "$tmp/blocking.log" $dt &&
-  has "$tmp/blocking.log" "all-reduce (f64 elements) of 1 (clip: gradient sum of squares) during checkpoint save of step 7 on group world" &&
+  has "$tmp/blocking.log" "all-reduce of 1 doubles (clip: gradient sum of squares) during checkpoint save of step 7 on group world" &&
   has "$tmp/blocking.log" "at step 7; ranks that did not arrive: rank 2 (at step 7, in no collective"
 check "blocking all-reduce: rank 2 named, label, context and step in the message" $?
 

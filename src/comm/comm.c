@@ -237,7 +237,7 @@ void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
 			memcpy(recv, send, (size_t)bytes_per_rank);
 		return;
 	}
-	int slot = wd_enter("all-gather (bytes per rank)", g->handle, bytes_per_rank);
+	int slot = wd_enter("all-gather", "bytes per rank", g->handle, bytes_per_rank);
 	if (bytes_per_rank <= comm_max_count_) {
 		MPI_Allgather(send, (int)bytes_per_rank, MPI_BYTE, recv, (int)bytes_per_rank,
 		              MPI_BYTE, mpi_comm(g));
@@ -279,7 +279,7 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
 		memcpy(recv, send, (size_t)count * sizeof(float));
 		return;
 	}
-	int slot = wd_enter("reduce-scatter (floats per rank)", g->handle, count);
+	int slot = wd_enter("reduce-scatter", "floats per rank", g->handle, count);
 	/* Ring: in round k, rank r sends its running sum of chunk (r - k - 1) mod n to r+1 and
 	 * receives chunk (r - k - 2) mod n from r-1, adding its own contribution. After n-1
 	 * rounds, rank r holds the full sum of chunk r. Each chunk is summed in the same ring
@@ -303,12 +303,12 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
 
 /* In-place sum over the group, at most comm_max_count_ elements per MPI call. */
 static void all_reduce(const struct comm_group *g, void *buf, int64_t count, size_t elem,
-                       MPI_Datatype type, const char *kind)
+                       MPI_Datatype type, const char *unit)
 {
 	count_bytes(COMM_ALL_REDUCE, count * (int64_t)elem);
 	if (g->size == 1)
 		return;
-	int slot = wd_enter(kind, g->handle, count);
+	int slot = wd_enter("all-reduce", unit, g->handle, count);
 	for (int64_t off = 0; off < count; off += comm_max_count_)
 		MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * elem, (int)piece(count - off),
 		              type, MPI_SUM, mpi_comm(g));
@@ -317,24 +317,24 @@ static void all_reduce(const struct comm_group *g, void *buf, int64_t count, siz
 
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count)
 {
-	all_reduce(g, buf, count, sizeof(float), MPI_FLOAT, "all-reduce (f32 elements)");
+	all_reduce(g, buf, count, sizeof(float), MPI_FLOAT, "floats");
 }
 
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count)
 {
-	all_reduce(g, buf, count, sizeof(double), MPI_DOUBLE, "all-reduce (f64 elements)");
+	all_reduce(g, buf, count, sizeof(double), MPI_DOUBLE, "doubles");
 }
 
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count)
 {
-	all_reduce(g, buf, count, sizeof(int64_t), MPI_INT64_T, "all-reduce (i64 elements)");
+	all_reduce(g, buf, count, sizeof(int64_t), MPI_INT64_T, "int64s");
 }
 
 void comm_barrier(const struct comm_group *g)
 {
 	if (g->size == 1)
 		return;
-	int slot = wd_enter("barrier", g->handle, g->size);
+	int slot = wd_enter("barrier", "ranks", g->handle, g->size);
 	MPI_Barrier(mpi_comm(g));
 	wd_leave(slot);
 }

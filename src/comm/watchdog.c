@@ -154,7 +154,7 @@ void wd_group_remove(void *comm)
 	pthread_mutex_unlock(&wd_mu);
 }
 
-int wd_enter(const char *kind, void *comm, int64_t count)
+int wd_enter(const char *kind, const char *unit, void *comm, int64_t count)
 {
 	pthread_mutex_lock(&wd_mu);
 	int g = wd_find_group(comm), s = 0;
@@ -166,7 +166,8 @@ int wd_enter(const char *kind, void *comm, int64_t count)
 	sl->t0 = timer_now();
 	sl->group = g;
 	sl->seq = g >= 0 ? ++wd_groups[g].entered : 0;
-	int n = snprintf(sl->what, sizeof(sl->what), "%s of %lld", kind, (long long)count);
+	int n = snprintf(sl->what, sizeof(sl->what), "%s of %lld %s", kind, (long long)count,
+	                 unit);
 	if (wd_label_next[0] && n < (int)sizeof(sl->what))
 		n += snprintf(sl->what + n, sizeof(sl->what) - (size_t)n, " (%s)", wd_label_next);
 	if (wd_context_now[0] && n < (int)sizeof(sl->what))

@@ -40,8 +40,8 @@ void comm_context_clear(void);
 /* Register a group's communicator under a name with its members' world ranks. */
 void wd_group_add(void *comm, const char *name, int size, const int *world_ranks);
 void wd_group_remove(void *comm);
-/* A collective on comm starts / ends; returns the slot wd_leave takes. */
-int wd_enter(const char *kind, void *comm, int64_t count);
+/* A collective on comm of `count` `unit`s starts / ends; returns the slot wd_leave takes. */
+int wd_enter(const char *kind, const char *unit, void *comm, int64_t count);
 void wd_leave(int slot);
 
 #endif
