@@ -126,12 +126,8 @@ void wd_group_add(void *comm, const char *name, int size, const int *world_ranks
 			;
 	CHECK(i < WD_GROUPS, "comm: more than %d communicators", WD_GROUPS);
 	struct wd_group *g = &wd_groups[i];
-	if (!g->used || g->comm != comm) {
-		free(g->world);
-		memset(g, 0, sizeof(*g));
-	} else {
-		free(g->world);
-	}
+	free(g->world); /* re-registering a communicator (the world, per mesh) starts it afresh */
+	memset(g, 0, sizeof(*g));
 	g->used = true;
 	g->comm = comm;
 	snprintf(g->name, sizeof(g->name), "%s", name);
