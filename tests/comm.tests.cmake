@@ -6,7 +6,7 @@ ct_add_test(comm RANKS 4)
 if(CMAKE_BUILD_TYPE STREQUAL "Tsan")
   # (make tsan) libgomp is not instrumented: one OpenMP thread, so only our threads are checked
   set_tests_properties(comm_np2 comm_np4 PROPERTIES ENVIRONMENT
-                       "${CT_TEST_ENV};OMP_NUM_THREADS=1;TSAN_OPTIONS=halt_on_error=1:exitcode=66")
+                       "${CT_TEST_ENV};OMP_NUM_THREADS=1;TSAN_OPTIONS=halt_on_error=1:exitcode=66:suppressions=${CMAKE_SOURCE_DIR}/tests/tsan.supp")
 else()
   set_tests_properties(comm_np2 comm_np4 PROPERTIES ENVIRONMENT "${CT_TEST_ENV};OMP_NUM_THREADS=3")
 endif()
