@@ -1,5 +1,6 @@
 #include "comm/comm.h"
 
+#include <limits.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,9 +10,13 @@
 #endif
 
 #include "base/log.h"
+#include "comm/watchdog.h"
 
 static int comm_rank_ = 0, comm_size_ = 1;
-static int64_t comm_bytes_[COMM_KIND_COUNT];
+static int64_t comm_bytes_[COMM_KIND_COUNT]; /* atomic: the comm thread adds, others read */
+/* MPI counts are int: no MPI call moves more than this many elements (a tunable so tests can
+ * check the chunking with small buffers). */
+static int64_t comm_max_count_ = (int64_t)1 << 30;
 
 static MPI_Comm mpi_comm(const struct comm_group *g)
 {
@@ -59,6 +64,7 @@ int comm_init(int *argc, char ***argv)
 
 void comm_finalize(void)
 {
+	comm_watchdog_stop();
 	log_set_abort_hook(NULL);
 	MPI_Finalize();
 }
@@ -80,16 +86,29 @@ void comm_abort(int code)
 
 /* ---------------------------------------------------------------- mesh */
 
-static void group_from(struct comm_group *g, MPI_Comm c)
+/* Fill g from c and register it with the watchdog under a name and its world ranks. */
+static void group_from(struct comm_group *g, MPI_Comm c, const char *name)
 {
 	g->handle = (void *)(intptr_t)c;
 	MPI_Comm_rank(c, &g->rank);
 	MPI_Comm_size(c, &g->size);
+	int *mine = xcalloc((size_t)g->size, sizeof(int)), *world = xcalloc((size_t)g->size, sizeof(int));
+	MPI_Group cg, wg;
+	MPI_Comm_group(c, &cg);
+	MPI_Comm_group(MPI_COMM_WORLD, &wg);
+	for (int i = 0; i < g->size; i++)
+		mine[i] = i;
+	MPI_Group_translate_ranks(cg, g->size, mine, wg, world);
+	MPI_Group_free(&cg);
+	MPI_Group_free(&wg);
+	wd_group_add(g->handle, name, g->size, world);
+	free(mine);
+	free(world);
 }
 
 /* Split the world keeping ranks that share every coordinate except those in `vary`. */
 static void mesh_split(const struct mesh *m, const int coord[4], const bool vary[4],
-                       struct comm_group *g)
+                       struct comm_group *g, const char *name)
 {
 	const int dims[4] = {m->pp, m->dp_replicate, m->dp_shard, m->tp};
 	int color = 0, key = 0;
@@ -101,21 +120,23 @@ static void mesh_split(const struct mesh *m, const int coord[4], const bool vary
 	}
 	MPI_Comm c;
 	MPI_Comm_split(MPI_COMM_WORLD, color, key, &c);
-	group_from(g, c);
+	group_from(g, c, name);
 }
 
 void comm_group_dup(const struct comm_group *g, struct comm_group *out)
 {
 	MPI_Comm c;
 	MPI_Comm_dup((MPI_Comm)(intptr_t)g->handle, &c);
-	group_from(out, c);
+	group_from(out, c, "duplicate");
 }
 
 void comm_group_free(struct comm_group *g)
 {
 	MPI_Comm c = (MPI_Comm)(intptr_t)g->handle;
-	if (c != MPI_COMM_NULL && c != MPI_COMM_WORLD)
+	if (c != MPI_COMM_NULL && c != MPI_COMM_WORLD) {
+		wd_group_remove(g->handle);
 		MPI_Comm_free(&c);
+	}
 	g->handle = (void *)(intptr_t)MPI_COMM_NULL;
 }
 
@@ -160,12 +181,14 @@ int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shar
 	m->dp_replicate_rank = r % m->dp_replicate;
 	m->pp_rank = r / m->dp_replicate;
 	const int coord[4] = {m->pp_rank, m->dp_replicate_rank, m->dp_shard_rank, m->tp_rank};
-	group_from(&m->world_group, MPI_COMM_WORLD);
-	mesh_split(m, coord, (const bool[4]){true, false, false, false}, &m->pp_group);
-	mesh_split(m, coord, (const bool[4]){false, true, false, false}, &m->dp_replicate_group);
-	mesh_split(m, coord, (const bool[4]){false, false, true, false}, &m->dp_shard_group);
-	mesh_split(m, coord, (const bool[4]){false, false, false, true}, &m->tp_group);
-	mesh_split(m, coord, (const bool[4]){false, true, true, false}, &m->dp_group);
+	group_from(&m->world_group, MPI_COMM_WORLD, "world");
+	mesh_split(m, coord, (const bool[4]){true, false, false, false}, &m->pp_group, "pp");
+	mesh_split(m, coord, (const bool[4]){false, true, false, false}, &m->dp_replicate_group,
+	           "dp_replicate");
+	mesh_split(m, coord, (const bool[4]){false, false, true, false}, &m->dp_shard_group,
+	           "dp_shard");
+	mesh_split(m, coord, (const bool[4]){false, false, false, true}, &m->tp_group, "tp");
+	mesh_split(m, coord, (const bool[4]){false, true, true, false}, &m->dp_group, "dp");
 	return CT_OK;
 }
 
@@ -177,6 +200,7 @@ void mesh_free(struct mesh *m)
 		if (!gs[i]->handle)
 			continue;
 		MPI_Comm c = mpi_comm(gs[i]);
+		wd_group_remove(gs[i]->handle);
 		MPI_Comm_free(&c);
 	}
 	memset(m, 0, sizeof(*m));
@@ -184,40 +208,63 @@ void mesh_free(struct mesh *m)
 
 /* ---------------------------------------------------------------- collectives */
 
-/* MPI counts are int: large transfers go in pieces of at most 1 GiB. */
-#define COMM_PIECE ((int64_t)1 << 30)
+/* Every collective below: counted (atomically: the comm thread adds while the trainer reads),
+ * watched (wd_enter/wd_leave), and split into MPI calls of at most comm_max_count_ elements
+ * (MPI counts are int; a 405B block under HSDP is 3.2e9 floats). */
+
+void comm_set_max_count(int64_t n)
+{
+	CHECK(n >= 1 && n <= INT_MAX, "comm: max count %lld out of range", (long long)n);
+	comm_max_count_ = n;
+}
+
+static int64_t piece(int64_t left)
+{
+	return left < comm_max_count_ ? left : comm_max_count_;
+}
+
+static void count_bytes(enum comm_kind kind, int64_t bytes)
+{
+	__atomic_fetch_add(&comm_bytes_[kind], bytes, __ATOMIC_RELAXED);
+}
 
 void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
                      int64_t bytes_per_rank)
 {
-	__atomic_fetch_add(&comm_bytes_[COMM_ALL_GATHER], bytes_per_rank, __ATOMIC_RELAXED);
+	count_bytes(COMM_ALL_GATHER, bytes_per_rank);
 	if (g->size == 1) {
 		if (send != recv)
 			memcpy(recv, send, (size_t)bytes_per_rank);
 		return;
 	}
-	if (bytes_per_rank <= COMM_PIECE) {
+	int slot = wd_enter("all-gather", "bytes per rank", g->handle, bytes_per_rank);
+	if (bytes_per_rank <= comm_max_count_) {
 		MPI_Allgather(send, (int)bytes_per_rank, MPI_BYTE, recv, (int)bytes_per_rank,
 		              MPI_BYTE, mpi_comm(g));
+		wd_leave(slot);
 		return;
 	}
-	/* Rare huge case: gather pieces through a strided datatype-free loop. */
-	char *tmp = malloc((size_t)COMM_PIECE * (size_t)g->size);
-	CHECK(tmp, "out of memory");
-	for (int64_t off = 0; off < bytes_per_rank; off += COMM_PIECE) {
-		int64_t n = bytes_per_rank - off < COMM_PIECE ? bytes_per_rank - off : COMM_PIECE;
-		MPI_Allgather((const char *)send + off, (int)n, MPI_BYTE, tmp, (int)n, MPI_BYTE,
-		              mpi_comm(g));
-		for (int r = 0; r < g->size; r++)
-			memcpy((char *)recv + r * bytes_per_rank + off, tmp + r * n, (size_t)n);
+	/* Piece by piece straight into place, no staging buffer: rank r's piece at byte off
+	 * lands at recv + r * bytes_per_rank + off, which is one element of a type of n bytes
+	 * resized to an extent of bytes_per_rank. */
+	for (int64_t off = 0; off < bytes_per_rank; off += comm_max_count_) {
+		int64_t n = piece(bytes_per_rank - off);
+		MPI_Datatype run, strided;
+		MPI_Type_contiguous((int)n, MPI_BYTE, &run);
+		MPI_Type_create_resized(run, 0, (MPI_Aint)bytes_per_rank, &strided);
+		MPI_Type_commit(&strided);
+		MPI_Allgather((const char *)send + off, (int)n, MPI_BYTE, (char *)recv + off, 1,
+		              strided, mpi_comm(g));
+		MPI_Type_free(&strided);
+		MPI_Type_free(&run);
 	}
-	free(tmp);
+	wd_leave(slot);
 }
 
 static void sendrecv_f32(const float *s, int to, float *r, int from, int64_t count, MPI_Comm c)
 {
-	for (int64_t off = 0; off < count; off += COMM_PIECE / 4) {
-		int64_t n = count - off < COMM_PIECE / 4 ? count - off : COMM_PIECE / 4;
+	for (int64_t off = 0; off < count; off += comm_max_count_) {
+		int64_t n = piece(count - off);
 		MPI_Sendrecv(s + off, (int)n, MPI_FLOAT, to, 7, r + off, (int)n, MPI_FLOAT, from, 7,
 		             c, MPI_STATUS_IGNORE);
 	}
@@ -227,12 +274,12 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
                              int64_t count, float *scratch)
 {
 	int n = g->size, r = g->rank;
-	__atomic_fetch_add(&comm_bytes_[COMM_REDUCE_SCATTER], (int64_t)(n - 1) * count * 4,
-	                   __ATOMIC_RELAXED);
+	count_bytes(COMM_REDUCE_SCATTER, (int64_t)(n - 1) * count * 4);
 	if (n == 1) {
 		memcpy(recv, send, (size_t)count * sizeof(float));
 		return;
 	}
+	int slot = wd_enter("reduce-scatter", "floats per rank", g->handle, count);
 	/* Ring: in round k, rank r sends its running sum of chunk (r - k - 1) mod n to r+1 and
 	 * receives chunk (r - k - 2) mod n from r-1, adding its own contribution. After n-1
 	 * rounds, rank r holds the full sum of chunk r. Each chunk is summed in the same ring
@@ -251,41 +298,54 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
 			acc[i] = in[i] + mine[i];
 	}
 	memcpy(recv, acc, (size_t)count * sizeof(float));
+	wd_leave(slot);
+}
+
+/* In-place sum over the group, at most comm_max_count_ elements per MPI call. */
+static void all_reduce(const struct comm_group *g, void *buf, int64_t count, size_t elem,
+                       MPI_Datatype type, const char *unit)
+{
+	count_bytes(COMM_ALL_REDUCE, count * (int64_t)elem);
+	if (g->size == 1)
+		return;
+	int slot = wd_enter("all-reduce", unit, g->handle, count);
+	for (int64_t off = 0; off < count; off += comm_max_count_)
+		MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * elem, (int)piece(count - off),
+		              type, MPI_SUM, mpi_comm(g));
+	wd_leave(slot);
 }
 
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count)
 {
-	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 4, __ATOMIC_RELAXED);
-	if (g->size > 1)
-		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_SUM, mpi_comm(g));
+	all_reduce(g, buf, count, sizeof(float), MPI_FLOAT, "floats");
 }
 
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count)
 {
-	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 8, __ATOMIC_RELAXED);
-	if (g->size > 1)
-		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_DOUBLE, MPI_SUM, mpi_comm(g));
+	all_reduce(g, buf, count, sizeof(double), MPI_DOUBLE, "doubles");
 }
 
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count)
 {
-	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 8, __ATOMIC_RELAXED);
-	if (g->size > 1)
-		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_INT64_T, MPI_SUM, mpi_comm(g));
+	all_reduce(g, buf, count, sizeof(int64_t), MPI_INT64_T, "int64s");
 }
 
 void comm_barrier(const struct comm_group *g)
 {
-	if (g->size > 1)
-		MPI_Barrier(mpi_comm(g));
+	if (g->size == 1)
+		return;
+	int slot = wd_enter("barrier", "ranks", g->handle, g->size);
+	MPI_Barrier(mpi_comm(g));
+	wd_leave(slot);
 }
 
 int64_t comm_bytes(enum comm_kind kind)
 {
-	return comm_bytes_[kind];
+	return __atomic_load_n(&comm_bytes_[kind], __ATOMIC_RELAXED);
 }
 
 void comm_reset_bytes(void)
 {
-	memset(comm_bytes_, 0, sizeof(comm_bytes_));
+	for (int k = 0; k < COMM_KIND_COUNT; k++)
+		__atomic_store_n(&comm_bytes_[k], 0, __ATOMIC_RELAXED);
 }

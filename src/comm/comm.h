@@ -9,7 +9,10 @@
  * dp_replicate x dp_shard (loss and token counts are reduced over it).
  *
  * Every collective counts the bytes it moves per kind (comm_bytes), so tests can check, e.g.,
- * that a bf16 all-gather moves half the bytes of an fp32 one.
+ * that a bf16 all-gather moves half the bytes of an fp32 one; runs under the watchdog
+ * (comm/watchdog.h: a peer that hangs ends the job with a message, never a hang); and is split
+ * into MPI calls of at most comm_set_max_count elements (MPI counts are int), with no staging
+ * buffer: an all-gather's pieces land in place through a strided datatype.
  */
 #ifndef CT_COMM_COMM_H
 #define CT_COMM_COMM_H
@@ -65,6 +68,10 @@ void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count);
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count);
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count);
 void comm_barrier(const struct comm_group *g);
+
+/* Largest element count one MPI call carries (default 2^30; 1 .. INT_MAX). Tests lower it to
+ * check the chunking on small buffers. Not thread-safe: set it before collectives run. */
+void comm_set_max_count(int64_t n);
 
 /* Bytes this rank sent into collectives of a kind since start (or the last reset). */
 int64_t comm_bytes(enum comm_kind kind);

@@ -7,10 +7,21 @@
 #include <string.h>
 #include <time.h>
 
-#include "base/log.h"
-#include "base/timer.h"
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-#define STREAM_CAP 256
+#include "base/log.h"
+#include "base/thread.h"
+#include "base/timer.h"
+#include "comm/watchdog.h"
+
+#define STREAM_CAP   256
+#define STREAM_LABEL 96
+/* The watchdog (comm/watchdog.h) ends a stuck collective after the timeout plus the seconds
+ * it spends asking the peers; a wait on the stream gives up only after that, as a backstop
+ * for the case where the comm thread itself is stuck outside a collective. */
+#define STREAM_BACKSTOP_S 8.0
 
 struct comm_stream {
 	enum stream_mode mode;
@@ -19,6 +30,7 @@ struct comm_stream {
 	pthread_mutex_t mu;
 	pthread_cond_t cv_work, cv_done;
 	struct comm_op q[STREAM_CAP];
+	char what[STREAM_CAP][STREAM_LABEL]; /* copies of q[i].what: callers pass stack buffers */
 	int64_t enqueued, done; /* tickets: op k occupies q[(k-1) % CAP] */
 	bool stop;
 	double wait_s;
@@ -72,6 +84,8 @@ static void op_simulate(const struct comm_stream *s, const struct comm_op *op, d
 
 static void op_run(const struct comm_op *op)
 {
+	if (op->what)
+		comm_label("%s", op->what);
 	switch (op->kind) {
 	case COMM_ALL_GATHER:
 		comm_all_gather(op->group, op->send, op->recv, op->count);
@@ -87,6 +101,11 @@ static void op_run(const struct comm_op *op)
 static void *stream_main(void *arg)
 {
 	struct comm_stream *s = arg;
+#ifdef _OPENMP
+	/* The compute thread's OpenMP team owns the cores: a team here would oversubscribe them
+	 * (the reduce-scatter's sum loop runs on this thread). */
+	omp_set_num_threads(1);
+#endif
 	pthread_mutex_lock(&s->mu);
 	for (;;) {
 		while (!s->stop && s->done == s->enqueued)
@@ -118,7 +137,7 @@ struct comm_stream *comm_stream_create(enum stream_mode mode, double timeout_s)
 	pthread_cond_init(&s->cv_work, NULL);
 	pthread_cond_init(&s->cv_done, NULL);
 	if (mode == STREAM_THREAD)
-		CHECK(pthread_create(&s->thread, NULL, stream_main, s) == 0,
+		CHECK(thread_start(&s->thread, "ct-comm", stream_main, s) == 0,
 		      "cannot start the communication thread");
 	return s;
 }
@@ -143,6 +162,10 @@ void comm_stream_destroy(struct comm_stream *s)
 int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op)
 {
 	if (s->mode == STREAM_INLINE) {
+		int64_t at = s->enqueued % STREAM_CAP;
+		s->q[at] = *op;
+		snprintf(s->what[at], STREAM_LABEL, "%s", op->what ? op->what : "a collective");
+		s->q[at].what = s->what[at];
 		double t0 = timer_now();
 		op_run(op);
 		op_simulate(s, op, t0);
@@ -156,7 +179,10 @@ int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op)
 	pthread_mutex_lock(&s->mu);
 	CHECK(s->enqueued - s->done < STREAM_CAP, "comm stream: more than %d ops in flight",
 	      STREAM_CAP);
-	s->q[s->enqueued % STREAM_CAP] = *op;
+	int64_t at = s->enqueued % STREAM_CAP;
+	s->q[at] = *op;
+	snprintf(s->what[at], STREAM_LABEL, "%s", op->what ? op->what : "a collective");
+	s->q[at].what = s->what[at];
 	int64_t ticket = ++s->enqueued;
 	pthread_cond_signal(&s->cv_work);
 	pthread_mutex_unlock(&s->mu);
@@ -174,13 +200,14 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket)
 		clock_gettime(CLOCK_REALTIME, &dl);
 		dl.tv_sec += 1;
 		pthread_cond_timedwait(&s->cv_done, &s->mu, &dl);
-		if (s->done < ticket && timer_now() - t0 > s->timeout_s) {
-			const struct comm_op *op = &s->q[s->done % STREAM_CAP];
+		if (s->done < ticket && timer_now() - t0 > s->timeout_s + STREAM_BACKSTOP_S) {
+			char what[STREAM_LABEL];
+			snprintf(what, sizeof(what), "%s", s->q[s->done % STREAM_CAP].what);
 			pthread_mutex_unlock(&s->mu);
 			LOG_ERROR(
-			    "%s did not complete within %.0f s (comm.timeout_seconds): a peer "
-			    "rank has died or hangs; aborting the job",
-			    op->what ? op->what : "a collective", s->timeout_s);
+			    "%s did not complete within %.0f s (comm.timeout_seconds + %.0f s): a "
+			    "peer rank has died or hangs; aborting the job",
+			    what, s->timeout_s, STREAM_BACKSTOP_S);
 			comm_abort(1);
 		}
 	}
@@ -202,6 +229,16 @@ void comm_stream_op_times(struct comm_stream *s, int64_t ticket, double *t0, dou
 		*t1 = s->op_t1[ticket % STREAM_CAP];
 	}
 	pthread_mutex_unlock(&s->mu);
+}
+
+const char *comm_stream_op_label(struct comm_stream *s, int64_t ticket)
+{
+	const char *w = NULL;
+	pthread_mutex_lock(&s->mu);
+	if (ticket > 0 && ticket <= s->enqueued && s->enqueued - ticket < STREAM_CAP)
+		w = s->q[(ticket - 1) % STREAM_CAP].what;
+	pthread_mutex_unlock(&s->mu);
+	return w;
 }
 
 double comm_stream_wait_seconds(const struct comm_stream *s)

@@ -5,8 +5,10 @@
  * dedicated thread that makes the blocking calls in FIFO order (STREAM_THREAD: communication
  * proceeds while the caller computes; the thread sleeps on a condition variable when the
  * queue is empty, so it costs no CPU while idle), or runs each collective at enqueue time
- * (STREAM_INLINE: no thread, no overlap; the baseline). A wait that exceeds the timeout means
- * a peer is dead or stuck: the stream names the collective and aborts the job.
+ * (STREAM_INLINE: no thread, no overlap; the baseline). Every collective runs under the
+ * watchdog (comm/watchdog.h), which ends a stuck one after the timeout and names the ranks
+ * that did not arrive; a wait on the stream that outlasts it names the op and aborts too. The
+ * thread ("ct-comm") blocks asynchronous signals and runs no OpenMP team of its own.
  *
  * Each op's start and end on the stream are kept for the last STREAM_HISTORY tickets (traces).
  * A simulated link (comm_stream_simulate) makes every op last at least latency + bytes /
@@ -39,12 +41,15 @@ struct comm_stream;
 
 struct comm_stream *comm_stream_create(enum stream_mode mode, double timeout_s);
 void comm_stream_destroy(struct comm_stream *s);
-/* Returns the op's ticket (increasing from 1). The op struct is copied; buffers must stay
- * valid until the ticket completes. */
+/* Returns the op's ticket (increasing from 1). The op struct and its label (`what`) are
+ * copied, so the label may live on the caller's stack; buffers must stay valid until the
+ * ticket completes. */
 int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op);
 void comm_stream_wait(struct comm_stream *s, int64_t ticket);
 /* Wait for everything enqueued so far. */
 void comm_stream_sync(struct comm_stream *s);
+/* The label of a recent ticket (a copy owned by the stream; NULL if too old or not issued). */
+const char *comm_stream_op_label(struct comm_stream *s, int64_t ticket);
 /* Seconds the caller spent blocked in waits since creation (exposed communication). */
 double comm_stream_wait_seconds(const struct comm_stream *s);
 /* When the op of a completed ticket ran (timer_now seconds); 0, 0 if too old. */

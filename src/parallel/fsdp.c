@@ -7,6 +7,7 @@
 #include "base/bf16.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "comm/watchdog.h"
 #include "kernels/kernels.h"
 #include "schedule/sched_pass.h"
 
@@ -376,8 +377,10 @@ static void be_reduce_scatter_done(void *ctx, int b)
 	struct fsdp_bucket_state *st = &f->bs[b];
 	int64_t S = sched_bucket_shard(&f->sched, b);
 	float *recv = f->rs_recv.buf[st->rs_recv];
-	if (f->mesh->dp_replicate > 1)
+	if (f->mesh->dp_replicate > 1) {
+		comm_label("HSDP gradient all-reduce of bucket %d", b);
 		comm_all_reduce_f32(&f->mesh->dp_replicate_group, recv, S);
+	}
 	float *sg = f->shard_g + bucket_shard_base(f, b);
 #pragma omp parallel for simd schedule(static)
 	for (int64_t i = 0; i < S; i++)
@@ -425,7 +428,9 @@ static int be_clip(void *ctx)
 	const struct mesh *mesh = f->mesh;
 	struct train_step_result *res = f->step.res;
 	double sums[2] = {f->step.loss_sum, sumsq_f32(f->shard_g, f->shard_numel)};
+	comm_label("clip: loss sum");
 	comm_all_reduce_f64(&mesh->dp_group, &sums[0], 1);
+	comm_label("clip: gradient sum of squares");
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sums[1], 1);
 	int64_t valid = f->step.valid;
 	res->valid = valid;
@@ -489,6 +494,7 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 	struct model *m = f->model;
 	ensure_schedule(f, (int)accum);
 	int64_t valid = llama_count_valid(targets, accum * m->N);
+	comm_label("valid-token count");
 	comm_all_reduce_i64(&f->mesh->dp_group, &valid, 1);
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	model_set_loss_dscale(m, dscale);
@@ -552,6 +558,7 @@ void fsdp_gather_full(struct fsdp *f, float *out)
 	CHECK(recv, "out of memory");
 	for (int u = 0; u < f->n_units; u++) {
 		const struct fsdp_unit *un = &f->u[u];
+		comm_label("full-parameter gather of unit %d", u);
 		comm_all_gather(&f->mesh->dp_shard_group, f->shard_w + un->shard_base, recv,
 		                un->shard_numel * (int64_t)sizeof(float));
 		float *full = out + t->unit_begin[u];

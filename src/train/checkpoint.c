@@ -18,7 +18,9 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/thread.h"
 #include "base/timer.h"
+#include "comm/watchdog.h"
 #include "io/file.h"
 #include "io/safetensors.h"
 #include "train/metrics.h"
@@ -53,7 +55,13 @@ static int write_text_durable(const char *path, const char *text)
 		LOG_ERROR("checkpoint: cannot write '%s': %s", path, strerror(errno));
 		return CT_ERR_RUNTIME;
 	}
-	return CT_OK;
+	/* the rename lives in the directory: it is durable only once the directory is */
+	char dir[1100];
+	snprintf(dir, sizeof(dir), "%s", path);
+	char *slash = strrchr(dir, '/');
+	if (slash)
+		*slash = '\0';
+	return fsync_path(slash ? (dir[0] ? dir : "/") : ".");
 }
 
 static void remove_tree(const char *dir)
@@ -279,6 +287,7 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 	char tmp[1100], final[1100], path[1200];
 	step_dir(tmp, sizeof(tmp), root, st->step, ".tmp");
 	step_dir(final, sizeof(final), root, st->step, "");
+	comm_context("checkpoint save of step %lld", (long long)st->step);
 	int64_t rc = CT_OK;
 	if (mesh->rank == 0) {
 		rc = metrics_mkdirs(root);
@@ -288,9 +297,12 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 			rc = CT_ERR_RUNTIME;
 		}
 	}
+	comm_label("folder created?");
 	comm_all_reduce_i64(g, &rc, 1);
-	if (rc)
+	if (rc) {
+		comm_context_clear();
 		return CT_ERR_RUNTIME;
+	}
 
 	/* every rank of replica 0 writes its rows */
 	struct file_sum mine = {0, 0, mesh->dp_replicate_rank == 0, CT_OK};
@@ -299,6 +311,7 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 		mine.rc = save_rank_file(path, t, n, &mine.hash, &mine.bytes);
 	}
 	struct file_sum *sums = xcalloc((size_t)mesh->world, sizeof(*sums));
+	comm_label("file checksums");
 	comm_all_gather(g, &mine, sums, sizeof(mine));
 	int64_t *r0 = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
 	int64_t *nr = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
@@ -308,6 +321,7 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 		my0[i] = t[i].row0;
 		myn[i] = t[i].nrows;
 	}
+	comm_label("row ranges");
 	comm_all_gather(g, my0, r0, n * (int64_t)sizeof(int64_t));
 	comm_all_gather(g, myn, nr, n * (int64_t)sizeof(int64_t));
 	rc = CT_OK;
@@ -355,7 +369,9 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 		if (rc)
 			remove_tree(tmp);
 	}
+	comm_label("manifest written?");
 	comm_all_reduce_i64(g, &rc, 1);
+	comm_context_clear();
 	free(sums), free(r0), free(nr), free(my0), free(myn), free(extra_sums);
 	if (!rc)
 		LOG_INFO("checkpoint: saved step %lld to %s", (long long)st->step, final);
@@ -487,7 +503,7 @@ int ckpt_async_save(struct ckpt_async *a, const char *root, const struct model_c
 	snprintf(a->root, sizeof(a->root), "%s", root);
 	a->keep = keep_latest_k;
 	a->rc = CT_OK;
-	CHECK(pthread_create(&a->thread, NULL, async_main, a) == 0,
+	CHECK(thread_start(&a->thread, "ct-ckpt", async_main, a) == 0,
 	      "cannot start the checkpoint writer thread");
 	a->running = true;
 	return CT_OK;
@@ -761,6 +777,7 @@ int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
 	free(cache);
 	ckpt_manifest_free(&m);
 	int64_t any = rc ? 1 : 0;
+	comm_label("checkpoint load of step %lld: every rank read its rows?", (long long)step);
 	comm_all_reduce_i64(&mesh->world_group, &any, 1);
 	if (any)
 		return rc ? (int)rc : CT_ERR_RUNTIME;

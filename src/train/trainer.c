@@ -15,6 +15,7 @@
 #include "base/timer.h"
 #include "comm/comm.h"
 #include "comm/stream.h"
+#include "comm/watchdog.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "data/synthetic.h"
@@ -194,6 +195,7 @@ static int trainer_setup(struct trainer *tr)
 		LOG_ERROR("comm.progress: unknown '%s'", cfg->comm.progress);
 		return CT_ERR_USAGE;
 	}
+	comm_watchdog_start(cfg->comm.timeout_seconds);
 	tr->stream = comm_stream_create(mode, cfg->comm.timeout_seconds);
 	comm_stream_simulate(tr->stream, cfg->comm.simulate_bandwidth_gbps,
 	                     cfg->comm.simulate_latency_us);
@@ -288,6 +290,7 @@ static void trainer_teardown(struct trainer *tr)
 		sched_cost_free(&tr->cost);
 	model_free(&tr->model);
 	comm_stream_destroy(tr->stream);
+	comm_watchdog_stop();
 	mesh_free(&tr->mesh);
 }
 
@@ -674,6 +677,7 @@ static int trainer_save(struct trainer *tr, int64_t steps_done, const struct ste
 static bool trainer_should_stop(struct trainer *tr)
 {
 	int64_t s = trainer_signal != 0;
+	comm_label("stop on a signal?");
 	comm_all_reduce_i64(&tr->mesh.world_group, &s, 1);
 	return s > 0;
 }
@@ -703,6 +707,7 @@ int trainer_run(const struct ct_config *cfg)
 		    (long long)first, (long long)steps);
 	int64_t step = first;
 	for (; rc == CT_OK && step < steps; step++) {
+		comm_watchdog_set_step(step + 1);
 		rc = trainer_step(&tr, step, &sm);
 		if (rc) {
 			/* non-finite loss or gradients: parameters were not updated, so the state

@@ -1,0 +1,47 @@
+/* comm/watchdog: no collective waits forever.
+ *
+ * Every collective of comm.c (on any thread: the compute thread, the comm stream's thread, a
+ * checkpoint writer) registers itself on entry and leaves on exit. A watchdog thread per rank
+ * (comm_watchdog_start) looks at the collectives in flight every 100 ms; when one has lasted
+ * longer than the timeout it asks every other member of that collective's group, over a side
+ * channel (a private duplicate of the world communicator that only watchdog threads use), how
+ * many collectives it has entered on that group and what it is doing. Ranks that answer with
+ * a lower count have not arrived; ranks that do not answer within WD_ASK_SECONDS are stopped,
+ * hung outside MPI, or cut off. The watchdog then logs one line naming the collective, its
+ * label (bucket or tensor), the context (e.g. the checkpoint being saved), the training step,
+ * the group and the ranks that did not arrive, and aborts the whole job (MPI_Abort; if that
+ * does not end this process within a few seconds, e.g. over a cut link, the process exits by
+ * itself). Detection therefore takes timeout + at most ~4 s.
+ *
+ * Labels: comm_label() names the *next* collective issued by the calling thread (one-shot),
+ * comm_context() names everything the calling thread issues until it is cleared. Both are
+ * copied, so callers may pass stack buffers.
+ */
+#ifndef CT_COMM_WATCHDOG_H
+#define CT_COMM_WATCHDOG_H
+
+#include <stdint.h>
+
+#define WD_ASK_SECONDS 3.0
+
+/* Collective over the world (duplicates the world communicator). timeout_s > 0. */
+void comm_watchdog_start(double timeout_s);
+/* Stops the thread; comm_finalize calls it. Safe when not started. */
+void comm_watchdog_stop(void);
+/* The training step shown in watchdog messages (-1: none). */
+void comm_watchdog_set_step(int64_t step);
+
+void comm_label(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void comm_context(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void comm_context_clear(void);
+
+/* ---- for comm.c (the collectives and the group table) */
+
+/* Register a group's communicator under a name with its members' world ranks. */
+void wd_group_add(void *comm, const char *name, int size, const int *world_ranks);
+void wd_group_remove(void *comm);
+/* A collective on comm of `count` `unit`s starts / ends; returns the slot wd_leave takes. */
+int wd_enter(const char *kind, const char *unit, void *comm, int64_t count);
+void wd_leave(int slot);
+
+#endif
