@@ -1,0 +1,1 @@
+ct_add_test(pp_schedule TIMEOUT 60)
