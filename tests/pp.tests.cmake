@@ -1,1 +1,3 @@
 ct_add_test(pp_schedule TIMEOUT 60)
+ct_add_test(pp RANKS 2 TIMEOUT 120)
+ct_add_test(pp RANKS 4 TIMEOUT 180)
