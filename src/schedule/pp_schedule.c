@@ -215,7 +215,7 @@ int pp_sched_generate(struct pp_sched *s, enum pp_style style, int p, int v, int
 		return CT_ERR_USAGE;
 	}
 	if (style == PP_INTERLEAVED_1F1B && m % p != 0) {
-		LOG_ERROR("parallelism.pipeline_parallel_microbatches: Interleaved1F1B needs a "
+		LOG_ERROR("parallelism.pipeline_parallel_microbatch_size: Interleaved1F1B needs a "
 		          "micro-batch count that is a multiple of the pipeline degree %d, not %d",
 		          p, m);
 		return CT_ERR_USAGE;
@@ -649,7 +649,7 @@ int pp_sched_read_csv(struct pp_sched *s, const char *path, int p, int m)
 	}
 	if (max_micro + 1 != m) {
 		LOG_ERROR("%s: '%s' runs %d micro-batches; the step has %d "
-		          "(parallelism.pipeline_parallel_microbatches)",
+		          "(parallelism.pipeline_parallel_microbatch_size)",
 		          key_name, path, max_micro + 1, m);
 		goto out;
 	}
