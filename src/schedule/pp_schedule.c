@@ -3,6 +3,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -324,7 +325,7 @@ static bool local_dep(const struct pp_sched *s, const struct pp_action *a, struc
 	}
 }
 
-static int duration(enum pp_kind k)
+static double unit_duration(enum pp_kind k)
 {
 	return k == PP_F || k == PP_I || k == PP_W ? 1 : (k == PP_B ? 2 : 0);
 }
@@ -340,16 +341,20 @@ static struct pp_action partner(const struct pp_action *a)
 	}
 }
 
-static bool simulate(const struct pp_sched *s, struct pp_sim *sim, char *why, size_t why_size)
+/* Event-driven: each rank runs its list in order; compute takes its duration, a send is
+ * instantaneous, a receive completes xfer after its send. */
+static bool simulate(const struct pp_sched *s, const double *dur, double xfer, struct pp_sim *sim,
+                     char *why, size_t why_size)
 {
 	int p = s->p, S = s->n_stages, M = s->n_micro;
 	bool ok = false;
-	int64_t *sent = xcalloc((size_t)(PP_KIND_COUNT * S * M), sizeof(int64_t));
+	double *sent = xcalloc((size_t)(PP_KIND_COUNT * S * M), sizeof(double));
 	int *pc = xcalloc((size_t)p, sizeof(int)), *inflight = xcalloc((size_t)p, sizeof(int));
-	int64_t *free_at = xcalloc((size_t)p, sizeof(int64_t));
+	double *free_at = xcalloc((size_t)p, sizeof(double));
 	for (int i = 0; i < PP_KIND_COUNT * S * M; i++)
 		sent[i] = -1;
-	for (int64_t t = 0;;) {
+	sim->makespan = 0;
+	for (double t = 0;;) {
 		bool progress = true;
 		while (progress) {
 			progress = false;
@@ -358,12 +363,14 @@ static bool simulate(const struct pp_sched *s, struct pp_sim *sim, char *why, si
 					const struct pp_action *a = &s->a[r][pc[r]];
 					if (a->kind == PP_RECV_F || a->kind == PP_RECV_B) {
 						struct pp_action q = partner(a);
-						if (sent[key(s, q.kind, q.stage, q.micro)] < 0)
+						double at = sent[key(s, q.kind, q.stage, q.micro)];
+						if (at < 0 || at + xfer > t)
 							break;
 					} else if (a->kind == PP_SEND_F || a->kind == PP_SEND_B) {
 						sent[key(s, a->kind, a->stage, a->micro)] = t;
 					} else {
-						int d = duration(a->kind);
+						double d = dur ? dur[a->stage * PP_KIND_COUNT + a->kind]
+						               : unit_duration(a->kind);
 						free_at[r] = t + d;
 						sim->busy[r] += d;
 						if (a->kind == PP_F) {
@@ -379,12 +386,18 @@ static bool simulate(const struct pp_sched *s, struct pp_sim *sim, char *why, si
 				}
 			}
 		}
-		int64_t next = INT64_MAX;
+		double next = INFINITY;
 		bool all_done = true;
 		for (int r = 0; r < p; r++) {
 			if (free_at[r] > t && free_at[r] < next)
 				next = free_at[r];
 			all_done &= pc[r] == s->n[r];
+			if (pc[r] < s->n[r] && free_at[r] <= t) { /* blocked in a receive */
+				struct pp_action q = partner(&s->a[r][pc[r]]);
+				double at = sent[key(s, q.kind, q.stage, q.micro)];
+				if (at >= 0 && at + xfer > t && at + xfer < next)
+					next = at + xfer;
+			}
 		}
 		if (all_done) {
 			for (int r = 0; r < p; r++)
@@ -392,21 +405,21 @@ static bool simulate(const struct pp_sched *s, struct pp_sim *sim, char *why, si
 					sim->makespan = free_at[r];
 			break;
 		}
-		if (next == INT64_MAX) {
+		if (next == INFINITY) {
 			char buf[32];
 			int r = 0;
 			while (pc[r] == s->n[r])
 				r++;
 			pp_action_str(&s->a[r][pc[r]], buf, sizeof(buf));
-			FAIL("deadlock at time %lld: rank %d waits in %s (action %d) for a send "
+			FAIL("deadlock at time %g: rank %d waits in %s (action %d) for a send "
 			     "that never comes",
-			     (long long)t, r, buf, pc[r]);
+			     t, r, buf, pc[r]);
 		}
 		t = next;
 	}
 	sim->bubble = 0;
 	for (int r = 0; r < p; r++) {
-		double idle = (double)(sim->makespan - sim->busy[r]) / (double)sim->makespan;
+		double idle = sim->makespan > 0 ? (sim->makespan - sim->busy[r]) / sim->makespan : 0;
 		if (idle > sim->bubble)
 			sim->bubble = idle;
 	}
@@ -414,6 +427,18 @@ static bool simulate(const struct pp_sched *s, struct pp_sim *sim, char *why, si
 out:
 	free(sent), free(pc), free(inflight), free(free_at);
 	return ok;
+}
+
+bool pp_sched_simulate(const struct pp_sched *s, const double *dur, double xfer_s,
+                       struct pp_sim *sim, char *why, size_t why_size)
+{
+	memset(sim, 0, sizeof(*sim));
+	sim->busy = xcalloc((size_t)s->p, sizeof(double));
+	sim->peak_inflight = xcalloc((size_t)s->p, sizeof(int));
+	if (simulate(s, dur, xfer_s, sim, why, why_size))
+		return true;
+	pp_sim_free(sim);
+	return false;
 }
 
 bool pp_sched_check(const struct pp_sched *s, struct pp_sim *sim_out, char *why, size_t why_size)
@@ -500,11 +525,7 @@ bool pp_sched_check(const struct pp_sched *s, struct pp_sim *sim_out, char *why,
 			FAIL("rank %d action %d (%s) comes before %s, which it needs", r, i, buf,
 			     buf2);
 		}
-	sim.busy = xcalloc((size_t)p, sizeof(int64_t));
-	sim.peak_inflight = xcalloc((size_t)p, sizeof(int));
-	if (!simulate(s, &sim, why, why_size))
-		goto out;
-	ok = true;
+	ok = pp_sched_simulate(s, NULL, 0, &sim, why, why_size);
 out:
 	free(occ);
 	if (ok && sim_out)

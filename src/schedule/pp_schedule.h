@@ -53,8 +53,8 @@ struct pp_sched {
 
 /* What the unit-time simulation found. */
 struct pp_sim {
-	int64_t makespan;   /* time units until the last rank finishes */
-	int64_t *busy;      /* p: compute time units per rank */
+	double makespan;    /* time until the last rank finishes */
+	double *busy;       /* p: compute time per rank */
 	int *peak_inflight; /* p: most micro-batch x stage activations held at once */
 	double bubble;      /* max over ranks of idle / makespan */
 };
@@ -82,6 +82,10 @@ int pp_stage_rank(const struct pp_sched *s, int stage);
 /* Check and simulate (see above); sim may be NULL. False with the reason in why. */
 bool pp_sched_check(const struct pp_sched *s, struct pp_sim *sim, char *why, size_t why_size);
 void pp_sim_free(struct pp_sim *sim);
+/* Simulate a checked schedule with durations dur[stage * PP_KIND_COUNT + kind] (seconds; NULL:
+ * unit time) and every transfer taking xfer_s (planning). False on deadlock. */
+bool pp_sched_simulate(const struct pp_sched *s, const double *dur, double xfer_s,
+                       struct pp_sim *sim, char *why, size_t why_size);
 /* Idle fraction theory for the style: (p-1)/(m+p-1) for GPipe and 1F1B,
  * (p-1)/(v*m+p-1) for Interleaved1F1B (the bubble divided by v), (p-1)/(3m+p-1) for ZB-H1
  * (one third of 1F1B's bubble time). */
