@@ -8,7 +8,9 @@
 #  2. traces: one Chrome trace per rank of the pipeline actions;
 #  3. bad input exits 2 naming the key: an unknown schedule, layers that do not split, a
 #     micro-batch count Interleaved1F1B cannot use, a micro-batch size that does not divide
-#     the batch, a CSV with an unmatched send; ZeroBubbleH1 and Hyena say "not yet supported".
+#     the batch, a CSV with an unmatched send; ZeroBubbleH1 and Hyena say "not yet supported";
+#  4. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
+#     1F1B and Interleaved1F1B (assumptions in the command), bubble and in-flight memory.
 #   tests/pp_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -132,4 +134,27 @@ bad "zero bubble" "ZeroBubbleH1: split backward .* not yet supported" 2 \
 rc=$?
 [ $rc -eq 2 ] && grep -q "pipeline_parallel_degree > 1 with model.name = \"hyena\": not yet supported" "$tmp/bad.log"
 check "hyena under pp: exit 2, not yet supported (got $rc)" $?
+
+# 4. plan: Llama 3.1 405B on 512 H100s (FSDP 8 x TP 8 x PP 8, full AC, 8 sequences of 8192 per
+# data-parallel rank in micro-batches of 1, compute at 0.64 of the bf16 peak) within 15% of
+# TorchTitan's 100 (1F1B) and 128 (Interleaved1F1B) tokens/s per GPU
+P405=(--world-size 512 --metrics.peak_tflops=989 --comm.bandwidth_gbps=400 --comm.latency_us=30
+      --parallelism.pipeline_parallel_degree=8 --parallelism.tensor_parallel_degree=8
+      --parallelism.data_parallel_shard_degree=8 --training.local_batch_size=8
+      --activation_checkpoint.mode=full --training.mixed_precision_param=bfloat16
+      --plan.compute_efficiency=0.64)
+for want in "1F1B 100" "Interleaved1F1B 128"; do
+  set -- $want
+  "$CTITAN" plan "$ROOT/configs/405b.toml" "${P405[@]}" --parallelism.pipeline_parallel_schedule=$1 \
+    > "$tmp/plan_$1.txt" 2>&1
+  got=$(sed -n 's/^throughput *\([0-9]*\) tokens.*/\1/p' "$tmp/plan_$1.txt")
+  $PY -c "import sys; g=float(sys.argv[1] or 0); sys.exit(0 if abs(g-$2)<=0.15*$2 else 1)" "$got"
+  check "plan 405B/512 $1: $got tokens/s per GPU, TorchTitan $2 (within 15%)" $?
+done
+grep -q "in-flight activations    8 micro-batches on rank 0" "$tmp/plan_1F1B.txt" && \
+  grep -q "bubble fraction" "$tmp/plan_1F1B.txt"; check "plan prints bubble and in-flight memory (1F1B: p on rank 0)" $?
+"$CTITAN" plan "$ROOT/configs/405b.toml" "${P405[@]}" --parallelism.pipeline_parallel_schedule=Nope \
+  > "$tmp/plan_bad.txt" 2>&1
+[ $? -eq 2 ] && grep -q "pipeline_parallel_schedule: unknown schedule 'Nope'" "$tmp/plan_bad.txt"
+check "plan with an unknown schedule: exit 2, named" $?
 finish
