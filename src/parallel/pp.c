@@ -2,6 +2,7 @@
 #include "parallel/pp.h"
 
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,7 +184,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	int n_act = 0;
 	for (int r = 0; r < pp->p; r++)
 		n_act = pp->sched.n[r] > n_act ? pp->sched.n[r] : n_act;
-	pp->rec = xcalloc((size_t)n_act, sizeof(*pp->rec));
+	pp->rec = xcalloc((size_t)n_act * 2, sizeof(*pp->rec)); /* actions + input waits */
 	return CT_OK;
 }
 
@@ -412,6 +413,7 @@ static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what)
 			          what, pp->o.timeout_s);
 			comm_abort(1);
 		}
+		sched_yield(); /* ranks may share cores: let the one we wait for run */
 	}
 }
 
@@ -442,8 +444,12 @@ static void act_forward(struct pp *pp, int c, int m)
 	struct pp_chunk *ch = &pp->chunks[c];
 	struct pp_slot *s = slot_get(pp, c, m);
 	struct model *mm = &s->m;
-	if (ch->stage > 0)
+	if (ch->stage > 0) {
+		double t0 = timer_now();
 		wait_req(pp, &ch->recv[m], "pipeline receive of an activation");
+		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_F, ch->stage, m}, t0, timer_now(),
+		                                          true};
+	}
 	memcpy(mm->tokens, pp->tokens + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
 	memcpy(mm->targets, pp->targets + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
 	model_set_loss_dscale(mm, pp->dscale);
@@ -457,8 +463,12 @@ static void act_backward(struct pp *pp, int c, int m)
 {
 	struct pp_chunk *ch = &pp->chunks[c];
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-	if (ch->stage < pp->S - 1)
+	if (ch->stage < pp->S - 1) {
+		double t0 = timer_now();
 		wait_req(pp, &ch->recv[m], "pipeline receive of a gradient");
+		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_B, ch->stage, m}, t0, timer_now(),
+		                                          true};
+	}
 	for (int u = ch->u1 - 1; u >= ch->u0; u--) {
 		if (model_unit_needs_recompute(&s->m, u))
 			model_unit_recompute(&s->m, u);
@@ -534,7 +544,10 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	for (int i = 0; i < pp->sched.n[pp->r]; i++) {
 		double t0 = timer_now();
 		run_action(pp, &acts[i]);
-		pp->rec[pp->n_rec++] = (struct pp_record){acts[i], t0, timer_now()};
+		/* a compute action starts after its input wait (recorded by the action) */
+		if (pp->n_rec > 0 && pp->rec[pp->n_rec - 1].wait && pp->rec[pp->n_rec - 1].t0 >= t0)
+			t0 = pp->rec[pp->n_rec - 1].t1;
+		pp->rec[pp->n_rec++] = (struct pp_record){acts[i], t0, timer_now(), false};
 		progress(pp);
 	}
 	for (int c = 0; c < pp->v; c++)
@@ -574,7 +587,7 @@ double pp_measured_bubble(const struct pp *pp)
 {
 	double busy = 0, span = pp->step_t1 - pp->step_t0;
 	for (int i = 0; i < pp->n_rec; i++)
-		if (pp->rec[i].a.kind <= PP_W)
+		if (pp->rec[i].a.kind <= PP_W && !pp->rec[i].wait)
 			busy += pp->rec[i].t1 - pp->rec[i].t0;
 	return span > 0 ? 1.0 - busy / span : 0.0;
 }
@@ -591,12 +604,15 @@ int pp_trace_write(const struct pp *pp, const char *path, int rank)
 	for (int i = 0; i < pp->n_rec; i++) {
 		const struct pp_record *r = &pp->rec[i];
 		pp_action_str(&r->a, name, sizeof(name));
-		bool compute = r->a.kind <= PP_W;
+		bool compute = r->a.kind <= PP_W && !r->wait;
+		if (r->wait)
+			snprintf(name, sizeof(name), "wait %d%s%d", r->a.stage,
+			         r->a.kind == PP_RECV_F ? "F" : "B", r->a.micro);
 		fprintf(f,
 		        "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": "
 		        "%d, \"ts\": %.3f, \"dur\": %.3f, \"args\": {\"stage\": %d, \"micro\": "
 		        "%d}},\n",
-		        name, compute ? "compute" : "p2p", rank, compute ? 0 : 1,
+		        name, compute ? "compute" : (r->wait ? "wait" : "p2p"), rank, compute ? 0 : 1,
 		        (r->t0 - pp->step_t0) * 1e6, (r->t1 - r->t0) * 1e6, r->a.stage, r->a.micro);
 	}
 	fprintf(f,

@@ -93,6 +93,7 @@ struct pp_chunk {
 struct pp_record {
 	struct pp_action a;
 	double t0, t1;
+	bool wait; /* the wait for the action's input before its compute */
 };
 
 struct pp_deferred { /* a send held back by the simulated link */
@@ -148,7 +149,8 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at);
 /* The full flat parameter buffer (table layout) on every rank (tests, export). */
 void pp_gather_full(struct pp *pp, float *out);
-/* Measured idle fraction of the last step on this rank: 1 - compute time / step time. */
+/* Measured idle fraction of the last step on this rank: 1 - compute time / step time (waits
+ * for a compute action's input are idle time, recorded separately). */
 double pp_measured_bubble(const struct pp *pp);
 /* Chrome trace of the last step's actions on this rank. */
 int pp_trace_write(const struct pp *pp, const char *path, int rank);
