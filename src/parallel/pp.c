@@ -127,7 +127,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	                     pp->stage_u0);
 	if (rc)
 		return rc;
-	int64_t tag_need = 2LL * pp->S * o->n_micro;
+	int64_t tag_need = 4LL * pp->S * o->n_micro; /* data and header tags */
 	pp->tag_max = comm_p2p_tag_max();
 	if (tag_need > pp->tag_max) {
 		LOG_ERROR("parallelism: %d stages x %lld micro-batches need more message tags "
@@ -173,6 +173,8 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		ch->slots = NULL;
 		ch->slot_of = xcalloc((size_t)o->n_micro, sizeof(int));
 		ch->recv = xcalloc((size_t)o->n_micro, sizeof(*ch->recv));
+		ch->recv_hdr = xcalloc((size_t)o->n_micro, sizeof(*ch->recv_hdr));
+		ch->hdr = xcalloc((size_t)o->n_micro, sizeof(double));
 		for (int64_t m = 0; m < o->n_micro; m++)
 			ch->slot_of[m] = -1;
 	}
@@ -200,7 +202,7 @@ void pp_free(struct pp *pp)
 		struct pp_chunk *ch = &pp->chunks[c];
 		for (int k = 0; k < ch->n_slots; k++)
 			model_free(&ch->slots[k].m);
-		free(ch->slots), free(ch->slot_of), free(ch->recv);
+		free(ch->slots), free(ch->slot_of), free(ch->recv), free(ch->recv_hdr), free(ch->hdr);
 	}
 	mem_free(MEM_FULL_PARAMS, pp->full_w, (size_t)pp->full_numel * sizeof(float));
 	mem_free(MEM_FULL_GRADS, pp->full_g, (size_t)pp->full_numel * sizeof(float));
@@ -210,7 +212,7 @@ void pp_free(struct pp *pp)
 	llama_table_free(&pp->table);
 	pp_sched_free(&pp->sched);
 	pp_sim_free(&pp->sim);
-	free(pp->stage_u0), free(pp->chunks), free(pp->t), free(pp->rec), free(pp->defer);
+	free(pp->stage_u0), free(pp->chunks), free(pp->t), free(pp->rec);
 	memset(pp, 0, sizeof(*pp));
 }
 
@@ -326,7 +328,7 @@ static float *unit_output(struct llama_model *lm, int u)
 	return u < lm->cfg.n_layers ? lm->acts[u].x : lm->x_final;
 }
 
-static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what);
+static void slot_wait_sends(struct pp *pp, struct pp_slot *s);
 
 static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 {
@@ -348,7 +350,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 	}
 	struct pp_slot *s = &ch->slots[k];
 	/* a slot last used by another micro-batch may still be sending its boundary buffer */
-	wait_req(pp, &s->send, "pipeline send");
+	slot_wait_sends(pp, s);
 	const struct llama_table *t = &pp->table;
 	for (int u = ch->u0; u < ch->u1; u++) {
 		int64_t off = ch->full_off + t->unit_begin[u] - t->unit_begin[ch->u0];
@@ -374,38 +376,22 @@ static int tag_of(const struct pp *pp, bool backward, int stage, int m)
 	return ((backward ? 1 : 0) * pp->S + stage) * (int)pp->o.n_micro + m;
 }
 
-/* Test open sends, issue held-back ones that are due. */
+/* Test every open send, so that MPI advances them between compute. */
 static void progress(struct pp *pp)
 {
-	double now = timer_now();
-	for (int i = 0; i < pp->n_defer;) {
-		struct pp_deferred *d = &pp->defer[i];
-		if (d->due > now) {
-			i++;
-			continue;
-		}
-		comm_p2p_isend(&pp->mesh->pp_group, d->peer, d->tag, d->buf, d->bytes, d->req);
-		pp->defer[i] = pp->defer[--pp->n_defer];
-	}
 	for (int c = 0; c < pp->v; c++)
-		for (int k = 0; k < pp->chunks[c].n_slots; k++)
+		for (int k = 0; k < pp->chunks[c].n_slots; k++) {
 			comm_p2p_test(&pp->chunks[c].slots[k].send);
+			comm_p2p_test(&pp->chunks[c].slots[k].send_hdr);
+		}
 }
 
-static bool deferred(const struct pp *pp, const struct comm_p2p *req)
-{
-	for (int i = 0; i < pp->n_defer; i++)
-		if (pp->defer[i].req == req)
-			return true;
-	return false;
-}
-
-static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what)
+static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, const char *what)
 {
 	double t0 = timer_now();
 	for (;;) {
 		progress(pp);
-		if (!deferred(pp, req) && comm_p2p_test(req))
+		if (comm_p2p_test(req) && timer_now() >= not_before)
 			return;
 		if (pp->o.timeout_s > 0 && timer_now() - t0 > pp->o.timeout_s) {
 			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds); "
@@ -417,24 +403,56 @@ static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what)
 	}
 }
 
+static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what)
+{
+	wait_until(pp, req, 0, what);
+}
+
+/* Wait for chunk c's receive of micro-batch m (and its simulated arrival). */
+static void wait_recv(struct pp *pp, struct pp_chunk *ch, int m, const char *what)
+{
+	if (pp->o.sim_gbps > 0) {
+		wait_req(pp, &ch->recv_hdr[m], what);
+		wait_until(pp, &ch->recv[m], ch->hdr[m], what);
+	} else {
+		wait_req(pp, &ch->recv[m], what);
+	}
+}
+
+static void slot_wait_sends(struct pp *pp, struct pp_slot *s)
+{
+	wait_req(pp, &s->send, "pipeline send");
+	wait_req(pp, &s->send_hdr, "pipeline send");
+}
+
+static int64_t boundary_bytes(const struct pp *pp)
+{
+	return pp->o.micro_rows * pp->o.T * pp->cfg.llama.dim * (int64_t)sizeof(float);
+}
+
 static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, const float *buf)
 {
-	int64_t bytes = lm_of(s)->N * pp->cfg.llama.dim * (int64_t)sizeof(float);
+	int64_t bytes = boundary_bytes(pp);
 	int peer = pp_stage_rank(&pp->sched, peer_stage);
-	wait_req(pp, &s->send, "pipeline send"); /* the slot's previous send (its activation) */
-	if (pp->o.sim_gbps <= 0) {
-		comm_p2p_isend(&pp->mesh->pp_group, peer, tag, buf, bytes, &s->send);
-		return;
+	slot_wait_sends(pp, s); /* the slot's previous send (its activation) */
+	if (pp->o.sim_gbps > 0) {
+		double now = timer_now(), start = pp->link_free > now ? pp->link_free : now;
+		s->hdr = start + pp->o.sim_latency_us * 1e-6 +
+		         (double)bytes * 8.0 / (pp->o.sim_gbps * 1e9);
+		pp->link_free = s->hdr;
+		comm_p2p_isend(&pp->mesh->pp_group, peer, tag + 2 * pp->S * (int)pp->o.n_micro,
+		               &s->hdr, sizeof(double), &s->send_hdr);
 	}
-	double now = timer_now(), start = pp->link_free > now ? pp->link_free : now;
-	double due = start + pp->o.sim_latency_us * 1e-6 + (double)bytes * 8.0 / (pp->o.sim_gbps * 1e9);
-	pp->link_free = due;
-	if (pp->n_defer == pp->cap_defer) {
-		pp->cap_defer = pp->cap_defer ? 2 * pp->cap_defer : 16;
-		pp->defer = realloc(pp->defer, (size_t)pp->cap_defer * sizeof(*pp->defer));
-		CHECK(pp->defer, "out of memory");
-	}
-	pp->defer[pp->n_defer++] = (struct pp_deferred){due, peer, tag, buf, bytes, &s->send};
+	comm_p2p_isend(&pp->mesh->pp_group, peer, tag, buf, bytes, &s->send);
+}
+
+static void recv_buf(struct pp *pp, struct pp_chunk *ch, int m, int peer_stage, int tag, float *buf)
+{
+	int peer = pp_stage_rank(&pp->sched, peer_stage);
+	if (pp->o.sim_gbps > 0)
+		comm_p2p_irecv(&pp->mesh->pp_group, peer, tag + 2 * pp->S * (int)pp->o.n_micro,
+		               &ch->hdr[m], sizeof(double), &ch->recv_hdr[m]);
+	comm_p2p_irecv(&pp->mesh->pp_group, peer, tag, buf, boundary_bytes(pp), &ch->recv[m]);
 }
 
 /* ---------------------------------------------------------------- actions */
@@ -446,7 +464,7 @@ static void act_forward(struct pp *pp, int c, int m)
 	struct model *mm = &s->m;
 	if (ch->stage > 0) {
 		double t0 = timer_now();
-		wait_req(pp, &ch->recv[m], "pipeline receive of an activation");
+		wait_recv(pp, ch, m, "pipeline receive of an activation");
 		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_F, ch->stage, m}, t0, timer_now(),
 		                                          true};
 	}
@@ -465,7 +483,7 @@ static void act_backward(struct pp *pp, int c, int m)
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
 	if (ch->stage < pp->S - 1) {
 		double t0 = timer_now();
-		wait_req(pp, &ch->recv[m], "pipeline receive of a gradient");
+		wait_recv(pp, ch, m, "pipeline receive of a gradient");
 		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_B, ch->stage, m}, t0, timer_now(),
 		                                          true};
 	}
@@ -482,7 +500,6 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 	int c = a->stage / pp->p, m = a->micro;
 	struct pp_chunk *ch = &pp->chunks[c];
 	CHECK(ch->stage == a->stage, "pp: stage %d is not on rank %d", a->stage, pp->r);
-	int64_t bytes = (int64_t)pp->o.micro_rows * pp->o.T * pp->cfg.llama.dim * 4;
 	switch (a->kind) {
 	case PP_F: act_forward(pp, c, m); break;
 	case PP_B: act_backward(pp, c, m); break;
@@ -499,16 +516,13 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 	}
 	case PP_RECV_F: {
 		struct pp_slot *s = slot_get(pp, c, m);
-		comm_p2p_irecv(&pp->mesh->pp_group, pp_stage_rank(&pp->sched, a->stage - 1),
-		               tag_of(pp, false, a->stage - 1, m), unit_output(lm_of(s), ch->u0 - 1),
-		               bytes, &ch->recv[m]);
+		recv_buf(pp, ch, m, a->stage - 1, tag_of(pp, false, a->stage - 1, m),
+		         unit_output(lm_of(s), ch->u0 - 1));
 		break;
 	}
 	case PP_RECV_B: {
 		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-		comm_p2p_irecv(&pp->mesh->pp_group, pp_stage_rank(&pp->sched, a->stage + 1),
-		               tag_of(pp, true, a->stage + 1, m), lm_of(s)->dres, bytes,
-		               &ch->recv[m]);
+		recv_buf(pp, ch, m, a->stage + 1, tag_of(pp, true, a->stage + 1, m), lm_of(s)->dres);
 		break;
 	}
 	default: CHECK(false, "pp: action %s is not executable", pp_kind_name(a->kind));
@@ -552,7 +566,7 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	}
 	for (int c = 0; c < pp->v; c++)
 		for (int k = 0; k < pp->chunks[c].n_slots; k++)
-			wait_req(pp, &pp->chunks[c].slots[k].send, "pipeline send");
+			slot_wait_sends(pp, &pp->chunks[c].slots[k]);
 	pp->step_t1 = timer_now();
 	for (int c = 0; c < pp->v; c++)
 		reduce_chunk(pp, c);

@@ -26,8 +26,10 @@
  * Transfers: SEND posts a non-blocking send of the slot's boundary buffer (its output
  * activation, or the gradient of its input), RECV posts a receive into the slot, and the
  * compute that needs the data waits for it; open transfers are tested after every action so
- * they advance between compute. A simulated link (comm.simulate_bandwidth_gbps) holds each
- * send back until latency + bytes / bandwidth after the link is free.
+ * they advance between compute. A simulated link (comm.simulate_bandwidth_gbps) gives each
+ * transfer an arrival time, latency + bytes / bandwidth after this rank's outgoing link is
+ * free, sent along in a small header message; the receiver treats the data as arrived only
+ * then (one machine, one clock).
  *
  * Not yet supported: split-backward schedules (ZB-H1's I/W need a weight-gradient pass the
  * model interface does not have), Hyena, activation checkpointing modes other than the
@@ -78,6 +80,8 @@ struct pp_slot {
 	struct model m;
 	int micro; /* -1: free */
 	struct comm_p2p send;
+	struct comm_p2p send_hdr; /* simulated link: the arrival time travels with the data */
+	double hdr;
 };
 
 struct pp_chunk {
@@ -87,6 +91,8 @@ struct pp_chunk {
 	struct pp_slot *slots;
 	int *slot_of;       /* n_micro: slot of micro-batch m, -1 none */
 	struct comm_p2p *recv; /* n_micro: the open receive of micro-batch m */
+	struct comm_p2p *recv_hdr;
+	double *hdr; /* n_micro: simulated arrival time of micro-batch m's data */
 };
 
 /* One executed action of the last step (traces, bubble measurement). */
@@ -94,14 +100,6 @@ struct pp_record {
 	struct pp_action a;
 	double t0, t1;
 	bool wait; /* the wait for the action's input before its compute */
-};
-
-struct pp_deferred { /* a send held back by the simulated link */
-	double due;
-	int peer, tag;
-	const void *buf;
-	int64_t bytes;
-	struct comm_p2p *req;
 };
 
 struct pp {
@@ -128,9 +126,7 @@ struct pp {
 	struct pp_record *rec;
 	int n_rec;
 	double step_t0, step_t1;
-	struct pp_deferred *defer;
-	int n_defer, cap_defer;
-	double link_free;
+	double link_free; /* simulated link: when this rank's outgoing link is next free */
 };
 
 /* Plan stages and shards for this rank's pipeline position and allocate them. */
