@@ -606,6 +606,15 @@ double pp_measured_bubble(const struct pp *pp)
 	return span > 0 ? 1.0 - busy / span : 0.0;
 }
 
+double pp_wait_seconds(const struct pp *pp)
+{
+	double w = 0;
+	for (int i = 0; i < pp->n_rec; i++)
+		if (pp->rec[i].wait)
+			w += pp->rec[i].t1 - pp->rec[i].t0;
+	return w;
+}
+
 int pp_trace_write(const struct pp *pp, const char *path, int rank)
 {
 	FILE *f = fopen(path, "w");

@@ -148,6 +148,8 @@ void pp_gather_full(struct pp *pp, float *out);
 /* Measured idle fraction of the last step on this rank: 1 - compute time / step time (waits
  * for a compute action's input are idle time, recorded separately). */
 double pp_measured_bubble(const struct pp *pp);
+/* Seconds the last step waited for transfers (its exposed communication). */
+double pp_wait_seconds(const struct pp *pp);
 /* Chrome trace of the last step's actions on this rank. */
 int pp_trace_write(const struct pp *pp, const char *path, int rank);
 

@@ -515,6 +515,8 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->lr = lr;
 	sm->data_s = t_data;
 	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) - wait0;
+	if (tr->piped)
+		sm->comm_wait_s += pp_wait_seconds(&tr->pp);
 	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches */
 	sm->tokens = tr->accum * m->N / (tr->piped ? tr->mesh.pp : 1);
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
