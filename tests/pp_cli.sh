@@ -2,9 +2,10 @@
 # Pipeline parallelism through the CLI, on a shard dataset:
 #  1. checkpoints reshard across pipeline layouts: a pp=2 (1F1B) run dies in step 4, its
 #     step-3 checkpoint resumes on pp=2 (same layout), pp=1 (one rank), FSDP only
-#     (dp_shard=2) and pp=4 (Interleaved1F1B is not needed: 1F1B): steps 4-6 match an
-#     uninterrupted one-rank run within 1e-5, and the data loader continues where it was
-#     (every sample trained on once: debug.sample_log);
+#     (dp_shard=2) and pp=4: steps 4-6 match an uninterrupted one-rank run within 1e-5, and
+#     the data loader continues where it was (every sample trained on once:
+#     debug.sample_log); the Hugging Face export of the pp=2 checkpoint is bitwise the
+#     one-rank run's;
 #  2. traces: one Chrome trace per rank of the pipeline actions;
 #  3. bad input exits 2 naming the key: an unknown schedule, layers that do not split, a
 #     micro-batch count Interleaved1F1B cannot use, a micro-batch size that does not divide
@@ -62,7 +63,7 @@ ok=ok and len(set().union(*seen.values()))==24
 sys.exit(0 if ok else 1)" "$1"; }
 
 # 1. reshard
-train 1 "$tmp/ref"
+train 1 "$tmp/ref" --checkpoint.enable=true
 losses "$tmp/ref/metrics.jsonl" > "$tmp/ref.l"
 train 2 "$tmp/p2" --parallelism.pipeline_parallel_degree=2 --checkpoint.enable=true \
   --debug.fail_rank=1 --debug.fail_step=4 --debug.sample_log="$tmp/samples_p2"
@@ -86,6 +87,12 @@ for layout in "2 pp2" "1 pp1" "2 fsdp2" "4 pp4"; do
   # the samples of steps 1-3 (pp=2) + 4-6 (this layout, all its ranks) cover the data order
   once "$tmp/samples_$name"; check "$name: the data loader resumes (24 samples, each once)" $?
 done
+
+# Hugging Face export of the pp=2 checkpoint equals the one-rank run's (pp with dp=1 is bitwise)
+"$CTITAN" export "$tmp/p2/checkpoint/step-00000003" "$tmp/hf_p2" > /dev/null 2>&1 &&
+  "$CTITAN" export "$tmp/ref/checkpoint/step-00000003" "$tmp/hf_ref" > /dev/null 2>&1 &&
+  cmp -s "$tmp/hf_p2/model.safetensors" "$tmp/hf_ref/model.safetensors"
+check "export of the pp=2 checkpoint is bitwise the one-rank run's" $?
 
 # 2. traces
 train 2 "$tmp/tr" --parallelism.pipeline_parallel_degree=2 --training.steps=2 \
