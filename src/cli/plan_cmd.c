@@ -8,6 +8,7 @@
  * gathered parameters in plan.activation_dtype. Collectives are assumed to overlap compute
  * (accelerators run them on their own streams). Single process; no MPI. */
 #include "cli/plan_cmd.h"
+#include "cli/plan_pp.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +35,11 @@ static void plan_usage(FILE *f)
 	        "plan.memory_bandwidth_gbs, plan.activation_dtype; the schedule from\n"
 	        "comm.buckets, comm.prefetch, comm.reduce_scatter_defer, comm.memory_budget_gb,\n"
 	        "activation_checkpoint.mode and parallelism.fsdp_reshard_after_forward.\n\n"
-	        "  --world-size N  ranks (data-parallel: replicate x shard)\n"
+	        "With parallelism.pipeline_parallel_degree > 1 it simulates the pipeline schedule\n"
+	        "(parallelism.pipeline_parallel_schedule) instead: bubble fraction, in-flight\n"
+	        "activations per rank, step time and tokens/s per GPU for pp x tp x replicate x\n"
+	        "shard (tensor parallelism as a compute divisor only).\n\n"
+	        "  --world-size N  ranks (replicate x shard, times pipeline x tensor with pp)\n"
 	        "  --nodes         print every node of the step (default: micro-batch 0)\n");
 }
 
@@ -46,15 +51,17 @@ static double gib(int64_t b)
 static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 {
 	const struct ct_config *c = cfg;
-	if (c->parallelism.tensor_parallel_degree > 1 ||
-	    c->parallelism.pipeline_parallel_degree > 1) {
-		LOG_ERROR("ctitan plan: tensor and pipeline parallelism are not yet supported");
-		return CT_ERR_USAGE;
-	}
 	if (c->metrics.peak_tflops <= 0 || c->comm.bandwidth_gbps <= 0) {
 		LOG_ERROR("ctitan plan needs the target's figures: metrics.peak_tflops and "
 		          "comm.bandwidth_gbps (e.g. --metrics.peak_tflops=989 "
 		          "--comm.bandwidth_gbps=400 for H100s on 400 Gb/s InfiniBand)");
+		return CT_ERR_USAGE;
+	}
+	if (c->parallelism.pipeline_parallel_degree > 1)
+		return plan_pp_run(c, world, all_nodes);
+	if (c->parallelism.tensor_parallel_degree > 1) {
+		LOG_ERROR("ctitan plan: tensor parallelism without pipeline parallelism is not yet "
+		          "supported");
 		return CT_ERR_USAGE;
 	}
 	int64_t rep = c->parallelism.data_parallel_replicate_degree;

@@ -73,6 +73,14 @@ struct ct_config {
 		int64_t data_parallel_replicate_degree; /* 1, >= 1 */
 		int64_t tensor_parallel_degree;         /* 1, >= 1 */
 		int64_t pipeline_parallel_degree;       /* 1, >= 1 */
+		/* pipeline parallelism (parallel/pp.h), TorchTitan's keys */
+		char pipeline_parallel_schedule[32];           /* "1F1B" (GPipe, Interleaved1F1B,
+		                                                  ZeroBubbleH1) */
+		char pipeline_parallel_schedule_csv[CONFIG_STR_MAX]; /* "": a CSV schedule */
+		int64_t pipeline_parallel_microbatch_size;      /* 1, >= 1 rows */
+		int64_t pipeline_parallel_layers_per_stage;     /* -1: one stage per rank */
+		int64_t pipeline_parallel_first_stage_less_layers; /* 1, >= 0 */
+		int64_t pipeline_parallel_last_stage_less_layers;  /* 1, >= 0 */
 		char fsdp_reshard_after_forward[16];    /* "default": default | always | never */
 	} parallelism;
 	struct {

@@ -129,8 +129,25 @@ const struct cfg_key cfg_schema[] = {
      .help = "Tensor-parallel degree; values > 1 are not yet supported (train refuses them, "
              "plan too)."},
     {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
-     .help = "Pipeline-parallel degree; values > 1 are not yet supported (train refuses "
-             "them, plan too)."},
+     .help = "Pipeline-parallel degree."},
+    /* pipeline parallelism: one block (parallel/pp.h) */
+    {ROW(parallelism, pipeline_parallel_schedule), .def = "1F1B",
+     .help = "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B (case-insensitive); "
+             "ZeroBubbleH1 is planned and checked but not yet executed."},
+    {ROW(parallelism, pipeline_parallel_schedule_csv), .def = "",
+     .help = "A CSV of per-rank actions (one row per pipeline rank, cells like 0F1, 1B0, "
+             "0SEND_F1); overrides pipeline_parallel_schedule."},
+    {ROW(parallelism, pipeline_parallel_microbatch_size), .def = "1", GE(1),
+     .help = "Sequences per pipeline micro-batch; the micro-batch count is the rank's "
+             "sequences per step (local_batch_size x accumulation) divided by it."},
+    {ROW(parallelism, pipeline_parallel_layers_per_stage), .def = "-1", UNSET_OR_GE(1),
+     .help = "Layers per pipeline stage (the embedding and output count as the two keys "
+             "below); -1: one stage per rank, two for Interleaved1F1B."},
+    {ROW(parallelism, pipeline_parallel_first_stage_less_layers), .def = "1", GE(0),
+     .help = "Layers the embedding counts as: the first stage holds that many fewer blocks."},
+    {ROW(parallelism, pipeline_parallel_last_stage_less_layers), .def = "1", GE(0),
+     .help = "Layers the output (norm, projection, loss) counts as: the last stage holds "
+             "that many fewer blocks."},
     {ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
      CHOICES("default", "always", "never"),
      .help = "Free gathered parameters after forward (default: except the last stage)."},

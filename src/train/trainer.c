@@ -24,6 +24,7 @@
 #include "model/llama_hf.h"
 #include "model/model.h"
 #include "parallel/fsdp.h"
+#include "parallel/pp.h"
 #include "train/checkpoint.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -39,6 +40,8 @@ struct trainer {
 	struct model model;
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
 	bool sharded;
+	struct pp pp; /* pipeline parallelism (parallelism.pipeline_parallel_degree > 1) */
+	bool piped;
 	struct sched_cost_model cost; /* the step's cost model, when the config needs one */
 	bool have_cost;
 	double single_pred_s; /* one rank, profiling: the cost model's predicted step (0: none) */
@@ -57,6 +60,65 @@ struct trainer {
 	int64_t *samples; /* the dataset samples of this rank's current batch (accum x B) */
 };
 
+/* Pipeline parallelism: what it does not combine with yet, and its micro-batches. */
+static int trainer_pp_check(struct trainer *tr, const struct model_config *mc, bool bf16)
+{
+	const struct ct_config *cfg = tr->cfg;
+	if (mc->kind != MODEL_LLAMA) {
+		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
+		          "yet supported (llama3 only)",
+		          model_kind_name(mc->kind));
+		return CT_ERR_USAGE;
+	}
+	if (bf16) {
+		LOG_ERROR("training.mixed_precision_param = bfloat16 with "
+		          "parallelism.pipeline_parallel_degree > 1: not yet supported");
+		return CT_ERR_USAGE;
+	}
+	if (cfg->validation.enable) {
+		LOG_ERROR("validation.enable with parallelism.pipeline_parallel_degree > 1: not yet "
+		          "supported");
+		return CT_ERR_USAGE;
+	}
+	int64_t rows = tr->accum * cfg->training.local_batch_size;
+	if (rows % cfg->parallelism.pipeline_parallel_microbatch_size) {
+		LOG_ERROR("parallelism.pipeline_parallel_microbatch_size: %lld does not divide the "
+		          "%lld sequences per step and rank (local_batch_size x accumulation)",
+		          (long long)cfg->parallelism.pipeline_parallel_microbatch_size,
+		          (long long)rows);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}
+
+static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, enum model_ac ac)
+{
+	const struct ct_config *cfg = tr->cfg;
+	struct pp_opts o = {
+	    .csv = cfg->parallelism.pipeline_parallel_schedule_csv,
+	    .layers_per_stage = cfg->parallelism.pipeline_parallel_layers_per_stage,
+	    .first_less = cfg->parallelism.pipeline_parallel_first_stage_less_layers,
+	    .last_less = cfg->parallelism.pipeline_parallel_last_stage_less_layers,
+	    .micro_rows = cfg->parallelism.pipeline_parallel_microbatch_size,
+	    .T = cfg->training.seq_len,
+	    .ac = ac,
+	    .timeout_s = cfg->comm.timeout_seconds,
+	    .sim_gbps = cfg->comm.simulate_bandwidth_gbps,
+	    .sim_latency_us = cfg->comm.simulate_latency_us};
+	o.n_micro = tr->accum * cfg->training.local_batch_size / o.micro_rows;
+	int rc = o.csv[0] ? CT_OK : pp_style_parse(cfg->parallelism.pipeline_parallel_schedule,
+	                                           &o.style);
+	if (!rc)
+		rc = pp_build(&tr->pp, mc, &tr->mesh, &o);
+	if (!rc && tr->mesh.rank == 0)
+		LOG_INFO("pipeline: %s, %d stages (%d per rank), %lld micro-batches of %lld; "
+		         "predicted bubble %.3f, at most %d micro-batches in flight on rank 0",
+		         pp_style_name(tr->pp.sched.style), tr->pp.S, tr->pp.v,
+		         (long long)o.n_micro, (long long)o.micro_rows, tr->pp.sim.bubble,
+		         tr->pp.sim.peak_inflight[0]);
+	return rc;
+}
+
 static int trainer_build_model(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
@@ -65,7 +127,13 @@ static int trainer_build_model(struct trainer *tr)
 	if (rc)
 		return rc;
 	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
-	tr->sharded = tr->dp > 1;
+	tr->piped = tr->mesh.pp > 1;
+	tr->sharded = tr->dp > 1 && !tr->piped;
+	if (tr->piped) {
+		rc = trainer_pp_check(tr, &mc, bf16);
+		if (rc)
+			return rc;
+	}
 	if (bf16 && !tr->sharded)
 		LOG_WARN(
 		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
@@ -82,7 +150,7 @@ static int trainer_build_model(struct trainer *tr)
 		    cfg, (int)(mc.kind == MODEL_HYENA ? mc.hyena.n_layers : mc.llama.n_layers) + 2);
 	if (rc)
 		return rc;
-	const struct model_build_opts opts = {.own_params = !tr->sharded, .ac = ac};
+	const struct model_build_opts opts = {.own_params = !tr->sharded && !tr->piped, .ac = ac};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
@@ -102,6 +170,12 @@ static int trainer_build_model(struct trainer *tr)
 		                     &tr->have_cost);
 		if (rc)
 			return rc;
+	} else if (tr->piped) {
+		rc = trainer_pp_build(tr, &mc, ac);
+		if (rc)
+			return rc;
+		pp_init_params(&tr->pp, seed);
+		opt_numel = tr->pp.shard_numel;
 	} else {
 		model_init_params(m, seed, m->params, 0, m->table->numel);
 		if (cfg->profiling.enable_profiling && mc.kind == MODEL_LLAMA)
@@ -180,10 +254,10 @@ static int trainer_setup(struct trainer *tr)
 	const struct ct_config *cfg = tr->cfg;
 	int64_t tp = cfg->parallelism.tensor_parallel_degree;
 	int64_t pp = cfg->parallelism.pipeline_parallel_degree;
-	if (tp > 1 || pp > 1) {
-		LOG_ERROR("parallelism: tensor and pipeline parallelism are not yet supported "
-		          "(tensor_parallel_degree = %lld, pipeline_parallel_degree = %lld)",
-		          (long long)tp, (long long)pp);
+	if (tp > 1) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: tensor parallelism is not yet "
+		          "supported",
+		          (long long)tp);
 		return CT_ERR_USAGE;
 	}
 	int rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
@@ -235,9 +309,13 @@ static int trainer_setup(struct trainer *tr)
 	char desc[256];
 	model_describe(&tr->model, desc, sizeof(desc));
 	LOG_INFO("model %s", desc);
-	LOG_INFO("parallelism: %d ranks = %d replicas x %d shards (%s); comm progress %s",
-	         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
-	         tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
+	if (tr->piped)
+		LOG_INFO("parallelism: %d ranks = %d pipeline x %d replicas x %d shards",
+		         tr->mesh.world, tr->mesh.pp, tr->mesh.dp_replicate, tr->mesh.dp_shard);
+	else
+		LOG_INFO("parallelism: %d ranks = %d replicas x %d shards (%s); comm progress %s",
+		         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
+		         tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
 	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
@@ -286,6 +364,8 @@ static void trainer_teardown(struct trainer *tr)
 		adamw_free(&tr->opt);
 	if (tr->sharded)
 		fsdp_free(&tr->fsdp);
+	if (tr->piped)
+		pp_free(&tr->pp);
 	if (tr->have_cost)
 		sched_cost_free(&tr->cost);
 	model_free(&tr->model);
@@ -365,7 +445,7 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 		LOG_INFO("cost model vs this step: predicted %.4f s, measured %.4f s (%+.1f%%)",
 		         tr->single_pred_s, ms, 100.0 * (tr->single_pred_s / ms - 1.0));
 	}
-	if (!tr->sharded) {
+	if (!tr->sharded && !tr->piped) {
 		if (step == tr->cfg->profiling.profile_freq)
 			LOG_WARN("profiling: traces record the FSDP schedule; a single-rank run "
 			         "writes none");
@@ -378,6 +458,8 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 	if (rc)
 		return rc;
 	snprintf(path, sizeof(path), "%s/rank%d_trace.json", dir, tr->mesh.rank);
+	if (tr->piped)
+		return pp_trace_write(&tr->pp, path, tr->mesh.rank);
 	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
 }
 
@@ -398,7 +480,9 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	}
 	double lr = lr_schedule_at(&tr->lr, step - tr->lr_step0);
 	struct train_step_result res;
-	int rc = tr->sharded
+	int rc = tr->piped ? pp_train_step(&tr->pp, &tr->opt, tr->batch_tokens, tr->batch_targets,
+	                                   lr, cfg->training.max_norm, &res)
+	         : tr->sharded
 	             ? fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens, tr->batch_targets,
 	                               tr->accum, lr, cfg->training.max_norm, &res)
 	             : train_step(m, &tr->opt, tr->batch_tokens, tr->batch_targets, tr->accum, lr,
@@ -418,7 +502,10 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->lr = lr;
 	sm->data_s = t_data;
 	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) - wait0;
-	sm->tokens = tr->accum * m->N;
+	if (tr->piped)
+		sm->comm_wait_s += pp_wait_seconds(&tr->pp);
+	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches */
+	sm->tokens = tr->accum * m->N / (tr->piped ? tr->mesh.pp : 1);
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
 	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)
@@ -488,6 +575,9 @@ static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr)
 		if (tr->sharded) {
 			fsdp_local_rows(&tr->fsdp, i, &row0, &nrows, &at);
 			w = tr->fsdp.shard_w;
+		} else if (tr->piped) {
+			pp_local_rows(&tr->pp, i, &row0, &nrows, &at);
+			w = tr->pp.shard_w;
 		}
 		ct[i] = (struct ckpt_tensor){
 		    p->name, p->ndim, p->shape[0],    p->numel / p->shape[0], row0,

@@ -1,0 +1,238 @@
+/* `ctitan plan` with pipeline parallelism: the pipeline schedule simulated with each stage's
+ * predicted forward / backward time and the stage-boundary transfer time, plus FSDP's
+ * per-step gathers and reduce-scatters inside each stage.
+ *
+ * Assumptions (printed with the plan):
+ *  - compute: each unit's FLOPs (the cost model's, per micro-batch) over metrics.peak_tflops x
+ *    plan.compute_efficiency, divided by tensor_parallel_degree; tensor-parallel collectives
+ *    are taken as hidden (async TP on an intra-node link; TP itself is not implemented yet,
+ *    only planned);
+ *  - backward = the cost model's backward FLOPs + its recompute under activation checkpointing;
+ *  - a stage-boundary transfer moves micro_rows x seq_len x dim activations (in
+ *    plan.activation_dtype, split over tp by sequence parallelism) at comm.bandwidth_gbps +
+ *    comm.latency_us;
+ *  - FSDP under PP gathers each stage's parameters once per step and reduce-scatters once
+ *    (reshard never); all of it overlaps compute except the first unit's gather and the last
+ *    unit's reduce-scatter; HSDP's replica all-reduce is exposed; AdamW is not counted;
+ *  - memory: shards (fp32 master, gradients, two moments), the stage's gathered parameters
+ *    and gradients, and the schedule's peak in-flight micro-batches of activations. */
+#include "cli/plan_pp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/llama.h"
+#include "parallel/pp.h"
+#include "schedule/pp_schedule.h"
+#include "schedule/sched_cost.h"
+#include "train/step_plan.h"
+#include "train/model_spec.h"
+
+static double gib(double b)
+{
+	return b / (double)(1ll << 30);
+}
+
+int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
+{
+	int64_t pp = c->parallelism.pipeline_parallel_degree;
+	int64_t tp = c->parallelism.tensor_parallel_degree;
+	int64_t rep = c->parallelism.data_parallel_replicate_degree;
+	int64_t shard = c->parallelism.data_parallel_shard_degree;
+	if (world % (pp * tp * rep)) {
+		LOG_ERROR("--world-size %lld is not a multiple of pipeline (%lld) x tensor (%lld) x "
+		          "replicate (%lld)",
+		          (long long)world, (long long)pp, (long long)tp, (long long)rep);
+		return CT_ERR_USAGE;
+	}
+	if (shard == -1)
+		shard = world / (pp * tp * rep);
+	if (pp * tp * rep * shard != world) {
+		LOG_ERROR("--world-size %lld is not pipeline x tensor x replicate x shard = %lld",
+		          (long long)world, (long long)(pp * tp * rep * shard));
+		return CT_ERR_USAGE;
+	}
+	int64_t dp = rep * shard, Bm = c->training.local_batch_size, T = c->training.seq_len;
+	int64_t global = c->training.global_batch_size < 0 ? Bm * dp : c->training.global_batch_size;
+	if (global % (Bm * dp)) {
+		LOG_ERROR("training.global_batch_size %lld is not a multiple of local_batch_size x "
+		          "data-parallel degree = %lld",
+		          (long long)global, (long long)(Bm * dp));
+		return CT_ERR_USAGE;
+	}
+	int64_t mbs = c->parallelism.pipeline_parallel_microbatch_size;
+	int64_t rows = global / dp;
+	if (rows % mbs) {
+		LOG_ERROR("parallelism.pipeline_parallel_microbatch_size: %lld does not divide the %lld "
+		          "sequences per step and data-parallel rank",
+		          (long long)mbs, (long long)rows);
+		return CT_ERR_USAGE;
+	}
+	int m = (int)(rows / mbs);
+	struct llama_config mc;
+	int rc = model_spec_llama(c, &mc);
+	if (rc)
+		return rc;
+	enum model_ac ac;
+	rc = step_plan_ac(c, &ac);
+	if (rc)
+		return rc;
+	enum pp_style style = PP_1F1B;
+	struct pp_sched s;
+	int v = 1;
+	int64_t fl = c->parallelism.pipeline_parallel_first_stage_less_layers;
+	int64_t ll = c->parallelism.pipeline_parallel_last_stage_less_layers;
+	if (c->parallelism.pipeline_parallel_schedule_csv[0]) {
+		rc = pp_sched_read_csv(&s, c->parallelism.pipeline_parallel_schedule_csv, (int)pp, m);
+	} else {
+		rc = pp_style_parse(c->parallelism.pipeline_parallel_schedule, &style);
+		if (!rc)
+			rc = pp_stages_per_rank(mc.n_layers, (int)pp, style,
+			                        c->parallelism.pipeline_parallel_layers_per_stage, fl,
+			                        ll, &v);
+		if (!rc)
+			rc = pp_sched_generate(&s, style, (int)pp, v, m);
+	}
+	if (rc)
+		return rc;
+	int S = s.n_stages;
+	v = s.v;
+	int *u0 = xcalloc((size_t)S + 1, sizeof(int));
+	struct param_table t;
+	llama_table_build(&t, &mc);
+	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
+	double *dur = xcalloc((size_t)S * PP_KIND_COUNT, sizeof(double));
+	struct sched naive = {0};
+	struct sched_cost_model cm = {0};
+	struct pp_sim sim = {0};
+	rc = pp_split_stages(mc.n_layers, S, fl, ll, u0);
+	if (rc)
+		goto out;
+	sched_units_from_table(&t, shard, units);
+	sched_build(&naive, units, t.n_units, 1, SCHED_RESHARD_NEVER);
+	bool bf16 = strcmp(c->training.mixed_precision_param, "bfloat16") == 0;
+	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
+	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
+	int64_t eb = act16 ? 2 : 4;
+	sched_cost_init(&cm, &mc, mbs, T, &naive, shard, bf16, ac, eb);
+	double rate = c->metrics.peak_tflops * 1e12 * c->plan.compute_efficiency * (double)tp;
+	double bw = c->comm.bandwidth_gbps * 1e9 / 8.0, lat = c->comm.latency_us * 1e-6;
+	/* stage times from the cost model's per-node-kind terms: FLOPs at the target's peak x
+	 * efficiency (x tp: a TP group shares a stage's work), bytes at its memory bandwidth */
+	cm.matmul_flops = cm.attn_flops = rate;
+	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9 * (double)tp;
+	double tf_max = 0, tb_max = 0;
+	for (int st = 0; st < S; st++) {
+		double f = 0, b = 0;
+		for (int u = u0[st]; u < u0[st + 1]; u++) {
+			f += sched_cost_node_s(&cm, SCHED_WORK_FWD, u, NULL);
+			b += sched_cost_node_s(&cm, SCHED_WORK_BWD, u, NULL) +
+			     sched_cost_node_s(&cm, SCHED_WORK_REC, u, NULL);
+		}
+		dur[st * PP_KIND_COUNT + PP_F] = f;
+		dur[st * PP_KIND_COUNT + PP_B] = b;
+		dur[st * PP_KIND_COUNT + PP_I] = dur[st * PP_KIND_COUNT + PP_W] = b / 2;
+		tf_max = fmax(tf_max, f);
+		tb_max = fmax(tb_max, b);
+	}
+	double xfer_bytes = (double)(mbs * T * mc.dim * eb) / (double)tp;
+	double xfer = lat + xfer_bytes / bw;
+	char why[256];
+	if (!pp_sched_simulate(&s, dur, xfer, &sim, why, sizeof(why))) {
+		LOG_ERROR("ctitan plan: the pipeline schedule does not run: %s", why);
+		rc = CT_ERR_USAGE;
+		goto out;
+	}
+	/* FSDP inside the stage (rank 0's chunks; every rank's are about the same) */
+	double ag_first = 0, rs_last = 0, ar = 0, stage_params = 0, act_stage = 0;
+	int64_t act_model = sched_cost_activation_bytes(&mc, mbs, T, ac, eb);
+	for (int ch = 0; ch < v; ch++) {
+		int st = ch * (int)pp;
+		for (int u = u0[st]; u < u0[st + 1]; u++)
+			stage_params += (double)units[u].full_numel / (double)tp;
+		double ag = (double)units[u0[st]].shard_numel / (double)tp * (double)(shard - 1) *
+		            (bf16 ? 2.0 : 4.0);
+		double rs = (double)units[u0[st + 1] - 1].shard_numel / (double)tp *
+		            (double)(shard - 1) * 4.0;
+		ag_first += shard > 1 ? lat + ag / bw : 0;
+		rs_last += shard > 1 ? lat + rs / bw : 0;
+		int blocks = 0;
+		for (int u = u0[st]; u < u0[st + 1]; u++)
+			blocks += units[u].is_block;
+		act_stage += (double)act_model * blocks / (double)mc.n_layers / (double)tp;
+	}
+	if (rep > 1)
+		ar = lat + 2.0 * stage_params / (double)shard * 4.0 * (double)(rep - 1) / (double)rep / bw;
+	double step = sim.makespan + ag_first + rs_last + ar;
+	double tokens = (double)(global * T);
+	double tps_gpu = tokens / step / (double)world;
+	double fpt = llama_flops_per_token(&mc, &t, T);
+	double peak = c->metrics.peak_tflops * 1e12;
+	double theory = pp_bubble_theory(style, (int)pp, v, m);
+	int inflight0 = sim.peak_inflight[0];
+	double shard_p = stage_params / (double)shard;
+	double mem_shards = shard_p * 4.0 * 4.0; /* master, gradient, two moments */
+	double mem_full = stage_params * (bf16 ? 2.0 : 4.0) * 2.0; /* gathered params + grads */
+	double mem_act = act_stage / (double)v * (double)inflight0;
+
+	printf("model llama3 %s: %.3g parameters (%lld layers, dim %lld); %lld sequences of %lld "
+	       "per step\n",
+	       mc.flavor, (double)t.numel, (long long)mc.n_layers, (long long)mc.dim,
+	       (long long)global, (long long)T);
+	printf("mesh: %lld ranks = %lld pipeline x %lld tensor x %lld replicas x %lld shards "
+	       "(FSDP inside each stage); activation checkpointing %s\n",
+	       (long long)world, (long long)pp, (long long)tp, (long long)rep, (long long)shard,
+	       sched_ac_name(ac));
+	printf("pipeline: %s, %d stages (%d per rank), %d micro-batches of %lld x %lld tokens\n",
+	       pp_style_name(s.style), S, v, m, (long long)mbs, (long long)T);
+	printf("target: %.0f TFLOP/s peak x %.2f efficiency per GPU, link %.0f Gbit/s + %.0f us; "
+	       "%s activations\n",
+	       c->metrics.peak_tflops, c->plan.compute_efficiency, c->comm.bandwidth_gbps,
+	       c->comm.latency_us, act16 ? "bf16" : "fp32");
+	printf("assumptions: tensor-parallel compute divided by %lld with its collectives hidden "
+	       "(async TP; TP is planned, not implemented); FSDP gathers once per step under PP, "
+	       "only the first gather and last reduce-scatter exposed; AdamW not counted\n\n",
+	       (long long)tp);
+	if (all_nodes) {
+		pp_sched_print(&s, stdout);
+	} else {
+		char buf[32];
+		printf("rank 0's actions:");
+		for (int i = 0; i < s.n[0] && i < 40; i++) {
+			pp_action_str(&s.a[0][i], buf, sizeof(buf));
+			printf(" %s", buf);
+		}
+		printf("%s\n", s.n[0] > 40 ? " ..." : "");
+	}
+	printf("per stage and micro-batch: forward %.1f ms, backward %.1f ms (slowest stage); "
+	       "transfer %.2f ms\n\n",
+	       tf_max * 1e3, tb_max * 1e3, xfer * 1e3);
+	printf("bubble fraction          %.3f  (simulated with these times; unit-time theory %.3f)\n",
+	       sim.bubble, theory);
+	printf("in-flight activations    %d micro-batches on rank 0 = %.2f GiB (rank:",
+	       inflight0, gib(mem_act));
+	for (int r = 0; r < s.p && r < 16; r++)
+		printf(" %d", sim.peak_inflight[r]);
+	printf(")\n");
+	printf("predicted step time      %.3f s  (pipeline %.3f s, exposed FSDP %.3f s, HSDP "
+	       "all-reduce %.3f s)\n",
+	       step, sim.makespan, ag_first + rs_last, ar);
+	printf("throughput               %.0f tokens/s per GPU, MFU %.1f%% (model FLOPs %.3g per "
+	       "token)\n",
+	       tps_gpu, 100.0 * fpt * tps_gpu / peak, fpt);
+	printf("memory per rank          %.2f GiB: shards %.2f, gathered parameters and gradients "
+	       "%.2f, activations %.2f\n",
+	       gib(mem_shards + mem_full + mem_act), gib(mem_shards), gib(mem_full), gib(mem_act));
+out:
+	pp_sim_free(&sim);
+	if (cm.work[0][0])
+		sched_cost_free(&cm);
+	sched_free(&naive);
+	free(dur), free(units), free(u0);
+	param_table_free(&t);
+	pp_sched_free(&s);
+	return rc;
+}

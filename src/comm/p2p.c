@@ -1,0 +1,86 @@
+#include "comm/p2p.h"
+
+#include <mpi.h>
+#include <sched.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/timer.h"
+
+_Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request fits the opaque slot");
+
+static int64_t p2p_bytes_;
+
+static MPI_Comm p2p_comm(const struct comm_group *g)
+{
+	return (MPI_Comm)(intptr_t)g->handle;
+}
+
+static void p2p_store(struct comm_p2p *r, MPI_Request q, int64_t bytes)
+{
+	r->req = 0;
+	memcpy(&r->req, &q, sizeof(q));
+	r->active = true;
+	r->bytes = bytes;
+}
+
+void comm_p2p_isend(const struct comm_group *g, int peer, int tag, const void *buf, int64_t bytes,
+                    struct comm_p2p *r)
+{
+	CHECK(bytes >= 0 && bytes <= ((int64_t)1 << 30), "p2p: %lld bytes in one message",
+	      (long long)bytes);
+	MPI_Request q;
+	MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, p2p_comm(g), &q);
+	__atomic_fetch_add(&p2p_bytes_, bytes, __ATOMIC_RELAXED);
+	p2p_store(r, q, bytes);
+}
+
+void comm_p2p_irecv(const struct comm_group *g, int peer, int tag, void *buf, int64_t bytes,
+                    struct comm_p2p *r)
+{
+	CHECK(bytes >= 0 && bytes <= ((int64_t)1 << 30), "p2p: %lld bytes in one message",
+	      (long long)bytes);
+	MPI_Request q;
+	MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, p2p_comm(g), &q);
+	p2p_store(r, q, bytes);
+}
+
+bool comm_p2p_test(struct comm_p2p *r)
+{
+	if (!r->active)
+		return true;
+	MPI_Request q;
+	memcpy(&q, &r->req, sizeof(q));
+	int done = 0;
+	MPI_Test(&q, &done, MPI_STATUS_IGNORE);
+	memcpy(&r->req, &q, sizeof(q));
+	if (done)
+		r->active = false;
+	return done != 0;
+}
+
+void comm_p2p_wait(struct comm_p2p *r, double timeout_s, const char *what)
+{
+	double t0 = timer_now();
+	while (!comm_p2p_test(r)) {
+		if (timeout_s > 0 && timer_now() - t0 > timeout_s) {
+			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds): "
+			          "a peer is dead or stuck; aborting the job",
+			          what, timeout_s);
+			comm_abort(1);
+		}
+		sched_yield();
+	}
+}
+
+int comm_p2p_tag_max(void)
+{
+	int *ub = NULL, flag = 0;
+	MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &ub, &flag);
+	return flag && ub ? *ub : 32767;
+}
+
+int64_t comm_p2p_bytes(void)
+{
+	return p2p_bytes_;
+}

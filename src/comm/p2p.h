@@ -1,0 +1,36 @@
+/* comm/p2p: non-blocking point-to-point transfers (pipeline stage boundaries).
+ *
+ * A transfer is posted (isend / irecv) and later tested or waited on. MPI advances it only
+ * inside MPI calls, so the caller tests its open transfers between compute steps (the
+ * pipeline executor does so after every action) and waits where it needs the data. A wait
+ * that exceeds its timeout names the transfer and aborts the job (a dead or stuck peer never
+ * hangs it). Messages over 1 GiB are refused (stage activations are far smaller).
+ */
+#ifndef CT_COMM_P2P_H
+#define CT_COMM_P2P_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+
+struct comm_p2p {
+	uint64_t req; /* the MPI request, stored opaquely */
+	bool active;
+	int64_t bytes;
+};
+
+void comm_p2p_isend(const struct comm_group *g, int peer, int tag, const void *buf, int64_t bytes,
+                    struct comm_p2p *r);
+void comm_p2p_irecv(const struct comm_group *g, int peer, int tag, void *buf, int64_t bytes,
+                    struct comm_p2p *r);
+/* True once the transfer is complete (or none is open); never blocks. */
+bool comm_p2p_test(struct comm_p2p *r);
+/* Block until complete; after timeout_s seconds (> 0) abort the job naming `what`. */
+void comm_p2p_wait(struct comm_p2p *r, double timeout_s, const char *what);
+/* The largest tag the MPI library accepts. */
+int comm_p2p_tag_max(void);
+/* Bytes this rank has sent point-to-point since start. */
+int64_t comm_p2p_bytes(void);
+
+#endif

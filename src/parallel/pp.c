@@ -1,0 +1,646 @@
+/* Pipeline parallelism: stages, shards, and the executor of a pipeline schedule. */
+#include "parallel/pp.h"
+
+#include <math.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/timer.h"
+#include "kernels/kernels.h"
+#include "train/trainer.h"
+
+/* ---------------------------------------------------------------- stages */
+
+int pp_split_stages(int64_t L, int S, int64_t first_less, int64_t last_less, int *u0)
+{
+	int64_t W = L + first_less + last_less;
+	if (first_less < 0 || last_less < 0 || S < 1 || W % S != 0) {
+		LOG_ERROR("parallelism.pipeline_parallel_layers_per_stage: %lld layers (+%lld for "
+		          "the embedding, +%lld for the output: "
+		          "pipeline_parallel_first/last_stage_less_layers) do not split into %d "
+		          "equal stages",
+		          (long long)L, (long long)first_less, (long long)last_less, S);
+		return CT_ERR_USAGE;
+	}
+	int64_t k = W / S;
+	if (S > 1 && (k < first_less || k < last_less || (S == 2 && 2 * k < W))) {
+		LOG_ERROR("parallelism.pipeline_parallel_layers_per_stage: stages of %lld layers "
+		          "cannot hold the embedding (%lld) or the output (%lld)",
+		          (long long)k, (long long)first_less, (long long)last_less);
+		return CT_ERR_USAGE;
+	}
+	u0[0] = 0;
+	if (S == 1) {
+		u0[1] = (int)L + 2;
+		return CT_OK;
+	}
+	u0[1] = 1 + (int)(k - first_less);
+	for (int s = 2; s < S; s++)
+		u0[s] = u0[s - 1] + (int)k;
+	u0[S] = (int)L + 2;
+	CHECK(u0[S] - u0[S - 1] == 1 + k - last_less, "stage split");
+	return CT_OK;
+}
+
+int pp_stages_per_rank(int64_t L, int pp, enum pp_style style, int64_t layers_per_stage,
+                       int64_t first_less, int64_t last_less, int *v)
+{
+	if (layers_per_stage <= 0) {
+		*v = style == PP_INTERLEAVED_1F1B ? 2 : 1;
+		return CT_OK;
+	}
+	int64_t W = L + first_less + last_less;
+	if (W % layers_per_stage) {
+		LOG_ERROR("parallelism.pipeline_parallel_layers_per_stage: %lld layers (+%lld, "
+		          "+%lld for the embedding and output) do not split into stages of %lld",
+		          (long long)L, (long long)first_less, (long long)last_less,
+		          (long long)layers_per_stage);
+		return CT_ERR_USAGE;
+	}
+	int64_t S = W / layers_per_stage;
+	if (S % pp) {
+		LOG_ERROR("parallelism.pipeline_parallel_layers_per_stage: %lld stages of %lld "
+		          "layers are not a multiple of pipeline_parallel_degree %d",
+		          (long long)S, (long long)layers_per_stage, pp);
+		return CT_ERR_USAGE;
+	}
+	*v = (int)(S / pp);
+	return CT_OK;
+}
+
+/* ---------------------------------------------------------------- build */
+
+static int pp_make_schedule(struct pp *pp)
+{
+	const struct pp_opts *o = &pp->o;
+	if (o->csv && o->csv[0])
+		return pp_sched_read_csv(&pp->sched, o->csv, pp->p, (int)o->n_micro);
+	int64_t L = pp->cfg.llama.n_layers;
+	int v;
+	int rc = pp_stages_per_rank(L, pp->p, o->style, o->layers_per_stage, o->first_less,
+	                            o->last_less, &v);
+	return rc ? rc : pp_sched_generate(&pp->sched, o->style, pp->p, v, (int)o->n_micro);
+}
+
+int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *mesh,
+             const struct pp_opts *o)
+{
+	memset(pp, 0, sizeof(*pp));
+	pp->mesh = mesh;
+	pp->cfg = *mc;
+	pp->o = *o;
+	pp->p = mesh->pp;
+	pp->r = mesh->pp_rank;
+	if (mc->kind != MODEL_LLAMA) {
+		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
+		          "yet supported (llama3 only)",
+		          model_kind_name(mc->kind));
+		return CT_ERR_USAGE;
+	}
+	int rc = pp_make_schedule(pp);
+	if (rc)
+		return rc;
+	char why[256];
+	if (!pp_sched_check(&pp->sched, &pp->sim, why, sizeof(why))) {
+		LOG_ERROR("parallelism.pipeline_parallel_schedule: %s does not check: %s",
+		          pp_style_name(pp->sched.style), why);
+		return CT_ERR_USAGE;
+	}
+	for (int r = 0; r < pp->p; r++)
+		for (int i = 0; i < pp->sched.n[r]; i++)
+			if (pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W) {
+				LOG_ERROR("parallelism.pipeline_parallel_schedule = %s: split "
+				          "backward (I/W actions) is not yet supported by the "
+				          "executor (the model has no separate weight-gradient "
+				          "pass); use GPipe, 1F1B or Interleaved1F1B",
+				          pp_style_name(pp->sched.style));
+				return CT_ERR_USAGE;
+			}
+	pp->v = pp->sched.v;
+	pp->S = pp->sched.n_stages;
+	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));
+	rc = pp_split_stages(mc->llama.n_layers, pp->S, o->first_less, o->last_less,
+	                     pp->stage_u0);
+	if (rc)
+		return rc;
+	int64_t tag_need = 4LL * pp->S * o->n_micro; /* data and header tags */
+	pp->tag_max = comm_p2p_tag_max();
+	if (tag_need > pp->tag_max) {
+		LOG_ERROR("parallelism: %d stages x %lld micro-batches need more message tags "
+		          "than MPI offers (%d)",
+		          pp->S, (long long)o->n_micro, pp->tag_max);
+		return CT_ERR_USAGE;
+	}
+	model_table_build(&pp->table, mc);
+	const struct param_table *t = &pp->table;
+	int64_t D = mesh->dp_shard, dr = mesh->dp_shard_rank;
+	pp->chunks = xcalloc((size_t)pp->v, sizeof(*pp->chunks));
+	pp->t = xcalloc((size_t)t->count, sizeof(*pp->t));
+	for (int i = 0; i < t->count; i++)
+		pp->t[i].chunk = -1;
+	for (int c = 0; c < pp->v; c++) {
+		struct pp_chunk *ch = &pp->chunks[c];
+		ch->stage = c * pp->p + pp->r;
+		ch->u0 = pp->stage_u0[ch->stage];
+		ch->u1 = pp->stage_u0[ch->stage + 1];
+		ch->full_off = pp->full_numel;
+		ch->shard_off = pp->shard_numel;
+		for (int i = 0; i < t->count; i++) {
+			const struct param_entry *lp = &t->p[i];
+			if (lp->unit < ch->u0 || lp->unit >= ch->u1)
+				continue;
+			struct pp_tensor *pt = &pp->t[i];
+			pt->chunk = c;
+			pt->rows = lp->shape[0];
+			pt->cols = lp->numel / lp->shape[0];
+			pt->chunk_rows = (pt->rows + D - 1) / D;
+			int64_t mine = pt->rows - dr * pt->chunk_rows;
+			pt->my_rows = mine < 0 ? 0 : (mine > pt->chunk_rows ? pt->chunk_rows : mine);
+			pt->full_off = ch->full_off + lp->offset - t->unit_begin[ch->u0];
+			pt->shard_off = pp->shard_numel;
+			pt->decay = lp->weight_decay;
+			pp->shard_numel += pt->chunk_rows * pt->cols;
+		}
+		ch->full_numel = t->unit_begin[ch->u1] - t->unit_begin[ch->u0];
+		ch->shard_numel = pp->shard_numel - ch->shard_off;
+		pp->full_numel += ch->full_numel;
+		int64_t need = D * ch->shard_numel * 2 + 3 * ch->shard_numel;
+		pp->comm_numel = need > pp->comm_numel ? need : pp->comm_numel;
+		ch->slots = NULL;
+		ch->slot_of = xcalloc((size_t)o->n_micro, sizeof(int));
+		ch->recv = xcalloc((size_t)o->n_micro, sizeof(*ch->recv));
+		ch->recv_hdr = xcalloc((size_t)o->n_micro, sizeof(*ch->recv_hdr));
+		ch->hdr = xcalloc((size_t)o->n_micro, sizeof(double));
+		for (int64_t m = 0; m < o->n_micro; m++)
+			ch->slot_of[m] = -1;
+	}
+	pp->full_w = mem_alloc(MEM_FULL_PARAMS, (size_t)pp->full_numel * sizeof(float));
+	pp->full_g = mem_alloc(MEM_FULL_GRADS, (size_t)pp->full_numel * sizeof(float));
+	pp->shard_w = mem_alloc(MEM_PARAMS, (size_t)pp->shard_numel * sizeof(float));
+	pp->shard_g = mem_alloc(MEM_GRADS, (size_t)pp->shard_numel * sizeof(float));
+	pp->comm_buf = mem_alloc(MEM_COMM, (size_t)pp->comm_numel * sizeof(float));
+	int n_act = 0;
+	for (int r = 0; r < pp->p; r++)
+		n_act = pp->sched.n[r] > n_act ? pp->sched.n[r] : n_act;
+	pp->rec = xcalloc((size_t)n_act * 2, sizeof(*pp->rec)); /* actions + input waits */
+	return CT_OK;
+}
+
+void pp_free(struct pp *pp)
+{
+	if (!pp->chunks) {
+		pp_sched_free(&pp->sched);
+		pp_sim_free(&pp->sim);
+		free(pp->stage_u0);
+		return;
+	}
+	for (int c = 0; c < pp->v; c++) {
+		struct pp_chunk *ch = &pp->chunks[c];
+		for (int k = 0; k < ch->n_slots; k++)
+			model_free(&ch->slots[k].m);
+		free(ch->slots), free(ch->slot_of), free(ch->recv), free(ch->recv_hdr), free(ch->hdr);
+	}
+	mem_free(MEM_FULL_PARAMS, pp->full_w, (size_t)pp->full_numel * sizeof(float));
+	mem_free(MEM_FULL_GRADS, pp->full_g, (size_t)pp->full_numel * sizeof(float));
+	mem_free(MEM_PARAMS, pp->shard_w, (size_t)pp->shard_numel * sizeof(float));
+	mem_free(MEM_GRADS, pp->shard_g, (size_t)pp->shard_numel * sizeof(float));
+	mem_free(MEM_COMM, pp->comm_buf, (size_t)pp->comm_numel * sizeof(float));
+	param_table_free(&pp->table);
+	pp_sched_free(&pp->sched);
+	pp_sim_free(&pp->sim);
+	free(pp->stage_u0), free(pp->chunks), free(pp->t), free(pp->rec);
+	memset(pp, 0, sizeof(*pp));
+}
+
+void pp_init_params(struct pp *pp, uint64_t seed)
+{
+	const struct param_table *t = &pp->table;
+	int64_t dr = pp->mesh->dp_shard_rank;
+	for (int i = 0; i < t->count; i++) {
+		const struct pp_tensor *pt = &pp->t[i];
+		if (pt->chunk < 0)
+			continue;
+		float *dst = pp->shard_w + pt->shard_off;
+		memset(dst, 0, (size_t)(pt->chunk_rows * pt->cols) * sizeof(float));
+		model_init_params_cfg(&pp->cfg, t, seed, dst,
+		                      t->p[i].offset + dr * pt->chunk_rows * pt->cols,
+		                      pt->my_rows * pt->cols);
+	}
+}
+
+bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at)
+{
+	const struct pp_tensor *pt = &pp->t[i];
+	*row0 = 0;
+	*nrows = 0;
+	*at = 0;
+	if (pt->chunk < 0)
+		return false;
+	*row0 = pp->mesh->dp_shard_rank * pt->chunk_rows;
+	*nrows = pt->my_rows;
+	*at = pt->shard_off;
+	return true;
+}
+
+/* ---------------------------------------------------------------- shards <-> full */
+
+static int64_t rows_of(const struct pp_tensor *pt, int64_t q)
+{
+	int64_t rows = pt->rows - q * pt->chunk_rows;
+	return rows < 0 ? 0 : (rows > pt->chunk_rows ? pt->chunk_rows : rows);
+}
+
+#define FOR_CHUNK_TENSORS(pp, c, i)                                                                \
+	for (int i = 0; i < (pp)->table.count; i++)                                                \
+		if ((pp)->t[i].chunk == (c))
+
+/* All-gather chunk c's shards over dp_shard into the full parameter buffer. */
+static void gather_chunk(struct pp *pp, int c, float *full)
+{
+	const struct pp_chunk *ch = &pp->chunks[c];
+	int64_t D = pp->mesh->dp_shard, S = ch->shard_numel;
+	float *recv = pp->comm_buf;
+	comm_all_gather(&pp->mesh->dp_shard_group, pp->shard_w + ch->shard_off, recv,
+	                S * (int64_t)sizeof(float));
+	FOR_CHUNK_TENSORS(pp, c, i)
+	{
+		const struct pp_tensor *pt = &pp->t[i];
+		for (int64_t q = 0; q < D; q++)
+			memcpy(full + pt->full_off - ch->full_off + q * pt->chunk_rows * pt->cols,
+			       recv + q * S + pt->shard_off - ch->shard_off,
+			       (size_t)(rows_of(pt, q) * pt->cols) * sizeof(float));
+	}
+}
+
+/* Reduce-scatter chunk c's full gradients into its shard gradients (+ HSDP all-reduce). */
+static void reduce_chunk(struct pp *pp, int c)
+{
+	const struct pp_chunk *ch = &pp->chunks[c];
+	int64_t D = pp->mesh->dp_shard, S = ch->shard_numel;
+	float *send = pp->comm_buf, *scratch = pp->comm_buf + D * S;
+	for (int64_t q = 0; q < D; q++)
+		FOR_CHUNK_TENSORS(pp, c, i)
+		{
+			const struct pp_tensor *pt = &pp->t[i];
+			int64_t rows = rows_of(pt, q);
+			float *dst = send + q * S + pt->shard_off - ch->shard_off;
+			memcpy(dst, pp->full_g + pt->full_off + q * pt->chunk_rows * pt->cols,
+			       (size_t)(rows * pt->cols) * sizeof(float));
+			memset(dst + rows * pt->cols, 0,
+			       (size_t)((pt->chunk_rows - rows) * pt->cols) * sizeof(float));
+		}
+	float *out = pp->shard_g + ch->shard_off;
+	comm_reduce_scatter_f32(&pp->mesh->dp_shard_group, send, out, S, scratch);
+	if (pp->mesh->dp_replicate > 1)
+		comm_all_reduce_f32(&pp->mesh->dp_replicate_group, out, S);
+}
+
+void pp_gather_full(struct pp *pp, float *out)
+{
+	const struct param_table *t = &pp->table;
+	float *mine = xcalloc((size_t)t->numel, sizeof(float));
+	for (int c = 0; c < pp->v; c++) {
+		const struct pp_chunk *ch = &pp->chunks[c];
+		gather_chunk(pp, c, pp->full_g); /* scratch: gradients are dead between steps */
+		memcpy(mine + t->unit_begin[ch->u0], pp->full_g,
+		       (size_t)ch->full_numel * sizeof(float));
+	}
+	/* every element is owned by exactly one pipeline rank: a sum over pp assembles it */
+	memcpy(out, mine, (size_t)t->numel * sizeof(float));
+	comm_all_reduce_f32(&pp->mesh->pp_group, out, t->numel);
+	free(mine);
+}
+
+/* ---------------------------------------------------------------- slots */
+
+static struct llama_model *lm_of(struct pp_slot *s)
+{
+	return (struct llama_model *)s->m.impl;
+}
+
+/* Output activation of unit u (0..L): the next block's saved input or the final one. */
+static float *unit_output(struct llama_model *lm, int u)
+{
+	return u < lm->cfg.n_layers ? lm->acts[u].x : lm->x_final;
+}
+
+static void slot_wait_sends(struct pp *pp, struct pp_slot *s);
+
+static struct pp_slot *slot_get(struct pp *pp, int c, int m)
+{
+	struct pp_chunk *ch = &pp->chunks[c];
+	if (ch->slot_of[m] >= 0)
+		return &ch->slots[ch->slot_of[m]];
+	int k = 0;
+	while (k < ch->n_slots && ch->slots[k].micro >= 0)
+		k++;
+	if (k == ch->n_slots) {
+		ch->slots = realloc(ch->slots, (size_t)(k + 1) * sizeof(*ch->slots));
+		CHECK(ch->slots, "out of memory");
+		struct pp_slot *s = &ch->slots[k];
+		memset(s, 0, sizeof(*s));
+		const struct model_build_opts mo = {.own_params = false, .ac = pp->o.ac};
+		CHECK(model_build(&s->m, &pp->cfg, pp->o.micro_rows, pp->o.T, &mo) == CT_OK,
+		      "pp: cannot build a stage model");
+		ch->n_slots++;
+	}
+	struct pp_slot *s = &ch->slots[k];
+	/* a slot last used by another micro-batch may still be sending its boundary buffer */
+	slot_wait_sends(pp, s);
+	const struct param_table *t = &pp->table;
+	for (int u = ch->u0; u < ch->u1; u++) {
+		int64_t off = ch->full_off + t->unit_begin[u] - t->unit_begin[ch->u0];
+		model_bind_unit(&s->m, u, pp->full_w + off, pp->full_g + off);
+	}
+	s->micro = m;
+	ch->slot_of[m] = k;
+	return s;
+}
+
+static void slot_put(struct pp *pp, int c, int m)
+{
+	struct pp_chunk *ch = &pp->chunks[c];
+	ch->slots[ch->slot_of[m]].micro = -1;
+	ch->slot_of[m] = -1;
+}
+
+/* ---------------------------------------------------------------- transfers */
+
+/* Tag of the transfer sent by `stage` (forward: its output; backward: its input grad). */
+static int tag_of(const struct pp *pp, bool backward, int stage, int m)
+{
+	return ((backward ? 1 : 0) * pp->S + stage) * (int)pp->o.n_micro + m;
+}
+
+/* Test every open send, so that MPI advances them between compute. */
+static void progress(struct pp *pp)
+{
+	for (int c = 0; c < pp->v; c++)
+		for (int k = 0; k < pp->chunks[c].n_slots; k++) {
+			comm_p2p_test(&pp->chunks[c].slots[k].send);
+			comm_p2p_test(&pp->chunks[c].slots[k].send_hdr);
+		}
+}
+
+static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, const char *what)
+{
+	double t0 = timer_now();
+	for (;;) {
+		progress(pp);
+		if (comm_p2p_test(req) && timer_now() >= not_before)
+			return;
+		if (pp->o.timeout_s > 0 && timer_now() - t0 > pp->o.timeout_s) {
+			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds); "
+			          "aborting the job",
+			          what, pp->o.timeout_s);
+			comm_abort(1);
+		}
+		sched_yield(); /* ranks may share cores: let the one we wait for run */
+	}
+}
+
+static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what)
+{
+	wait_until(pp, req, 0, what);
+}
+
+/* Wait for chunk c's receive of micro-batch m (and its simulated arrival). */
+static void wait_recv(struct pp *pp, struct pp_chunk *ch, int m, const char *what)
+{
+	if (pp->o.sim_gbps > 0) {
+		wait_req(pp, &ch->recv_hdr[m], what);
+		wait_until(pp, &ch->recv[m], ch->hdr[m], what);
+	} else {
+		wait_req(pp, &ch->recv[m], what);
+	}
+}
+
+static void slot_wait_sends(struct pp *pp, struct pp_slot *s)
+{
+	wait_req(pp, &s->send, "pipeline send");
+	wait_req(pp, &s->send_hdr, "pipeline send");
+}
+
+static int64_t boundary_bytes(const struct pp *pp)
+{
+	return pp->o.micro_rows * pp->o.T * pp->cfg.llama.dim * (int64_t)sizeof(float);
+}
+
+static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, const float *buf)
+{
+	int64_t bytes = boundary_bytes(pp);
+	int peer = pp_stage_rank(&pp->sched, peer_stage);
+	slot_wait_sends(pp, s); /* the slot's previous send (its activation) */
+	if (pp->o.sim_gbps > 0) {
+		double now = timer_now(), start = pp->link_free > now ? pp->link_free : now;
+		s->hdr = start + pp->o.sim_latency_us * 1e-6 +
+		         (double)bytes * 8.0 / (pp->o.sim_gbps * 1e9);
+		pp->link_free = s->hdr;
+		comm_p2p_isend(&pp->mesh->pp_group, peer, tag + 2 * pp->S * (int)pp->o.n_micro,
+		               &s->hdr, sizeof(double), &s->send_hdr);
+	}
+	comm_p2p_isend(&pp->mesh->pp_group, peer, tag, buf, bytes, &s->send);
+}
+
+static void recv_buf(struct pp *pp, struct pp_chunk *ch, int m, int peer_stage, int tag, float *buf)
+{
+	int peer = pp_stage_rank(&pp->sched, peer_stage);
+	if (pp->o.sim_gbps > 0)
+		comm_p2p_irecv(&pp->mesh->pp_group, peer, tag + 2 * pp->S * (int)pp->o.n_micro,
+		               &ch->hdr[m], sizeof(double), &ch->recv_hdr[m]);
+	comm_p2p_irecv(&pp->mesh->pp_group, peer, tag, buf, boundary_bytes(pp), &ch->recv[m]);
+}
+
+/* ---------------------------------------------------------------- actions */
+
+static void act_forward(struct pp *pp, int c, int m)
+{
+	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_slot *s = slot_get(pp, c, m);
+	struct model *mm = &s->m;
+	if (ch->stage > 0) {
+		double t0 = timer_now();
+		wait_recv(pp, ch, m, "pipeline receive of an activation");
+		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_F, ch->stage, m}, t0, timer_now(),
+		                                          true};
+	}
+	memcpy(mm->tokens, pp->tokens + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
+	memcpy(mm->targets, pp->targets + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
+	model_set_loss_dscale(mm, pp->dscale);
+	for (int u = ch->u0; u < ch->u1; u++)
+		pp->loss_sum += model_unit_forward(mm, u, NULL);
+	if (++pp->inflight > pp->peak_inflight)
+		pp->peak_inflight = pp->inflight;
+}
+
+static void act_backward(struct pp *pp, int c, int m)
+{
+	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+	if (ch->stage < pp->S - 1) {
+		double t0 = timer_now();
+		wait_recv(pp, ch, m, "pipeline receive of a gradient");
+		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_B, ch->stage, m}, t0, timer_now(),
+		                                          true};
+	}
+	for (int u = ch->u1 - 1; u >= ch->u0; u--) {
+		if (model_unit_needs_recompute(&s->m, u))
+			model_unit_recompute(&s->m, u);
+		model_unit_backward(&s->m, u, pp->dscale);
+	}
+	pp->inflight--;
+}
+
+static void run_action(struct pp *pp, const struct pp_action *a)
+{
+	int c = a->stage / pp->p, m = a->micro;
+	struct pp_chunk *ch = &pp->chunks[c];
+	CHECK(ch->stage == a->stage, "pp: stage %d is not on rank %d", a->stage, pp->r);
+	switch (a->kind) {
+	case PP_F: act_forward(pp, c, m); break;
+	case PP_B: act_backward(pp, c, m); break;
+	case PP_SEND_F: {
+		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+		send_buf(pp, s, a->stage + 1, tag_of(pp, false, a->stage, m),
+		         unit_output(lm_of(s), ch->u1 - 1));
+		break;
+	}
+	case PP_SEND_B: {
+		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+		send_buf(pp, s, a->stage - 1, tag_of(pp, true, a->stage, m), lm_of(s)->dres);
+		break;
+	}
+	case PP_RECV_F: {
+		struct pp_slot *s = slot_get(pp, c, m);
+		recv_buf(pp, ch, m, a->stage - 1, tag_of(pp, false, a->stage - 1, m),
+		         unit_output(lm_of(s), ch->u0 - 1));
+		break;
+	}
+	case PP_RECV_B: {
+		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+		recv_buf(pp, ch, m, a->stage + 1, tag_of(pp, true, a->stage + 1, m), lm_of(s)->dres);
+		break;
+	}
+	default: CHECK(false, "pp: action %s is not executable", pp_kind_name(a->kind));
+	}
+	/* the backward's slot is free once its input gradient is sent (or at once on stage 0) */
+	if ((a->kind == PP_B && a->stage == 0) || a->kind == PP_SEND_B)
+		slot_put(pp, c, m);
+}
+
+/* ---------------------------------------------------------------- step */
+
+int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
+                  double lr, double max_norm, struct train_step_result *res)
+{
+	const struct mesh *mesh = pp->mesh;
+	int64_t N = pp->o.micro_rows * pp->o.T;
+	int64_t valid = llama_count_valid(targets, pp->o.n_micro * N);
+	comm_all_reduce_i64(&mesh->dp_group, &valid, 1);
+	pp->dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
+	pp->tokens = tokens;
+	pp->targets = targets;
+	pp->loss_sum = 0;
+	pp->inflight = pp->peak_inflight = 0;
+	pp->n_rec = 0;
+	pp->link_free = 0;
+	for (int c = 0; c < pp->v; c++) {
+		const struct pp_chunk *ch = &pp->chunks[c];
+		gather_chunk(pp, c, pp->full_w + ch->full_off);
+	}
+	memset(pp->full_g, 0, (size_t)pp->full_numel * sizeof(float));
+	pp->step_t0 = timer_now();
+	const struct pp_action *acts = pp->sched.a[pp->r];
+	for (int i = 0; i < pp->sched.n[pp->r]; i++) {
+		double t0 = timer_now();
+		run_action(pp, &acts[i]);
+		/* a compute action starts after its input wait (recorded by the action) */
+		if (pp->n_rec > 0 && pp->rec[pp->n_rec - 1].wait && pp->rec[pp->n_rec - 1].t0 >= t0)
+			t0 = pp->rec[pp->n_rec - 1].t1;
+		pp->rec[pp->n_rec++] = (struct pp_record){acts[i], t0, timer_now(), false};
+		progress(pp);
+	}
+	for (int c = 0; c < pp->v; c++)
+		for (int k = 0; k < pp->chunks[c].n_slots; k++)
+			slot_wait_sends(pp, &pp->chunks[c].slots[k]);
+	pp->step_t1 = timer_now();
+	for (int c = 0; c < pp->v; c++)
+		reduce_chunk(pp, c);
+	/* loss: only the last stage has it; norm: each shard element lives on one (pp, shard)
+	 * coordinate (replicas hold copies) */
+	double loss = pp->loss_sum, sq = sumsq_f32(pp->shard_g, pp->shard_numel);
+	comm_all_reduce_f64(&mesh->world_group, &loss, 1);
+	comm_all_reduce_f64(&mesh->dp_shard_group, &sq, 1);
+	comm_all_reduce_f64(&mesh->pp_group, &sq, 1);
+	res->valid = valid;
+	res->loss = valid > 0 ? loss / (double)valid : 0.0;
+	res->grad_norm = sqrt(sq);
+	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
+		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
+		          isfinite(res->loss) ? "gradient norm" : "loss", res->loss,
+		          res->grad_norm);
+		return CT_ERR_RUNTIME;
+	}
+	double gscale = clip_coefficient(res->grad_norm, max_norm);
+	adamw_begin_step(opt);
+	for (int i = 0; i < pp->table.count; i++) {
+		const struct pp_tensor *pt = &pp->t[i];
+		if (pt->chunk < 0)
+			continue;
+		adamw_update_slice(opt, pp->shard_w + pt->shard_off, pp->shard_g + pt->shard_off,
+		                   pt->shard_off, pt->my_rows * pt->cols, lr, pt->decay, gscale);
+	}
+	return CT_OK;
+}
+
+double pp_measured_bubble(const struct pp *pp)
+{
+	double busy = 0, span = pp->step_t1 - pp->step_t0;
+	for (int i = 0; i < pp->n_rec; i++)
+		if (pp->rec[i].a.kind <= PP_W && !pp->rec[i].wait)
+			busy += pp->rec[i].t1 - pp->rec[i].t0;
+	return span > 0 ? 1.0 - busy / span : 0.0;
+}
+
+double pp_wait_seconds(const struct pp *pp)
+{
+	double w = 0;
+	for (int i = 0; i < pp->n_rec; i++)
+		if (pp->rec[i].wait)
+			w += pp->rec[i].t1 - pp->rec[i].t0;
+	return w;
+}
+
+int pp_trace_write(const struct pp *pp, const char *path, int rank)
+{
+	FILE *f = fopen(path, "w");
+	if (!f) {
+		LOG_ERROR("profiling: cannot write '%s'", path);
+		return CT_ERR_RUNTIME;
+	}
+	fprintf(f, "{\"traceEvents\": [\n");
+	char name[32];
+	for (int i = 0; i < pp->n_rec; i++) {
+		const struct pp_record *r = &pp->rec[i];
+		pp_action_str(&r->a, name, sizeof(name));
+		bool compute = r->a.kind <= PP_W && !r->wait;
+		if (r->wait)
+			snprintf(name, sizeof(name), "wait %d%s%d", r->a.stage,
+			         r->a.kind == PP_RECV_F ? "F" : "B", r->a.micro);
+		fprintf(f,
+		        "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": "
+		        "%d, \"ts\": %.3f, \"dur\": %.3f, \"args\": {\"stage\": %d, \"micro\": "
+		        "%d}},\n",
+		        name, compute ? "compute" : (r->wait ? "wait" : "p2p"), rank, compute ? 0 : 1,
+		        (r->t0 - pp->step_t0) * 1e6, (r->t1 - r->t0) * 1e6, r->a.stage, r->a.micro);
+	}
+	fprintf(f,
+	        "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
+	        "\"rank %d (pipeline %s, bubble %.3f)\"}}\n]}\n",
+	        rank, rank, pp_style_name(pp->sched.style), pp_measured_bubble(pp));
+	return fclose(f) == 0 ? CT_OK : CT_ERR_RUNTIME;
+}

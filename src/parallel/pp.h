@@ -1,0 +1,156 @@
+/* parallel/pp: pipeline parallelism — the model cut into stages by layers, each pipeline
+ * rank running its stages' part of a schedule (schedule/pp_schedule.h) on micro-batches,
+ * with activations and their gradients sent point-to-point between stages.
+ *
+ * Stages: the L blocks plus the embedding and the head (final norm + output + loss) are split
+ * into S = pp x v stages of equal weight, where the embedding counts as first_less blocks and
+ * the head as last_less blocks (TorchTitan's pipeline_parallel_first/last_stage_less_layers):
+ * stage 0 holds the embedding, stage S-1 the head. Stage s runs on pipeline rank s % pp (its
+ * chunk s / pp); interleaved schedules give a rank v > 1 chunks.
+ *
+ * Per chunk the rank owns the contiguous parameter range of the chunk's units (flat, full
+ * size, during the step) and, between steps, only its dp_shard slice of each tensor's rows
+ * (FSDP's dim-0 chunks, padded): parameters are all-gathered over dp_shard at the start of
+ * the step (FSDP with reshard_after_forward = never inside the step, TorchTitan's policy under
+ * PP), gradients accumulate over the micro-batches and are reduce-scattered (and all-reduced
+ * over dp_replicate under HSDP) once at the end; AdamW runs on the shards.
+ *
+ * Micro-batches in flight each own a model instance (a "slot": activations and scratch of
+ * one micro-batch, parameters bound to the shared full buffers); slots are taken at a
+ * stage's forward and returned after its backward, so the number ever built per chunk is the
+ * schedule's peak of in-flight micro-batches there. The loss of every micro-batch is
+ * normalised by the valid tokens of the whole step over all data-parallel ranks, so the
+ * result equals a one-rank step over the same rows; the gradient norm for clipping is taken
+ * over all stages (shards summed over dp_shard, then over pp).
+ *
+ * Transfers: SEND posts a non-blocking send of the slot's boundary buffer (its output
+ * activation, or the gradient of its input), RECV posts a receive into the slot, and the
+ * compute that needs the data waits for it; open transfers are tested after every action so
+ * they advance between compute. A simulated link (comm.simulate_bandwidth_gbps) gives each
+ * transfer an arrival time, latency + bytes / bandwidth after this rank's outgoing link is
+ * free, sent along in a small header message; the receiver treats the data as arrived only
+ * then (one machine, one clock).
+ *
+ * Not yet supported: split-backward schedules (ZB-H1's I/W need a weight-gradient pass the
+ * model interface does not have), Hyena, activation checkpointing modes other than the
+ * model's own (they work per slot), validation under PP.
+ */
+#ifndef CT_PARALLEL_PP_H
+#define CT_PARALLEL_PP_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "comm/p2p.h"
+#include "model/model.h"
+#include "schedule/pp_schedule.h"
+#include "optim/optim.h"
+
+struct pp_opts {
+	enum pp_style style;
+	const char *csv;          /* a CSV schedule (overrides style) or NULL / "" */
+	int64_t layers_per_stage; /* 0: one stage per rank, two for interleaved styles */
+	int64_t first_less, last_less;
+	int64_t micro_rows; /* rows (sequences) per micro-batch */
+	int64_t T;
+	int64_t n_micro;    /* micro-batches per step */
+	enum model_ac ac;
+	double timeout_s;
+	double sim_gbps, sim_latency_us; /* simulated link for the transfers (0: off) */
+};
+
+/* Split L blocks into S stages as above: u0[s] is the first unit of stage s (S + 1 entries,
+ * u0[S] = L + 2). CT_ERR_USAGE naming the keys if they do not split evenly. */
+int pp_split_stages(int64_t L, int S, int64_t first_less, int64_t last_less, int *u0);
+/* Stages per rank for a style and layers_per_stage (0: default). CT_ERR_USAGE naming the
+ * key when the stage count is not a multiple of pp or does not fit the style. */
+int pp_stages_per_rank(int64_t L, int pp, enum pp_style style, int64_t layers_per_stage,
+                       int64_t first_less, int64_t last_less, int *v);
+
+struct pp_tensor {
+	int chunk;
+	int64_t rows, cols, chunk_rows, my_rows;
+	int64_t full_off;  /* in this rank's full buffers */
+	int64_t shard_off; /* in this rank's shard buffers */
+	bool decay;
+};
+
+struct pp_slot {
+	struct model m;
+	int micro; /* -1: free */
+	struct comm_p2p send;
+	struct comm_p2p send_hdr; /* simulated link: the arrival time travels with the data */
+	double hdr;
+};
+
+struct pp_chunk {
+	int stage, u0, u1; /* units [u0, u1) */
+	int64_t full_off, full_numel, shard_off, shard_numel;
+	int n_slots;
+	struct pp_slot *slots;
+	int *slot_of;       /* n_micro: slot of micro-batch m, -1 none */
+	struct comm_p2p *recv; /* n_micro: the open receive of micro-batch m */
+	struct comm_p2p *recv_hdr;
+	double *hdr; /* n_micro: simulated arrival time of micro-batch m's data */
+};
+
+/* One executed action of the last step (traces, bubble measurement). */
+struct pp_record {
+	struct pp_action a;
+	double t0, t1;
+	bool wait; /* the wait for the action's input before its compute */
+};
+
+struct pp {
+	const struct mesh *mesh;
+	struct model_config cfg;
+	struct param_table table; /* the whole model's table */
+	struct pp_opts o;
+	struct pp_sched sched;
+	struct pp_sim sim; /* the schedule's unit-time prediction */
+	int p, r, v, S;
+	int *stage_u0; /* S + 1 */
+	struct pp_chunk *chunks;
+	int64_t full_numel, shard_numel;
+	float *full_w, *full_g;   /* this rank's chunks, full (during the step) */
+	float *shard_w, *shard_g; /* master parameters and gradients (MEM_PARAMS, MEM_GRADS) */
+	struct pp_tensor *t;      /* one per table entry; chunk -1 if not on this rank */
+	float *comm_buf;          /* gather / reduce-scatter scratch */
+	int64_t comm_numel;
+	int tag_max;
+	/* the step */
+	const int32_t *tokens, *targets;
+	double dscale, loss_sum;
+	int inflight, peak_inflight;
+	struct pp_record *rec;
+	int n_rec;
+	double step_t0, step_t1;
+	double link_free; /* simulated link: when this rank's outgoing link is next free */
+};
+
+/* Plan stages and shards for this rank's pipeline position and allocate them. */
+int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *mesh,
+             const struct pp_opts *o);
+void pp_free(struct pp *pp);
+/* Initialise this rank's shards with the model's init (same values as a one-rank init). */
+void pp_init_params(struct pp *pp, uint64_t seed);
+/* One step over n_micro micro-batches of micro_rows x T tokens laid out one after another:
+ * the schedule, then reduce-scatter, clip over all stages, AdamW. Sets res (loss and grad
+ * norm are the same on every rank). CT_ERR_RUNTIME on a non-finite loss or norm. */
+struct train_step_result;
+int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
+                  double lr, double max_norm, struct train_step_result *res);
+/* Where this rank's rows of table tensor i live (false: the tensor is on another stage). */
+bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at);
+/* The full flat parameter buffer (table layout) on every rank (tests, export). */
+void pp_gather_full(struct pp *pp, float *out);
+/* Measured idle fraction of the last step on this rank: 1 - compute time / step time (waits
+ * for a compute action's input are idle time, recorded separately). */
+double pp_measured_bubble(const struct pp *pp);
+/* Seconds the last step waited for transfers (its exposed communication). */
+double pp_wait_seconds(const struct pp *pp);
+/* Chrome trace of the last step's actions on this rank. */
+int pp_trace_write(const struct pp *pp, const char *path, int rank);
+
+#endif

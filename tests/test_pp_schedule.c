@@ -1,0 +1,208 @@
+/* Pipeline schedules as data (one process):
+ *  - every generator checks (each compute once, transfers matched, dependencies in order, no
+ *    deadlock) and its unit-time bubble equals theory: (p-1)/(m+p-1) for GPipe and 1F1B,
+ *    (p-1)/(vm+p-1) for Interleaved1F1B, (p-1)/(3m+p-1) for ZB-H1, for p = 2, 4 and
+ *    m = 4, 8, 16;
+ *  - in-flight micro-batches: GPipe holds m on every rank, 1F1B p - r on rank r (p on the
+ *    first), ZB-H1 at most p + 1;
+ *  - damaged schedules fail with the reason: a random receive removed (unmatched send), a
+ *    random compute action removed, a rank's order reversed (deadlock or broken dependency);
+ *  - CSV: written and read back identical; compute-only CSV gets its transfers; bad cells,
+ *    an unmatched send, wrong micro-batch counts and unknown names are rejected. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/log.h"
+#include "schedule/pp_schedule.h"
+#include "testutil.h"
+
+static const enum pp_style styles[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED_1F1B, PP_ZB_H1};
+
+TEST_CASE(bubbles_and_memory)
+{
+	for (int si = 0; si < 4; si++)
+		for (int p = 2; p <= 4; p += 2)
+			for (int m = 4; m <= 16; m *= 2) {
+				enum pp_style st = styles[si];
+				int v = st == PP_INTERLEAVED_1F1B ? 2 : 1;
+				struct pp_sched s;
+				EXPECT(pp_sched_generate(&s, st, p, v, m) == CT_OK, "generate");
+				struct pp_sim sim;
+				char why[256] = "";
+				bool ok = pp_sched_check(&s, &sim, why, sizeof(why));
+				EXPECT(ok, "%s p=%d m=%d: %s", pp_style_name(st), p, m, why);
+				if (!ok) {
+					pp_sched_free(&s);
+					continue;
+				}
+				double th = pp_bubble_theory(st, p, v, m);
+				printf("  %-16s p=%d v=%d m=%2d  bubble %.4f  theory %.4f  in-flight",
+				       pp_style_name(st), p, v, m, sim.bubble, th);
+				for (int r = 0; r < p; r++)
+					printf(" %d", sim.peak_inflight[r]);
+				printf("\n");
+				EXPECT(sim.bubble < th + 1e-12 && sim.bubble > th - 1e-12,
+				       "%s p=%d m=%d bubble %g, theory %g", pp_style_name(st), p, m,
+				       sim.bubble, th);
+				for (int r = 0; r < p; r++) {
+					int pk = sim.peak_inflight[r];
+					if (st == PP_GPIPE)
+						EXPECT(pk == m, "GPipe rank %d holds %d, not m=%d", r, pk,
+						       m);
+					if (st == PP_1F1B)
+						EXPECT(pk == p - r, "1F1B rank %d holds %d, not p-r=%d", r,
+						       pk, p - r);
+					if (st == PP_ZB_H1)
+						EXPECT(pk <= p + 1, "ZB-H1 rank %d holds %d > p+1", r, pk);
+				}
+				pp_sim_free(&sim);
+				pp_sched_free(&s);
+			}
+}
+
+/* Remove action i of rank r (returns what was removed). */
+static struct pp_action drop(struct pp_sched *s, int r, int i)
+{
+	struct pp_action a = s->a[r][i];
+	memmove(&s->a[r][i], &s->a[r][i + 1], (size_t)(s->n[r] - i - 1) * sizeof(a));
+	s->n[r]--;
+	return a;
+}
+
+TEST_CASE(damaged_schedules_fail)
+{
+	for (int trial = 0; trial < 40; trial++) {
+		enum pp_style st = styles[trial % 4];
+		int p = 2 + (int)test_uniform(0, 3), v = st == PP_INTERLEAVED_1F1B ? 2 : 1;
+		int m = p * (1 + (int)test_uniform(0, 3));
+		struct pp_sched s;
+		EXPECT(pp_sched_generate(&s, st, p, v, m) == CT_OK, "generate");
+		int r = (int)test_uniform(0, p), kind = trial % 3;
+		char why[256] = "", what[32] = "";
+		if (kind == 0 || kind == 1) {
+			/* a receive (kind 0) or a compute action (kind 1) at random */
+			int i;
+			do {
+				i = (int)test_uniform(0, s.n[r]);
+			} while (kind == 0 ? (s.a[r][i].kind != PP_RECV_F &&
+			                      s.a[r][i].kind != PP_RECV_B)
+			                   : s.a[r][i].kind > PP_W);
+			struct pp_action a = drop(&s, r, i);
+			pp_action_str(&a, what, sizeof(what));
+		} else {
+			for (int i = 0; i < s.n[r] / 2; i++) {
+				struct pp_action t = s.a[r][i];
+				s.a[r][i] = s.a[r][s.n[r] - 1 - i];
+				s.a[r][s.n[r] - 1 - i] = t;
+			}
+			snprintf(what, sizeof(what), "reversed rank %d", r);
+		}
+		bool ok = pp_sched_check(&s, NULL, why, sizeof(why));
+		EXPECT(!ok, "%s p=%d m=%d: damaged (%s) but checks", pp_style_name(st), p, m,
+		       what);
+		if (kind == 0)
+			EXPECT(strstr(why, "unmatched send"), "%s: '%s'", what, why);
+		if (trial < 3)
+			printf("  damaged %s: %s\n", what, why);
+		pp_sched_free(&s);
+	}
+}
+
+static void write_text(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+	fputs(text, f);
+	fclose(f);
+}
+
+TEST_CASE(csv)
+{
+	char dir[] = "/tmp/ct_ppcsvXXXXXX", path[64];
+	EXPECT(mkdtemp(dir) != NULL, "mkdtemp");
+	snprintf(path, sizeof(path), "%s/s.csv", dir);
+	for (int si = 0; si < 4; si++) {
+		enum pp_style st = styles[si];
+		struct pp_sched s, back;
+		pp_sched_generate(&s, st, 4, st == PP_INTERLEAVED_1F1B ? 2 : 1, 8);
+		EXPECT(pp_sched_write_csv(&s, path) == CT_OK, "write");
+		EXPECT(pp_sched_read_csv(&back, path, 4, 8) == CT_OK, "read back %s",
+		       pp_style_name(st));
+		bool same = back.n_stages == s.n_stages;
+		for (int r = 0; same && r < 4; r++)
+			same = back.n[r] == s.n[r] &&
+			       memcmp(back.a[r], s.a[r], (size_t)s.n[r] * sizeof(**s.a)) == 0;
+		EXPECT(same, "%s: CSV round trip differs", pp_style_name(st));
+		pp_sched_free(&s);
+		pp_sched_free(&back);
+	}
+	/* compute only (TorchTitan's usual form): transfers inserted, 1F1B on 2 ranks */
+	write_text(path, "0F0,0F1,0B0,0F2,0B1,0B2\n,1F0,1B0,1F1,1B1,1F2,1B2\n");
+	struct pp_sched s;
+	EXPECT(pp_sched_read_csv(&s, path, 2, 3) == CT_OK, "compute-only CSV");
+	EXPECT(pp_sched_has_comms(&s), "transfers inserted");
+	pp_sched_free(&s);
+	static const struct {
+		const char *text;
+		int m;
+		const char *msg;
+	} bad[] = {
+	    {"0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n", 1, "unmatched send"},
+	    {"0F0,0X0\n1F0,1B0\n", 1, "not an action"},
+	    {"0F0,0B0\n1F0,1B0\n", 2, "micro-batches"},
+	    {"0F0,0B0\n", 1, "rows"},
+	    {"1F0,0F0,0B0\n1B0\n", 1, "runs on rank"},
+	    {"0F0\n1F0,1B0\n", 1, "never runs"},
+	    {"0F0,0SEND_F0,0RECV_B0,0B0,0F1,0SEND_F1,0RECV_B1,0B1\n"
+	     "1RECV_F1,1F1,1B1,1SEND_B1,1RECV_F0,1F0,1B0,1SEND_B0\n",
+	     2, "deadlock"},
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		write_text(path, bad[i].text);
+		char err[1024] = "", errpath[80];
+		snprintf(errpath, sizeof(errpath), "%s/err.txt", dir);
+		fflush(stderr);
+		int saved = dup(2);
+		FILE *ef = fopen(errpath, "w+");
+		dup2(fileno(ef), 2);
+		int rc = pp_sched_read_csv(&s, path, 2, bad[i].m);
+		fflush(stderr);
+		dup2(saved, 2);
+		close(saved);
+		rewind(ef);
+		size_t got = fread(err, 1, sizeof(err) - 1, ef);
+		err[got] = 0;
+		fclose(ef);
+		unlink(errpath);
+		EXPECT(rc == CT_ERR_USAGE, "bad CSV %zu accepted", i);
+		EXPECT(strstr(err, bad[i].msg) && strstr(err, "pipeline_parallel_schedule_csv"),
+		       "bad CSV %zu: message '%s' lacks '%s'", i, err, bad[i].msg);
+		if (rc == CT_OK)
+			pp_sched_free(&s);
+	}
+	unlink(path);
+	rmdir(dir);
+}
+
+TEST_CASE(bad_names_and_counts)
+{
+	enum pp_style st;
+	EXPECT(pp_style_parse("interleaved1f1b", &st) == CT_OK && st == PP_INTERLEAVED_1F1B,
+	       "case-insensitive");
+	EXPECT(pp_style_parse("ZBH1", &st) == CT_OK && st == PP_ZB_H1, "alias");
+	EXPECT(pp_style_parse("LoopedDFS", &st) == CT_ERR_USAGE, "unknown name");
+	struct pp_sched s;
+	EXPECT(pp_sched_generate(&s, PP_INTERLEAVED_1F1B, 4, 2, 6) == CT_ERR_USAGE,
+	       "m=6 on p=4 interleaved");
+	EXPECT(pp_sched_generate(&s, PP_1F1B, 2, 2, 4) == CT_ERR_USAGE, "v=2 for 1F1B");
+}
+
+int main(void)
+{
+	printf("seed %llu\n", (unsigned long long)test_seed());
+	RUN(bubbles_and_memory);
+	RUN(damaged_schedules_fail);
+	RUN(csv);
+	RUN(bad_names_and_counts);
+	return test_summary();
+}
