@@ -69,6 +69,9 @@ struct ct_config {
 		char mixed_precision_reduce[16];   /* "float32": float32 */
 	} training;
 	struct {
+		char matmul_engine[16]; /* "auto": auto | onednn | openblas (kernels/mm_engine.h) */
+	} compute;
+	struct {
 		int64_t data_parallel_shard_degree;     /* -1: fill the rest of the world */
 		int64_t data_parallel_replicate_degree; /* 1, >= 1 */
 		int64_t tensor_parallel_degree;         /* 1, >= 1 */

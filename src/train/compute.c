@@ -1,0 +1,62 @@
+#include "train/compute.h"
+
+#include <stdio.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "base/cpu.h"
+#include "base/log.h"
+#include "kernels/mm_engine.h"
+
+static int64_t compute_threads(void)
+{
+#ifdef _OPENMP
+	return omp_get_max_threads();
+#else
+	return 1;
+#endif
+}
+
+bool compute_bf16(const struct ct_config *cfg)
+{
+	return strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+}
+
+int compute_setup(const struct ct_config *cfg, bool log)
+{
+	enum mm_engine e;
+	if (mm_engine_parse(cfg->compute.matmul_engine, &e)) {
+		LOG_ERROR("compute.matmul_engine: unknown engine '%s' (auto, onednn, openblas)",
+		          cfg->compute.matmul_engine);
+		return CT_ERR_USAGE;
+	}
+	bool bf16 = compute_bf16(cfg);
+	mm_engine_configure(e, bf16 ? MM_BF16 : MM_F32);
+	const struct cpu_info *c = cpu_info();
+	if (!log)
+		return CT_OK;
+	LOG_INFO("compute: %s; matmul engine %s, %s operands (fp32 accumulation); oneDNN ISA %s, "
+	         "OpenBLAS kernel %s",
+	         c->brand, mm_engine_name(mm_engine_get()), bf16 ? "bf16" : "fp32",
+	         mm_onednn_isa(), mm_openblas_core());
+	if (bf16 && !c->avx512_bf16 && !c->amx_bf16)
+		LOG_WARN("training.mixed_precision_param = bfloat16 on a CPU without bf16 matmul "
+		         "hardware (no AVX512-BF16 or AMX): the matmuls round their operands to "
+		         "bf16 and run on fp32 units, the same numerics but slower than float32");
+	return CT_OK;
+}
+
+double compute_peak_flops(const struct ct_config *cfg, char *why, int64_t len)
+{
+	if (cfg->metrics.peak_tflops > 0) {
+		snprintf(why, (size_t)len, "metrics.peak_tflops");
+		return cfg->metrics.peak_tflops * 1e12;
+	}
+	bool bf16 = compute_bf16(cfg);
+	char d[200];
+	cpu_peak_describe(bf16, compute_threads(), d, sizeof(d));
+	snprintf(why, (size_t)len, "theoretical, %s", d);
+	return cpu_peak_flops(bf16, compute_threads());
+}
