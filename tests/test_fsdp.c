@@ -3,7 +3,8 @@
  * relative, computed on rank 0 in the same run), reruns are bitwise identical, persistent
  * memory is 1/N, and the bf16 all-gather moves half the bytes and trains like fp32.
  * Llama by default; --hyena runs the same checks on a Hyena model (other units, a tied head).
- *   test_fsdp [--replicate R] [--bf16-check] [--hyena] */
+ *   test_fsdp [--replicate R] [--bf16-check] [--hyena] [--bf16-compute]
+ * --bf16-compute: bf16 all-gather and bf16 matmul operands, N ranks against 1 rank in bf16. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "comm/stream.h"
 #include "data/synthetic.h"
 #include "parallel/fsdp.h"
+#include "kernels/mm_engine.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
@@ -58,6 +60,7 @@ static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum, in
 
 struct run {
 	double losses[STEPS];
+	double grad_norms[STEPS];
 	float *params;
 	int64_t persistent_bytes;
 	int64_t ag_bytes;
@@ -90,10 +93,9 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 		CHECK(fsdp_train_step(&f, &opt, tok, tgt, ACCUM, lr_schedule_at(&sched, s), 0.3,
 		                      &r) == CT_OK,
 		      "step");
-		if (s < STEPS)
-			out->losses[s] = r.loss;
-		else
-			out->losses[STEPS - 1] = r.loss;
+		int k = s < STEPS ? s : STEPS - 1;
+		out->losses[k] = r.loss;
+		out->grad_norms[k] = r.grad_norm;
 	}
 	out->ag_bytes = comm_bytes(COMM_ALL_GATHER);
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
@@ -128,6 +130,7 @@ static void run_single(struct run *out, int dp)
 		                 &r) == CT_OK,
 		      "step");
 		out->losses[s] = r.loss;
+		out->grad_norms[s] = r.grad_norm;
 	}
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
 	memcpy(out->params, m.params, (size_t)m.table->numel * sizeof(float));
@@ -148,26 +151,45 @@ static int64_t numel(void)
 	return n;
 }
 
+static bool bf16_compute;
+
+static bool bf16_compute_flag(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "--bf16-compute") == 0)
+			return true;
+	return false;
+}
+
 TEST_CASE(test_equivalence)
 {
 	struct run a, b, ref;
-	run_fsdp(&a, false, STREAM_THREAD, STEPS);
-	run_fsdp(&b, false, STREAM_INLINE, STEPS);
+	/* bf16 compute: bf16 all-gather too (TorchTitan's param dtype), against 1 rank in bf16 */
+	run_fsdp(&a, bf16_compute, STREAM_THREAD, STEPS);
+	run_fsdp(&b, bf16_compute, STREAM_INLINE, STEPS);
 	int64_t n = numel();
 	if (mesh.rank == 0) {
 		run_single(&ref, mesh.dp_group.size);
+		/* bf16: the first steps agree within 1e-5 like fp32; later, the fp32 reduction-
+		 * order differences of the master weights (~1e-8) make a few weights round to a
+		 * different bf16 value (24 of 5.4M after step 1, seed 1), each 2^-8 relative, so
+		 * the runs drift apart by ~1e-5 a step: 1e-4 from step 3 on. */
 		for (int s = 0; s < STEPS; s++) {
-			fprintf(stderr, "  step %d: loss %.7f (1 rank %.7f)\n", s + 1, a.losses[s],
-			        ref.losses[s]);
-			EXPECT(fabs(a.losses[s] - ref.losses[s]) < 1e-5 * ref.losses[s],
+			double tol = bf16_compute && s >= 2 ? 1e-4 : 1e-5;
+			fprintf(stderr, "  step %d: loss %.7f (1 rank %.7f), grad norm %.7f (%.7f)\n",
+			        s + 1, a.losses[s], ref.losses[s], a.grad_norms[s], ref.grad_norms[s]);
+			EXPECT(fabs(a.losses[s] - ref.losses[s]) < tol * ref.losses[s],
 			       "step %d loss %.9g vs 1-rank %.9g", s + 1, a.losses[s],
 			       ref.losses[s]);
+			EXPECT(fabs(a.grad_norms[s] - ref.grad_norms[s]) < tol * ref.grad_norms[s],
+			       "step %d grad norm %.9g vs 1-rank %.9g", s + 1, a.grad_norms[s],
+			       ref.grad_norms[s]);
 			EXPECT(a.losses[s] == b.losses[s],
 			       "rerun (inline stream) loss not bitwise");
 		}
 		double e = rel_err_f32(a.params, ref.params, n);
 		fprintf(stderr, "  parameters after %d steps: rel err %.3e vs 1 rank\n", STEPS, e);
-		EXPECT(e < 1e-5, "params rel err %.3e", e);
+		EXPECT(e < (bf16_compute ? 1e-4 : 1e-5), "params rel err %.3e", e);
 		EXPECT(memcmp(a.params, b.params, (size_t)n * sizeof(float)) == 0,
 		       "rerun params not bitwise identical");
 		/* persistent memory: params + grads + 2 moments = 16 bytes per (padded) element */
@@ -205,6 +227,8 @@ TEST_CASE(test_bf16_all_gather)
 
 int main(int argc, char **argv)
 {
+	/* kernels/mm_engine: engine from CT_MATMUL_ENGINE (default auto), dtype from the flag */
+	mm_engine_configure(MM_ENGINE_AUTO, bf16_compute_flag(argc, argv) ? MM_BF16 : MM_F32);
 	bool bf16_check = false;
 	CHECK(comm_init(&argc, &argv) == CT_OK, "comm init");
 	for (int i = 1; i < argc; i++) {
@@ -214,6 +238,8 @@ int main(int argc, char **argv)
 			bf16_check = true;
 		else if (strcmp(argv[i], "--hyena") == 0)
 			hyena = true;
+		else if (strcmp(argv[i], "--bf16-compute") == 0)
+			bf16_compute = true;
 	}
 	CHECK(mesh_build(&mesh, 1, replicate, -1, 1) == CT_OK, "mesh");
 	/* one seed for all ranks */

@@ -6,9 +6,15 @@
 #include <omp.h>
 #endif
 
+#include "base/bf16.h"
 #include "base/cpu.h"
 #include "base/log.h"
+#include "base/mem.h"
 #include "kernels/mm_engine.h"
+#include "model/model.h"
+
+static float *compute_params16; /* bf16-valued copy of a single rank's parameters */
+static int64_t compute_params16_n;
 
 static int64_t compute_threads(void)
 {
@@ -59,4 +65,28 @@ double compute_peak_flops(const struct ct_config *cfg, char *why, int64_t len)
 	cpu_peak_describe(bf16, compute_threads(), d, sizeof(d));
 	snprintf(why, (size_t)len, "theoretical, %s", d);
 	return cpu_peak_flops(bf16, compute_threads());
+}
+
+void compute_bind_bf16_params(struct model *m, bool on)
+{
+	int64_t n = m->table->numel;
+	float *from = on ? m->params : compute_params16, *to = on ? compute_params16 : m->params;
+	if (on) {
+		if (n > compute_params16_n) {
+			if (compute_params16)
+				mem_free(MEM_FULL_PARAMS, compute_params16,
+				         (size_t)compute_params16_n * sizeof(float));
+			compute_params16 = mem_alloc(MEM_FULL_PARAMS, (size_t)n * sizeof(float));
+			compute_params16_n = n;
+		}
+		to = compute_params16;
+		const float *p = m->params;
+#pragma omp parallel for schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			to[i] = bf16_to_f32(bf16_from_f32(p[i]));
+	}
+	for (int u = 0; u < m->n_units; u++) {
+		CHECK(m->unit_w[u] >= from && m->unit_w[u] < from + n, "unit %d not in the buffer", u);
+		model_bind_unit(m, u, to + (m->unit_w[u] - from), m->unit_dw[u]);
+	}
 }

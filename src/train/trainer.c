@@ -321,12 +321,17 @@ int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const 
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	model_set_loss_dscale(m, dscale);
 	double loss_sum = 0.0;
+	bool bf16 = mm_engine_dtype() == MM_BF16;
+	if (bf16)
+		compute_bind_bf16_params(m, true);
 	for (int64_t a = 0; a < accum; a++) {
 		memcpy(m->tokens, tokens + a * N, (size_t)N * sizeof(int32_t));
 		memcpy(m->targets, targets + a * N, (size_t)N * sizeof(int32_t));
 		loss_sum += model_forward(m, NULL);
 		model_backward(m, dscale);
 	}
+	if (bf16)
+		compute_bind_bf16_params(m, false);
 	res->valid = valid;
 	res->loss = valid > 0 ? loss_sum / (double)valid : 0.0;
 	res->grad_norm = sqrt(sumsq_f32(m->grads, m->table->numel));
