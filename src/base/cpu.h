@@ -4,7 +4,9 @@
  * cpu_info() fills a process-wide struct once (call it first from one thread: the engine's
  * start-up guard does). The peak is features x cores x clock; the clock comes from the
  * first of: /sys cpufreq cpuinfo_max_freq, cpuid leaf 0x16 (max MHz), a measured dependent
- * integer-add loop (one add per cycle), and the struct says which.
+ * integer-add loop (one add per cycle: the running clock, turbo included; short bursts, the
+ * fastest kept, so load does not bias it), else the invariant TSC's rate (the nominal clock);
+ * the struct says which.
  */
 #ifndef CT_BASE_CPU_H
 #define CT_BASE_CPU_H
@@ -22,7 +24,7 @@ struct cpu_info {
 	bool amx_bf16;      /* AMX tiles + bf16 with OS support for tile state (XCR0 17,18) */
 	int64_t cores;      /* online logical CPUs this process may run on */
 	double clock_ghz;         /* 0 until a peak is asked for */
-	const char *clock_source; /* "sysfs cpuinfo_max_freq" | "cpuid 0x16" | "measured loop" */
+	const char *clock_source; /* where clock_ghz came from */
 	double fp32_flops_cycle;  /* per core: AVX-512 2 FMA 64, AVX2 32, ... */
 	double bf16_flops_cycle;  /* per core: AMX 1024, AVX512-BF16 128, else = fp32 */
 	const char *fp32_isa, *bf16_isa; /* what the per-cycle figures assume */
