@@ -75,11 +75,20 @@ def ctitan_engine(text):
     return f"{m.group(1)}({'+'.join(sorted(kept)) or '-'}) {isa}; OpenBLAS {m.group(5)}"
 
 
-def torch_engine(autocast):
-    import torch
-    blas = re.search(r"BLAS_INFO=(\w+)", torch.__config__.show())
-    return ("oneDNN bf16 (autocast)" if autocast else
-            f"torch {torch.__version__} BLAS {blas.group(1) if blas else '?'}")
+def torch_engine(autocast, env):
+    """PyTorch's matmul path: oneDNN under bf16 autocast; else its BLAS (Debian's torch links
+    libblas.so.3, which the alternatives system may point at OpenBLAS: then its kernel)."""
+    if autocast:
+        return "oneDNN bf16 (autocast)"
+    lib = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    probe = ("import ctypes; l = ctypes.CDLL('libblas.so.3'); f = l.openblas_get_corename; "
+             "f.restype = ctypes.c_char_p; print(f().decode())")
+    try:
+        core = subprocess.run(["/usr/bin/python3", "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=60).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        core = "?"
+    return f"libblas.so.3 = {os.path.basename(os.path.dirname(lib))}, kernel {core}"
 
 
 def bench_ctitan(ctitan, case, steps, warmup, peak_tflops, env):
@@ -107,7 +116,7 @@ def bench_torch(case, steps, warmup, threads, peak_tflops, env):
     text, rss = run_child(cmd, env)
     rec = json.loads(text.strip().splitlines()[-1])
     rec["peak_rss_bytes"] = rss
-    rec["engine"] = torch_engine(case.get("bf16"))
+    rec["engine"] = torch_engine(case.get("bf16"), env)
     return rec
 
 
@@ -118,8 +127,16 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", choices=sorted(CASES), action="append")
+    ap.add_argument("--torch-own-blas-kernel", action="store_true",
+                    help="run PyTorch with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (some "
+                         "machines set them for old OpenBLAS builds; unset, OpenBLAS picks its "
+                         "own kernel for this CPU)")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    torch_env = dict(env)
+    if args.torch_own_blas_kernel:
+        torch_env.pop("OPENBLAS_CORETYPE", None)
+        torch_env.pop("OPENBLAS_L2_SIZE", None)
     peaks = {bf: measure_peak(args.ctitan, env, bf) for bf in (False, True)}
     print(f"CPU {peaks[False][2]}; threads {args.threads}; load average "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
@@ -135,7 +152,8 @@ def main():
         c = bench_ctitan(args.ctitan, case, args.steps, args.warmup, peak, env)
         key = (case["flavor"], case["seq"], case["batch"], bool(case.get("bf16")))
         if key not in torch_runs:  # one PyTorch run per shape
-            torch_runs[key] = bench_torch(case, args.steps, args.warmup, args.threads, peak, env)
+            torch_runs[key] = bench_torch(case, args.steps, args.warmup, args.threads, peak,
+                                          torch_env)
         t = torch_runs[key]
         for r in (c, t):
             print(f"{name:<11}{r['impl']:<9}{r['tps']:>10.0f}{r['mfu']:>8.1f}"

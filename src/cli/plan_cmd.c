@@ -97,7 +97,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		goto out_table;
 	struct sched naive, s;
 	sched_build(&naive, units, t.n_units, accum, (enum sched_reshard)reshard);
-	bool bf16 = strcmp(c->training.mixed_precision_param, "bfloat16") == 0;
+	bool bf16 = compute_bf16(c);
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	struct sched_cost_model cm;

@@ -156,12 +156,14 @@ static const struct cfg_key cfg_schema[] = {
     {ROW(training, dataset_path), .def = "",
      .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
              "used unless training.dataset is \"synthetic\"."},
-    {ROW(training, mixed_precision_param), .def = "float32", CHOICES("float32", "bfloat16"),
+    {ROW(training, mixed_precision_param), .def = "float32",
+     CHOICES("float32", "bfloat16", "auto"),
      .help = "Compute dtype (FSDP2 MixedPrecisionPolicy): bfloat16 gathers parameters in "
              "bf16 and runs every matmul, forward and backward, on bf16 operands with fp32 "
              "accumulation; master weights, AdamW moments, norms, softmax, RoPE and the loss "
              "stay fp32. On a CPU without bf16 hardware it runs the same numerics on fp32 "
-             "units (slower). float32: everything fp32."},
+             "units (slower). float32: everything fp32. auto: bfloat16 where the CPU has bf16 "
+             "matmul hardware (AVX512-BF16, AMX), else float32."},
     {ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
      .help = "Type of the gradient reduce-scatter / all-reduce (fp32 only)."},
 

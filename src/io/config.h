@@ -65,7 +65,7 @@ struct ct_config {
 		                                 rule) or a dataset name (needs dataset_path) */
 		char dataset_path[CONFIG_STR_MAX]; /* "": a folder of token shards (train_*.bin,
 		                                      val_*.bin) from `ctitan prepare` */
-		char mixed_precision_param[16];    /* "float32": float32 | bfloat16 */
+		char mixed_precision_param[16];    /* "float32": float32 | bfloat16 | auto */
 		char mixed_precision_reduce[16];   /* "float32": float32 */
 	} training;
 	struct {

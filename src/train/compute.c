@@ -27,7 +27,12 @@ static int64_t compute_threads(void)
 
 bool compute_bf16(const struct ct_config *cfg)
 {
-	return strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+	const char *p = cfg->training.mixed_precision_param;
+	if (strcmp(p, "auto") == 0) {
+		const struct cpu_info *c = cpu_info();
+		return c->avx512_bf16 || c->amx_bf16;
+	}
+	return strcmp(p, "bfloat16") == 0;
 }
 
 int compute_setup(const struct ct_config *cfg, bool log)

@@ -11,7 +11,8 @@
 
 struct model;
 
-/* True when matmuls compute on bf16 operands (training.mixed_precision_param = bfloat16). */
+/* True when matmuls compute on bf16 operands: training.mixed_precision_param = bfloat16, or
+ * auto on a CPU with bf16 matmul hardware (AVX512-BF16 or AMX). */
 bool compute_bf16(const struct ct_config *cfg);
 /* Configures the engine layer for this process; logs it (with `log` set) and warns once when
  * bf16 runs without bf16 hardware. CT_ERR_USAGE naming the key for an unknown engine. */

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "train/compute.h"
 
 int step_plan_ac(const struct ct_config *cfg, enum sched_ac *ac)
 {
@@ -67,7 +68,7 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 	}
 	if (*have_cm) {
 		struct model *m = f->model;
-		bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+		bool bf16 = compute_bf16(cfg);
 		sched_cost_init(cm, &m->cfg.llama, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac,
 		                4);
 		sched_cost_calibrate(cm, &m->cfg.llama, m->B, m->T, stream,

@@ -89,7 +89,7 @@ static int trainer_build_model(struct trainer *tr)
 	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)
 		return rc;
-	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+	bool bf16 = compute_bf16(cfg);
 	tr->sharded = tr->dp > 1;
 	if (mc.kind == MODEL_HYENA && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
 		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for hyena (none)",
