@@ -7,6 +7,7 @@ set -u
 CT=${1:?ctitan binary}
 . "$(dirname "$0")/lib.sh"
 SRC=$(cd "$(dirname "$0")/.." && pwd)
+unset CT_MATMUL_ENGINE # this test chooses the engine with --compute.matmul_engine
 TINY=(--model.name=llama3 --model.flavor=debugmodel --training.steps=2 --training.seq_len=32
       --training.local_batch_size=2 --metrics.enable_jsonl=false)
 

@@ -136,6 +136,7 @@ TEST_CASE(test_openblas_guard_choice)
 int main(void)
 {
 	test_seed();
+	unsetenv("CT_MATMUL_ENGINE"); /* this test configures each engine itself */
 	RUN(test_parse);
 	RUN(test_openblas_guard_choice);
 	RUN(test_engines_against_reference);

@@ -80,9 +80,6 @@ void mm_engine_configure(enum mm_engine e, enum mm_dtype dt)
 	g_dtype = dt;
 	g_env_checked = 0;
 	mm_env_override();
-	if (getenv("CT_MATMUL_ENGINE") && *getenv("CT_MATMUL_ENGINE") && g_engine != e)
-		LOG_WARN("CT_MATMUL_ENGINE=%s overrides compute.matmul_engine = %s",
-		         mm_engine_name(g_engine), mm_engine_name(e));
 	pthread_mutex_unlock(&g_lock);
 }
 

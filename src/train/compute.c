@@ -48,6 +48,9 @@ int compute_setup(const struct ct_config *cfg, bool log)
 	const struct cpu_info *c = cpu_info();
 	if (!log)
 		return CT_OK;
+	if (mm_engine_get() != e)
+		LOG_INFO("CT_MATMUL_ENGINE=%s overrides compute.matmul_engine = %s",
+		         mm_engine_name(mm_engine_get()), mm_engine_name(e));
 	LOG_INFO("compute: %s; matmul engine %s, %s operands (fp32 accumulation); oneDNN ISA %s, "
 	         "OpenBLAS kernel %s",
 	         c->brand, mm_engine_name(mm_engine_get()), bf16 ? "bf16" : "fp32",
