@@ -144,9 +144,10 @@ static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int
 		if (e == MM_ENGINE_ONEDNN) {
 			const void *a = mm_round(0, A, ar, ac, lda, true);
 			const void *b = mm_round(1, B, br, bc, ldb, true);
-			if (mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ac, b, bc, beta, C, ldc) == 0)
+			int rc = mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ac, b, bc, beta, C, ldc);
+			if (rc == 0)
 				return;
-			if (!g_warned_bf16) {
+			if (rc == -1 && !g_warned_bf16) {
 				g_warned_bf16 = true;
 				LOG_WARN("oneDNN cannot run bf16 matmuls on this CPU (%s): bf16 compute "
 				         "runs as bf16-rounded operands through fp32 kernels (same "

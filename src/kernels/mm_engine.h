@@ -55,8 +55,9 @@ const char *mm_openblas_core(void);
 struct cpu_info;
 const char *mm_openblas_wanted_core(const struct cpu_info *c, const char *current);
 
-/* Lower level, for the engine layer and its tests. Return 0, or -1 when oneDNN cannot run
- * this dtype here (the caller falls back). A and B must already be bf16 for MM_BF16. */
+/* Lower level, for the engine layer and its tests. Return 0; -1 when oneDNN cannot run this
+ * dtype here, -2 when its primitive cache is full (the caller falls back to OpenBLAS). A and B
+ * must already be bf16 for MM_BF16. */
 int mm_onednn_gemm(enum mm_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
                    int64_t ldc);
