@@ -7,3 +7,7 @@ add_executable(bench_comm bench/bench_comm.c)
 target_link_libraries(bench_comm PRIVATE ctcore)
 set_target_properties(bench_comm PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench
                       BUILD_RPATH /usr/lib/x86_64-linux-gnu/openblas-openmp)
+add_executable(bench_matmul bench/bench_matmul.c)
+target_link_libraries(bench_matmul PRIVATE ctcore)
+set_target_properties(bench_matmul PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench
+                      BUILD_RPATH /usr/lib/x86_64-linux-gnu/openblas-openmp)

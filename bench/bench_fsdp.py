@@ -9,8 +9,8 @@ a fixed global batch, against PyTorch's CPU data-parallel baseline on 2 ranks, s
 Prints per rank count: tokens/s per rank and in total, MFU, persistent memory per rank
 (parameters + gradients + AdamW moments, which FSDP shards 1/N), the peak of gathered
 full-parameter buffers, and peak RSS per rank; then PyTorch (bench/torch_dp.py) on 2 ranks and
-the ratios ctitan(2 ranks) / PyTorch. One MFU peak for all: ctitan's sgemm measurement on the
-whole machine, divided by the ranks sharing it (not the hardware peak).
+the ratios ctitan(2 ranks) / PyTorch. One MFU peak for all: ctitan's theoretical fp32 peak of the
+whole machine, divided by the ranks sharing it.
 
 Like for like: both sides run cores / ranks threads per rank (ctitan's default; PyTorch gets
 the same through --threads-per-rank). The PyTorch baseline is DDP + ZeRO-1 (torch 1.13's

@@ -7,7 +7,10 @@
 For each case (TorchTitan's debug model at seq 256 x batch 8, the 125M-class model at seq 512 x
 batch 4) it runs `ctitan train` and bench/torch_train.py as child processes, one at a time, and
 prints tokens/s, MFU and peak RSS of both and the ratios. Peak RSS is the child's own ru_maxrss
-(os.wait4). Both MFUs use one peak: ctitan's sgemm measurement, taken once at the start.
+(os.wait4). The bf16 cases (training.mixed_precision_param = bfloat16) compare against PyTorch
+with torch.autocast("cpu", bfloat16). Every row names the CPU, the matmul engine and the ISA it
+ran on. MFU is against the theoretical peak ctitan derives from the CPU's features (fp32 for fp32
+rows, bf16 for bf16 rows).
 """
 
 import argparse
@@ -28,7 +31,11 @@ CASES = {
     # the same saving every activation
     "125m-noac": dict(config="configs/125m.toml", flavor="125M", seq=512, batch=4,
                       extra=["--activation_checkpoint.mode=none"]),
+    "debug-bf16": dict(config="configs/debug.toml", flavor="debugmodel", seq=256, batch=8,
+                       bf16=True),
+    "125m-bf16": dict(config="configs/125m.toml", flavor="125M", seq=512, batch=4, bf16=True),
 }
+BF16 = ["--training.mixed_precision_param=bfloat16"]
 
 
 def run_child(cmd, env):
@@ -43,15 +50,45 @@ def run_child(cmd, env):
     return text, ru.ru_maxrss * 1024
 
 
-def measure_peak(ctitan, env):
-    """ctitan prints the sgemm peak it measured at start-up; a 1-step debug run suffices."""
+def measure_peak(ctitan, env, bf16):
+    """ctitan prints the theoretical peak it derives at start-up; a 1-step debug run suffices.
+    Returns (TFLOP/s, derivation, CPU brand)."""
     with tempfile.TemporaryDirectory() as d:
         text, _ = run_child([ctitan, "train", "configs/debug.toml", "--training.steps=1",
-                             f"--job.dump_folder={d}", "--metrics.enable_jsonl=false"], env)
-    m = re.search(r"peak ([0-9.]+) GFLOP/s", text)
+                             f"--job.dump_folder={d}", "--metrics.enable_jsonl=false"] +
+                            (BF16 if bf16 else []), env)
+    m = re.search(r"peak ([0-9.]+) GFLOP/s per rank \((.*)\)", text)
+    cpu = re.search(r"compute: (.*?); matmul engine", text)
+    if not m or not cpu:
+        sys.exit("bench: could not read the peak from ctitan's output")
+    return float(m.group(1)) / 1e3, m.group(2), cpu.group(1)
+
+
+def ctitan_engine(text):
+    """'onednn/avx512_core_bf16' from the engine summary ctitan logs after step 1."""
+    m = re.search(r"matmul engine (\S+), compute (\S+); oneDNN ISA (\S+) \(bf16 implementation "
+                  r"([^)]*)\), OpenBLAS kernel (\S+);", text)
     if not m:
-        sys.exit("bench: could not read the measured peak from ctitan's output")
-    return float(m.group(1)) / 1e3  # TFLOP/s
+        return "?"
+    kept = set(re.findall(r"^\s+[NT][NT] M=.*?: (onednn|openblas),", text, re.M))
+    isa = m.group(4) if m.group(2) == "bf16" else m.group(3)
+    return f"{m.group(1)}({'+'.join(sorted(kept)) or '-'}) {isa}; OpenBLAS {m.group(5)}"
+
+
+def torch_engine(autocast, env):
+    """PyTorch's matmul path: oneDNN under bf16 autocast; else its BLAS (Debian's torch links
+    libblas.so.3, which the alternatives system may point at OpenBLAS: then its kernel)."""
+    if autocast:
+        return "oneDNN bf16 (autocast)"
+    lib = os.path.realpath("/usr/lib/x86_64-linux-gnu/libblas.so.3")
+    probe = ("import ctypes; l = ctypes.CDLL('libblas.so.3'); f = l.openblas_get_corename; "
+             "f.restype = ctypes.c_char_p; print(f().decode())")
+    try:
+        core = subprocess.run(["/usr/bin/python3", "-c", probe], env=env, capture_output=True,
+                              text=True, timeout=60).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        core = "?"
+    return f"libblas.so.3 = {os.path.basename(os.path.dirname(lib))}, kernel {core}"
 
 
 def bench_ctitan(ctitan, case, steps, warmup, peak_tflops, env):
@@ -59,24 +96,27 @@ def bench_ctitan(ctitan, case, steps, warmup, peak_tflops, env):
         cmd = [ctitan, "train", case["config"], f"--training.steps={steps}",
                f"--training.seq_len={case['seq']}", f"--training.local_batch_size={case['batch']}",
                f"--job.dump_folder={d}", f"--metrics.peak_tflops={peak_tflops}"]
-        cmd += case.get("extra", [])
-        _, rss = run_child(cmd, env)
+        cmd += case.get("extra", []) + (BF16 if case.get("bf16") else [])
+        text, rss = run_child(cmd, env)
         recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
     timed = recs[warmup:]
     step_s = sum(r["step_s"] for r in timed) / len(timed)
     tps = case["seq"] * case["batch"] / step_s
     mfu = sum(r["mfu"] for r in timed) / len(timed)
-    return dict(impl="ctitan", tps=tps, mfu=mfu, peak_rss_bytes=rss, final_loss=recs[-1]["loss"])
+    return dict(impl="ctitan", tps=tps, mfu=mfu, peak_rss_bytes=rss, final_loss=recs[-1]["loss"],
+                engine=ctitan_engine(text))
 
 
 def bench_torch(case, steps, warmup, threads, peak_tflops, env):
     cmd = ["/usr/bin/python3", os.path.join(HERE, "torch_train.py"), "--flavor", case["flavor"],
            "--seq-len", str(case["seq"]), "--batch", str(case["batch"]), "--steps", str(steps),
            "--warmup-steps", str(warmup), "--threads", str(threads),
-           "--peak-tflops", str(peak_tflops)]
+           "--peak-tflops", str(peak_tflops),
+           "--autocast", "bfloat16" if case.get("bf16") else "none"]
     text, rss = run_child(cmd, env)
     rec = json.loads(text.strip().splitlines()[-1])
     rec["peak_rss_bytes"] = rss
+    rec["engine"] = torch_engine(case.get("bf16"), env)
     return rec
 
 
@@ -87,25 +127,38 @@ def main():
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--only", choices=sorted(CASES), action="append")
+    ap.add_argument("--torch-own-blas-kernel", action="store_true",
+                    help="run PyTorch with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (some "
+                         "machines set them for old OpenBLAS builds; unset, OpenBLAS picks its "
+                         "own kernel for this CPU)")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-    peak = measure_peak(args.ctitan, env)
-    print(f"threads {args.threads}; sgemm peak {peak * 1e3:.1f} GFLOP/s (measured by ctitan)")
-    print(f"{'case':<10}{'impl':<9}{'tokens/s':>10}{'MFU %':>8}{'peak RSS GiB':>14}"
-          f"{'final loss':>12}")
+    torch_env = dict(env)
+    if args.torch_own_blas_kernel:
+        torch_env.pop("OPENBLAS_CORETYPE", None)
+        torch_env.pop("OPENBLAS_L2_SIZE", None)
+    peaks = {bf: measure_peak(args.ctitan, env, bf) for bf in (False, True)}
+    print(f"CPU {peaks[False][2]}; threads {args.threads}; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    for bf, (p, why, _) in peaks.items():
+        print(f"{'bf16' if bf else 'fp32'} peak {p * 1e3:.1f} GFLOP/s ({why})")
+    print(f"{'case':<11}{'impl':<9}{'tokens/s':>10}{'MFU %':>8}{'peak RSS GiB':>14}"
+          f"{'final loss':>12}  engine / ISA")
     torch_runs = {}
     for name, case in CASES.items():
         if args.only and name not in args.only:
             continue
+        peak = peaks[bool(case.get("bf16"))][0]
         c = bench_ctitan(args.ctitan, case, args.steps, args.warmup, peak, env)
-        key = (case["flavor"], case["seq"], case["batch"])
+        key = (case["flavor"], case["seq"], case["batch"], bool(case.get("bf16")))
         if key not in torch_runs:  # one PyTorch run per shape
-            torch_runs[key] = bench_torch(case, args.steps, args.warmup, args.threads, peak, env)
+            torch_runs[key] = bench_torch(case, args.steps, args.warmup, args.threads, peak,
+                                          torch_env)
         t = torch_runs[key]
         for r in (c, t):
-            print(f"{name:<10}{r['impl']:<9}{r['tps']:>10.0f}{r['mfu']:>8.1f}"
-                  f"{r['peak_rss_bytes'] / 2**30:>14.2f}{r['final_loss']:>12.4f}")
-        print(f"{name:<10}{'ratio':<9}{c['tps'] / t['tps']:>9.2f}x{'':>8}"
+            print(f"{name:<11}{r['impl']:<9}{r['tps']:>10.0f}{r['mfu']:>8.1f}"
+                  f"{r['peak_rss_bytes'] / 2**30:>14.2f}{r['final_loss']:>12.4f}  {r['engine']}")
+        print(f"{name:<11}{'ratio':<9}{c['tps'] / t['tps']:>9.2f}x{'':>8}"
               f"{c['peak_rss_bytes'] / t['peak_rss_bytes']:>13.2f}x")
         sys.stdout.flush()
 

@@ -59,6 +59,9 @@ def main():
     ap.add_argument("--peak-tflops", type=float, required=True,
                     help="peak TFLOP/s of the cores used, the MFU denominator")
     ap.add_argument("--dtype", choices=["float32"], default="float32")
+    ap.add_argument("--autocast", choices=["none", "bfloat16"], default="none",
+                    help="bfloat16: torch.autocast('cpu', bfloat16) around each step "
+                         "(matmuls in bf16 through oneDNN; fp32 master weights)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if not 0 <= args.warmup_steps < args.steps:
@@ -84,8 +87,9 @@ def main():
     loss = None
     for step in range(args.steps):
         t0 = time.perf_counter()
-        loss = lm.train_step(model, optimizer, None, data[step, :, :-1], data[step, :, 1:],
-                             max_norm=1.0).item()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.autocast != "none"):
+            loss = lm.train_step(model, optimizer, None, data[step, :, :-1],
+                                 data[step, :, 1:], max_norm=1.0).item()
         if step >= args.warmup_steps:
             times.append(time.perf_counter() - t0)
 
@@ -93,7 +97,7 @@ def main():
     tps = args.batch * args.seq_len / step_s
     tflops = lm.flops_per_token(model, args.seq_len) * tps / 1e12
     print(json.dumps({
-        "impl": "pytorch",
+        "impl": "pytorch" if args.autocast == "none" else "pt-bf16",
         "flavor": args.flavor,
         "seq_len": args.seq_len,
         "batch": args.batch,

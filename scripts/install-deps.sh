@@ -6,6 +6,7 @@ set -euo pipefail
 PKGS=(
   build-essential cmake pkg-config clang
   libopenblas-openmp-dev     # sgemm (OpenMP build: one thread pool with our kernels)
+  libdnnl-dev                # oneDNN matmul primitives (AMX / AVX512-BF16 / AVX-512 / AVX2)
   libopenmpi-dev openmpi-bin # MPI
   libcjson-dev               # JSON (metrics, manifests)
   libxxhash-dev              # checkpoint checksums

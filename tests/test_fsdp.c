@@ -6,7 +6,8 @@
  * comparison (with AdamW and clipping at 0.3 its losses and parameters barely move: only the
  * gradient norm tells it apart).
  * Llama by default; --hyena runs the same checks on a Hyena model (other units, a tied head).
- *   test_fsdp [--replicate R] [--bf16-check] [--hyena] */
+ *   test_fsdp [--replicate R] [--bf16-check] [--hyena] [--bf16-compute]
+ * --bf16-compute: bf16 all-gather and bf16 matmul operands, N ranks against 1 rank in bf16. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +19,7 @@
 #include "data/synthetic.h"
 #include "kernels/kernels.h"
 #include "parallel/fsdp.h"
+#include "kernels/mm_engine.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
@@ -180,15 +182,35 @@ static int64_t numel(void)
 	return n;
 }
 
+static bool bf16_compute;
+
+static bool bf16_compute_flag(int argc, char **argv)
+{
+	for (int i = 1; i < argc; i++)
+		if (strcmp(argv[i], "--bf16-compute") == 0)
+			return true;
+	return false;
+}
+
+/* Tolerance of step s against 1 rank. bf16 compute: the first steps agree within 1e-5 like
+ * fp32; later, the fp32 reduction-order differences of the master weights (~1e-8) make a few
+ * weights round to a different bf16 value (24 of 5.4M after step 1, seed 1), each 2^-8
+ * relative, so the runs drift apart by ~1e-5 a step: 1e-4 from step 3 on. */
+static double step_tol(int s)
+{
+	return bf16_compute && s >= 2 ? 1e-4 : 1e-5;
+}
+
 /* Mismatches of run a against the 1-rank reference: losses, gradient norms and parameters,
- * each within 1e-5 relative; printed when verbose. */
+ * each within step_tol (parameters: the last step's); printed when verbose. */
 static int compare(const struct run *a, const struct run *ref, int64_t n, bool verbose,
                    int *loss_param_mismatches)
 {
 	int bad = 0, lp = 0;
 	for (int s = 0; s < STEPS; s++) {
-		bool lok = fabs(a->losses[s] - ref->losses[s]) < 1e-5 * ref->losses[s];
-		bool gok = fabs(a->grad_norms[s] - ref->grad_norms[s]) < 1e-5 * ref->grad_norms[s];
+		double tol = step_tol(s);
+		bool lok = fabs(a->losses[s] - ref->losses[s]) < tol * ref->losses[s];
+		bool gok = fabs(a->grad_norms[s] - ref->grad_norms[s]) < tol * ref->grad_norms[s];
 		if (verbose)
 			fprintf(stderr,
 			        "  step %d: loss %.7f (1 rank %.7f)%s, grad_norm %.7f (1 rank "
@@ -198,11 +220,11 @@ static int compare(const struct run *a, const struct run *ref, int64_t n, bool v
 		bad += !lok + !gok;
 		lp += !lok;
 	}
-	double e = rel_err_f32(a->params, ref->params, n);
+	double e = rel_err_f32(a->params, ref->params, n), ptol = step_tol(STEPS - 1);
 	if (verbose)
 		fprintf(stderr, "  parameters after %d steps: rel err %.3e vs 1 rank\n", STEPS, e);
-	bad += !(e < 1e-5);
-	lp += !(e < 1e-5);
+	bad += !(e < ptol);
+	lp += !(e < ptol);
 	if (loss_param_mismatches)
 		*loss_param_mismatches = lp;
 	return bad;
@@ -211,8 +233,9 @@ static int compare(const struct run *a, const struct run *ref, int64_t n, bool v
 TEST_CASE(test_equivalence)
 {
 	struct run a, b, ref, scaled;
-	run_fsdp(&a, false, STREAM_THREAD, STEPS);
-	run_fsdp(&b, false, STREAM_INLINE, STEPS);
+	/* bf16 compute: bf16 all-gather too (TorchTitan's param dtype), against 1 rank in bf16 */
+	run_fsdp(&a, bf16_compute, STREAM_THREAD, STEPS);
+	run_fsdp(&b, bf16_compute, STREAM_INLINE, STEPS);
 	int64_t n = numel();
 	if (mesh.rank == 0) {
 		run_single(&ref, mesh.dp_group.size, 1.0);
@@ -268,6 +291,8 @@ TEST_CASE(test_bf16_all_gather)
 
 int main(int argc, char **argv)
 {
+	/* kernels/mm_engine: engine from CT_MATMUL_ENGINE (default auto), dtype from the flag */
+	mm_engine_configure(MM_ENGINE_AUTO, bf16_compute_flag(argc, argv) ? MM_BF16 : MM_F32);
 	bool bf16_check = false;
 	CHECK(comm_init(&argc, &argv) == CT_OK, "comm init");
 	for (int i = 1; i < argc; i++) {
@@ -277,6 +302,8 @@ int main(int argc, char **argv)
 			bf16_check = true;
 		else if (strcmp(argv[i], "--hyena") == 0)
 			hyena = true;
+		else if (strcmp(argv[i], "--bf16-compute") == 0)
+			bf16_compute = true;
 	}
 	CHECK(mesh_build(&mesh, 1, replicate, -1, 1) == CT_OK, "mesh");
 	seed = test_seed_all(&mesh.world_group);

@@ -8,7 +8,10 @@ set(CT_TEST_ENV
   ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:abort_on_error=1
   LSAN_OPTIONS=suppressions=${CMAKE_SOURCE_DIR}/tests/lsan.supp:print_suppressions=0
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-  CT_SOURCE_DIR=${CMAKE_SOURCE_DIR} CT_BUILD_DIR=${CMAKE_BINARY_DIR})
+  CT_SOURCE_DIR=${CMAKE_SOURCE_DIR} CT_BUILD_DIR=${CMAKE_BINARY_DIR}
+  # one matmul engine, not auto's timing-dependent choice, so separate processes (resume
+  # tests) compute bitwise alike; tests/engine.tests.cmake forces each engine in turn
+  CT_MATMUL_ENGINE=onednn)
 
 function(ct_add_test name)
   cmake_parse_arguments(T "" "TIMEOUT;RANKS" "ARGS" ${ARGN})

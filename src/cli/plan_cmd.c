@@ -3,7 +3,8 @@
  * Builds the model's parameter table (no weights), the FSDP units for N ranks, the naive
  * schedule and the configured passes (activation checkpointing, buckets — "auto" uses this
  * cost model — and reordering), then predicts one step on the target described by the
- * config: metrics.peak_tflops x plan.compute_efficiency for compute, comm.bandwidth_gbps and
+ * config: metrics.peak_tflops (default: this CPU's theoretical peak for the compute dtype) x
+ * plan.compute_efficiency for compute, comm.bandwidth_gbps and
  * comm.latency_us for collectives, plan.memory_bandwidth_gbs for copies; activations and
  * gathered parameters in plan.activation_dtype. Collectives are assumed to overlap compute
  * (accelerators run them on their own streams). Single process; no MPI. */
@@ -19,6 +20,7 @@
 #include "model/llama.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
+#include "train/compute.h"
 #include "train/step_plan.h"
 #include "train/model_spec.h"
 #include "train/trainer.h"
@@ -30,7 +32,8 @@ static void plan_usage(FILE *f)
 	        "[--nodes]\n\n"
 	        "Prints the training step's schedule after the passes and the predicted step "
 	        "time,\nmemory per rank and exposed communication on N ranks, without running "
-	        "it.\nThe target comes from the config: metrics.peak_tflops (required) x\n"
+	        "it.\nThe target comes from the config: metrics.peak_tflops (default: this CPU's\n"
+	        "theoretical peak for training.mixed_precision_param's compute dtype) x\n"
 	        "plan.compute_efficiency, comm.bandwidth_gbps (required) and comm.latency_us,\n"
 	        "plan.memory_bandwidth_gbs, plan.activation_dtype; the schedule from\n"
 	        "comm.buckets, comm.prefetch, comm.reduce_scatter_defer, comm.memory_budget_gb,\n"
@@ -51,10 +54,10 @@ static double gib(int64_t b)
 static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 {
 	const struct ct_config *c = cfg;
-	if (c->metrics.peak_tflops <= 0 || c->comm.bandwidth_gbps <= 0) {
-		LOG_ERROR("ctitan plan needs the target's figures: metrics.peak_tflops and "
-		          "comm.bandwidth_gbps (e.g. --metrics.peak_tflops=989 "
-		          "--comm.bandwidth_gbps=400 for H100s on 400 Gb/s InfiniBand)");
+	if (c->comm.bandwidth_gbps <= 0) {
+		LOG_ERROR("ctitan plan needs the target's link: comm.bandwidth_gbps (e.g. "
+		          "--metrics.peak_tflops=989 --comm.bandwidth_gbps=400 for H100s on 400 Gb/s "
+		          "InfiniBand)");
 		return CT_ERR_USAGE;
 	}
 	if (c->parallelism.pipeline_parallel_degree > 1)
@@ -102,12 +105,14 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		goto out_table;
 	struct sched naive, s;
 	sched_build(&naive, units, t.n_units, accum, (enum sched_reshard)reshard);
-	bool bf16 = strcmp(c->training.mixed_precision_param, "bfloat16") == 0;
+	bool bf16 = compute_bf16(c);
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	struct sched_cost_model cm;
 	sched_cost_init(&cm, &mc, Bm, T, &naive, shard, bf16, ac, act16 ? 2 : 4);
-	double peak = c->metrics.peak_tflops * 1e12;
+	/* the target's peak for the run's compute dtype: metrics.peak_tflops, else this CPU's */
+	char peak_why[256];
+	double peak = compute_peak_flops(c, peak_why, sizeof(peak_why));
 	cm.matmul_flops = cm.attn_flops = peak * c->plan.compute_efficiency;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9;
 	cm.ag_bytes_s = cm.rs_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
@@ -144,10 +149,11 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       "checkpointing %s\n",
 	       (long long)world, (long long)rep, (long long)shard,
 	       c->parallelism.fsdp_reshard_after_forward, sched_ac_name(ac));
-	printf("target: %.0f TFLOP/s peak x %.2f efficiency, link %.0f Gbit/s + %.0f us, memory "
-	       "%.0f GB/s; %s activations and gathers\n\n",
-	       c->metrics.peak_tflops, c->plan.compute_efficiency, c->comm.bandwidth_gbps,
-	       c->comm.latency_us, c->plan.memory_bandwidth_gbs, act16 ? "bf16" : "fp32");
+	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency, %s matmuls, link %.0f Gbit/s + "
+	       "%.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
+	       peak / 1e12, peak_why, c->plan.compute_efficiency, bf16 ? "bf16" : "fp32",
+	       c->comm.bandwidth_gbps, c->comm.latency_us, c->plan.memory_bandwidth_gbs,
+	       act16 ? "bf16" : "fp32");
 	printf("schedule after passes (checkpoint %s -> buckets %s -> reorder prefetch %d, "
 	       "reduce-scatter defer %d):\n",
 	       sched_ac_name(ac), c->comm.buckets, o.prefetch, o.rs_defer);

@@ -29,6 +29,7 @@
 #include "schedule/pp_schedule.h"
 #include "schedule/sched_cost.h"
 #include "train/step_plan.h"
+#include "train/compute.h"
 #include "train/model_spec.h"
 
 static double gib(double b)
@@ -113,12 +114,14 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		goto out;
 	sched_units_from_table(&t, shard, units);
 	sched_build(&naive, units, t.n_units, 1, SCHED_RESHARD_NEVER);
-	bool bf16 = strcmp(c->training.mixed_precision_param, "bfloat16") == 0;
+	bool bf16 = compute_bf16(c);
+	char peak_why[256];
+	double peak_flops = compute_peak_flops(c, peak_why, sizeof(peak_why));
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	int64_t eb = act16 ? 2 : 4;
 	sched_cost_init(&cm, &mc, mbs, T, &naive, shard, bf16, ac, eb);
-	double rate = c->metrics.peak_tflops * 1e12 * c->plan.compute_efficiency * (double)tp;
+	double rate = peak_flops * c->plan.compute_efficiency * (double)tp;
 	double bw = c->comm.bandwidth_gbps * 1e9 / 8.0, lat = c->comm.latency_us * 1e-6;
 	/* stage times from the cost model's per-node-kind terms: FLOPs at the target's peak x
 	 * efficiency (x tp: a TP group shares a stage's work), bytes at its memory bandwidth */
@@ -170,7 +173,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	double tokens = (double)(global * T);
 	double tps_gpu = tokens / step / (double)world;
 	double fpt = llama_flops_per_token(&mc, &t, T);
-	double peak = c->metrics.peak_tflops * 1e12;
+	double peak = peak_flops;
 	double theory = pp_bubble_theory(style, (int)pp, v, m);
 	int inflight0 = sim.peak_inflight[0];
 	double shard_p = stage_params / (double)shard;
@@ -188,9 +191,9 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	       sched_ac_name(ac));
 	printf("pipeline: %s, %d stages (%d per rank), %d micro-batches of %lld x %lld tokens\n",
 	       pp_style_name(s.style), S, v, m, (long long)mbs, (long long)T);
-	printf("target: %.0f TFLOP/s peak x %.2f efficiency per GPU, link %.0f Gbit/s + %.0f us; "
-	       "%s activations\n",
-	       c->metrics.peak_tflops, c->plan.compute_efficiency, c->comm.bandwidth_gbps,
+	printf("target: %.4g TFLOP/s peak (%s) x %.2f efficiency per GPU, link %.0f Gbit/s + "
+	       "%.0f us; %s activations\n",
+	       peak_flops / 1e12, peak_why, c->plan.compute_efficiency, c->comm.bandwidth_gbps,
 	       c->comm.latency_us, act16 ? "bf16" : "fp32");
 	printf("assumptions: tensor-parallel compute divided by %lld with its collectives hidden "
 	       "(async TP; TP is planned, not implemented); FSDP gathers once per step under PP, "

@@ -65,9 +65,12 @@ struct ct_config {
 		                                 rule) or a dataset name (needs dataset_path) */
 		char dataset_path[CONFIG_STR_MAX]; /* "": a folder of token shards (train_*.bin,
 		                                      val_*.bin) from `ctitan prepare` */
-		char mixed_precision_param[16];    /* "float32": float32 | bfloat16 */
+		char mixed_precision_param[16];    /* "float32": float32 | bfloat16 | auto */
 		char mixed_precision_reduce[16];   /* "float32": float32 */
 	} training;
+	struct {
+		char matmul_engine[16]; /* "auto": auto | onednn | openblas (kernels/mm_engine.h) */
+	} compute;
 	struct {
 		int64_t data_parallel_shard_degree;     /* -1: fill the rest of the world */
 		int64_t data_parallel_replicate_degree; /* 1, >= 1 */

@@ -18,7 +18,8 @@ _Static_assert(ARRAY_SIZE(cfg_type_nouns) == CFG_TYPE_COUNT, "one noun per type"
 
 /* Sections in the order they are printed; rows below are grouped in this order. */
 const char *const cfg_sections[] = {"job",          "model",      "optimizer",
-                                           "lr_scheduler", "training",   "parallelism",
+                                           "lr_scheduler", "training",   "compute",
+                                           "parallelism",
                                            "validation",   "checkpoint", "activation_checkpoint",
                                            "comm",         "metrics",    "profiling",
                                            "plan",         "debug"};
@@ -116,10 +117,22 @@ const struct cfg_key cfg_schema[] = {
     {ROW(training, dataset_path), .def = "",
      .help = "Folder of token shards (train_*.bin, val_*.bin) written by `ctitan prepare`; "
              "used unless training.dataset is \"synthetic\"."},
-    {ROW(training, mixed_precision_param), .def = "float32", CHOICES("float32", "bfloat16"),
-     .help = "Type of the parameters in forward and backward."},
+    {ROW(training, mixed_precision_param), .def = "float32",
+     CHOICES("float32", "bfloat16", "auto"),
+     .help = "Compute dtype (FSDP2 MixedPrecisionPolicy): bfloat16 gathers parameters in "
+             "bf16 and runs every matmul, forward and backward, on bf16 operands with fp32 "
+             "accumulation; master weights, AdamW moments, norms, softmax, RoPE and the loss "
+             "stay fp32. On a CPU without bf16 hardware it runs the same numerics on fp32 "
+             "units (slower). float32: everything fp32. auto: bfloat16 where the CPU has bf16 "
+             "matmul hardware (AVX512-BF16, AMX), else float32."},
     {ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
-     .help = "Type of gradient reductions."},
+     .help = "Type of the gradient reduce-scatter / all-reduce (fp32 only)."},
+
+    {ROW(compute, matmul_engine), .def = "auto", CHOICES("auto", "onednn", "openblas"),
+     .help = "Matmul engine: onednn (primitives per shape; AMX, AVX512-BF16, AVX-512 or AVX2 "
+             "by CPU features), openblas (sgemm), or auto: time both at each of the model's "
+             "shapes at start-up and keep the faster (oneDNN unless OpenBLAS is >= 15% "
+             "faster). The CT_MATMUL_ENGINE environment variable overrides it."},
 
     {ROW(parallelism, data_parallel_shard_degree), .def = "-1", UNSET_OR_GE(1),
      .help = "FSDP degree; -1: the ranks left after the other degrees."},

@@ -1,12 +1,25 @@
-/* Linear layer through BLAS gemm. Weights are (out, in) like torch.nn.Linear. */
+/* Linear layer. Weights are (out, in) like torch.nn.Linear. The float build goes through the
+ * matmul engine (oneDNN or OpenBLAS, fp32 or bf16 compute: kernels/mm_engine.h); the double
+ * build, used only by finite-difference tests, calls cblas_dgemm. */
 #include "kernels/kreal.h"
+#include "kernels/mm_engine.h"
+
+#ifdef KERNELS_F64
+static void matmul_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const real *A,
+                        int64_t lda, const real *B, int64_t ldb, real beta, real *C, int64_t ldc)
+{
+	cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+	            (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+#else
+#define matmul_gemm mm_gemm
+#endif
 
 void KFN(matmul_forward)(real *out, const real *inp, const real *w, int64_t N, int64_t C,
                          int64_t OC, int accumulate)
 {
 	/* out(N,OC) = inp(N,C) . w(OC,C)^T */
-	KGEMM(CblasRowMajor, CblasNoTrans, CblasTrans, (int)N, (int)OC, (int)C, 1.0, inp, (int)C, w,
-	      (int)C, accumulate ? 1.0 : 0.0, out, (int)OC);
+	matmul_gemm(false, true, N, OC, C, inp, C, w, C, accumulate ? 1 : 0, out, OC);
 }
 
 void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
@@ -14,10 +27,8 @@ void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *in
 {
 	/* dinp(N,C) += dout(N,OC) . w(OC,C) */
 	if (dinp)
-		KGEMM(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)N, (int)C, (int)OC, 1.0, dout,
-		      (int)OC, w, (int)C, 1.0, dinp, (int)C);
+		matmul_gemm(false, false, N, C, OC, dout, OC, w, C, 1, dinp, C);
 	/* dw(OC,C) += dout(N,OC)^T . inp(N,C) */
 	if (dw)
-		KGEMM(CblasRowMajor, CblasTrans, CblasNoTrans, (int)OC, (int)C, (int)N, 1.0, dout,
-		      (int)OC, inp, (int)C, 1.0, dw, (int)C);
+		matmul_gemm(true, false, OC, C, N, dout, OC, inp, C, 1, dw, C);
 }

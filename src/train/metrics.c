@@ -1,6 +1,5 @@
 #include "train/metrics.h"
 
-#include <cblas.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -11,31 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
-
-double metrics_measure_peak_flops(void)
-{
-	const int n = 2048;
-	size_t bytes = (size_t)n * n * sizeof(float);
-	float *a = mem_alloc(MEM_OTHER, bytes), *b = mem_alloc(MEM_OTHER, bytes);
-	float *c = mem_alloc(MEM_OTHER, bytes);
-	for (int64_t i = 0; i < (int64_t)n * n; i++) {
-		a[i] = (float)((i * 7919) % 1000) * 1e-3f;
-		b[i] = (float)((i * 104729) % 1000) * 1e-3f;
-	}
-	double best = 1e30;
-	for (int r = 0; r < 4; r++) {
-		double t = timer_now();
-		cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1.0f, a, n, b, n,
-		            0.0f, c, n);
-		t = timer_now() - t;
-		if (r > 0 && t < best)
-			best = t;
-	}
-	mem_free(MEM_OTHER, a, bytes);
-	mem_free(MEM_OTHER, b, bytes);
-	mem_free(MEM_OTHER, c, bytes);
-	return 2.0 * n * (double)n * n / best;
-}
+#include "kernels/mm_engine.h"
 
 int metrics_mkdirs(const char *path)
 {
@@ -106,15 +81,20 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	s->tps = s->step_s > 0 ? (double)s->tokens / s->step_s : 0.0;
 	s->tflops = mt->flops_per_token * s->tps / 1e12;
 	s->mfu = mt->peak_flops > 0 ? 100.0 * mt->flops_per_token * s->tps / mt->peak_flops : 0.0;
+	/* the practical limit: the engine's own rate at the model's shapes, over every matmul */
+	double mm_flops, mm_s;
+	mm_engine_totals(&mm_flops, &mm_s);
+	s->engine_gflops = mm_s > 0 ? mm_flops / mm_s / 1e9 : 0.0;
+	s->mfu_engine = s->engine_gflops > 0 ? 100.0 * s->tflops * 1e3 / s->engine_gflops : 0.0;
 	int64_t rss_peak = mem_rss_peak_bytes(), machine = mem_machine_bytes();
 	double rss_gib = (double)rss_peak / gib;
 	double rss_pct = machine > 0 ? 100.0 * (double)rss_peak / (double)machine : 0.0;
 	const char *bold = mt->tty ? "\033[1m" : "", *reset = mt->tty ? "\033[0m" : "";
 	LOG_INFO(
 	    "%sstep: %5lld%s  loss: %8.4f  grad_norm: %7.4f  lr: %.3e  memory: %5.2fGiB(%4.1f%%)"
-	    "  tps: %.0f  tflops: %.3f  mfu: %.2f%%  data: %.3fs  comm: %.3fs",
+	    "  tps: %.0f  tflops: %.3f  mfu: %.2f%% (engine %.0f%%)  data: %.3fs  comm: %.3fs",
 	    bold, (long long)s->step, reset, s->loss, s->grad_norm, s->lr, rss_gib, rss_pct, s->tps,
-	    s->tflops, s->mfu, s->data_s, s->comm_wait_s);
+	    s->tflops, s->mfu, s->mfu_engine, s->data_s, s->comm_wait_s);
 	if (s->val_loss >= 0)
 		LOG_INFO("step: %5lld  validation loss: %8.4f", (long long)s->step, s->val_loss);
 	if (!mt->jsonl)
@@ -130,6 +110,8 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	cJSON_AddNumberToObject(o, "tps", s->tps);
 	cJSON_AddNumberToObject(o, "tflops", s->tflops);
 	cJSON_AddNumberToObject(o, "mfu", s->mfu);
+	cJSON_AddNumberToObject(o, "mfu_engine", s->mfu_engine);
+	cJSON_AddNumberToObject(o, "engine_gflops", s->engine_gflops);
 	cJSON_AddNumberToObject(o, "step_s", s->step_s);
 	cJSON_AddNumberToObject(o, "data_loading_s", s->data_s);
 	cJSON_AddNumberToObject(o, "exposed_comm_s", s->comm_wait_s);

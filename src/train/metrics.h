@@ -19,7 +19,9 @@ struct step_metrics {
 	int64_t tokens_seen; /* cumulative, all ranks */
 	double tps;          /* tokens/s per rank */
 	double tflops;       /* achieved TFLOP/s per rank */
-	double mfu;          /* percent of peak */
+	double mfu;          /* percent of peak (theoretical, or metrics.peak_tflops) */
+	double engine_gflops; /* the matmul engine's measured rate at the model's shapes */
+	double mfu_engine;    /* achieved model FLOP/s as a percent of engine_gflops */
 	double val_loss;     /* validation loss of this step, < 0 when not evaluated */
 	double checkpoint_s; /* training blocked by checkpointing after this step (a synchronous
 	                        save, or an async save's snapshot and wait for the previous) */
@@ -32,8 +34,6 @@ struct metrics {
 	bool tty;
 };
 
-/* Achieved sgemm FLOP/s on a large square (best of a few runs) with the current threads. */
-double metrics_measure_peak_flops(void);
 int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool append,
                  double flops_per_token, double peak_flops);
 void metrics_close(struct metrics *mt);

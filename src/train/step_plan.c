@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "schedule/sched_trace.h"
+#include "train/compute.h"
 
 int step_plan_ac(const struct ct_config *cfg, enum model_ac *ac)
 {
@@ -140,7 +141,7 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 	}
 	if (*have_cm) {
 		struct model *m = f->model;
-		bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+		bool bf16 = compute_bf16(cfg);
 		sched_cost_init(cm, &m->cfg.llama, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac,
 		                4);
 		bool overlap = strcmp(cfg->comm.progress, "thread") == 0;

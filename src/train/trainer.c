@@ -21,11 +21,13 @@
 #include "data/synthetic.h"
 #include "io/file.h"
 #include "kernels/kernels.h"
+#include "kernels/mm_engine.h"
 #include "model/llama_hf.h"
 #include "model/model.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp.h"
 #include "train/checkpoint.h"
+#include "train/compute.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/model_spec.h"
@@ -126,7 +128,7 @@ static int trainer_build_model(struct trainer *tr)
 	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)
 		return rc;
-	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
+	bool bf16 = compute_bf16(cfg);
 	tr->piped = tr->mesh.pp > 1;
 	tr->sharded = tr->dp > 1 && !tr->piped;
 	if (tr->piped) {
@@ -134,10 +136,6 @@ static int trainer_build_model(struct trainer *tr)
 		if (rc)
 			return rc;
 	}
-	if (bf16 && !tr->sharded)
-		LOG_WARN(
-		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
-		    "on one rank parameters stay float32");
 	if (mc.kind == MODEL_HYENA && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
 		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for hyena (none)",
 		          cfg->activation_checkpoint.mode);
@@ -262,6 +260,8 @@ static int trainer_setup(struct trainer *tr)
 	}
 	int rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
 	                    cfg->parallelism.data_parallel_shard_degree, tp);
+	if (!rc)
+		rc = compute_setup(cfg, tr->mesh.rank == 0);
 	if (rc)
 		return rc;
 	enum stream_mode mode;
@@ -300,9 +300,9 @@ static int trainer_setup(struct trainer *tr)
 	tr->batch_tokens = mem_alloc(MEM_OTHER, bytes);
 	tr->batch_targets = mem_alloc(MEM_OTHER, bytes);
 
-	/* One MFU denominator for all ranks: the mean of what each measured. */
-	double peak = cfg->metrics.peak_tflops > 0 ? cfg->metrics.peak_tflops * 1e12
-	                                           : metrics_measure_peak_flops();
+	/* One MFU denominator for all ranks: the mean of each rank's theoretical peak. */
+	char peak_why[256];
+	double peak = compute_peak_flops(cfg, peak_why, sizeof(peak_why));
 	comm_all_reduce_f64(&tr->mesh.world_group, &peak, 1);
 	peak /= tr->mesh.world;
 	double fpt = model_flops_per_token(&tr->model, cfg->training.seq_len);
@@ -320,8 +320,7 @@ static int trainer_setup(struct trainer *tr)
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
 	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
 	         (long long)cfg->training.seq_len, (long long)tr->accum, (long long)tr->dp,
-	         cfg->training.dataset, fpt, peak / 1e9,
-	         cfg->metrics.peak_tflops > 0 ? "from config" : "measured sgemm");
+	         cfg->training.dataset, fpt, peak / 1e9, peak_why);
 	tr->flops_per_token = fpt;
 	tr->peak_flops = peak;
 	if (cfg->checkpoint.enable && strcmp(cfg->checkpoint.async_mode, "async") == 0) {
@@ -383,12 +382,17 @@ int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const 
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	model_set_loss_dscale(m, dscale);
 	double loss_sum = 0.0;
+	bool bf16 = mm_engine_dtype() == MM_BF16;
+	if (bf16)
+		compute_bind_bf16_params(m, true);
 	for (int64_t a = 0; a < accum; a++) {
 		memcpy(m->tokens, tokens + a * N, (size_t)N * sizeof(int32_t));
 		memcpy(m->targets, targets + a * N, (size_t)N * sizeof(int32_t));
 		loss_sum += model_forward(m, NULL);
 		model_backward(m, dscale);
 	}
+	if (bf16)
+		compute_bind_bf16_params(m, false);
 	res->valid = valid;
 	res->loss = valid > 0 ? loss_sum / (double)valid : 0.0;
 	res->grad_norm = sqrt(sumsq_f32(m->grads, m->table->numel));
@@ -799,6 +803,8 @@ int trainer_run(const struct ct_config *cfg)
 	for (; rc == CT_OK && step < steps; step++) {
 		comm_watchdog_set_step(step + 1);
 		rc = trainer_step(&tr, step, &sm);
+		if (rc == CT_OK && step == first && tr.mesh.rank == 0)
+			mm_engine_log_summary(); /* auto has chosen at every shape by now */
 		if (rc) {
 			/* non-finite loss or gradients: parameters were not updated, so the state
 			 * is the last good step's; keep it (resuming skips the bad batch) */

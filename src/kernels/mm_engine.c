@@ -1,0 +1,345 @@
+/* kernels/mm_engine: dispatch of float matmuls to oneDNN or OpenBLAS, bf16 operand rounding,
+ * per-shape auto selection, and the OpenBLAS CPU-table guard. See mm_engine.h. */
+#define _GNU_SOURCE
+#include "kernels/mm_engine.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "base/bf16.h"
+#include "base/cpu.h"
+#include "base/log.h"
+#include "base/mem.h"
+#include "base/timer.h"
+
+char *openblas_get_corename(void);
+
+static const char *const mm_engine_names[] = {"auto", "onednn", "openblas"};
+_Static_assert(sizeof(mm_engine_names) / sizeof(mm_engine_names[0]) == MM_ENGINE_COUNT,
+               "engine names");
+
+#define MM_SHAPES 256
+
+struct mm_shape {
+	int64_t M, N, K;
+	int ta, tb, dt, used;
+	enum mm_engine chosen;
+	double tuned_s[MM_ENGINE_COUNT]; /* auto: best time of each engine on this shape */
+	double flops, seconds;          /* all calls */
+	int64_t calls;
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static enum mm_engine g_engine = MM_ENGINE_AUTO;
+static enum mm_dtype g_dtype = MM_F32;
+static int g_env_checked;
+static struct mm_shape g_shapes[MM_SHAPES];
+static double g_flops, g_seconds;
+static bool g_warned_bf16;
+/* Grow-only scratch for rounded operands (bf16 or bf16-valued floats). */
+static void *g_scr[2];
+static size_t g_scr_bytes[2];
+
+int mm_engine_parse(const char *name, enum mm_engine *out)
+{
+	for (int i = 0; i < MM_ENGINE_COUNT; i++)
+		if (strcmp(name, mm_engine_names[i]) == 0) {
+			*out = (enum mm_engine)i;
+			return 0;
+		}
+	return -1;
+}
+
+const char *mm_engine_name(enum mm_engine e)
+{
+	return e >= 0 && e < MM_ENGINE_COUNT ? mm_engine_names[e] : "?";
+}
+
+static void mm_env_override(void)
+{
+	if (g_env_checked)
+		return;
+	g_env_checked = 1;
+	const char *s = getenv("CT_MATMUL_ENGINE");
+	enum mm_engine e;
+	if (!s || !*s)
+		return;
+	CHECK(mm_engine_parse(s, &e) == 0, "CT_MATMUL_ENGINE='%s' is not auto, onednn or openblas",
+	      s);
+	g_engine = e;
+}
+
+void mm_engine_configure(enum mm_engine e, enum mm_dtype dt)
+{
+	pthread_mutex_lock(&g_lock);
+	g_engine = e;
+	g_dtype = dt;
+	g_env_checked = 0;
+	mm_env_override();
+	pthread_mutex_unlock(&g_lock);
+}
+
+enum mm_engine mm_engine_get(void)
+{
+	pthread_mutex_lock(&g_lock);
+	mm_env_override();
+	enum mm_engine e = g_engine;
+	pthread_mutex_unlock(&g_lock);
+	return e;
+}
+
+enum mm_dtype mm_engine_dtype(void)
+{
+	return g_dtype;
+}
+
+const char *mm_openblas_core(void)
+{
+	return openblas_get_corename();
+}
+
+static void *mm_scratch(int i, size_t bytes)
+{
+	if (bytes > g_scr_bytes[i]) {
+		if (g_scr[i])
+			mem_free(MEM_OTHER, g_scr[i], g_scr_bytes[i]);
+		g_scr[i] = mem_alloc(MEM_OTHER, bytes);
+		g_scr_bytes[i] = bytes;
+	}
+	return g_scr[i];
+}
+
+/* The stored rows x cols block of X (leading dimension ld) rounded to bf16, packed (ld = cols):
+ * as bf16 (to_bf16) or as bf16-valued floats. */
+static void *mm_round(int slot, const float *X, int64_t rows, int64_t cols, int64_t ld,
+                      bool to_bf16)
+{
+	void *out = mm_scratch(slot, (size_t)(rows * cols) * (to_bf16 ? 2 : 4));
+	uint16_t *h = out;
+	float *f = out;
+#pragma omp parallel for schedule(static)
+	for (int64_t r = 0; r < rows; r++) {
+		const float *x = X + r * ld;
+		if (to_bf16)
+			for (int64_t c = 0; c < cols; c++)
+				h[r * cols + c] = bf16_from_f32(x[c]);
+		else
+			for (int64_t c = 0; c < cols; c++)
+				f[r * cols + c] = bf16_to_f32(bf16_from_f32(x[c]));
+	}
+	return out;
+}
+
+/* One call on one engine, the engine mutex held. bf16 operands: rounded here. */
+static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                   int64_t ldc)
+{
+	int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+	if (g_dtype == MM_BF16) {
+		if (e == MM_ENGINE_ONEDNN) {
+			const void *a = mm_round(0, A, ar, ac, lda, true);
+			const void *b = mm_round(1, B, br, bc, ldb, true);
+			int rc = mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ac, b, bc, beta, C, ldc);
+			if (rc == 0)
+				return;
+			if (rc == -1 && !g_warned_bf16) {
+				g_warned_bf16 = true;
+				LOG_WARN("oneDNN cannot run bf16 matmuls on this CPU (%s): bf16 compute "
+				         "runs as bf16-rounded operands through fp32 kernels (same "
+				         "numerics, fp32 speed)",
+				         mm_onednn_isa());
+			}
+		}
+		A = mm_round(0, A, ar, ac, lda, false);
+		B = mm_round(1, B, br, bc, ldb, false);
+		lda = ac;
+		ldb = bc;
+	}
+	if (e == MM_ENGINE_ONEDNN &&
+	    mm_onednn_gemm(MM_F32, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+		return;
+	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+	            (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+}
+
+/* auto: time both engines on this shape (into scratch output) and keep the faster. */
+static void mm_tune(struct mm_shape *s, const float *A, int64_t lda, const float *B, int64_t ldb)
+{
+	int64_t M = s->M, N = s->N;
+	size_t bytes = (size_t)(M * N) * sizeof(float);
+	float *tmp = mem_alloc(MEM_OTHER, bytes);
+	for (int e = MM_ENGINE_ONEDNN; e < MM_ENGINE_COUNT; e++) {
+		s->tuned_s[e] = 1e30;
+		mm_run((enum mm_engine)e, s->ta, s->tb, M, N, s->K, A, lda, B, ldb, 0.0f, tmp, N);
+	}
+	double budget = timer_now() + 0.2;
+	for (int r = 0; r < 5 && (r < 1 || timer_now() < budget); r++)
+		for (int e = MM_ENGINE_ONEDNN; e < MM_ENGINE_COUNT; e++) {
+			double t = timer_now();
+			mm_run((enum mm_engine)e, s->ta, s->tb, M, N, s->K, A, lda, B, ldb, 0.0f, tmp,
+			       N);
+			t = timer_now() - t;
+			if (t < s->tuned_s[e])
+				s->tuned_s[e] = t;
+		}
+	mem_free(MEM_OTHER, tmp, bytes);
+	s->chosen = s->tuned_s[MM_ENGINE_OPENBLAS] * 1.15 < s->tuned_s[MM_ENGINE_ONEDNN]
+	                ? MM_ENGINE_OPENBLAS
+	                : MM_ENGINE_ONEDNN;
+}
+
+static struct mm_shape *mm_shape_find(bool ta, bool tb, int64_t M, int64_t N, int64_t K)
+{
+	uint64_t h = ((uint64_t)M * 1000003u) ^ ((uint64_t)N * 8191u) ^ ((uint64_t)K * 131u) ^
+	             (uint64_t)(ta * 2 + tb) ^ ((uint64_t)g_dtype << 3);
+	for (int64_t i = 0; i < MM_SHAPES; i++) {
+		struct mm_shape *s = &g_shapes[(h + (uint64_t)i) % MM_SHAPES];
+		if (!s->used) {
+			*s = (struct mm_shape){.M = M, .N = N, .K = K, .ta = ta, .tb = tb,
+			                       .dt = g_dtype, .used = 1, .chosen = MM_ENGINE_COUNT};
+			return s;
+		}
+		if (s->M == M && s->N == N && s->K == K && s->ta == ta && s->tb == tb &&
+		    s->dt == (int)g_dtype)
+			return s;
+	}
+	return NULL; /* more shapes than slots: not tracked */
+}
+
+void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
+{
+	if (M <= 0 || N <= 0)
+		return;
+	pthread_mutex_lock(&g_lock);
+	mm_env_override();
+	struct mm_shape *s = mm_shape_find(ta, tb, M, N, K);
+	enum mm_engine e = g_engine;
+	if (s && s->chosen == MM_ENGINE_COUNT) {
+		if (e == MM_ENGINE_AUTO && K > 0)
+			mm_tune(s, A, lda, B, ldb);
+		else
+			s->chosen = e == MM_ENGINE_AUTO ? MM_ENGINE_ONEDNN : e;
+	}
+	if (e == MM_ENGINE_AUTO)
+		e = s ? s->chosen : MM_ENGINE_ONEDNN;
+	double t = timer_now();
+	if (K <= 0) {
+		if (beta == 0.0f)
+			for (int64_t i = 0; i < M; i++)
+				memset(C + i * ldc, 0, (size_t)N * sizeof(float));
+	} else {
+		mm_run(e, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+	}
+	t = timer_now() - t;
+	double fl = 2.0 * (double)M * (double)N * (double)K;
+	g_flops += fl;
+	g_seconds += t;
+	if (s) {
+		s->flops += fl;
+		s->seconds += t;
+		s->calls++;
+	}
+	pthread_mutex_unlock(&g_lock);
+}
+
+void mm_engine_totals(double *flops, double *seconds)
+{
+	pthread_mutex_lock(&g_lock);
+	*flops = g_flops;
+	*seconds = g_seconds;
+	pthread_mutex_unlock(&g_lock);
+}
+
+void mm_engine_log_summary(void)
+{
+	pthread_mutex_lock(&g_lock);
+	mm_env_override();
+	LOG_INFO("matmul engine %s, compute %s; oneDNN ISA %s (bf16 implementation %s), OpenBLAS "
+	         "kernel %s; %.1f GFLOP/s over %.3g GFLOP of matmuls so far",
+	         mm_engine_name(g_engine), g_dtype == MM_BF16 ? "bf16" : "fp32", mm_onednn_isa(),
+	         mm_onednn_bf16_impl(), mm_openblas_core(),
+	         g_seconds > 0 ? g_flops / g_seconds / 1e9 : 0.0, g_flops / 1e9);
+	for (int64_t i = 0; i < MM_SHAPES; i++) {
+		const struct mm_shape *s = &g_shapes[i];
+		if (!s->used || s->chosen == MM_ENGINE_COUNT || s->K <= 0)
+			continue;
+		double fl = 2.0 * (double)s->M * (double)s->N * (double)s->K;
+		char tuned[96] = "";
+		if (g_engine == MM_ENGINE_AUTO)
+			snprintf(tuned, sizeof(tuned), " (tuned: onednn %.1f, openblas %.1f GFLOP/s)",
+			         fl / s->tuned_s[MM_ENGINE_ONEDNN] / 1e9,
+			         fl / s->tuned_s[MM_ENGINE_OPENBLAS] / 1e9);
+		LOG_INFO("  %c%c M=%lld N=%lld K=%lld %s: %s, %.1f GFLOP/s over %lld calls%s",
+		         s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', (long long)s->M, (long long)s->N,
+		         (long long)s->K, s->dt == MM_BF16 ? "bf16" : "fp32",
+		         mm_engine_name(s->chosen), s->seconds > 0 ? s->flops / s->seconds / 1e9 : 0.0,
+		         (long long)s->calls, tuned);
+	}
+	pthread_mutex_unlock(&g_lock);
+}
+
+/* OpenBLAS CPU-table guard. Debian 12's OpenBLAS 0.3.21 falls back to a generic kernel
+ * ("Prescott": SSE3) on CPUs newer than its table, several times slower. OpenBLAS picks its
+ * kernel when the library loads, before main(), and reads OPENBLAS_CORETYPE only then; so when
+ * the kernel it picked is below what this CPU's features allow, we set OPENBLAS_CORETYPE and
+ * re-execute this same program (execv keeps the process id, so MPI launchers are unaffected).
+ * A user-set OPENBLAS_CORETYPE is respected. Runs as a constructor so every binary linking the
+ * engine (ctitan, the tests, the benchmarks) gets it before any MPI or OpenMP start-up. */
+static int mm_core_tier(const char *core)
+{
+	static const char *const t3[] = {"SkylakeX", "Cooperlake", "SapphireRapids"};
+	static const char *const t2[] = {"Haswell", "Zen", "Excavator"};
+	static const char *const t1[] = {"Sandybridge", "Bulldozer", "Piledriver", "Steamroller"};
+	for (size_t i = 0; i < sizeof(t3) / sizeof(t3[0]); i++)
+		if (strcasecmp(core, t3[i]) == 0)
+			return 3;
+	for (size_t i = 0; i < sizeof(t2) / sizeof(t2[0]); i++)
+		if (strcasecmp(core, t2[i]) == 0)
+			return 2;
+	for (size_t i = 0; i < sizeof(t1) / sizeof(t1[0]); i++)
+		if (strcasecmp(core, t1[i]) == 0)
+			return 1;
+	return 0; /* Prescott, Core2, Nehalem, Atom, Barcelona, ...: SSE kernels */
+}
+
+/* The OpenBLAS kernel to select when OpenBLAS picked a generic (SSE or AVX1) one on a CPU with
+ * AVX2 or AVX-512; NULL when its choice stands. Conservative on AMD: the AVX2 "Zen" kernel,
+ * since AVX-512 kernels of older OpenBLAS builds are known to misbehave on some AMD parts. */
+const char *mm_openblas_wanted_core(const struct cpu_info *c, const char *current)
+{
+	if (mm_core_tier(current) >= 2)
+		return NULL;
+	bool amd = strcmp(c->vendor, "AuthenticAMD") == 0;
+	if (c->avx512 && !amd)
+		return c->avx512_bf16 ? "Cooperlake" : "SkylakeX";
+	if (c->avx2)
+		return amd ? "Zen" : "Haswell";
+	return NULL;
+}
+
+__attribute__((constructor)) static void mm_openblas_guard(int argc, char **argv)
+{
+	(void)argc;
+	const char *user = getenv("OPENBLAS_CORETYPE");
+	if ((user && *user) || getenv("CT_OPENBLAS_GUARD_DONE") || !argv || !argv[0])
+		return;
+	/* tests only: pretend OpenBLAS picked this kernel, to exercise the re-exec */
+	const char *assume = getenv("CT_OPENBLAS_GUARD_ASSUME");
+	const char *core = assume && *assume ? assume : openblas_get_corename();
+	const char *want = core ? mm_openblas_wanted_core(cpu_info(), core) : NULL;
+	if (!want)
+		return;
+	setenv("OPENBLAS_CORETYPE", want, 1);
+	setenv("CT_OPENBLAS_GUARD_DONE", core, 1); /* never loop; says what OpenBLAS picked */
+	fprintf(stderr, "ctitan: OpenBLAS chose its generic '%s' kernel on this CPU; restarting "
+	                "with OPENBLAS_CORETYPE=%s\n", core, want);
+	execv("/proc/self/exe", argv);
+	/* exec failed: carry on with the generic kernel */
+	unsetenv("OPENBLAS_CORETYPE");
+}

@@ -1,0 +1,65 @@
+/* kernels/mm_engine: every float matmul of the model goes through here, to the engine chosen at
+ * run time: oneDNN (matmul primitives, created once per shape and cached; oneDNN picks AMX,
+ * AVX512-BF16, AVX-512 or AVX2 by CPU features) or OpenBLAS (sgemm).
+ *
+ * Process-wide state, set once at start-up by the trainer (mm_engine_configure) and read by
+ * every call: the engine (auto | onednn | openblas) and the compute dtype.
+ *   - MM_F32: fp32 operands, fp32 accumulation.
+ *   - MM_BF16: the operands are rounded to bf16 (round to nearest even) on the way in, products
+ *     accumulate in fp32 and the output is fp32 (TorchTitan's mixed precision). oneDNN runs it
+ *     on bf16 hardware (AMX, AVX512-BF16, or AVX-512 emulation); where it cannot (AVX2-only
+ *     CPUs) and for OpenBLAS the rounded operands go through the fp32 kernel: a bf16 x bf16
+ *     product is exact in fp32, so the numerics are the same, only slower (warned once).
+ *   - auto: the first call of each shape (transposes, M, N, K, dtype) times both engines on
+ *     that shape and keeps the faster; oneDNN is kept unless OpenBLAS is >= 15% faster, so the
+ *     choice is stable between runs. Use a forced engine for bitwise-reproducible reruns.
+ * The environment variable CT_MATMUL_ENGINE (auto | onednn | openblas) overrides the config
+ * (tests use it to force each engine in turn).
+ *
+ * Threading: callers are the compute thread only (never the comm thread, never inside an
+ * OpenMP parallel region); calls are serialised by a mutex. oneDNN and OpenBLAS are both the
+ * OpenMP (libgomp) builds, so they run on our OpenMP pool.
+ */
+#ifndef CT_KERNELS_MM_ENGINE_H
+#define CT_KERNELS_MM_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum mm_engine { MM_ENGINE_AUTO, MM_ENGINE_ONEDNN, MM_ENGINE_OPENBLAS, MM_ENGINE_COUNT };
+enum mm_dtype { MM_F32, MM_BF16, MM_DTYPE_COUNT };
+
+/* 0 and *out set, or -1 for a name that is not an engine. */
+int mm_engine_parse(const char *name, enum mm_engine *out);
+const char *mm_engine_name(enum mm_engine e);
+void mm_engine_configure(enum mm_engine e, enum mm_dtype dt);
+enum mm_engine mm_engine_get(void);
+enum mm_dtype mm_engine_dtype(void);
+
+/* C(M,N) = op(A)(M,K) op(B)(K,N) + beta C, row-major; op(X) = X^T when tX. beta is 0 or 1. */
+void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
+
+/* FLOPs and seconds of every mm_gemm call so far (the engine's rate at the model's shapes). */
+void mm_engine_totals(double *flops, double *seconds);
+/* Logs (INFO) the engine, dtype, oneDNN's ISA, and per shape the engine kept and GFLOP/s. */
+void mm_engine_log_summary(void);
+/* oneDNN's ISA on this CPU, e.g. "avx512_core_bf16", and what it runs bf16 matmuls with:
+ * its implementation name ("brg:avx512_core_amx") or "none (bf16-rounded fp32)". */
+const char *mm_onednn_isa(void);
+const char *mm_onednn_bf16_impl(void);
+/* The OpenBLAS kernel in use ("Haswell", "Cooperlake", ...). */
+const char *mm_openblas_core(void);
+/* The CPU-table guard's decision (run before main, see mm_engine.c): the kernel to force when
+ * OpenBLAS picked the generic `current` one on a CPU with AVX2/AVX-512, else NULL. */
+struct cpu_info;
+const char *mm_openblas_wanted_core(const struct cpu_info *c, const char *current);
+
+/* Lower level, for the engine layer and its tests. Return 0; -1 when oneDNN cannot run this
+ * dtype here, -2 when its primitive cache is full (the caller falls back to OpenBLAS). A and B
+ * must already be bf16 for MM_BF16. */
+int mm_onednn_gemm(enum mm_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                   int64_t ldc);
+
+#endif

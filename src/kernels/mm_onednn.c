@@ -1,0 +1,170 @@
+/* kernels/mm_onednn: oneDNN matmul primitives (C API), one per (dtype, transposes, M, N, K,
+ * leading dimensions, beta), created on first use and kept for the process. Called with the
+ * engine mutex held (mm_engine.c), so the cache and the memory objects need no lock of their
+ * own. */
+#include <oneapi/dnnl/dnnl.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "kernels/mm_engine.h"
+
+#define MMD_CACHE 512 /* open addressing; a model uses a few dozen shapes */
+
+struct mmd_key {
+	int64_t M, N, K, lda, ldb, ldc;
+	int dt, ta, tb, acc;
+};
+
+struct mmd_entry {
+	struct mmd_key key;
+	int used;
+	int ok; /* 0: this shape/dtype cannot run here */
+	dnnl_primitive_t prim;
+	dnnl_memory_t a, b, c;
+};
+
+static struct mmd_entry g_cache[MMD_CACHE];
+static dnnl_engine_t g_engine;
+static dnnl_stream_t g_stream;
+static int g_init; /* 0 not yet, 1 ok, -1 failed */
+static char g_bf16_impl[64] = "not probed";
+
+static bool mmd_init(void)
+{
+	if (g_init)
+		return g_init > 0;
+	g_init = -1;
+	if (dnnl_engine_create(&g_engine, dnnl_cpu, 0) != dnnl_success)
+		return false;
+	if (dnnl_stream_create(&g_stream, g_engine, dnnl_stream_default_flags) != dnnl_success)
+		return false;
+	g_init = 1;
+	return true;
+}
+
+static uint64_t mmd_hash(const struct mmd_key *k)
+{
+	const unsigned char *p = (const unsigned char *)k;
+	uint64_t h = 1469598103934665603ull;
+	for (size_t i = 0; i < sizeof(*k); i++)
+		h = (h ^ p[i]) * 1099511628211ull;
+	return h;
+}
+
+static bool mmd_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, bool trans, int64_t ld,
+                   dnnl_data_type_t dt)
+{
+	dnnl_dims_t dims = {rows, cols};
+	dnnl_dims_t strides = {trans ? 1 : ld, trans ? ld : 1};
+	return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides) == dnnl_success;
+}
+
+static void mmd_build(struct mmd_entry *e)
+{
+	const struct mmd_key *k = &e->key;
+	dnnl_data_type_t in = k->dt == MM_BF16 ? dnnl_bf16 : dnnl_f32;
+	dnnl_memory_desc_t a, b, c;
+	dnnl_matmul_desc_t desc;
+	dnnl_primitive_attr_t attr = NULL;
+	dnnl_post_ops_t po = NULL;
+	dnnl_primitive_desc_t pd = NULL;
+	e->ok = 0;
+	if (!mmd_md(&a, k->M, k->K, k->ta, k->lda, in) || !mmd_md(&b, k->K, k->N, k->tb, k->ldb, in) ||
+	    !mmd_md(&c, k->M, k->N, false, k->ldc, dnnl_f32))
+		return;
+	if (dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c) != dnnl_success)
+		return;
+	if (dnnl_primitive_attr_create(&attr) != dnnl_success)
+		return;
+	if (k->acc) {
+		if (dnnl_post_ops_create(&po) != dnnl_success || dnnl_post_ops_append_sum(po, 1.0f) ||
+		    dnnl_primitive_attr_set_post_ops(attr, po))
+			goto out;
+	}
+	if (dnnl_primitive_desc_create(&pd, &desc, attr, g_engine, NULL) != dnnl_success) {
+		if (k->dt == MM_BF16)
+			snprintf(g_bf16_impl, sizeof(g_bf16_impl), "none");
+		goto out;
+	}
+	if (k->dt == MM_BF16) {
+		const char *impl = NULL;
+		if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+		    impl)
+			snprintf(g_bf16_impl, sizeof(g_bf16_impl), "%s", impl);
+	}
+	if (dnnl_primitive_create(&e->prim, pd) != dnnl_success)
+		goto out;
+	if (dnnl_memory_create(&e->a, &a, g_engine, DNNL_MEMORY_NONE) ||
+	    dnnl_memory_create(&e->b, &b, g_engine, DNNL_MEMORY_NONE) ||
+	    dnnl_memory_create(&e->c, &c, g_engine, DNNL_MEMORY_NONE))
+		goto out;
+	e->ok = 1;
+out:
+	if (pd)
+		dnnl_primitive_desc_destroy(pd);
+	if (po)
+		dnnl_post_ops_destroy(po);
+	dnnl_primitive_attr_destroy(attr);
+}
+
+int mm_onednn_gemm(enum mm_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                   int64_t ldc)
+{
+	if (!mmd_init())
+		return -1;
+	struct mmd_key key;
+	memset(&key, 0, sizeof(key)); /* hashed bytewise: padding must be zero */
+	key = (struct mmd_key){M, N, K, lda, ldb, ldc, (int)dt, ta, tb, beta != 0.0f};
+	uint64_t h = mmd_hash(&key);
+	struct mmd_entry *e = NULL;
+	for (int64_t i = 0; i < MMD_CACHE; i++) {
+		struct mmd_entry *x = &g_cache[(h + (uint64_t)i) % MMD_CACHE];
+		if (!x->used) {
+			x->used = 1;
+			x->key = key;
+			mmd_build(x);
+			e = x;
+			break;
+		}
+		if (memcmp(&x->key, &key, sizeof(key)) == 0) {
+			e = x;
+			break;
+		}
+	}
+	if (!e) /* more shapes than the cache holds (long generation sessions): OpenBLAS */
+		return -2;
+	if (!e->ok)
+		return -1;
+	dnnl_memory_set_data_handle(e->a, (void *)A);
+	dnnl_memory_set_data_handle(e->b, (void *)B);
+	dnnl_memory_set_data_handle(e->c, C);
+	dnnl_exec_arg_t args[3] = {
+	    {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+	dnnl_status_t st = dnnl_primitive_execute(e->prim, g_stream, 3, args);
+	CHECK(st == dnnl_success, "oneDNN matmul %lldx%lldx%lld failed (status %d)", (long long)M,
+	      (long long)N, (long long)K, (int)st);
+	dnnl_stream_wait(g_stream);
+	return 0;
+}
+
+const char *mm_onednn_isa(void)
+{
+	switch (dnnl_get_effective_cpu_isa()) {
+	case dnnl_cpu_isa_sse41: return "sse41";
+	case dnnl_cpu_isa_avx: return "avx";
+	case dnnl_cpu_isa_avx2: return "avx2";
+	case dnnl_cpu_isa_avx2_vnni: return "avx2_vnni";
+	case dnnl_cpu_isa_avx512_core: return "avx512_core";
+	case dnnl_cpu_isa_avx512_core_vnni: return "avx512_core_vnni";
+	case dnnl_cpu_isa_avx512_core_bf16: return "avx512_core_bf16";
+	case dnnl_cpu_isa_avx512_core_amx: return "avx512_core_amx";
+	default: return "other";
+	}
+}
+
+const char *mm_onednn_bf16_impl(void)
+{
+	return g_bf16_impl;
+}

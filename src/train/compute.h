@@ -1,0 +1,30 @@
+/* train/compute: the run's compute set-up: the matmul engine and dtype from the config
+ * ([compute] matmul_engine, training.mixed_precision_param), and the theoretical peak FLOP/s
+ * the MFU is measured against. Used by the trainer and `ctitan plan`. */
+#ifndef CT_TRAIN_COMPUTE_H
+#define CT_TRAIN_COMPUTE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "io/config.h"
+
+struct model;
+
+/* True when matmuls compute on bf16 operands: training.mixed_precision_param = bfloat16, or
+ * auto on a CPU with bf16 matmul hardware (AVX512-BF16 or AMX). */
+bool compute_bf16(const struct ct_config *cfg);
+/* Configures the engine layer for this process; logs it (with `log` set) and warns once when
+ * bf16 runs without bf16 hardware. CT_ERR_USAGE naming the key for an unknown engine. */
+int compute_setup(const struct ct_config *cfg, bool log);
+/* Theoretical peak of this rank (its OpenMP threads) for the compute dtype, or
+ * metrics.peak_tflops when set; `why` gets how it was derived. */
+double compute_peak_flops(const struct ct_config *cfg, char *why, int64_t len);
+
+/* Single-rank bf16 compute: `on` rounds the parameters to bf16 into a copy (allocated once)
+ * and binds every unit to it, as FSDP's bf16 all-gather does for sharded runs, so 1 rank
+ * computes what N ranks compute; the fp32 master weights stay in m->params for the optimizer.
+ * `off` binds the units back to m->params. */
+void compute_bind_bf16_params(struct model *m, bool on);
+
+#endif

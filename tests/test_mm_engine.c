@@ -1,0 +1,144 @@
+/* tests/test_mm_engine: the matmul engine layer (kernels/mm_engine.h) against a float64
+ * reference, for each engine x dtype x transposes x beta, and the OpenBLAS guard's choice.
+ *
+ * fp32: |C - ref| <= K * 2^-23 * sum_k |a_ik b_kj| + tiny per element (fp32 accumulation).
+ * bf16: the reference multiplies the operands rounded to bf16 (round to nearest even) in
+ * float64; a bf16 x bf16 product is exact in fp32, so only the fp32 accumulation differs: the
+ * same bound. The bf16 result must also differ from the unrounded reference by the size of
+ * bf16 rounding (2^-9 relative per operand), which proves the operands were rounded. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/bf16.h"
+#include "base/cpu.h"
+#include "kernels/mm_engine.h"
+#include "testutil.h"
+
+static float rnd_bf16(float x, bool bf)
+{
+	return bf ? bf16_to_f32(bf16_from_f32(x)) : x;
+}
+
+/* Returns max over elements of |C - ref| / bound, and the relative L2 distance of C from the
+ * unrounded float64 product. */
+static double check_case(enum mm_engine e, enum mm_dtype dt, bool ta, bool tb, int64_t M,
+                         int64_t N, int64_t K, float beta, double *dist_unrounded)
+{
+	bool bf = dt == MM_BF16;
+	int64_t lda = ta ? M : K, ldb = tb ? K : N;
+	float *A = malloc((size_t)(M * K) * 4), *B = malloc((size_t)(K * N) * 4);
+	float *C = malloc((size_t)(M * N) * 4), *C0 = malloc((size_t)(M * N) * 4);
+	test_fill_f32(A, M * K, -1, 1);
+	test_fill_f32(B, K * N, -1, 1);
+	test_fill_f32(C0, M * N, -1, 1);
+	memcpy(C, C0, (size_t)(M * N) * 4);
+	mm_engine_configure(e, dt);
+	mm_gemm(ta, tb, M, N, K, A, lda, B, ldb, beta, C, N);
+	double worst = 0, d2 = 0, r2 = 0;
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t j = 0; j < N; j++) {
+			double s = beta * C0[i * N + j], sa = fabs(s), su = s;
+			for (int64_t k = 0; k < K; k++) {
+				float a = ta ? A[k * lda + i] : A[i * lda + k];
+				float b = tb ? B[j * ldb + k] : B[k * ldb + j];
+				double p = (double)rnd_bf16(a, bf) * rnd_bf16(b, bf);
+				s += p;
+				sa += fabs(p);
+				su += (double)a * b;
+			}
+			double bound = (double)(K + 2) * 0x1p-23 * sa + 1e-30;
+			double err = fabs(C[i * N + j] - s) / bound;
+			if (err > worst)
+				worst = err;
+			d2 += (C[i * N + j] - su) * (C[i * N + j] - su);
+			r2 += su * su;
+		}
+	*dist_unrounded = sqrt(d2 / r2);
+	free(A), free(B), free(C), free(C0);
+	return worst;
+}
+
+TEST_CASE(test_engines_against_reference)
+{
+	static const int64_t shapes[][3] = {{37, 53, 71}, {128, 96, 256}, {1, 300, 64},
+	                                    {200, 1, 129}};
+	for (int e = MM_ENGINE_AUTO; e < MM_ENGINE_COUNT; e++)
+		for (int dt = 0; dt < MM_DTYPE_COUNT; dt++)
+			for (int t = 0; t < 3; t++) /* NT (forward), NN, TN (backward) */
+				for (int s = 0; s < 4; s++)
+					for (int b = 0; b < 2; b++) {
+						bool ta = t == 2, tb = t == 0;
+						double dist, w = check_case(
+						    (enum mm_engine)e, (enum mm_dtype)dt, ta, tb,
+						    shapes[s][0], shapes[s][1], shapes[s][2],
+						    (float)b, &dist);
+						EXPECT(w <= 1.0,
+						       "%s %s %c%c %lldx%lldx%lld beta %d: error %.2f x "
+						       "the bound",
+						       mm_engine_name((enum mm_engine)e),
+						       dt ? "bf16" : "fp32", ta ? 'T' : 'N',
+						       tb ? 'T' : 'N', (long long)shapes[s][0],
+						       (long long)shapes[s][1],
+						       (long long)shapes[s][2], b, w);
+						/* bf16 rounding moves a random product by ~2^-9
+						 * relative; fp32 by ~2^-24 */
+						if (dt == MM_BF16)
+							EXPECT(dist > 1e-4,
+							       "bf16 result %.2e from the unrounded "
+							       "product: operands not rounded",
+							       dist);
+						else
+							EXPECT(dist < 1e-5,
+							       "fp32 result %.2e from the product",
+							       dist);
+					}
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+}
+
+TEST_CASE(test_parse)
+{
+	enum mm_engine e;
+	EXPECT(mm_engine_parse("onednn", &e) == 0 && e == MM_ENGINE_ONEDNN, "onednn");
+	EXPECT(mm_engine_parse("openblas", &e) == 0 && e == MM_ENGINE_OPENBLAS, "openblas");
+	EXPECT(mm_engine_parse("auto", &e) == 0 && e == MM_ENGINE_AUTO, "auto");
+	EXPECT(mm_engine_parse("mkl", &e) != 0, "mkl is no engine");
+}
+
+TEST_CASE(test_openblas_guard_choice)
+{
+	struct cpu_info c;
+	memset(&c, 0, sizeof(c));
+	strcpy(c.vendor, "GenuineIntel");
+	c.avx2 = c.fma = c.avx512 = c.avx512_bf16 = c.amx_bf16 = true;
+	const char *w = mm_openblas_wanted_core(&c, "Prescott");
+	EXPECT(w && strcmp(w, "Cooperlake") == 0, "Xeon with AMX + Prescott -> %s", w ? w : "-");
+	c.avx512_bf16 = c.amx_bf16 = false;
+	w = mm_openblas_wanted_core(&c, "Nehalem");
+	EXPECT(w && strcmp(w, "SkylakeX") == 0, "AVX-512 + Nehalem -> %s", w ? w : "-");
+	EXPECT(mm_openblas_wanted_core(&c, "SkylakeX") == NULL, "SkylakeX stands");
+	EXPECT(mm_openblas_wanted_core(&c, "Haswell") == NULL, "an AVX2 kernel stands");
+	strcpy(c.vendor, "AuthenticAMD");
+	c.avx512 = false;
+	w = mm_openblas_wanted_core(&c, "Prescott");
+	EXPECT(w && strcmp(w, "Zen") == 0, "Zen 3 + Prescott -> %s", w ? w : "-");
+	c.avx2 = c.fma = false;
+	EXPECT(mm_openblas_wanted_core(&c, "Prescott") == NULL, "SSE-only CPU: Prescott stands");
+	/* and on this machine the kernel OpenBLAS runs is not below what the CPU allows, unless
+	 * the user chose it with OPENBLAS_CORETYPE */
+	const char *user = getenv("OPENBLAS_CORETYPE");
+	if (!user || !*user)
+		EXPECT(mm_openblas_wanted_core(cpu_info(), mm_openblas_core()) == NULL,
+		       "OpenBLAS runs the generic '%s' kernel: the guard did not act",
+		       mm_openblas_core());
+}
+
+int main(void)
+{
+	test_seed();
+	unsetenv("CT_MATMUL_ENGINE"); /* this test configures each engine itself */
+	RUN(test_parse);
+	RUN(test_openblas_guard_choice);
+	RUN(test_engines_against_reference);
+	return test_summary();
+}
