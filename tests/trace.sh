@@ -2,7 +2,8 @@
 # Chrome traces of a 4-rank run with prefetch on a simulated link: one valid trace per rank
 # under <dump_folder>/<save_traces_folder>/iteration_<step>/, compute and comm on separate
 # tracks with bucket bytes in the args, and the all-gather of bucket k+1 running while bucket
-# k computes its forward, in every one of the 24 cases (6 blocks x 4 ranks).
+# k computes its forward: issued ahead in all 24 cases (6 blocks x 4 ranks), running during
+# it in at least 3 of 4 (the rest is the OS scheduler's).
 #   tests/trace.sh build/ctitan
 set -u
 CTITAN=$1
@@ -17,7 +18,7 @@ check "4-rank run with profiling" $?
 /usr/bin/python3 - "$tmp/run/profile_trace/iteration_2" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-overlaps, checked, bad = 0, 0, []
+overlaps, issued, checked, bad = 0, 0, 0, []
 for r in range(4):
     ev = json.load(open(os.path.join(d, f"rank{r}_trace.json")))["traceEvents"]
     x = [e for e in ev if e.get("ph") == "X"]
@@ -32,18 +33,28 @@ for r in range(4):
     for e in comm:
         if e["name"] == "all-gather" and e["args"]["bucket"] not in ag:
             ag[e["args"]["bucket"]] = e  # the first (forward) gather of each bucket
+    # the issue events of the all-gathers on the compute track (the first, forward, one each)
+    issue = {}
+    for e in x:
+        if e["tid"] == 1 and e.get("cat") == "issue" and e["name"].startswith("AG b") \
+                and e["args"]["bucket"] not in issue:
+            issue[e["args"]["bucket"]] = e
     for k in range(1, 7):  # blocks: bucket k computes while bucket k+1 gathers
-        if k in fwd and k + 1 in ag:
-            f, g = fwd[k], ag[k + 1]
+        if k in fwd and k + 1 in ag and k + 1 in issue:
+            f, g, i = fwd[k], ag[k + 1], issue[k + 1]
             checked += 1
+            if i["ts"] + i["dur"] <= f["ts"]:
+                issued += 1
             if g["ts"] < f["ts"] + f["dur"] and g["ts"] + g["dur"] > f["ts"]:
                 overlaps += 1
-print(f"all-gather of bucket k+1 overlaps the forward of bucket k in {overlaps} of {checked} cases")
+print(f"all-gather of bucket k+1 issued before the forward of bucket k in {issued} of {checked} "
+      f"cases; running during it on the comm thread in {overlaps} of {checked}")
 for b in bad:
     print(b)
-# prefetch 1 on the comm thread over a simulated link: every gather of bucket k+1 is issued
-# before bucket k's forward and lasts at least its wire time, so it overlaps in every case
-sys.exit(0 if not bad and checked == 24 and overlaps == checked else 1)
+# What the code promises, in every case: prefetch 1 issues bucket k+1's gather before bucket k's
+# forward. Whether the comm thread then runs it during that forward is up to the OS scheduler:
+# every case on a quiet machine, 22 of 24 at load average 27; at least 3 in 4 are required.
+sys.exit(0 if not bad and checked == 24 and issued == checked and 4 * overlaps >= 3 * checked else 1)
 PY
 check "traces: two tracks, bytes in args, bucket k+1's all-gather during bucket k's compute" $?
 finish
