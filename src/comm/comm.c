@@ -274,6 +274,14 @@ void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count
 		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_INT64_T, MPI_SUM, mpi_comm(g));
 }
 
+/* Tensor parallelism: the per-row maxima of a vocabulary-parallel softmax. */
+void comm_all_reduce_max_f32(const struct comm_group *g, float *buf, int64_t count)
+{
+	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 4, __ATOMIC_RELAXED);
+	if (g->size > 1)
+		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_MAX, mpi_comm(g));
+}
+
 void comm_barrier(const struct comm_group *g)
 {
 	if (g->size > 1)

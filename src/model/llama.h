@@ -16,6 +16,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+struct comm_group;
+struct llama_tp_bufs;
+
 #define LLAMA_IGNORE_INDEX (-100)
 #define LLAMA_NAME_MAX     96
 
@@ -45,6 +48,13 @@ struct llama_param {
 	int64_t offset, numel; /* in elements, in the flat buffer */
 	int unit;
 	bool weight_decay; /* matrices only */
+	/* Tensor parallelism (tables built with tp_size > 1): how this local piece sits in the
+	 * global tensor. tp_dim -1: replicated (norms); 0: rows [tp_start, tp_start + shape[0])
+	 * of the global tensor (column-parallel wq/wk/wv/w1/w3, vocabulary-parallel embedding
+	 * and output); 1: columns [tp_start, ...) (row-parallel wo/w2). tp_valid: how many of
+	 * the local rows/columns exist globally (the vocabulary's last piece is zero-padded). */
+	int tp_dim;
+	int64_t tp_start, tp_valid, global_shape[2];
 };
 
 struct llama_table {
@@ -54,15 +64,22 @@ struct llama_table {
 	int64_t *unit_begin; /* n_units + 1 offsets */
 	int64_t numel;       /* total parameters */
 	int64_t numel_embedding;
+	int tp_size, tp_rank; /* 1, 0: the global table */
 };
 
 int llama_table_build(struct llama_table *t, const struct llama_config *c);
+/* The table of tensor-parallel rank tp_rank of tp_size (Megatron layout, see tp_dim): heads,
+ * FFN hidden and vocabulary split; tp_size = 1 gives llama_table_build's table. CT_ERR_USAGE
+ * (naming the numbers) if tp_size does not divide n_heads, n_kv_heads and the FFN hidden. */
+int llama_table_build_tp(struct llama_table *t, const struct llama_config *c, int tp_size,
+                         int tp_rank);
 void llama_table_free(struct llama_table *t);
 const struct llama_param *llama_table_find(const struct llama_table *t, const char *name);
 
 /* TorchTitan's init, from a counter-based RNG keyed by (seed, tensor name, element): the
  * same weights on any number of ranks. Writes elements [first, first+n) of the flat buffer
- * into out (so a rank can initialise just its shard). */
+ * into out (so a rank can initialise just its shard). With a tensor-parallel table, each
+ * local element takes its global element's value (padding rows are zero). */
 void llama_init_params(const struct llama_config *c, const struct llama_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n);
 
@@ -108,6 +125,10 @@ struct llama_build_opts {
 	                       up-projections (w1, w3 outputs: 2*N*F floats per block, the largest
 	                       activations); recompute them in backward (two extra matmuls) */
 	enum llama_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
+	/* Tensor parallelism over this group (NULL or size 1: none): Megatron column/row
+	 * parallel blocks with sequence parallelism and a vocabulary-parallel loss
+	 * (model/llama_tp.c). Only LLAMA_AC_NONE so far. */
+	const struct comm_group *tp_group;
 };
 
 struct llama_model {
@@ -144,6 +165,12 @@ struct llama_model {
 	 * sets 1/global valid tokens); backward of that unit then reuses it. */
 	double loss_dscale;
 	bool head_grads_ready;
+	/* tensor parallelism: NULL without. The residual stream (x, xmid, x_final, dres, xn,
+	 * dxn, rstd) holds this rank's Ns = ceil(N/tp) tokens; q/k/v/att/h1/h3 the local heads
+	 * and hidden features of all N tokens. */
+	const struct comm_group *tp;
+	int64_t Ns, Np; /* sequence shard rows, padded rows Ns * tp */
+	struct llama_tp_bufs *tpb;
 };
 
 /* Build a model for micro-batches of (B, T): plans and allocates activations; with own_params

@@ -29,6 +29,7 @@
 #include "train/model_spec.h"
 #include "train/optim.h"
 #include "train/step_plan.h"
+#include "train/tp_check.h"
 #include "schedule/sched_trace.h"
 
 struct trainer {
@@ -88,7 +89,7 @@ static int trainer_build_model(struct trainer *tr)
 	if (rc)
 		return rc;
 	bool bf16 = strcmp(cfg->training.mixed_precision_param, "bfloat16") == 0;
-	tr->sharded = tr->dp > 1;
+	tr->sharded = tr->dp > 1 || tr->mesh.tp > 1; /* TP runs under FSDP (dp_shard may be 1) */
 	if (bf16 && !tr->sharded)
 		LOG_WARN(
 		    "training.mixed_precision_param = bfloat16 applies to the FSDP all-gather; "
@@ -107,7 +108,10 @@ static int trainer_build_model(struct trainer *tr)
 		return rc;
 	static const enum llama_ac model_ac[] = {LLAMA_AC_NONE, LLAMA_AC_FFN, LLAMA_AC_SELECTIVE,
 	                                         LLAMA_AC_FULL};
-	const struct model_build_opts opts = {.own_params = !tr->sharded, .ac = model_ac[ac]};
+	const struct model_build_opts opts = {
+	    .own_params = !tr->sharded,
+	    .ac = model_ac[ac],
+	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
@@ -201,13 +205,16 @@ static int trainer_setup(struct trainer *tr)
 	const struct ct_config *cfg = tr->cfg;
 	int64_t tp = cfg->parallelism.tensor_parallel_degree;
 	int64_t pp = cfg->parallelism.pipeline_parallel_degree;
-	if (tp > 1 || pp > 1) {
-		LOG_ERROR("parallelism: tensor and pipeline parallelism are not yet supported "
-		          "(tensor_parallel_degree = %lld, pipeline_parallel_degree = %lld)",
-		          (long long)tp, (long long)pp);
+	if (pp > 1) {
+		LOG_ERROR("parallelism: pipeline parallelism is not yet supported "
+		          "(pipeline_parallel_degree = %lld)",
+		          (long long)pp);
 		return CT_ERR_USAGE;
 	}
-	int rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
+	int rc = tp_check_config(cfg);
+	if (rc)
+		return rc;
+	rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
 	                    cfg->parallelism.data_parallel_shard_degree, tp);
 	if (rc)
 		return rc;
@@ -251,13 +258,18 @@ static int trainer_setup(struct trainer *tr)
 	                                           : metrics_measure_peak_flops();
 	comm_all_reduce_f64(&tr->mesh.world_group, &peak, 1);
 	peak /= tr->mesh.world;
-	double fpt = model_flops_per_token(&tr->model, cfg->training.seq_len);
+	/* per token of the global batch: a TP rank's table is its 1/tp share */
+	double fpt = model_flops_per_token(&tr->model, cfg->training.seq_len) * tr->mesh.tp;
 	char desc[256];
 	model_describe(&tr->model, desc, sizeof(desc));
 	LOG_INFO("model %s", desc);
-	LOG_INFO("parallelism: %d ranks = %d replicas x %d shards (%s); comm progress %s",
-	         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
-	         tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
+	LOG_INFO("parallelism: %d ranks = %d replicas x %d shards x %d tensor-parallel (%s); "
+	         "comm progress %s",
+	         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard, tr->mesh.tp,
+	         tr->mesh.tp > 1 ? "FSDP + TP with sequence and loss parallelism"
+	         : tr->sharded   ? "FSDP"
+	                         : "single rank",
+	         cfg->comm.progress);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
 	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
@@ -430,7 +442,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->lr = lr;
 	sm->data_s = t_data;
 	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) - wait0;
-	sm->tokens = tr->accum * m->N;
+	sm->tokens = tr->accum * m->N / tr->mesh.tp; /* a TP group shares its tokens */
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
 	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)

@@ -1,0 +1,53 @@
+/* Tensor-parallel configuration checks. */
+#include "train/tp_check.h"
+
+#include <string.h>
+
+#include "base/log.h"
+#include "train/model_spec.h"
+
+int tp_check_config(const struct ct_config *cfg)
+{
+	int64_t tp = cfg->parallelism.tensor_parallel_degree;
+	if (tp <= 1)
+		return CT_OK;
+	if (strcmp(cfg->model.name, "llama3") != 0) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not yet supported for "
+		          "model.name = \"%s\" (llama3 only; Hyena's channels are not split)",
+		          (long long)tp, cfg->model.name);
+		return CT_ERR_USAGE;
+	}
+	struct model_config mc;
+	int rc = model_spec_from_config(cfg, &mc);
+	if (rc)
+		return rc;
+	const struct llama_config *c = &mc.llama;
+	/* Heads are split, never replicated: tp > n_kv_heads (KV-head replication) is refused. */
+	if (c->n_heads % tp || c->n_kv_heads % tp) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the model's "
+		          "n_heads (%lld) and n_kv_heads (%lld) (model.flavor = %s; KV heads are "
+		          "not replicated, so tp may not exceed n_kv_heads)",
+		          (long long)tp, (long long)c->n_heads, (long long)c->n_kv_heads, c->flavor);
+		return CT_ERR_USAGE;
+	}
+	if (c->ffn_hidden % tp) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the FFN hidden "
+		          "size %lld (model.flavor = %s)",
+		          (long long)tp, (long long)c->ffn_hidden, c->flavor);
+		return CT_ERR_USAGE;
+	}
+	if (strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
+		LOG_ERROR("activation_checkpoint.mode = %s with parallelism.tensor_parallel_degree "
+		          "> 1: not yet supported (none)",
+		          cfg->activation_checkpoint.mode);
+		return CT_ERR_USAGE;
+	}
+	if (cfg->checkpoint.enable || cfg->checkpoint.initial_load_path[0]) {
+		LOG_ERROR("checkpoint.enable / checkpoint.initial_load_path with "
+		          "parallelism.tensor_parallel_degree = %lld: not yet supported (the "
+		          "manifest does not describe tensor-parallel pieces yet)",
+		          (long long)tp);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}
