@@ -30,7 +30,7 @@ done
 "$CTITAN" train "$ROOT/configs/debug.toml" --training.stepz=3 2> "$tmp/err" > /dev/null
 [ $? -eq 2 ] && grep -q "training.stepz" "$tmp/err"; check "unknown key named, exit 2" $?
 "$CTITAN" train "$ROOT/configs/debug.toml" --parallelism.tensor_parallel_degree=2 2> "$tmp/err" > /dev/null
-[ $? -eq 2 ] && grep -q "not yet supported" "$tmp/err"; check "tensor parallel: not yet supported, exit 2" $?
+[ $? -eq 2 ] && grep -q "tensor_parallel_degree 2 does not match the world of 1" "$tmp/err"; check "tensor parallel degree larger than the world: named, exit 2" $?
 mkdir -p "$tmp/data"
 printf 'CTTOKENS\001\000\000\000\002\000\000\000\377\000\000\000\000\000\000\000' > "$tmp/data/train_000000.bin"
 "$CTITAN" train "$ROOT/configs/debug.toml" --training.dataset=mine --training.dataset_path="$tmp/data" \

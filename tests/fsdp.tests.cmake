@@ -17,3 +17,4 @@ add_test(NAME tp_hsdp_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 
 add_test(NAME tp_bf16_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
          $<TARGET_FILE:test_tp> --tp 2 --bf16)
 set_tests_properties(tp_fsdp_np4 tp_hsdp_np4 tp_bf16_np4 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+ct_add_script_test(tp_cli tests/tp_cli.sh)
