@@ -51,4 +51,18 @@ bad "tp with checkpoints" 2 "checkpoint.enable / checkpoint.initial_load_path wi
   --parallelism.tensor_parallel_degree=2 --checkpoint.enable=true
 bad "tp with activation checkpointing" 2 "activation_checkpoint.mode = selective with parallelism.tensor_parallel_degree" \
   --parallelism.tensor_parallel_degree=2 --activation_checkpoint.mode=selective
+bad "async TP in training" 2 "parallelism.enable_async_tensor_parallel = true: not yet supported" \
+  --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
+
+# ctitan plan with TP: TorchTitan's 70B layout (FSDP 32 x TP 8) plans with both TP rows.
+plan=(plan "$ROOT/configs/70b.toml" --world-size 256 --metrics.peak_tflops=989
+      --comm.bandwidth_gbps=400 --training.local_batch_size=16 --activation_checkpoint.mode=full
+      --training.mixed_precision_param=bfloat16)
+"$CTITAN" "${plan[@]}" --parallelism.tensor_parallel_degree=8 > "$tmp/plan" 2>&1
+rc=$?
+grep -E "mesh|throughput" "$tmp/plan" | sed 's/^/  /'
+[ $rc -eq 0 ] && grep -q "32 shards .* x 8 tensor-parallel" "$tmp/plan" && grep -q "throughput, plain TP" "$tmp/plan" \
+  && grep -q "throughput, async TP" "$tmp/plan"; check "plan: 70B on 256 as FSDP 32 x TP 8" $?
+"$CTITAN" "${plan[@]}" --parallelism.tensor_parallel_degree=3 --world-size 255 > "$tmp/plan" 2>&1
+[ $? -eq 2 ] && grep -q "tensor_parallel_degree = 3 must divide" "$tmp/plan"; check "plan: tp not dividing the heads, exit 2" $?
 finish

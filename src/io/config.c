@@ -171,6 +171,13 @@ static const struct cfg_key cfg_schema[] = {
     {ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
      CHOICES("default", "always", "never"),
      .help = "Free gathered parameters after forward (default: except the last stage)."},
+    {ROW(parallelism, enable_async_tensor_parallel), .def = "false",
+     .help = "Async tensor parallelism: TP all-gathers and reduce-scatters decomposed into "
+             "ring steps that overlap their matmuls. ctitan plan models it; ctitan train: "
+             "not yet supported."},
+    {ROW(parallelism, tp_bandwidth_gbps), .def = "3600", GT(0),
+     .help = "ctitan plan: bandwidth of the link tensor-parallel collectives use, in Gbit/s "
+             "per rank (3600: NVLink 4, 450 GB/s, inside a node)."},
 
     {ROW(validation, enable), .def = "false",
      .help = "Report the loss on the val split of training.dataset_path."},

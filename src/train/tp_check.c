@@ -10,6 +10,11 @@
 int tp_check_config(const struct ct_config *cfg)
 {
 	int64_t tp = cfg->parallelism.tensor_parallel_degree;
+	if (cfg->parallelism.enable_async_tensor_parallel) {
+		LOG_ERROR("parallelism.enable_async_tensor_parallel = true: not yet supported by "
+		          "ctitan train (ctitan plan models it)");
+		return CT_ERR_USAGE;
+	}
 	if (tp <= 1)
 		return CT_OK;
 	if (strcmp(cfg->model.name, "llama3") != 0) {
