@@ -16,5 +16,11 @@ add_test(NAME tp_hsdp_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 
          $<TARGET_FILE:test_tp> --tp 2 --replicate 2)
 add_test(NAME tp_bf16_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
          $<TARGET_FILE:test_tp> --tp 2 --bf16)
-set_tests_properties(tp_fsdp_np4 tp_hsdp_np4 tp_bf16_np4 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+add_test(NAME tp_ac_full_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
+         $<TARGET_FILE:test_tp> --tp 2 --ac-full)
+set_tests_properties(tp_fsdp_np4 tp_hsdp_np4 tp_bf16_np4 tp_ac_full_np4 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
 ct_add_script_test(tp_cli tests/tp_cli.sh)
+# 3D data x tensor layout on 8 tiny ranks: dp_replicate 2 x dp_shard 2 x tp 2.
+add_test(NAME tp_3d_np8 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 8
+         $<TARGET_FILE:test_tp> --tp 2 --replicate 2)
+set_tests_properties(tp_3d_np8 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")

@@ -496,9 +496,9 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	if (rc)
 		return rc;
 	m->tp = opts->tp_group && opts->tp_group->size > 1 ? opts->tp_group : NULL;
-	if (m->tp && m->ac != LLAMA_AC_NONE) {
-		LOG_ERROR("activation_checkpoint.mode: only \"none\" is supported with "
-		          "parallelism.tensor_parallel_degree > 1 (not yet supported)");
+	if (m->tp && m->ac != LLAMA_AC_NONE && m->ac != LLAMA_AC_FULL) {
+		LOG_ERROR("activation_checkpoint.mode: only \"none\" and \"full\" are supported "
+		          "with parallelism.tensor_parallel_degree > 1 (not yet supported)");
 		return CT_ERR_USAGE;
 	}
 	rc = llama_table_build_tp(&m->table, &m->cfg, m->tp ? m->tp->size : 1,
@@ -675,6 +675,10 @@ void llama_unit_recompute(struct llama_model *m, int u)
 {
 	/* Every unit's forward is a pure function of its saved input and its parameters, so
 	 * recomputing is running it again. */
+	if (m->tp) {
+		llama_tp_unit_recompute(m, u);
+		return;
+	}
 	if (u > 0 && u <= m->cfg.n_layers && m->ac == LLAMA_AC_SELECTIVE)
 		block_recompute_selective(m, u - 1);
 	else if (u > 0 && u <= m->cfg.n_layers)

@@ -127,7 +127,7 @@ struct llama_build_opts {
 	enum llama_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
 	/* Tensor parallelism over this group (NULL or size 1: none): Megatron column/row
 	 * parallel blocks with sequence parallelism and a vocabulary-parallel loss
-	 * (model/llama_tp.c). Only LLAMA_AC_NONE so far. */
+	 * (model/llama_tp.c). LLAMA_AC_NONE and LLAMA_AC_FULL so far. */
 	const struct comm_group *tp_group;
 };
 

@@ -24,5 +24,7 @@ void llama_tp_build(struct llama_model *m);
 void llama_tp_free(struct llama_model *m);
 double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid);
 void llama_tp_unit_backward(struct llama_model *m, int u, double dscale);
+/* LLAMA_AC_FULL: the unit's forward again (bitwise: the collectives are deterministic). */
+void llama_tp_unit_recompute(struct llama_model *m, int u);
 
 #endif

@@ -372,6 +372,21 @@ double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 	return tp_head_forward(m, n_valid);
 }
 
+void llama_tp_unit_recompute(struct llama_model *m, int u)
+{
+	int L = (int)m->cfg.n_layers;
+	if (u == 0) {
+		tp_embedding_forward(m);
+	} else if (u <= L) {
+		tp_block_forward(m, u - 1);
+	} else {
+		rmsnorm_forward_f32(m->xn, m->rstd_f, m->x_final,
+		                    llama_tensor_at(m, m->unit_w, PARAM_NORM(m)), m->Ns, m->cfg.dim,
+		                    m->cfg.norm_eps);
+		sp_gather(m, m->xn, m->xn_final);
+	}
+}
+
 void llama_tp_unit_backward(struct llama_model *m, int u, double dscale)
 {
 	int L = (int)m->cfg.n_layers;

@@ -55,9 +55,10 @@ int tp_check_config(const struct ct_config *cfg)
 		          (long long)tp, (long long)c->ffn_hidden, c->flavor);
 		return CT_ERR_USAGE;
 	}
-	if (strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
+	if (strcmp(cfg->activation_checkpoint.mode, "none") != 0 &&
+	    strcmp(cfg->activation_checkpoint.mode, "full") != 0) {
 		LOG_ERROR("activation_checkpoint.mode = %s with parallelism.tensor_parallel_degree "
-		          "> 1: not yet supported (none)",
+		          "> 1: not yet supported (none or full)",
 		          cfg->activation_checkpoint.mode);
 		return CT_ERR_USAGE;
 	}
