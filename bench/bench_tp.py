@@ -6,7 +6,8 @@ parallel) and as dp_shard=2 (FSDP), against 1 rank, same global batch, one run.
                                      [--seq 256] [--global-batch 4]
 
 Prints per layout: tokens/s per rank (global tokens / step time / ranks) and its ratio to 1
-rank, and rank 0's peak memory by category (parameters, gradients, AdamW moments, gathered
+rank, the step's exposed communication (for tp=2 every TP collective: they run on the
+compute path), and rank 0's peak memory by category (parameters, gradients, AdamW moments, gathered
 parameters, activations) with the ratios to 1 rank. Timings on a shared machine are noisy:
 compare the ratios of one run, and read the load average printed with them. Every layout saves
 all activations (activation_checkpoint.mode = none: TP does not checkpoint yet).
@@ -47,8 +48,9 @@ def bench(args, ranks, tp, env):
     step_s = sorted(r["step_s"] for r in timed)[len(timed) // 2]
     last = recs[-1]
     mem = {c: last.get(f"memory_{c}_peak_bytes", 0) / MIB for c in CATS}
+    comm = sorted(r["exposed_comm_s"] for r in timed)[len(timed) // 2]
     return dict(tps=args.global_batch * args.seq / step_s / ranks, step_s=step_s, mem=mem,
-                loss=last["loss"])
+                loss=last["loss"], comm=comm)
 
 
 def main():
@@ -66,14 +68,17 @@ def main():
     base = res[0][1]
     print(f"125M, global batch {args.global_batch} x seq {args.seq}, {args.steps} timed steps "
           f"(median); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"{'layout':42s} {'tok/s/rank':>10s} {'vs 1':>6s} {'loss':>8s}  "
+    print(f"{'layout':42s} {'tok/s/rank':>10s} {'vs 1':>6s} {'step s':>7s} {'exposed':>8s} "
+          f"{'loss':>8s}  "
           + "  ".join(f"{c:>16s}" for c in CATS))
     for name, r in res:
         cells = "  ".join(f"{r['mem'][c]:8.1f} ({r['mem'][c] / base['mem'][c]:.2f})"
                           if base["mem"][c] else f"{r['mem'][c]:16.1f}" for c in CATS)
-        print(f"{name:42s} {r['tps']:10.1f} {r['tps'] / base['tps']:6.2f} {r['loss']:8.4f}  "
+        print(f"{name:42s} {r['tps']:10.1f} {r['tps'] / base['tps']:6.2f} {r['step_s']:7.2f} "
+              f"{r['comm']:8.3f} {r['loss']:8.4f}  "
               + cells)
-    print("memory: MiB peak on rank 0 (ratio to 1 rank)")
+    print("exposed: seconds per step blocked on communication (FSDP waits + TP collectives);"
+          " memory: MiB peak on rank 0 (ratio to 1 rank)")
 
 
 if __name__ == "__main__":

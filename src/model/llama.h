@@ -208,6 +208,9 @@ void llama_backward(struct llama_model *m, double dscale);
 /* logits (N,V) for the current batch (inference / tests); runs the forward. */
 void llama_logits(struct llama_model *m, float *logits);
 
+/* Seconds this model has spent in tensor-parallel collectives (0 without TP). */
+double llama_tp_comm_seconds(const struct llama_model *m);
+
 /* Number of valid (non-ignored) targets in a micro-batch. */
 int64_t llama_count_valid(const int32_t *targets, int64_t n);
 

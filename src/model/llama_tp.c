@@ -25,6 +25,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/timer.h"
 #include "comm/comm.h"
 #include "kernels/kernels.h"
 #include "model/llama_impl.h"
@@ -37,7 +38,13 @@ struct llama_tp_bufs {
 	float *dnorm;      /* (tp, C): a norm weight's gradient from every rank */
 	float *stat;       /* 3 * ce_chunk: row max, sum of exponentials, target logit */
 	size_t bytes;
+	double comm_s; /* time in TP collectives (all on the compute path: exposed) */
 };
+
+double llama_tp_comm_seconds(const struct llama_model *m)
+{
+	return m->tpb ? m->tpb->comm_s : 0.0;
+}
 
 void llama_tp_build(struct llama_model *m)
 {
@@ -70,7 +77,9 @@ void llama_tp_free(struct llama_model *m)
 /* full(Np, C) = the token shards of every rank, in rank order. */
 static void sp_gather(struct llama_model *m, const float *shard, float *full)
 {
+	double t0 = timer_now();
 	comm_all_gather(m->tp, shard, full, m->Ns * m->cfg.dim * (int64_t)sizeof(float));
+	m->tpb->comm_s += timer_now() - t0;
 }
 
 /* out(Ns, C) = this rank's token rows of the sum over ranks of part(Np, C). Rows N..Np of
@@ -79,7 +88,9 @@ static void sp_reduce_scatter(struct llama_model *m, float *part, float *out)
 {
 	int64_t C = m->cfg.dim;
 	memset(part + m->N * C, 0, (size_t)((m->Np - m->N) * C) * sizeof(float));
+	double t0 = timer_now();
 	comm_reduce_scatter_f32(m->tp, part, out, m->Ns * C, m->tpb->rs_scratch);
+	m->tpb->comm_s += timer_now() - t0;
 }
 
 /* RMSNorm backward on the token shard; the weight's gradient is partial over the shards, so
@@ -91,7 +102,9 @@ static void tp_norm_backward(struct llama_model *m, float *dx, float *dw, const 
 	float *mine = m->tpb->rs_scratch; /* free between collectives */
 	memset(mine, 0, (size_t)C * sizeof(float));
 	rmsnorm_backward_f32(dx, mine, dout, x, w, rstd, m->Ns, C);
+	double t0 = timer_now();
 	comm_all_gather(m->tp, mine, m->tpb->dnorm, C * (int64_t)sizeof(float));
+	m->tpb->comm_s += timer_now() - t0;
 	for (int64_t r = 0; r < S; r++)
 		for (int64_t j = 0; j < C; j++)
 			dw[j] += m->tpb->dnorm[r * C + j];
@@ -272,7 +285,9 @@ static double tp_cross_entropy(struct llama_model *m, float *dx, float *dw, doub
 				mx = zr[j] > mx ? zr[j] : mx;
 			zmax[r] = mx;
 		}
+		double t0 = timer_now();
 		comm_all_reduce_max_f32(m->tp, zmax, rows);
+		m->tpb->comm_s += timer_now() - t0;
 #pragma omp parallel for schedule(static)
 		for (int64_t r = 0; r < rows; r++) {
 			const float *zr = z + r * Vs;
@@ -283,7 +298,9 @@ static double tp_cross_entropy(struct llama_model *m, float *dx, float *dw, doub
 			int64_t t = (int64_t)tg[r] - v0;
 			ztgt[r] = tg[r] != LLAMA_IGNORE_INDEX && t >= 0 && t < vn ? zr[t] : 0.0f;
 		}
+		t0 = timer_now();
 		comm_all_reduce_f32(m->tp, sum, 2 * chunk); /* sum and ztgt are adjacent */
+		m->tpb->comm_s += timer_now() - t0;
 		double chunk_loss = 0.0;
 		int64_t chunk_valid = 0;
 #pragma omp parallel for schedule(static) reduction(+ : chunk_loss, chunk_valid)

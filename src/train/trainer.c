@@ -405,11 +405,19 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
 }
 
+/* Time in tensor-parallel collectives so far (blocking, on the compute path). */
+static double trainer_tp_comm(const struct trainer *tr)
+{
+	return tr->mesh.tp > 1 && tr->model.cfg.kind == MODEL_LLAMA
+	           ? llama_tp_comm_seconds(tr->model.impl)
+	           : 0.0;
+}
+
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
 {
 	struct model *m = &tr->model;
 	const struct ct_config *cfg = tr->cfg;
-	double t0 = timer_now(), wait0 = comm_stream_wait_seconds(tr->stream);
+	double t0 = timer_now(), wait0 = comm_stream_wait_seconds(tr->stream) + trainer_tp_comm(tr);
 	trainer_batch(tr, step);
 	double t_data = timer_now() - t0;
 	if (cfg->debug.fail_rank == tr->mesh.rank && cfg->debug.fail_step == step + 1) {
@@ -441,7 +449,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->grad_norm = res.grad_norm;
 	sm->lr = lr;
 	sm->data_s = t_data;
-	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) - wait0;
+	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) + trainer_tp_comm(tr) - wait0;
 	sm->tokens = tr->accum * m->N / tr->mesh.tp; /* a TP group shares its tokens */
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
