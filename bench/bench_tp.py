@@ -26,7 +26,7 @@ MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader",
                OMPI_MCA_pml="ob1", OMPI_MCA_hwloc_base_binding_policy="none")
 MIB = 2.0 ** 20
-CATS = ["params", "grads", "optim", "full_params", "activations"]
+CATS = ["params", "grads", "optimizer", "full_params", "activations"]
 
 
 def bench(args, ranks, tp, env):
