@@ -30,7 +30,7 @@ done
 "$CTITAN" train "$ROOT/configs/debug.toml" --training.stepz=3 2> "$tmp/err" > /dev/null
 [ $? -eq 2 ] && grep -q "training.stepz" "$tmp/err"; check "unknown key named, exit 2" $?
 "$CTITAN" train "$ROOT/configs/debug.toml" --parallelism.tensor_parallel_degree=2 2> "$tmp/err" > /dev/null
-[ $? -eq 2 ] && grep -q "not yet supported" "$tmp/err"; check "tensor parallel: not yet supported, exit 2" $?
+[ $? -eq 2 ] && grep -q "tensor_parallel_degree 2 does not match the world of 1" "$tmp/err"; check "tensor parallel degree larger than the world: named, exit 2" $?
 mkdir -p "$tmp/data"
 printf 'CTTOKENS\001\000\000\000\002\000\000\000\377\000\000\000\000\000\000\000' > "$tmp/data/train_000000.bin"
 "$CTITAN" train "$ROOT/configs/debug.toml" --training.dataset=mine --training.dataset_path="$tmp/data" \
@@ -110,7 +110,8 @@ for a in "${gen_bad[@]}"; do
   if [ $rc -eq 2 ] && grep -q -- "${a%% *}" "$tmp/bad.err"; then n_ok=$((n_ok + 1)); else echo "  generate $a: exit $rc: $(head -1 "$tmp/bad.err")"; fi
 done
 [ "$n_ok" -eq "${#gen_bad[@]}" ]; check "generate: ${#gen_bad[@]} bad numeric flags exit 2 naming the flag ($n_ok ok)" $?
-"$CTITAN" train --help 2>&1 | grep -A2 "tensor_parallel_degree" | grep -q "not yet supported"
-check "--help says tensor_parallel_degree is not yet supported" $?
+"$CTITAN" train --help 2>&1 | grep -A1 "^ *tensor_parallel_degree" > "$tmp/help_tp"
+! grep -q "not yet supported" "$tmp/help_tp" && grep -q "not with pipeline_parallel_degree > 1" "$tmp/help_tp"
+check "--help describes tensor_parallel_degree (llama3, refused with pipeline parallelism)" $?
 
 finish

@@ -51,9 +51,44 @@ static double gib(int64_t b)
 	return (double)b / (double)(1ll << 30);
 }
 
+/* Tensor-parallel collectives of one step (sequence parallelism, TorchTitan's plan): per
+ * block and micro-batch, forward all-gathers the norm output before attention and the FFN
+ * and reduce-scatters after wo and w2 (4 collectives of the (B*T, dim) activation); backward
+ * the same 4 in reverse; full activation checkpointing repeats the forward's. Embedding and
+ * output add 2 each way. Plain TP runs them on the compute path (all exposed). Async TP
+ * splits each into tp ring steps behind the matmul next to it (the block's matmul time over
+ * its 4 collectives): only the first step and what the matmul does not cover are exposed. */
+struct plan_tp {
+	int64_t n;
+	double comm_s, plain_exposed_s, async_exposed_s;
+};
+
+static void plan_tp_comm(struct plan_tp *o, const struct ct_config *c,
+                         const struct sched_cost_model *cm, const struct llama_config *lc,
+                         int64_t B, int64_t T, int accum, enum model_ac ac, int64_t elem)
+{
+	int64_t tp = c->parallelism.tensor_parallel_degree;
+	double bytes = (double)(B * T * lc->dim * elem) * (double)(tp - 1) / (double)tp;
+	double t1 = c->comm.latency_us * 1e-6 + bytes / (c->parallelism.tp_bandwidth_gbps * 1e9 / 8);
+	double passes = ac == MODEL_AC_FULL ? 3.0 : 2.0; /* forward, backward, recompute */
+	double per_block = 4.0 * passes, blocks = (double)lc->n_layers;
+	o->n = (int64_t)((per_block * blocks + 4.0) * accum);
+	o->comm_s = (double)o->n * t1;
+	o->plain_exposed_s = o->comm_s;
+	/* async: the matmul beside each collective (one TP rank's block FLOPs over 4) */
+	double mm_fwd = cm->work[SCHED_WORK_FWD][SCHED_TERM_MATMUL][1] / cm->matmul_flops / 4.0;
+	double first = t1 / (double)tp, rest = t1 - first;
+	double exp_fwd = first + (rest > mm_fwd ? rest - mm_fwd : 0.0);
+	double exp_bwd = first + (rest > 2 * mm_fwd ? rest - 2 * mm_fwd : 0.0);
+	o->async_exposed_s = ((passes - 1.0) * 4.0 * blocks * exp_fwd + 4.0 * blocks * exp_bwd +
+	                      4.0 * t1) *
+	                     accum;
+}
+
 static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 {
 	const struct ct_config *c = cfg;
+	int64_t tp = c->parallelism.tensor_parallel_degree;
 	if (c->comm.bandwidth_gbps <= 0) {
 		LOG_ERROR("ctitan plan needs the target's link: comm.bandwidth_gbps (e.g. "
 		          "--metrics.peak_tflops=989 --comm.bandwidth_gbps=400 for H100s on 400 Gb/s "
@@ -62,31 +97,27 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	}
 	if (c->parallelism.pipeline_parallel_degree > 1)
 		return plan_pp_run(c, world, all_nodes);
-	if (c->parallelism.tensor_parallel_degree > 1) {
-		LOG_ERROR("ctitan plan: tensor parallelism without pipeline parallelism is not yet "
-		          "supported");
-		return CT_ERR_USAGE;
-	}
 	int64_t rep = c->parallelism.data_parallel_replicate_degree;
 	int64_t shard = c->parallelism.data_parallel_shard_degree;
 	if (shard == -1)
-		shard = world / rep;
-	if (rep * shard != world) {
+		shard = world / (rep * tp);
+	if (rep * shard * tp != world) {
 		LOG_ERROR("--world-size %lld is not data_parallel_replicate_degree (%lld) x "
-		          "data_parallel_shard_degree (%lld)",
-		          (long long)world, (long long)rep, (long long)shard);
+		          "data_parallel_shard_degree (%lld) x tensor_parallel_degree (%lld)",
+		          (long long)world, (long long)rep, (long long)shard, (long long)tp);
 		return CT_ERR_USAGE;
 	}
+	int64_t dpw = rep * shard; /* data-parallel ranks */
 	int64_t Bm = c->training.local_batch_size, T = c->training.seq_len;
 	int64_t global =
-	    c->training.global_batch_size < 0 ? Bm * world : c->training.global_batch_size;
-	if (global % (Bm * world)) {
+	    c->training.global_batch_size < 0 ? Bm * dpw : c->training.global_batch_size;
+	if (global % (Bm * dpw)) {
 		LOG_ERROR("training.global_batch_size %lld is not a multiple of local_batch_size x "
-		          "world = %lld",
-		          (long long)global, (long long)(Bm * world));
+		          "data-parallel ranks = %lld",
+		          (long long)global, (long long)(Bm * dpw));
 		return CT_ERR_USAGE;
 	}
-	int accum = (int)(global / (Bm * world));
+	int accum = (int)(global / (Bm * dpw));
 	struct llama_config mc;
 	int rc = model_spec_llama(cfg, &mc);
 	if (rc)
@@ -96,7 +127,15 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	if (rc)
 		return rc;
 	struct param_table t;
-	llama_table_build(&t, &mc);
+	rc = llama_table_build_tp(&t, &mc, (int)tp, 0); /* a TP rank's slice, FSDP-sharded */
+	if (rc)
+		return rc;
+	/* The cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary. */
+	struct llama_config lc = mc;
+	lc.n_heads /= tp;
+	lc.n_kv_heads /= tp;
+	lc.ffn_hidden /= tp;
+	lc.vocab_size = (mc.vocab_size + tp - 1) / tp;
 	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
 	sched_units_from_table(&t, shard, units);
 	enum fsdp_reshard reshard;
@@ -109,7 +148,9 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	struct sched_cost_model cm;
-	sched_cost_init(&cm, &mc, Bm, T, &naive, shard, bf16, ac, act16 ? 2 : 4);
+	sched_cost_init(&cm, &lc, Bm, T, &naive, shard, bf16, ac, act16 ? 2 : 4);
+	if (tp > 1) /* sequence parallelism: the residual stream is sharded too */
+		cm.act_bytes = sched_cost_activation_bytes(&mc, Bm, T, ac, act16 ? 2 : 4) / tp;
 	/* the target's peak for the run's compute dtype: metrics.peak_tflops, else this CPU's */
 	char peak_why[256];
 	double peak = compute_peak_flops(c, peak_why, sizeof(peak_why));
@@ -139,16 +180,22 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	}
 	struct sched_prediction p;
 	sched_predict(&s, &cm, &p, NULL);
-	double fpt = llama_flops_per_token(&mc, &t, T);
-	double tokens = (double)(Bm * T * accum);
+	struct param_table gt;
+	llama_table_build(&gt, &mc);
+	double fpt = llama_flops_per_token(&mc, &gt, T);
+	param_table_free(&gt);
+	double tokens = (double)(Bm * T * accum) / (double)tp; /* per rank: TP shares tokens */
+	struct plan_tp ptp = {0};
+	if (tp > 1)
+		plan_tp_comm(&ptp, c, &cm, &lc, Bm, T, accum, ac, act16 ? 2 : 4);
 	printf("model llama3 %s: %.3g parameters (%lld layers, dim %lld); batch %lld x seq %lld "
 	       "x %d micro-batches per rank\n",
 	       mc.flavor, (double)t.numel, (long long)mc.n_layers, (long long)mc.dim, (long long)Bm,
 	       (long long)T, accum);
-	printf("mesh: %lld ranks = %lld replicas x %lld shards (FSDP, reshard %s); activation "
-	       "checkpointing %s\n",
+	printf("mesh: %lld ranks = %lld replicas x %lld shards (FSDP, reshard %s) x %lld "
+	       "tensor-parallel; activation checkpointing %s\n",
 	       (long long)world, (long long)rep, (long long)shard,
-	       c->parallelism.fsdp_reshard_after_forward, sched_ac_name(ac));
+	       c->parallelism.fsdp_reshard_after_forward, (long long)tp, sched_ac_name(ac));
 	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency, %s matmuls, link %.0f Gbit/s + "
 	       "%.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
 	       peak / 1e12, peak_why, c->plan.compute_efficiency, bf16 ? "bf16" : "fp32",
@@ -176,9 +223,25 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       p.step_s, p.compute_s, p.comm_s, (long long)p.n_collectives);
 	printf("exposed communication    %.3f s  (%.1f%% of the step)\n", p.exposed_s,
 	       100.0 * p.exposed_s / p.step_s);
-	printf("throughput               %.0f tokens/s per rank, MFU %.1f%% (model FLOPs %.3g per "
-	       "token)\n",
-	       tokens / p.step_s, 100.0 * fpt * tokens / p.step_s / peak, fpt);
+	if (tp > 1) {
+		double plain = p.step_s + ptp.plain_exposed_s, async = p.step_s + ptp.async_exposed_s;
+		printf("tensor parallelism       %lld collectives per step over %.0f Gbit/s "
+		       "(parallelism.tp_bandwidth_gbps), %.3f s; exposed %.3f s plain, %.3f s "
+		       "async\n",
+		       (long long)ptp.n, c->parallelism.tp_bandwidth_gbps, ptp.comm_s,
+		       ptp.plain_exposed_s, ptp.async_exposed_s);
+		printf("throughput, plain TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
+		       tokens / plain, 100.0 * fpt * tokens / plain / peak, plain,
+		       c->parallelism.enable_async_tensor_parallel ? "" : "  <- this config");
+		printf("throughput, async TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
+		       tokens / async, 100.0 * fpt * tokens / async / peak, async,
+		       c->parallelism.enable_async_tensor_parallel ? "  <- this config" : "");
+		printf("  (model FLOPs %.3g per token)\n", fpt);
+	} else {
+		printf("throughput               %.0f tokens/s per rank, MFU %.1f%% (model FLOPs "
+		       "%.3g per token)\n",
+		       tokens / p.step_s, 100.0 * fpt * tokens / p.step_s / peak, fpt);
+	}
 	printf("memory per rank          %.2f GiB peak\n", gib(p.peak_bytes));
 	printf("  parameters %.2f, gradients %.2f, optimizer %.2f (shards); activations %.2f;\n"
 	       "  gathered parameters %.2f, unsharded gradients %.2f, comm buffers %.2f GiB\n",

@@ -330,6 +330,14 @@ void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count
 	all_reduce(g, buf, count, sizeof(int64_t), MPI_INT64_T, "int64s");
 }
 
+/* Tensor parallelism: the per-row maxima of a vocabulary-parallel softmax. */
+void comm_all_reduce_max_f32(const struct comm_group *g, float *buf, int64_t count)
+{
+	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 4, __ATOMIC_RELAXED);
+	if (g->size > 1)
+		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_MAX, mpi_comm(g));
+}
+
 void comm_barrier(const struct comm_group *g)
 {
 	if (g->size == 1)

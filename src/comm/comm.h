@@ -67,6 +67,8 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count);
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count);
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count);
+/* Element-wise maximum (tensor parallelism's vocabulary-parallel softmax). */
+void comm_all_reduce_max_f32(const struct comm_group *g, float *buf, int64_t count);
 void comm_barrier(const struct comm_group *g);
 
 /* Largest element count one MPI call carries (default 2^30; 1 .. INT_MAX). Tests lower it to

@@ -85,6 +85,11 @@ struct ct_config {
 		int64_t pipeline_parallel_first_stage_less_layers; /* 1, >= 0 */
 		int64_t pipeline_parallel_last_stage_less_layers;  /* 1, >= 0 */
 		char fsdp_reshard_after_forward[16];    /* "default": default | always | never */
+		/* tensor parallelism: async TP (ring-decomposed collective matmuls); ctitan plan
+		 * models it, ctitan train: not yet supported */
+		bool enable_async_tensor_parallel;
+		/* ctitan plan: the link TP collectives use (inside a node), Gbit/s */
+		double tp_bandwidth_gbps;
 	} parallelism;
 	struct {
 		bool enable;   /* false: report the loss on the val split of dataset_path */

@@ -139,8 +139,9 @@ const struct cfg_key cfg_schema[] = {
     {ROW(parallelism, data_parallel_replicate_degree), .def = "1", GE(1),
      .help = "Replicated data-parallel degree (HSDP when sharded too)."},
     {ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
-     .help = "Tensor-parallel degree; values > 1 are not yet supported (train refuses them, "
-             "plan too)."},
+     .help = "Tensor-parallel degree: Megatron column/row-parallel blocks with sequence "
+             "parallelism and a vocabulary-parallel loss (llama3; not with "
+             "pipeline_parallel_degree > 1)."},
     {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
      .help = "Pipeline-parallel degree."},
     /* pipeline parallelism: one block (parallel/pp.h) */
@@ -164,6 +165,13 @@ const struct cfg_key cfg_schema[] = {
     {ROW(parallelism, fsdp_reshard_after_forward), .def = "default",
      CHOICES("default", "always", "never"),
      .help = "Free gathered parameters after forward (default: except the last stage)."},
+    {ROW(parallelism, enable_async_tensor_parallel), .def = "false",
+     .help = "Async tensor parallelism: TP all-gathers and reduce-scatters decomposed into "
+             "ring steps that overlap their matmuls. ctitan plan models it; ctitan train: "
+             "not yet supported."},
+    {ROW(parallelism, tp_bandwidth_gbps), .def = "3600", GT(0),
+     .help = "ctitan plan: bandwidth of the link tensor-parallel collectives use, in Gbit/s "
+             "per rank (3600: NVLink 4, 450 GB/s, inside a node)."},
 
     {ROW(validation, enable), .def = "false",
      .help = "Report the loss on the val split of training.dataset_path."},

@@ -11,7 +11,9 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
+#include "comm/comm.h"
 #include "kernels/kernels.h"
+#include "model/llama_impl.h"
 
 /* ---------------------------------------------------------------- configs */
 
@@ -93,40 +95,78 @@ int llama_config_preset(struct llama_config *c, const char *flavor)
 
 /* ---------------------------------------------------------------- parameter table */
 
+/* Make the last added tensor the tensor-parallel piece `rank` of `size` along dim (0 rows,
+ * 1 columns) of a global tensor of `global` rows or columns, split in ceil(global/size). */
+static void table_split_last(struct param_table *t, int dim, int64_t global, int size, int rank)
+{
+	struct param_entry *p = &t->p[t->count - 1];
+	int64_t piece = (global + size - 1) / size, start = (int64_t)rank * piece;
+	p->tp_dim = dim;
+	p->tp_start = start;
+	p->tp_valid = start >= global ? 0 : (global - start < piece ? global - start : piece);
+	p->global_shape[dim] = global;
+}
+
 int llama_table_build(struct param_table *t, const struct llama_config *c)
 {
+	return llama_table_build_tp(t, c, 1, 0);
+}
+
+int llama_table_build_tp(struct param_table *t, const struct llama_config *c, int tp_size,
+                         int tp_rank)
+{
 	memset(t, 0, sizeof(*t));
+	if (tp_size > 1 && (c->n_heads % tp_size || c->n_kv_heads % tp_size ||
+	                    c->ffn_hidden % tp_size)) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %d must divide model.n_heads (%lld), "
+		          "n_kv_heads (%lld) and the FFN hidden size (%lld)",
+		          tp_size, (long long)c->n_heads, (long long)c->n_kv_heads,
+		          (long long)c->ffn_hidden);
+		return CT_ERR_USAGE;
+	}
 	int cap = 0;
+	int S = tp_size, R = tp_rank;
+	t->tp_size = S;
+	t->tp_rank = R;
 	int64_t C = c->dim, HD = c->n_heads * c->head_dim, KVD = c->n_kv_heads * c->head_dim;
-	int64_t F = c->ffn_hidden, V = c->vocab_size;
+	int64_t F = c->ffn_hidden, V = c->vocab_size, Vs = (V + S - 1) / S;
 	int L = (int)c->n_layers;
 	t->n_units = L + 2;
 	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
 	char name[PARAM_NAME_MAX];
 
-	param_table_add(t, &cap, "tok_embeddings.weight", 0, V, C, true);
-	t->numel_embedding = V * C;
+	param_table_add(t, &cap, "tok_embeddings.weight", 0, Vs, C, true);
+	if (S > 1)
+		table_split_last(t, 0, V, S, R);
+	t->numel_embedding = Vs * C;
 	for (int l = 0; l < L; l++) {
 		t->unit_begin[l + 1] = t->numel;
-#define ADD(suffix, d0, d1)                                                                        \
+/* split: -1 replicated, 0 column-parallel (rows split), 1 row-parallel (columns split) */
+#define ADD(suffix, d0, d1, split)                                                                 \
 	do {                                                                                       \
 		snprintf(name, sizeof(name), "layers.%d." suffix, l);                              \
-		param_table_add(t, &cap, name, l + 1, d0, d1, true);                               \
+		int64_t g0 = d0, g1 = d1;                                                          \
+		param_table_add(t, &cap, name, l + 1, (split) == 0 ? g0 / S : g0,                  \
+		                (split) == 1 ? g1 / S : g1, true);                                 \
+		if (S > 1 && (split) >= 0)                                                         \
+			table_split_last(t, split, (split) == 0 ? g0 : g1, S, R);                  \
 	} while (0)
-		ADD("attention_norm.weight", C, 0);
-		ADD("attention.wq.weight", HD, C);
-		ADD("attention.wk.weight", KVD, C);
-		ADD("attention.wv.weight", KVD, C);
-		ADD("attention.wo.weight", C, HD);
-		ADD("ffn_norm.weight", C, 0);
-		ADD("feed_forward.w1.weight", F, C);
-		ADD("feed_forward.w2.weight", C, F);
-		ADD("feed_forward.w3.weight", F, C);
+		ADD("attention_norm.weight", C, 0, -1);
+		ADD("attention.wq.weight", HD, C, 0);
+		ADD("attention.wk.weight", KVD, C, 0);
+		ADD("attention.wv.weight", KVD, C, 0);
+		ADD("attention.wo.weight", C, HD, 1);
+		ADD("ffn_norm.weight", C, 0, -1);
+		ADD("feed_forward.w1.weight", F, C, 0);
+		ADD("feed_forward.w2.weight", C, F, 1);
+		ADD("feed_forward.w3.weight", F, C, 0);
 #undef ADD
 	}
 	t->unit_begin[L + 1] = t->numel;
 	param_table_add(t, &cap, "norm.weight", L + 1, C, 0, true);
-	param_table_add(t, &cap, "output.weight", L + 1, V, C, true);
+	param_table_add(t, &cap, "output.weight", L + 1, Vs, C, true);
+	if (S > 1)
+		table_split_last(t, 0, V, S, R);
 	t->unit_begin[L + 2] = t->numel;
 	return CT_OK;
 }
@@ -134,8 +174,10 @@ int llama_table_build(struct param_table *t, const struct llama_config *c)
 double llama_flops_per_token(const struct llama_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
+	/* with a tensor-parallel table: this rank's share (its heads and its weights) */
+	int64_t S = t->tp_size > 1 ? t->tp_size : 1;
 	return 6.0 * (double)(t->numel - t->numel_embedding) +
-	       12.0 * (double)c->n_layers * (double)c->dim * (double)seq_len;
+	       12.0 * (double)c->n_layers * (double)c->dim * (double)seq_len / (double)S;
 }
 
 /* ---------------------------------------------------------------- init */
@@ -164,9 +206,42 @@ static void param_init_spec(const struct llama_config *c, const struct param_ent
 	}
 }
 
+static void init_params_tp(const struct llama_config *c, const struct param_table *t,
+                           uint64_t seed, float *out, int64_t first, int64_t n)
+{
+	struct param_table g;
+	llama_table_build(&g, c);
+	int64_t last = first + n;
+	for (int i = 0; i < t->count; i++) {
+		const struct param_entry *p = &t->p[i], *gp = &g.p[i];
+		int64_t lo = p->offset > first ? p->offset : first;
+		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
+		int64_t cols = p->shape[1], gcols = gp->shape[1];
+		/* one row segment at a time: each maps to a contiguous global range */
+		for (int64_t e = lo; e < hi;) {
+			int64_t row = (e - p->offset) / cols, col = (e - p->offset) % cols;
+			int64_t cnt = cols - col < hi - e ? cols - col : hi - e;
+			float *dst = out + (e - first);
+			if (p->tp_dim == 0 && row >= p->tp_valid) {
+				memset(dst, 0, (size_t)cnt * sizeof(float));
+			} else {
+				int64_t grow = p->tp_dim == 0 ? p->tp_start + row : row;
+				int64_t gcol = p->tp_dim == 1 ? p->tp_start + col : col;
+				llama_init_params(c, &g, seed, dst, gp->offset + grow * gcols + gcol, cnt);
+			}
+			e += cnt;
+		}
+	}
+	param_table_free(&g);
+}
+
 void llama_init_params(const struct llama_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n)
 {
+	if (t->tp_size > 1) {
+		init_params_tp(c, t, seed, out, first, n);
+		return;
+	}
 	int64_t last = first + n;
 	for (int i = 0; i < t->count; i++) {
 		const struct param_entry *p = &t->p[i];
@@ -192,12 +267,6 @@ void llama_init_params(const struct llama_config *c, const struct param_table *t
 
 /* ---------------------------------------------------------------- build */
 
-/* Table indices: 0 tok_embeddings, 1 + 9l + k the k-th tensor of block l (attention_norm,
- * wq, wk, wv, wo, ffn_norm, w1, w2, w3), then norm, output. */
-#define PARAM_TOK_EMB   0
-#define PARAM_NORM(m)   ((m)->table.count - 2)
-#define PARAM_OUTPUT(m) ((m)->table.count - 1)
-
 /* Address of tensor i inside its unit's current buffer (params or grads). */
 static float *tensor_at(const struct llama_model *m, float *const *unit_base, int i)
 {
@@ -214,6 +283,17 @@ static struct llama_block_ptrs block_ptrs(const struct llama_model *m, float *co
 	for (int k = 0; k < 9; k++)
 		*dst[k] = tensor_at(m, unit_base, 1 + 9 * l + k);
 	return b;
+}
+
+float *llama_tensor_at(const struct llama_model *m, float *const *unit_base, int i)
+{
+	return tensor_at(m, unit_base, i);
+}
+
+struct llama_block_ptrs llama_block_ptrs_of(const struct llama_model *m, float *const *unit_base,
+                                            int l)
+{
+	return block_ptrs(m, unit_base, l);
 }
 
 void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
@@ -265,12 +345,31 @@ static void *carve(struct carver *cv, int64_t bytes)
 	return cv->base ? cv->base + at : NULL;
 }
 
+/* This rank's sizes: without tensor parallelism the model's; with it the residual stream
+ * holds Ns tokens and heads, FFN hidden and vocabulary are this rank's share. */
+struct llama_dims {
+	int64_t Nr, H, HD, KVD, F, V;
+};
+
+static struct llama_dims local_dims(const struct llama_model *m)
+{
+	const struct llama_config *c = &m->cfg;
+	int64_t S = m->tp ? m->table.tp_size : 1;
+	return (struct llama_dims){.Nr = m->tp ? m->Ns : m->N,
+	                           .H = c->n_heads / S,
+	                           .HD = c->n_heads / S * c->head_dim,
+	                           .KVD = c->n_kv_heads / S * c->head_dim,
+	                           .F = c->ffn_hidden / S,
+	                           .V = (c->vocab_size + S - 1) / S};
+}
+
 /* Saved per block under each checkpointing mode; the rest live once, in `shared`. */
 static void plan_acts(struct llama_model *m, struct carver *cv)
 {
 	const struct llama_config *c = &m->cfg;
-	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
-	int64_t KVD = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
+	const struct llama_dims d = local_dims(m);
+	int64_t N = m->N, Nr = d.Nr, C = c->dim, HD = d.HD;
+	int64_t KVD = d.KVD, F = d.F;
 	int64_t f = sizeof(float);
 	bool sel = m->ac == MODEL_AC_SELECTIVE, full = m->ac == MODEL_AC_FULL;
 	bool ffn_saved = m->ac == MODEL_AC_NONE || sel || full;
@@ -278,36 +377,36 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
 	struct llama_block_acts shared = {0};
 	if (sel || full) {
-		shared.rstd1 = carve(cv, N * f);
+		shared.rstd1 = carve(cv, Nr * f);
 		shared.k = carve(cv, N * KVD * f);
-		shared.xmid = carve(cv, N * C * f);
-		shared.rstd2 = carve(cv, N * f);
+		shared.xmid = carve(cv, Nr * C * f);
+		shared.rstd2 = carve(cv, Nr * f);
 		shared.h3 = carve(cv, N * F * f);
 	}
 	if (full) {
 		shared.q = carve(cv, N * HD * f);
 		shared.v = carve(cv, N * KVD * f);
 		shared.att = carve(cv, N * HD * f);
-		shared.lse = carve(cv, N * c->n_heads * f);
+		shared.lse = carve(cv, N * d.H * f);
 		shared.h1 = carve(cv, N * F * f);
 	}
 	for (int l = 0; l < c->n_layers; l++) {
 		struct llama_block_acts *a = &m->acts[l];
 		*a = shared;
-		a->x = carve(cv, N * C * f);
+		a->x = carve(cv, Nr * C * f);
 		if (full)
 			continue;
 		if (!sel)
-			a->rstd1 = carve(cv, N * f);
+			a->rstd1 = carve(cv, Nr * f);
 		a->q = carve(cv, N * HD * f);
 		if (!sel)
 			a->k = carve(cv, N * KVD * f);
 		a->v = carve(cv, N * KVD * f);
 		a->att = carve(cv, N * HD * f);
-		a->lse = carve(cv, N * c->n_heads * f);
+		a->lse = carve(cv, N * d.H * f);
 		if (!sel) {
-			a->xmid = carve(cv, N * C * f);
-			a->rstd2 = carve(cv, N * f);
+			a->xmid = carve(cv, Nr * C * f);
+			a->rstd2 = carve(cv, Nr * f);
 		}
 		if (ffn_saved) {
 			a->h1 = carve(cv, N * F * f);
@@ -315,9 +414,9 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 				a->h3 = carve(cv, N * F * f);
 		}
 	}
-	m->x_final = carve(cv, N * C * f);
-	m->rstd_f = carve(cv, N * f);
-	m->xn_final = carve(cv, N * C * f);
+	m->x_final = carve(cv, Nr * C * f);
+	m->rstd_f = carve(cv, Nr * f);
+	m->xn_final = carve(cv, (m->tp ? m->Np : N) * C * f); /* TP: gathered */
 	m->rope_cos = carve(cv, m->T * (c->head_dim / 2) * f);
 	m->rope_sin = carve(cv, m->T * (c->head_dim / 2) * f);
 }
@@ -325,12 +424,13 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 static void plan_scratch(struct llama_model *m, struct carver *cv)
 {
 	const struct llama_config *c = &m->cfg;
-	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
-	int64_t KVD = c->n_kv_heads * c->head_dim, F = c->ffn_hidden;
+	const struct llama_dims d = local_dims(m);
+	int64_t N = m->N, Nr = d.Nr, C = c->dim, HD = d.HD;
+	int64_t KVD = d.KVD, F = d.F;
 	int64_t f = sizeof(float);
-	m->dres = carve(cv, N * C * f);
-	m->xn = carve(cv, N * C * f);
-	m->dxn = carve(cv, N * C * f);
+	m->dres = carve(cv, Nr * C * f);
+	m->xn = carve(cv, Nr * C * f);
+	m->dxn = carve(cv, Nr * C * f);
 	m->gate = carve(cv, N * F * f);
 	m->dh1 = carve(cv, N * F * f);
 	m->dh3 = carve(cv, N * F * f);
@@ -342,7 +442,7 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 	m->dk = carve(cv, N * KVD * f);
 	m->dv = carve(cv, N * KVD * f);
 	m->datt = carve(cv, N * HD * f);
-	m->ce_scratch = carve(cv, m->ce_chunk * c->vocab_size * f);
+	m->ce_scratch = carve(cv, m->ce_chunk * d.V * f);
 }
 
 int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
@@ -355,13 +455,26 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	int rc = llama_config_finish(&m->cfg);
 	if (rc)
 		return rc;
-	llama_table_build(&m->table, &m->cfg);
+	m->tp = opts->tp_group && opts->tp_group->size > 1 ? opts->tp_group : NULL;
+	if (m->tp && m->ac != MODEL_AC_NONE && m->ac != MODEL_AC_FULL) {
+		LOG_ERROR("activation_checkpoint.mode: only \"none\" and \"full\" are supported "
+		          "with parallelism.tensor_parallel_degree > 1 (not yet supported)");
+		return CT_ERR_USAGE;
+	}
+	rc = llama_table_build_tp(&m->table, &m->cfg, m->tp ? m->tp->size : 1,
+	                          m->tp ? m->tp->rank : 0);
+	if (rc)
+		return rc;
 	m->B = B;
 	m->T = T;
 	m->N = B * T;
+	if (m->tp) {
+		m->Ns = (m->N + m->tp->size - 1) / m->tp->size;
+		m->Np = m->Ns * m->tp->size;
+	}
 	int L = (int)c->n_layers;
 	/* Logit chunk: ~4 MiB of scratch, at least one row. */
-	m->ce_chunk = (4 << 20) / (4 * c->vocab_size);
+	m->ce_chunk = (4 << 20) / (4 * local_dims(m).V);
 	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);
 
 	m->unit_w = xcalloc((size_t)m->table.n_units, sizeof(float *));
@@ -387,6 +500,8 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	sv = (struct carver){mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes), 0};
 	plan_scratch(m, &sv);
 	llama_rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
+	if (m->tp)
+		llama_tp_build(m);
 	return CT_OK;
 }
 
@@ -399,6 +514,8 @@ void llama_free(struct llama_model *m)
 	mem_free(MEM_GRADS, m->grads, pbytes);
 	mem_free(MEM_ACTIVATIONS, m->tokens, (size_t)m->act_bytes); /* first carved view */
 	mem_free(MEM_ACTIVATIONS, m->dres, (size_t)m->scratch_bytes);
+	if (m->tp)
+		llama_tp_free(m);
 	free(m->unit_w);
 	free(m->unit_dw);
 	free(m->acts);
@@ -419,6 +536,11 @@ int64_t llama_count_valid(const int32_t *targets, int64_t n)
 static float *block_output(struct llama_model *m, int l)
 {
 	return l + 1 < m->cfg.n_layers ? m->acts[l + 1].x : m->x_final;
+}
+
+float *llama_block_output(struct llama_model *m, int l)
+{
+	return block_output(m, l);
 }
 
 /* h = x + wo(attn(rope(wq xn), rope(wk xn), wv xn)),  xn = rmsnorm(x)
@@ -475,6 +597,8 @@ double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 	int L = (int)m->cfg.n_layers;
 	if (n_valid)
 		*n_valid = 0;
+	if (m->tp)
+		return llama_tp_unit_forward(m, u, n_valid);
 	if (u == 0) {
 		float *x0 = L > 0 ? m->acts[0].x : m->x_final;
 		embedding_forward_f32(x0, m->tokens, tensor_at(m, m->unit_w, PARAM_TOK_EMB), m->N,
@@ -511,6 +635,10 @@ void llama_unit_recompute(struct llama_model *m, int u)
 {
 	/* Every unit's forward is a pure function of its saved input and its parameters, so
 	 * recomputing is running it again. */
+	if (m->tp) {
+		llama_tp_unit_recompute(m, u);
+		return;
+	}
 	if (u > 0 && u <= m->cfg.n_layers && m->ac == MODEL_AC_SELECTIVE)
 		block_recompute_selective(m, u - 1);
 	else if (u > 0 && u <= m->cfg.n_layers)
@@ -578,6 +706,10 @@ static void block_backward(struct llama_model *m, int l)
 void llama_unit_backward(struct llama_model *m, int u, double dscale)
 {
 	const struct llama_config *c = &m->cfg;
+	if (m->tp) {
+		llama_tp_unit_backward(m, u, dscale);
+		return;
+	}
 	int L = (int)c->n_layers;
 	size_t nc = (size_t)(m->N * c->dim) * sizeof(float);
 	if (u == L + 1) {
@@ -631,6 +763,7 @@ void llama_backward(struct llama_model *m, double dscale)
 
 void llama_logits(struct llama_model *m, float *logits)
 {
+	CHECK(!m->tp, "llama_logits: not available on a tensor-parallel model");
 	for (int u = 0; u < m->table.n_units - 1; u++)
 		llama_unit_forward(m, u, NULL);
 	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final,

@@ -19,6 +19,9 @@
 #include "model/model_ac.h"
 #include "model/param_table.h"
 
+struct comm_group;
+struct llama_tp_bufs;
+
 #define LLAMA_IGNORE_INDEX (-100)
 
 struct llama_config {
@@ -40,13 +43,17 @@ int llama_config_preset(struct llama_config *c, const char *flavor);
 int llama_config_finish(struct llama_config *c);
 const char *llama_flavor_list(void);
 
-
-
 int llama_table_build(struct param_table *t, const struct llama_config *c);
+/* The table of tensor-parallel rank tp_rank of tp_size (Megatron layout, see tp_dim): heads,
+ * FFN hidden and vocabulary split; tp_size = 1 gives llama_table_build's table. CT_ERR_USAGE
+ * (naming the numbers) if tp_size does not divide n_heads, n_kv_heads and the FFN hidden. */
+int llama_table_build_tp(struct param_table *t, const struct llama_config *c, int tp_size,
+                         int tp_rank);
 
 /* TorchTitan's init, from a counter-based RNG keyed by (seed, tensor name, element): the
  * same weights on any number of ranks. Writes elements [first, first+n) of the flat buffer
- * into out (so a rank can initialise just its shard). */
+ * into out (so a rank can initialise just its shard). With a tensor-parallel table, each
+ * local element takes its global element's value (padding rows are zero). */
 void llama_init_params(const struct llama_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n);
 
@@ -91,6 +98,10 @@ struct llama_build_opts {
 	                       up-projections (w1, w3 outputs: 2*N*F floats per block, the largest
 	                       activations); recompute them in backward (two extra matmuls) */
 	enum model_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
+	/* Tensor parallelism over this group (NULL or size 1: none): Megatron column/row
+	 * parallel blocks with sequence parallelism and a vocabulary-parallel loss
+	 * (model/llama_tp.c). MODEL_AC_NONE and MODEL_AC_FULL so far. */
+	const struct comm_group *tp_group;
 };
 
 struct llama_model {
@@ -127,6 +138,12 @@ struct llama_model {
 	 * sets 1/global valid tokens); backward of that unit then reuses it. */
 	double loss_dscale;
 	bool head_grads_ready;
+	/* tensor parallelism: NULL without. The residual stream (x, xmid, x_final, dres, xn,
+	 * dxn, rstd) holds this rank's Ns = ceil(N/tp) tokens; q/k/v/att/h1/h3 the local heads
+	 * and hidden features of all N tokens. */
+	const struct comm_group *tp;
+	int64_t Ns, Np; /* sequence shard rows, padded rows Ns * tp */
+	struct llama_tp_bufs *tpb;
 };
 
 /* Build a model for micro-batches of (B, T): plans and allocates activations; with own_params
@@ -163,6 +180,9 @@ double llama_forward(struct llama_model *m, int64_t *n_valid);
 void llama_backward(struct llama_model *m, double dscale);
 /* logits (N,V) for the current batch (inference / tests); runs the forward. */
 void llama_logits(struct llama_model *m, float *logits);
+
+/* Seconds this model has spent in tensor-parallel collectives (0 without TP). */
+double llama_tp_comm_seconds(const struct llama_model *m);
 
 /* Number of valid (non-ignored) targets in a micro-batch. */
 int64_t llama_count_valid(const int32_t *targets, int64_t n);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "comm/comm.h"
 
 static const char *const model_kind_names[] = {"llama3", "hyena"};
 _Static_assert(sizeof(model_kind_names) / sizeof(model_kind_names[0]) == MODEL_KIND_COUNT,
@@ -203,6 +204,12 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 	memset(m, 0, sizeof(*m));
 	int rc;
 	if (c->kind == MODEL_HYENA) {
+		if (opts->tp_group && opts->tp_group->size > 1) {
+			LOG_ERROR("parallelism.tensor_parallel_degree = %d: not yet supported for "
+			          "model.name = \"hyena\" (llama3 only)",
+			          opts->tp_group->size);
+			return CT_ERR_USAGE;
+		}
 		if (opts->ac != MODEL_AC_NONE || opts->recompute_ffn) {
 			LOG_ERROR("activation_checkpoint.mode: Hyena models save every activation; "
 			          "only \"none\" is supported");
@@ -220,7 +227,8 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 		struct llama_model *lm = xcalloc(1, sizeof(*lm));
 		const struct llama_build_opts lo = {.own_params = opts->own_params,
 		                                    .recompute_ffn = opts->recompute_ffn,
-		                                    .ac = opts->ac};
+		                                    .ac = opts->ac,
+		                                    .tp_group = opts->tp_group};
 		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
 		if (rc) {
 			free(lm);

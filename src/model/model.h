@@ -43,6 +43,8 @@ struct model_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
 	bool recompute_ffn; /* Llama: recompute the FFN up-projections in backward */
 	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
+	/* tensor parallelism over this group (Llama only; NULL or size 1: none) */
+	const struct comm_group *tp_group;
 };
 
 struct model_ops {

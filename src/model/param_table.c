@@ -24,6 +24,10 @@ void param_table_add(struct param_table *t, int *cap, const char *name, int unit
 	p->offset = t->numel;
 	p->unit = unit;
 	p->weight_decay = decay && p->ndim == 2;
+	p->tp_dim = -1;
+	p->tp_valid = d0;
+	p->global_shape[0] = p->shape[0];
+	p->global_shape[1] = p->shape[1];
 	t->numel += p->numel;
 }
 

@@ -15,6 +15,13 @@ struct param_entry {
 	int64_t offset, numel; /* in elements, in the flat buffer */
 	int unit;
 	bool weight_decay; /* matrices only */
+	/* Tensor parallelism (tables built with tp_size > 1): how this local piece sits in the
+	 * global tensor. tp_dim -1: replicated (norms); 0: rows [tp_start, tp_start + shape[0])
+	 * of the global tensor (column-parallel wq/wk/wv/w1/w3, vocabulary-parallel embedding
+	 * and output); 1: columns [tp_start, ...) (row-parallel wo/w2). tp_valid: how many of
+	 * the local rows/columns exist globally (the vocabulary's last piece is zero-padded). */
+	int tp_dim;
+	int64_t tp_start, tp_valid, global_shape[2];
 };
 
 struct param_table {
@@ -24,10 +31,12 @@ struct param_table {
 	int64_t *unit_begin; /* n_units + 1 offsets */
 	int64_t numel;       /* total parameters */
 	int64_t numel_embedding;
+	int tp_size, tp_rank; /* 1, 0: the global table (0, 0 left by a builder means the same) */
 };
 
 /* Appends a d0 x d1 tensor (d1 <= 0: a vector of d0) to unit `unit` at the end of the flat
- * buffer; weight decay when `decay` and it is a matrix. *cap is the builder's capacity. */
+ * buffer; weight decay when `decay` and it is a matrix. *cap is the builder's capacity.
+ * The entry is replicated under tensor parallelism (tp_dim -1, global shape = shape). */
 void param_table_add(struct param_table *t, int *cap, const char *name, int unit, int64_t d0,
                      int64_t d1, bool decay);
 void param_table_free(struct param_table *t);

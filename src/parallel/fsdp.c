@@ -422,12 +422,32 @@ static void be_backward(void *ctx, int u)
 
 /* ---------------------------------------------------------------- tail */
 
+/* Tensor parallelism: this rank's share of the squared gradient norm, its TP-split
+ * tensors summed over the TP group and the replicated ones (norms, identical on every TP
+ * rank) counted once. */
+static double tp_grad_sumsq(struct fsdp *f)
+{
+	const struct param_table *t = f->model->table;
+	double v[2] = {0.0, 0.0}; /* split, replicated */
+	for (int i = 0; i < t->count; i++) {
+		int64_t row0, nrows, at;
+		fsdp_local_rows(f, i, &row0, &nrows, &at);
+		v[t->p[i].tp_dim < 0] += sumsq_f32(f->shard_g + at, nrows * t->p[i].shape[1]);
+	}
+	comm_all_reduce_f64(&f->mesh->tp_group, &v[0], 1);
+	return v[0] + v[1];
+}
+
 static int be_clip(void *ctx)
 {
 	struct fsdp *f = ctx;
 	const struct mesh *mesh = f->mesh;
 	struct train_step_result *res = f->step.res;
-	double sums[2] = {f->step.loss_sum, sumsq_f32(f->shard_g, f->shard_numel)};
+	double sums[2] = {f->step.loss_sum, 0.0};
+	if (f->model->table->tp_size > 1)
+		sums[1] = tp_grad_sumsq(f);
+	else
+		sums[1] = sumsq_f32(f->shard_g, f->shard_numel);
 	comm_label("clip: loss sum");
 	comm_all_reduce_f64(&mesh->dp_group, &sums[0], 1);
 	comm_label("clip: gradient sum of squares");

@@ -33,6 +33,7 @@
 #include "train/model_spec.h"
 #include "optim/optim.h"
 #include "train/step_plan.h"
+#include "train/tp_check.h"
 #include "schedule/sched_trace.h"
 
 struct trainer {
@@ -130,7 +131,8 @@ static int trainer_build_model(struct trainer *tr)
 		return rc;
 	bool bf16 = compute_bf16(cfg);
 	tr->piped = tr->mesh.pp > 1;
-	tr->sharded = tr->dp > 1 && !tr->piped;
+	/* TP runs under FSDP (dp_shard may be 1); TP with PP is refused by tp_check_config */
+	tr->sharded = (tr->dp > 1 || tr->mesh.tp > 1) && !tr->piped;
 	if (tr->piped) {
 		rc = trainer_pp_check(tr, &mc, bf16);
 		if (rc)
@@ -148,7 +150,10 @@ static int trainer_build_model(struct trainer *tr)
 		    cfg, (int)(mc.kind == MODEL_HYENA ? mc.hyena.n_layers : mc.llama.n_layers) + 2);
 	if (rc)
 		return rc;
-	const struct model_build_opts opts = {.own_params = !tr->sharded && !tr->piped, .ac = ac};
+	const struct model_build_opts opts = {
+	    .own_params = !tr->sharded && !tr->piped,
+	    .ac = ac,
+	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
@@ -252,14 +257,11 @@ static int trainer_setup(struct trainer *tr)
 	const struct ct_config *cfg = tr->cfg;
 	int64_t tp = cfg->parallelism.tensor_parallel_degree;
 	int64_t pp = cfg->parallelism.pipeline_parallel_degree;
-	if (tp > 1) {
-		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: tensor parallelism is not yet "
-		          "supported",
-		          (long long)tp);
-		return CT_ERR_USAGE;
-	}
-	int rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
-	                    cfg->parallelism.data_parallel_shard_degree, tp);
+	int rc = tp_check_config(cfg);
+	if (rc)
+		return rc;
+	rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
+	                cfg->parallelism.data_parallel_shard_degree, tp);
 	if (!rc)
 		rc = compute_setup(cfg, tr->mesh.rank == 0);
 	if (rc)
@@ -305,7 +307,8 @@ static int trainer_setup(struct trainer *tr)
 	double peak = compute_peak_flops(cfg, peak_why, sizeof(peak_why));
 	comm_all_reduce_f64(&tr->mesh.world_group, &peak, 1);
 	peak /= tr->mesh.world;
-	double fpt = model_flops_per_token(&tr->model, cfg->training.seq_len);
+	/* per token of the global batch: a TP rank's table is its 1/tp share */
+	double fpt = model_flops_per_token(&tr->model, cfg->training.seq_len) * tr->mesh.tp;
 	char desc[256];
 	model_describe(&tr->model, desc, sizeof(desc));
 	LOG_INFO("model %s", desc);
@@ -313,9 +316,13 @@ static int trainer_setup(struct trainer *tr)
 		LOG_INFO("parallelism: %d ranks = %d pipeline x %d replicas x %d shards",
 		         tr->mesh.world, tr->mesh.pp, tr->mesh.dp_replicate, tr->mesh.dp_shard);
 	else
-		LOG_INFO("parallelism: %d ranks = %d replicas x %d shards (%s); comm progress %s",
-		         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard,
-		         tr->sharded ? "FSDP" : "single rank", cfg->comm.progress);
+		LOG_INFO("parallelism: %d ranks = %d replicas x %d shards x %d tensor-parallel (%s); "
+		         "comm progress %s",
+		         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard, tr->mesh.tp,
+		         tr->mesh.tp > 1 ? "FSDP + TP with sequence and loss parallelism"
+		         : tr->sharded   ? "FSDP"
+		                         : "single rank",
+		         cfg->comm.progress);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
 	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
@@ -467,11 +474,19 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
 }
 
+/* Time in tensor-parallel collectives so far (blocking, on the compute path). */
+static double trainer_tp_comm(const struct trainer *tr)
+{
+	return tr->mesh.tp > 1 && tr->model.cfg.kind == MODEL_LLAMA
+	           ? llama_tp_comm_seconds(tr->model.impl)
+	           : 0.0;
+}
+
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
 {
 	struct model *m = &tr->model;
 	const struct ct_config *cfg = tr->cfg;
-	double t0 = timer_now(), wait0 = comm_stream_wait_seconds(tr->stream);
+	double t0 = timer_now(), wait0 = comm_stream_wait_seconds(tr->stream) + trainer_tp_comm(tr);
 	trainer_batch(tr, step);
 	double t_data = timer_now() - t0;
 	if (cfg->debug.fail_rank == tr->mesh.rank && cfg->debug.fail_step == step + 1) {
@@ -505,11 +520,12 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	sm->grad_norm = res.grad_norm;
 	sm->lr = lr;
 	sm->data_s = t_data;
-	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) - wait0;
+	sm->comm_wait_s = comm_stream_wait_seconds(tr->stream) + trainer_tp_comm(tr) - wait0;
 	if (tr->piped)
 		sm->comm_wait_s += pp_wait_seconds(&tr->pp);
-	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches */
-	sm->tokens = tr->accum * m->N / (tr->piped ? tr->mesh.pp : 1);
+	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches, a TP
+	 * group its tokens */
+	sm->tokens = tr->accum * m->N / (tr->piped ? tr->mesh.pp : tr->mesh.tp);
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
 	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)

@@ -1,0 +1,30 @@
+/* model/llama_impl: what llama.c shares with its tensor-parallel variant (llama_tp.c). Not
+ * for use outside src/model/. */
+#ifndef CT_MODEL_LLAMA_IMPL_H
+#define CT_MODEL_LLAMA_IMPL_H
+
+#include "model/llama.h"
+
+/* Table indices: 0 tok_embeddings, 1 + 9l + k the k-th tensor of block l (attention_norm,
+ * wq, wk, wv, wo, ffn_norm, w1, w2, w3), then norm, output. */
+#define PARAM_TOK_EMB   0
+#define PARAM_NORM(m)   ((m)->table.count - 2)
+#define PARAM_OUTPUT(m) ((m)->table.count - 1)
+
+/* Address of tensor i inside its unit's current buffer (params or grads). */
+float *llama_tensor_at(const struct llama_model *m, float *const *unit_base, int i);
+struct llama_block_ptrs llama_block_ptrs_of(const struct llama_model *m, float *const *unit_base,
+                                            int l);
+/* The residual stream after block l (the next block's input, or x_final). */
+float *llama_block_output(struct llama_model *m, int l);
+
+/* Tensor parallelism (llama_tp.c): buffers, and the units with sequence parallelism and the
+ * vocabulary-parallel loss. Called by llama.c when m->tp is set. */
+void llama_tp_build(struct llama_model *m);
+void llama_tp_free(struct llama_model *m);
+double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid);
+void llama_tp_unit_backward(struct llama_model *m, int u, double dscale);
+/* MODEL_AC_FULL: the unit's forward again (bitwise: the collectives are deterministic). */
+void llama_tp_unit_recompute(struct llama_model *m, int u);
+
+#endif

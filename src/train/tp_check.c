@@ -1,0 +1,79 @@
+/* Tensor-parallel configuration checks. */
+#include "train/tp_check.h"
+
+#include <string.h>
+
+#include "base/log.h"
+#include "comm/comm.h"
+#include "train/model_spec.h"
+
+int tp_check_config(const struct ct_config *cfg)
+{
+	int64_t tp = cfg->parallelism.tensor_parallel_degree;
+	if (cfg->parallelism.enable_async_tensor_parallel) {
+		LOG_ERROR("parallelism.enable_async_tensor_parallel = true: not yet supported by "
+		          "ctitan train (ctitan plan models it)");
+		return CT_ERR_USAGE;
+	}
+	if (tp <= 1)
+		return CT_OK;
+	if (strcmp(cfg->model.name, "llama3") != 0) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not yet supported for "
+		          "model.name = \"%s\" (llama3 only; Hyena's channels are not split)",
+		          (long long)tp, cfg->model.name);
+		return CT_ERR_USAGE;
+	}
+	const struct ct_config *c0 = cfg;
+	int64_t rep = c0->parallelism.data_parallel_replicate_degree;
+	int64_t shard = c0->parallelism.data_parallel_shard_degree;
+	int64_t pp = c0->parallelism.pipeline_parallel_degree, world = comm_world_size();
+	int64_t fixed = pp * rep * tp;
+	if ((shard == -1 && world % fixed) || (shard != -1 && fixed * shard != world)) {
+		LOG_ERROR("parallelism: pipeline_parallel_degree %lld x data_parallel_replicate_degree "
+		          "%lld x data_parallel_shard_degree %lld x tensor_parallel_degree %lld "
+		          "does not match the world of %lld ranks",
+		          (long long)pp, (long long)rep, (long long)shard, (long long)tp,
+		          (long long)world);
+		return CT_ERR_USAGE;
+	}
+	if (pp > 1) { /* the pipeline's stages are not built from TP slices yet */
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld with "
+		          "pipeline_parallel_degree = %lld: not yet supported together",
+		          (long long)tp, (long long)pp);
+		return CT_ERR_USAGE;
+	}
+	struct model_config mc;
+	int rc = model_spec_from_config(cfg, &mc);
+	if (rc)
+		return rc;
+	const struct llama_config *c = &mc.llama;
+	/* Heads are split, never replicated: tp > n_kv_heads (KV-head replication) is refused. */
+	if (c->n_heads % tp || c->n_kv_heads % tp) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the model's "
+		          "n_heads (%lld) and n_kv_heads (%lld) (model.flavor = %s; KV heads are "
+		          "not replicated, so tp may not exceed n_kv_heads)",
+		          (long long)tp, (long long)c->n_heads, (long long)c->n_kv_heads, c->flavor);
+		return CT_ERR_USAGE;
+	}
+	if (c->ffn_hidden % tp) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the FFN hidden "
+		          "size %lld (model.flavor = %s)",
+		          (long long)tp, (long long)c->ffn_hidden, c->flavor);
+		return CT_ERR_USAGE;
+	}
+	if (strcmp(cfg->activation_checkpoint.mode, "none") != 0 &&
+	    strcmp(cfg->activation_checkpoint.mode, "full") != 0) {
+		LOG_ERROR("activation_checkpoint.mode = %s with parallelism.tensor_parallel_degree "
+		          "> 1: not yet supported (none or full)",
+		          cfg->activation_checkpoint.mode);
+		return CT_ERR_USAGE;
+	}
+	if (cfg->checkpoint.enable || cfg->checkpoint.initial_load_path[0]) {
+		LOG_ERROR("checkpoint.enable / checkpoint.initial_load_path with "
+		          "parallelism.tensor_parallel_degree = %lld: not yet supported (the "
+		          "manifest does not describe tensor-parallel pieces yet)",
+		          (long long)tp);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}

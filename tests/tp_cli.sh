@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Tensor parallelism through `ctitan train`: 2 ranks as tp=2 (sequence + loss parallel, odd
+# sequence length) train like 1 rank (losses and grad norms within 1e-5 relative, from
+# metrics.jsonl) and write a trace; bad TP settings exit 2 naming the key and the numbers.
+#   tests/tp_cli.sh build/ctitan
+set -u
+CTITAN=$1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/tests/lib.sh"
+L="$ROOT/scripts/launch"
+common=(train "$ROOT/configs/debug.toml" --training.steps=3 --training.seq_len=63
+        --training.local_batch_size=2 --metrics.peak_tflops=0.1 --model.vocab_size=2047)
+
+"$CTITAN" "${common[@]}" --job.dump_folder="$tmp/one" > "$tmp/one.log" 2>&1
+check "1 rank trains" $?
+"$L" 2 "$CTITAN" "${common[@]}" --parallelism.tensor_parallel_degree=2 \
+  --job.dump_folder="$tmp/tp" --profiling.enable_profiling=true --profiling.profile_freq=3 \
+  > "$tmp/tp.log" 2>&1
+check "2 ranks as tp=2 train" $?
+/usr/bin/python3 - "$tmp/one/metrics.jsonl" "$tmp/tp/metrics.jsonl" <<'PY'
+import json, sys
+a = [json.loads(l) for l in open(sys.argv[1])]
+b = [json.loads(l) for l in open(sys.argv[2])]
+assert len(a) == len(b) == 3, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        e = abs(x[k] - y[k]) / abs(x[k])
+        print(f"  step {x['step']} {k}: 1 rank {x[k]:.7f}, tp=2 {y[k]:.7f} (rel {e:.1e})")
+        assert e <= 1e-5, k
+PY
+check "tp=2 losses and grad norms equal 1 rank's within 1e-5" $?
+[ -s "$tmp/tp/profile_trace/iteration_3/rank1_trace.json" ]; check "tp=2 writes traces" $?
+
+bad() { # name, ranks, expected message, args...
+  local name=$1 n=$2 msg=$3
+  shift 3
+  "$L" "$n" "$CTITAN" "${common[@]}" --job.dump_folder="$tmp/bad" "$@" > "$tmp/err" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] && grep -q -- "$msg" "$tmp/err"
+  check "$name: exit 2 naming it (got $rc: $(grep -m1 error "$tmp/err" | cut -c1-150))" $?
+}
+bad "degrees not multiplying to the world" 3 "tensor_parallel_degree 2 does not match the world of 3" \
+  --parallelism.tensor_parallel_degree=2
+bad "tp not dividing the heads" 3 "tensor_parallel_degree = 3 must divide the model's n_heads (16)" \
+  --parallelism.tensor_parallel_degree=3
+bad "tp not dividing the kv heads" 4 "n_kv_heads (4)" --model.flavor=125M \
+  --parallelism.tensor_parallel_degree=4 --model.vocab_size=2048
+bad "tp with hyena" 2 'not yet supported for model.name = "hyena"' \
+  --parallelism.tensor_parallel_degree=2 --model.name=hyena --model.flavor=hyena-debug
+bad "tp with checkpoints" 2 "checkpoint.enable / checkpoint.initial_load_path with parallelism.tensor_parallel_degree = 2: not yet supported" \
+  --parallelism.tensor_parallel_degree=2 --checkpoint.enable=true
+bad "tp with activation checkpointing" 2 "activation_checkpoint.mode = selective with parallelism.tensor_parallel_degree" \
+  --parallelism.tensor_parallel_degree=2 --activation_checkpoint.mode=selective
+bad "async TP in training" 2 "parallelism.enable_async_tensor_parallel = true: not yet supported" \
+  --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
+
+# ctitan plan with TP: TorchTitan's 70B layout (FSDP 32 x TP 8) plans with both TP rows.
+plan=(plan "$ROOT/configs/70b.toml" --world-size 256 --metrics.peak_tflops=989
+      --comm.bandwidth_gbps=400 --training.local_batch_size=16 --activation_checkpoint.mode=full
+      --training.mixed_precision_param=bfloat16)
+"$CTITAN" "${plan[@]}" --parallelism.tensor_parallel_degree=8 > "$tmp/plan" 2>&1
+rc=$?
+grep -E "mesh|throughput" "$tmp/plan" | sed 's/^/  /'
+[ $rc -eq 0 ] && grep -q "32 shards .* x 8 tensor-parallel" "$tmp/plan" && grep -q "throughput, plain TP" "$tmp/plan" \
+  && grep -q "throughput, async TP" "$tmp/plan"; check "plan: 70B on 256 as FSDP 32 x TP 8" $?
+"$CTITAN" "${plan[@]}" --parallelism.tensor_parallel_degree=3 --world-size 255 > "$tmp/plan" 2>&1
+[ $? -eq 2 ] && grep -q "tensor_parallel_degree = 3 must divide" "$tmp/plan"; check "plan: tp not dividing the heads, exit 2" $?
+finish
