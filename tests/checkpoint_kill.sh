@@ -27,7 +27,7 @@ for t in $(seq 1 "$TRIALS"); do
   [ $((RANDOM % 2)) -eq 0 ] && what=rank
   setsid "$ROOT/scripts/launch" 2 "$CTITAN" train "$ROOT/configs/debug.toml" "${ARGS[@]}" \
     --checkpoint.async_mode=$mode --job.dump_folder="$d" > "$d.log" 2>&1 &
-  pid=$! # setsid: also the process group of mpiexec and its ranks
+  pid=$! # scripts/launch execs mpiexec; OpenMPI puts each rank in a process group of its own
   # wait for the event (the first save), not for a fixed time: a slow machine only takes longer
   until grep -q "saved step 1 " "$d.log" 2>/dev/null; do
     kill -0 "$pid" 2>/dev/null || break
@@ -39,18 +39,22 @@ for t in $(seq 1 "$TRIALS"); do
     continue
   fi
   sleep "$((RANDOM % 20 / 10)).$((RANDOM % 10))"
+  # the ranks are mpiexec's children, recorded before anything is killed (each in a process
+  # group of its own, so killing mpiexec's group would leave them saving and pruning)
+  ranks=$(pgrep -P "$pid")
   if [ $what = job ]; then
-    kill -9 -- -"$pid" 2>/dev/null # the whole process group: mpiexec and both ranks
+    kill -9 "$pid" $ranks 2>/dev/null # mpiexec and both ranks at once
   else
-    # scripts/launch execs mpiexec, whose children are the ranks
-    victim=$(pgrep -P "$pid" | sed -n "$((RANDOM % 2 + 1))p")
+    victim=$(echo "$ranks" | sed -n "$((RANDOM % 2 + 1))p")
     kill -9 "$victim" 2>/dev/null
   fi
   wait $pid 2>/dev/null
-  # whatever of this trial's process group survives (a rank mpiexec left behind) goes too;
-  # then wait until the group is empty, so nothing writes while the checkpoint is read
-  kill -9 -- -"$pid" 2>/dev/null
-  while kill -0 -- -"$pid" 2>/dev/null; do sleep 0.05; done
+  # whatever survives (a rank mpiexec left behind) goes too; then wait until every recorded
+  # process is gone, so nothing writes while the checkpoint is read
+  kill -9 "$pid" $ranks 2>/dev/null
+  for q in $pid $ranks; do
+    while kill -0 "$q" 2>/dev/null; do sleep 0.05; done
+  done
   latest=$(cat "$d/checkpoint/latest" 2>/dev/null)
   if [ -z "$latest" ]; then
     check "trial $t ($mode save, kill $what): killed before the first save completed (no latest)" 1
