@@ -7,6 +7,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "base/log.h"
 #include "base/mem.h"
 #include "infer/generate.h"
@@ -66,6 +68,24 @@ TEST_CASE(test_presets)
 	EXPECT(fabs(f - 5.791e10) < 0.001e10, "8B flops/token %.4e", f);
 	param_table_free(&t);
 	EXPECT(llama_config_preset(&c, "7B") == CT_ERR_USAGE, "unknown flavor rejected");
+}
+
+/* The init is pinned: checkpoints, the reference tests and users' runs depend on the same
+ * seed giving the same weights across versions. Seed 1234, debug model, fp32 bits. */
+#define LLAMA_INIT_XXH64 0x97c5ccf969fd9908ULL
+TEST_CASE(test_init_pinned)
+{
+	struct llama_config c;
+	struct param_table t;
+	llama_config_preset(&c, "debugmodel");
+	llama_table_build(&t, &c);
+	float *w = malloc((size_t)t.numel * sizeof(float));
+	llama_init_params(&c, &t, 1234, w, 0, t.numel);
+	unsigned long long h = XXH64(w, (size_t)t.numel * sizeof(float), 0);
+	EXPECT(h == LLAMA_INIT_XXH64, "debug model init xxh64 %#llx, pinned %#llx", h,
+	       LLAMA_INIT_XXH64);
+	free(w);
+	param_table_free(&t);
 }
 
 TEST_CASE(test_init)
@@ -522,6 +542,7 @@ int main(int argc, char **argv)
 	}
 	if (!only_ref) {
 		RUN(test_presets);
+		RUN(test_init_pinned);
 		RUN(test_init);
 		RUN(test_recompute);
 		RUN(test_accumulation_and_determinism);
