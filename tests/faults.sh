@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fault trials and elastic restarts (issue 16), on two "hosts" (network namespaces, 2 ranks
 # each, TCP between them) under the elastic supervisor:
-#   scripts/launch --hostfile H --nnodes 1:2 --max-restarts K ctitan train ... (checkpoints on)
+#   ctitan launch --hostfile H --nnodes 1:2 --max-restarts K ctitan train ... (checkpoints on)
 # Trials (each: no hang, no damaged checkpoint, the finished run equals an uninterrupted one
 # within 1e-5 at every step, and the sample logs show every sample of every step trained
 # exactly once in the surviving history):
@@ -53,7 +53,7 @@ on_host0() {
 # Sample logs go to DIR/samples.aN.rank-R, N = the attempt (restart count + FIRST_ATTEMPT).
 supervise() {
   mkdir -p "$1"
-  on_host0 "$src/scripts/launch" --hostfile "$tmp/hostfile" --net 10.77.0.0/24 --nnodes 1:2 \
+  on_host0 "$bin" launch --hostfile "$tmp/hostfile" --net 10.77.0.0/24 --nnodes 1:2 \
     --max-restarts "$2" /bin/sh -c \
     "exec \"\$0\" \"\$@\" --debug.sample_log=$1/samples.a\$((CT_RESTART_COUNT + ${3:-0}))" \
     "$bin" "${TRAIN[@]}" --job.dump_folder="$1" > "$1/job.log" 2>&1 &
@@ -143,7 +143,7 @@ row() { printf "| %-8s | %9s | %9s | %5s | %-7s | %s\n" "$@" | tee -a "$tmp/tabl
 
 # --------------------------------------------------------------- baseline (no fault)
 mkdir -p "$tmp/base"
-on_host0 "$src/scripts/launch" --hostfile "$tmp/hostfile" --net 10.77.0.0/24 4 "$bin" \
+on_host0 "$bin" launch --hostfile "$tmp/hostfile" --net 10.77.0.0/24 -n 4 "$bin" \
   "${TRAIN[@]}" --job.dump_folder="$tmp/base" > "$tmp/base/job.log" 2>&1
 check "uninterrupted baseline, 2 hosts x 2 ranks" $?
 : > "$tmp/table"
@@ -229,7 +229,7 @@ trial_grow() {
   local ok=$?
   row grow "$det" "$rst" "$(echo "$out" | sed -n 's/.*steps_lost=\([0-9]*\).*/\1/p')" \
     "$([ $ok -eq 0 ] && echo pass || echo FAIL)" "4 -> 2 -> 4 ranks, exit $rc; $out"
-  [ $ok -eq 0 ] || grep "scripts/launch" "$d/job.log"
+  [ $ok -eq 0 ] || grep "ctitan launch" "$d/job.log"
   return $ok
 }
 
