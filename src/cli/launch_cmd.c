@@ -23,12 +23,12 @@
 #define LAUNCH_PROBE_SECONDS 15.0
 /* After a rank printed a watchdog abort: MPI_Abort's own clean-up gets this long before the
  * supervisor ends the job (over a cut link mpiexec would wait for TCP keepalive, ~20 s). */
-#define LAUNCH_ABORT_GRACE   2.0
+#define LAUNCH_ABORT_GRACE 2.0
 /* Every rank on this host has ended but mpiexec still runs: it waits for a host it cannot
  * reach (a rank's death there, a link down). A normal end takes milliseconds. */
-#define LAUNCH_ORPHAN_GRACE  5.0
-#define LAUNCH_TERM_SECONDS  2.0 /* SIGTERM, then SIGKILL */
-#define LAUNCH_LINE          4096
+#define LAUNCH_ORPHAN_GRACE 5.0
+#define LAUNCH_TERM_SECONDS 2.0 /* SIGTERM, then SIGKILL */
+#define LAUNCH_LINE         4096
 
 struct launch_host {
 	char name[256];
@@ -78,24 +78,26 @@ static void say(const char *fmt, ...)
 
 static void launch_usage(FILE *f)
 {
-	fprintf(f,
-	        "usage: ctitan launch [-n N] [--hostfile FILE] [--net CIDR]\n"
-	        "                     [--nnodes MIN:MAX] [--max-restarts K] [--] COMMAND [ARGS...]\n\n"
-	        "Runs COMMAND on MPI ranks through OpenMPI's mpiexec and supervises the job.\n"
-	        "  -n N              ranks (default: the slots of the hostfile's hosts)\n"
-	        "  --hostfile FILE   hosts, one a line: \"HOST slots=K\" (OpenMPI's format); with more\n"
-	        "                    than one host, shared memory inside a host and TCP between hosts\n"
-	        "  --net CIDR        MPI's TCP traffic (and OpenMPI's daemons') on that network only\n"
-	        "  --nnodes MIN:MAX  elastic: run on the hosts that answer (at most MAX, at least\n"
-	        "                    MIN), each with its slots as ranks; after a failure probe them\n"
-	        "                    again and restart (fewer hosts after a loss, more when one is\n"
-	        "                    back); COMMAND must resume from its checkpoints\n"
-	        "  --max-restarts K  restarts before giving up (default 3 with --nnodes, else 0)\n\n"
-	        "A job ends as a whole: a rank's watchdog abort or a host that cannot be reached ends\n"
-	        "mpiexec and every process it started here. Exit 2 (bad usage) is never retried.\n"
-	        "Hosts other than this one are probed and reached through OMPI_MCA_plm_rsh_agent\n"
-	        "(default: ssh -o BatchMode=yes -o ConnectTimeout=5). The attempt number is in\n"
-	        "CT_RESTART_COUNT. OMPI_MCA_* settings already in the environment are kept.\n");
+	fprintf(
+	    f,
+	    "usage: ctitan launch [-n N] [--hostfile FILE] [--net CIDR]\n"
+	    "         [--nnodes MIN:MAX] [--max-restarts K] [--] COMMAND [ARGS...]\n\n"
+	    "Runs COMMAND on MPI ranks through OpenMPI's mpiexec and supervises the job.\n"
+	    "  -n N              ranks (default: the slots of the hostfile's hosts)\n"
+	    "  --hostfile FILE   hosts, one a line: \"HOST slots=K\" (OpenMPI's format);\n"
+	    "                    with more than one, shared memory inside a host and TCP\n"
+	    "                    between hosts\n"
+	    "  --net CIDR        MPI's TCP traffic (and OpenMPI's daemons') on that network only\n"
+	    "  --nnodes MIN:MAX  elastic: run on the hosts that answer (at most MAX, at least\n"
+	    "                    MIN), each with its slots as ranks; after a failure probe them\n"
+	    "                    again and restart (fewer hosts after a loss, more when one is\n"
+	    "                    back); COMMAND must resume from its checkpoints\n"
+	    "  --max-restarts K  restarts before giving up (default 3 with --nnodes, else 0)\n\n"
+	    "A job ends as a whole: a rank's watchdog abort or a host that cannot be reached ends\n"
+	    "mpiexec and every process it started here. Exit 2 (bad usage) is never retried.\n"
+	    "Hosts other than this one are probed and reached through OMPI_MCA_plm_rsh_agent\n"
+	    "(default: ssh -o BatchMode=yes -o ConnectTimeout=5). The attempt number is in\n"
+	    "CT_RESTART_COUNT. OMPI_MCA_* settings already in the environment are kept.\n");
 }
 
 /* ---------------------------------------------------------------- arguments and hosts */
@@ -150,7 +152,8 @@ static int launch_parse(int argc, char **argv, struct launch_opts *o)
 		} else if (strcmp(a, "--nnodes") == 0) {
 			char lo[32] = "", *colon = strchr(v, ':');
 			const char *hi = colon ? colon + 1 : v;
-			snprintf(lo, sizeof(lo), "%.*s", colon ? (int)(colon - v) : (int)strlen(v), v);
+			snprintf(lo, sizeof(lo), "%.*s", colon ? (int)(colon - v) : (int)strlen(v),
+			         v);
 			if (!launch_int(lo, &o->min) || !launch_int(hi, &o->max) || o->min < 1 ||
 			    o->max < o->min) {
 				say("--nnodes %s: need MIN:MAX with 1 <= MIN <= MAX", v);
@@ -214,8 +217,10 @@ static int launch_read_hosts(const char *path, struct launch_host *h, int *n)
 			continue;
 		int slots = 1;
 		for (char *t; (t = strtok_r(NULL, " \t\r\n", &save));)
-			if (strncmp(t, "slots=", 6) == 0 && (!launch_int(t + 6, &slots) || slots < 1)) {
-				say("hostfile '%s' line %d: slots must be a positive number, not '%s'",
+			if (strncmp(t, "slots=", 6) == 0 &&
+			    (!launch_int(t + 6, &slots) || slots < 1)) {
+				say("hostfile '%s' line %d: slots must be a positive number, not "
+				    "'%s'",
 				    path, ln, t + 6);
 				fclose(f);
 				return 2;
@@ -492,7 +497,8 @@ static int launch_attempt(const struct launch_opts *o, const char *hostfile, int
 		if (!done && launch_reap(mp, &status)) {
 			done = true;
 			t_end = now;
-			/* whatever it leaves (agents, daemons, ranks in their own groups) ends now */
+			/* whatever it leaves (agents, daemons, ranks in their own groups) ends now
+			 */
 			launch_sweep(mp, 0, SIGTERM, NULL);
 		}
 		int r = 0, alive = launch_sweep(mp, mp, 0, &r);
@@ -569,10 +575,11 @@ static int launch_run(const struct launch_opts *o, struct launch_host *hosts, in
 				up[nup++] = hosts[i];
 				ranks += hosts[i].slots;
 			} else if (o->elastic) {
-				say("host %s does not answer (%s %s true); leaving it out", hosts[i].name,
-				    agent, hosts[i].name);
+				say("host %s does not answer (%s %s true); leaving it out",
+				    hosts[i].name, agent, hosts[i].name);
 			} else {
-				say("host %s of hostfile '%s' does not answer (%s %s true); not starting",
+				say("host %s of hostfile '%s' does not answer (%s %s true); not "
+				    "starting",
 				    hosts[i].name, o->hostfile, agent, hosts[i].name);
 				rc = 1;
 				goto out;
@@ -585,7 +592,8 @@ static int launch_run(const struct launch_opts *o, struct launch_host *hosts, in
 			goto out;
 		}
 		if (o->elastic && nup < o->min) {
-			say("only %d of the %d host(s) of '%s' answer, fewer than MIN = %d (--nnodes "
+			say("only %d of the %d host(s) of '%s' answer, fewer than MIN = %d "
+			    "(--nnodes "
 			    "%d:%d); giving up",
 			    nup, nhosts, o->hostfile ? o->hostfile : "this host", o->min, o->min,
 			    o->max);
@@ -616,7 +624,8 @@ static int launch_run(const struct launch_opts *o, struct launch_host *hosts, in
 		}
 		if (attempt >= o->restarts) {
 			if (o->restarts)
-				say("the job failed (exit %d) and the restart limit (--max-restarts %d) "
+				say("the job failed (exit %d) and the restart limit "
+				    "(--max-restarts %d) "
 				    "is reached; giving up",
 				    rc, o->restarts);
 			goto out;
