@@ -203,8 +203,10 @@ TEST_CASE(test_reduce_scatter_tree_order)
 	int64_t n = 4099, W = mesh.world;
 	if (W & (W - 1))
 		return;
-	float *send = xcalloc((size_t)(n * W), sizeof(float)), *recv = xcalloc((size_t)n, sizeof(float));
-	float *scratch = xcalloc((size_t)(2 * n), sizeof(float)), *g = xcalloc((size_t)W, sizeof(float));
+	float *send = xcalloc((size_t)(n * W), sizeof(float)),
+	      *recv = xcalloc((size_t)n, sizeof(float));
+	float *scratch = xcalloc((size_t)(2 * n), sizeof(float)),
+	      *g = xcalloc((size_t)W, sizeof(float));
 	for (int64_t i = 0; i < n * W; i++)
 		send[i] = val_f(mesh.rank, i);
 	comm_reduce_scatter_f32(&mesh.world_group, send, recv, n, scratch);

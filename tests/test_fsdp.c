@@ -129,12 +129,13 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
  * it (the file's header says why), the loss gradient multiplied by gscale (2: the defect the
  * self-check puts in). Micro-batch a of virtual rank d is rows (a*vdp + d)*B of tok. */
 static void mirror_train_step(struct model *m, struct adamw *opt, const int32_t *tok,
-                              const int32_t *tgt, int vdp, int64_t accum, double lr,
-                              double gscale, struct train_step_result *r)
+                              const int32_t *tgt, int vdp, int64_t accum, double lr, double gscale,
+                              struct train_step_result *r)
 {
 	int64_t N = m->N, P = m->table->numel, valid = llama_count_valid(tgt, vdp * accum * N);
 	CHECK(vdp >= 1 && (vdp & (vdp - 1)) == 0, "virtual ranks %d: not a power of two", vdp);
-	float *g = calloc((size_t)(vdp * P), sizeof(float)), *acc = calloc((size_t)P, sizeof(float));
+	float *g = calloc((size_t)(vdp * P), sizeof(float)),
+	      *acc = calloc((size_t)P, sizeof(float));
 	CHECK(g && acc, "out of memory");
 	double dscale = gscale / (double)valid;
 	model_set_loss_dscale(m, dscale);
@@ -198,7 +199,8 @@ static void run_single(struct run *out, int dp, enum ref_kind kind)
 		struct train_step_result r;
 		double lr = lr_schedule_at(&sched, s);
 		if (kind == REF_TRAIN_STEP)
-			CHECK(train_step(&m, &opt, tok, tgt, dp * ACCUM, lr, 0.3, &r) == CT_OK, "step");
+			CHECK(train_step(&m, &opt, tok, tgt, dp * ACCUM, lr, 0.3, &r) == CT_OK,
+			      "step");
 		else if (kind == REF_MIRROR)
 			mirror_train_step(&m, &opt, tok, tgt, dp, ACCUM, lr, 1.0, &r);
 		else /* fp32: any order within 1e-5, so 1 virtual rank (dp need not be 2^k) */
@@ -243,8 +245,8 @@ static double step_tol(int s, bool drift)
 
 /* Mismatches of run a against a 1-rank reference: losses, gradient norms and parameters,
  * each within step_tol (parameters: the last step's); printed when verbose. */
-static int compare(const struct run *a, const struct run *ref, int64_t n, bool drift,
-                   bool verbose, int *loss_param_mismatches)
+static int compare(const struct run *a, const struct run *ref, int64_t n, bool drift, bool verbose,
+                   int *loss_param_mismatches)
 {
 	int bad = 0, lp = 0;
 	double worst = 0;
@@ -290,13 +292,15 @@ TEST_CASE(test_equivalence)
 	if (mesh.rank == 0) {
 		run_single(&ref, dp, bf16_compute ? REF_MIRROR : REF_TRAIN_STEP);
 		if (bf16_compute)
-			fprintf(stderr, "  against 1 rank, gradient summed in the %d-rank order:\n", dp);
+			fprintf(stderr, "  against 1 rank, gradient summed in the %d-rank order:\n",
+			        dp);
 		EXPECT(compare(&a, &ref, n, false, true, NULL) == 0,
 		       "FSDP differs from 1 rank (losses, grad norms or parameters)");
 		if (bf16_compute) {
 			struct run plain;
 			run_single(&plain, dp, REF_TRAIN_STEP);
-			fprintf(stderr, "  against the 1-rank train_step (another summation order):\n");
+			fprintf(stderr,
+			        "  against the 1-rank train_step (another summation order):\n");
 			EXPECT(compare(&a, &plain, n, true, true, NULL) == 0,
 			       "FSDP drifts from the 1-rank train_step beyond 1e-4");
 			free(plain.params);

@@ -108,10 +108,12 @@ static void plot_compare_loss(FILE *gp, const char *out, const char *dat, const 
 	        "'%s' using 1:2 with lines lw 2 lc 2 title '%s train'",
 	        out, a, b, dat, a, dat2, b);
 	if (val_rows)
-		fprintf(gp, ", '%s' using 1:3 with linespoints lw 2 lc 1 pt 7 title '%s validation'",
+		fprintf(gp,
+		        ", '%s' using 1:3 with linespoints lw 2 lc 1 pt 7 title '%s validation'",
 		        dat, a);
 	if (val_rows2)
-		fprintf(gp, ", '%s' using 1:3 with linespoints lw 2 lc 2 pt 5 title '%s validation'",
+		fprintf(gp,
+		        ", '%s' using 1:3 with linespoints lw 2 lc 2 pt 5 title '%s validation'",
 		        dat2, b);
 	fprintf(gp, "\n");
 }

@@ -301,18 +301,18 @@ static void reduce_scatter_ring(const struct comm_group *g, const float *send, f
  * every chunk is the same pairwise tree over ranks in order, e.g. ((g0 + g1) + (g2 + g3)):
  * the order does not depend on the chunk, so a single process can reproduce it exactly.
  * Bytes sent per rank: (n-1) x count, as in the ring; log2(n) rounds. */
-static void reduce_scatter_tree(const struct comm_group *g, float *buf, float *recv,
-                                int64_t count, float *in)
+static void reduce_scatter_tree(const struct comm_group *g, float *buf, float *recv, int64_t count,
+                                float *in)
 {
 	int n = g->size, r = g->rank;
 	MPI_Comm c = mpi_comm(g);
 	for (int bit = 1; bit < n; bit <<= 1) {
 		int partner = r ^ bit;
-		/* live chunks agree with r on the bits below `bit`; a chunk goes or stays by `bit` */
+		/* live chunks agree with r below `bit`; bit `bit` says whether one goes or stays */
 		for (int q = 0; q < n; q++) {
 			if ((q & (bit - 1)) != (r & (bit - 1)) || (q & bit) != (r & bit))
 				continue;
-			int give = q ^ bit; /* the partner's counterpart of the chunk this rank keeps */
+			int give = q ^ bit; /* the partner's counterpart of kept chunk q */
 			float *mine = buf + (int64_t)q * count;
 			sendrecv_f32(buf + (int64_t)give * count, partner, in, partner, count, c);
 #pragma omp parallel for simd schedule(static)
@@ -323,8 +323,8 @@ static void reduce_scatter_tree(const struct comm_group *g, float *buf, float *r
 	memcpy(recv, buf + (int64_t)r * count, (size_t)count * sizeof(float));
 }
 
-void comm_reduce_scatter_f32(const struct comm_group *g, float *send, float *recv,
-                             int64_t count, float *scratch)
+void comm_reduce_scatter_f32(const struct comm_group *g, float *send, float *recv, int64_t count,
+                             float *scratch)
 {
 	int n = g->size;
 	count_bytes(COMM_REDUCE_SCATTER, (int64_t)(n - 1) * count * 4);
