@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The main job (`make run`): real text end to end on 2 local ranks.
-#  1. the default corpus: the King James Bible (Debian's bible-kjv, 4.3 MB of English prose);
-#  2. train a 2048-id byte-level BPE tokenizer on it and tokenize it into shards (2% of the
-#     documents held out for validation);
+#  1-2. the default corpus (scripts/default-corpus.sh): the King James Bible (Debian's
+#     bible-kjv, 4.3 MB of English prose), a 2048-id byte-level BPE tokenizer trained on it,
+#     token shards (2% of the documents held out for validation);
 #  3. train TorchTitan's debug model with FSDP on 2 ranks, with validation and checkpoints;
 #  4. sample text from the trained checkpoint;
 #  5. draw loss, learning-rate, throughput and memory charts (PNG).
@@ -12,17 +12,7 @@ CTITAN=${1:-build/ctitan}
 STEPS=${STEPS:-200}
 cd "$(dirname "$0")/.."
 data=outputs/data
-mkdir -p "$data"
-if [ ! -s "$data/bible.txt" ]; then
-  echo "== default corpus: bible-kjv =="
-  bible gen1:1-rev22:21 < /dev/null > "$data/bible.txt.tmp" && mv "$data/bible.txt.tmp" "$data/bible.txt"
-fi
-echo "== tokenizer: 2048 ids (2046 BPE tokens + <|begin_of_text|>, <|end_of_text|>) =="
-"$CTITAN" tokenizer train --vocab-size 2048 --input "$data/bible.txt" --out "$data/tokenizer.model"
-echo "== prepare: token shards in $data/default =="
-rm -rf "$data/default"
-"$CTITAN" prepare --tokenizer "$data/tokenizer.model" --input "$data/bible.txt" \
-  --out "$data/default" --doc-separator '\n\n' --val-fraction 0.02
+scripts/default-corpus.sh "$CTITAN"
 echo "== train: debug model (6.2M parameters), FSDP on 2 ranks, $STEPS steps =="
 rm -rf outputs/run
 scripts/launch 2 "$CTITAN" train configs/debug.toml \

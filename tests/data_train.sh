@@ -48,6 +48,14 @@ for f in loss lr tps memory; do
   head -c 4 "$tmp/plots/$f.png" 2>/dev/null | grep -q PNG || ok=1
 done
 check "ctitan plot writes loss, lr, tps and memory PNGs" $ok
+# two runs on one loss chart: the second run's data written beside the first's and drawn
+"$CTITAN" plot "$tmp/b" --out "$tmp/plots-b" > /dev/null 2>&1
+"$CTITAN" plot "$tmp/a" --compare "$tmp/b" --out "$tmp/cmp" > /dev/null 2>&1
+head -c 4 "$tmp/cmp/loss.png" 2>/dev/null | grep -q PNG &&
+  cmp -s "$tmp/cmp/plot-compare.dat" "$tmp/plots-b/plot.dat"
+check "ctitan plot --compare draws the second run's losses on loss.png" $?
+"$CTITAN" plot "$tmp/a" --compare "$tmp/missing" --out "$tmp/cmp" > /dev/null 2> "$tmp/cmp.err"
+[ $? -ne 0 ] && grep -q "missing/metrics.jsonl" "$tmp/cmp.err"; check "ctitan plot --compare names a missing run" $?
 mkdir -p "$tmp/bad"
 printf '{"step": 1, "loss": 2}\nnot json\n' > "$tmp/bad/metrics.jsonl"
 "$CTITAN" plot "$tmp/bad" > /dev/null 2> "$tmp/plot.err"

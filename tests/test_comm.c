@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <limits.h>
+#include <math.h>
 #include <mpi.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -185,6 +186,49 @@ TEST_CASE(test_chunked_reduce_scatter)
 	EXPECT(bad == 0, "%lld wrong sums", (long long)bad);
 	free(send), free(recv), free(scratch);
 	comm_set_max_count((int64_t)1 << 30);
+}
+
+/* A float whose sum with others depends on the order: val() scaled by 2^-30 .. 2^9. */
+static float val_f(int rank, int64_t i)
+{
+	return ldexpf((float)val(rank, i, 6), (int)(val(rank, i, 7) + 500) % 40 - 30);
+}
+
+/* On a power-of-two group every element is summed in one pairwise tree over ranks in order,
+ * ((g0 + g1) + (g2 + g3)), whatever chunk it is in (comm.h): what lets one process reproduce
+ * N ranks bitwise (tests/test_fsdp.c --bf16-compute). Checked bitwise against that tree
+ * computed here; the left fold ((g0 + g1) + g2) + g3 must differ somewhere, or the values
+ * would not tell orders apart. */
+TEST_CASE(test_reduce_scatter_tree_order)
+{
+	int64_t n = 4099, W = mesh.world;
+	if (W & (W - 1))
+		return;
+	float *send = xcalloc((size_t)(n * W), sizeof(float)),
+	      *recv = xcalloc((size_t)n, sizeof(float));
+	float *scratch = xcalloc((size_t)(2 * n), sizeof(float)),
+	      *g = xcalloc((size_t)W, sizeof(float));
+	for (int64_t i = 0; i < n * W; i++)
+		send[i] = val_f(mesh.rank, i);
+	comm_reduce_scatter_f32(&mesh.world_group, send, recv, n, scratch);
+	int64_t bad = 0, fold_differs = 0;
+	for (int64_t i = 0; i < n; i++) {
+		int64_t e = mesh.rank * n + i;
+		float fold = 0;
+		for (int r = 0; r < W; r++)
+			g[r] = val_f(r, e), fold = r ? fold + g[r] : g[r];
+		for (int w = 1; w < W; w <<= 1)
+			for (int r = 0; r + w < W; r += 2 * w)
+				g[r] = g[r] + g[r + w];
+		bad += memcmp(&recv[i], &g[0], sizeof(float)) != 0;
+		fold_differs += fold != g[0];
+	}
+	EXPECT(bad == 0, "%lld of %lld sums not the pairwise tree's", (long long)bad, (long long)n);
+	if (W >= 4) {
+		comm_all_reduce_i64(&mesh.world_group, &fold_differs, 1);
+		EXPECT(fold_differs > 0, "the values do not tell summation orders apart");
+	}
+	free(send), free(recv), free(scratch), free(g);
 }
 
 /* Address space only: pages are never touched, so no memory is used. */
@@ -444,6 +488,7 @@ int main(int argc, char **argv)
 	RUN(test_chunked_all_reduce);
 	RUN(test_chunked_all_gather);
 	RUN(test_chunked_reduce_scatter);
+	RUN(test_reduce_scatter_tree_order);
 	RUN(test_count_only_beyond_int);
 	RUN(test_label_outlives_caller);
 	RUN(test_comm_thread_quiet);

@@ -1,9 +1,11 @@
-/* ctitan plot RUN_DIR [--out DIR]
+/* ctitan plot RUN_DIR [--out DIR] [--compare RUN_DIR2]
  *
  * Reads RUN_DIR/metrics.jsonl and writes loss.png (training and validation loss), lr.png,
  * tps.png (tokens/s per rank and MFU) and memory.png (peak RSS and tracked memory by
  * category) into --out (default RUN_DIR), drawn by gnuplot (Debian's gnuplot-nox) from a
- * data file written next to them. Prints the paths it wrote. */
+ * data file written next to them. With --compare, loss.png draws both runs' training and
+ * validation losses, each labelled with its directory (e.g. fp32 against bf16). Prints the
+ * paths it wrote. */
 #include "cli/plot_cmd.h"
 
 #include <cjson/cJSON.h>
@@ -78,18 +80,59 @@ static int write_data(const char *jsonl, const char *dat, int *rows, int *val_ro
 	return rc;
 }
 
+/* The last path component of a run directory (its label in a comparison). */
+static const char *run_label(const char *dir, char *b, size_t cap)
+{
+	size_t n = strlen(dir);
+	while (n > 1 && dir[n - 1] == '/')
+		n--;
+	size_t i = n;
+	while (i > 0 && dir[i - 1] != '/')
+		i--;
+	snprintf(b, cap, "%.*s", (int)(n - i), dir + i);
+	for (char *c = b; *c; c++) /* gnuplot's title is a quoted string */
+		if (*c == '\'' || *c == '\\')
+			*c = '_';
+	return b;
+}
+
+/* loss.png with two runs: each run's training loss, and its validation loss if it has one. */
+static void plot_compare_loss(FILE *gp, const char *out, const char *dat, const char *run,
+                              int val_rows, const char *dat2, const char *other, int val_rows2)
+{
+	char la[256], lb[256];
+	const char *a = run_label(run, la, sizeof(la)), *b = run_label(other, lb, sizeof(lb));
+	fprintf(gp,
+	        "set output '%s/loss.png'\nset title 'loss: %s vs %s'\nset ylabel 'nats/token'\n"
+	        "plot '%s' using 1:2 with lines lw 2 lc 1 title '%s train', "
+	        "'%s' using 1:2 with lines lw 2 lc 2 title '%s train'",
+	        out, a, b, dat, a, dat2, b);
+	if (val_rows)
+		fprintf(gp,
+		        ", '%s' using 1:3 with linespoints lw 2 lc 1 pt 7 title '%s validation'",
+		        dat, a);
+	if (val_rows2)
+		fprintf(gp,
+		        ", '%s' using 1:3 with linespoints lw 2 lc 2 pt 5 title '%s validation'",
+		        dat2, b);
+	fprintf(gp, "\n");
+}
+
 int cmd_plot(int argc, char **argv)
 {
-	const char *run = NULL, *out = NULL;
+	const char *run = NULL, *out = NULL, *other = NULL;
 	for (int i = 0; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-			printf("usage: ctitan plot RUN_DIR [--out DIR]\n\n"
+			printf("usage: ctitan plot RUN_DIR [--out DIR] [--compare RUN_DIR2]\n\n"
 			       "Writes loss.png, lr.png, tps.png and memory.png from "
-			       "RUN_DIR/metrics.jsonl (needs gnuplot).\n");
+			       "RUN_DIR/metrics.jsonl (needs gnuplot).\n"
+			       "--compare RUN_DIR2: loss.png also draws RUN_DIR2's losses.\n");
 			return 0;
 		}
 		if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
 			out = argv[++i];
+		else if (strcmp(argv[i], "--compare") == 0 && i + 1 < argc)
+			other = argv[++i];
 		else if (!run && strncmp(argv[i], "--", 2) != 0)
 			run = argv[i];
 		else {
@@ -98,17 +141,22 @@ int cmd_plot(int argc, char **argv)
 		}
 	}
 	if (!run) {
-		fprintf(stderr, "usage: ctitan plot RUN_DIR [--out DIR]\n");
+		fprintf(stderr, "usage: ctitan plot RUN_DIR [--out DIR] [--compare RUN_DIR2]\n");
 		return 2;
 	}
 	out = out ? out : run;
 	if (metrics_mkdirs(out))
 		return 1;
-	char jsonl[1100], dat[1100];
+	char jsonl[1100], dat[1100], dat2[1100];
 	snprintf(jsonl, sizeof(jsonl), "%s/metrics.jsonl", run);
 	snprintf(dat, sizeof(dat), "%s/plot.dat", out);
-	int rows, val_rows;
+	int rows, val_rows, rows2 = 0, val_rows2 = 0;
 	int rc = write_data(jsonl, dat, &rows, &val_rows);
+	if (!rc && other) {
+		snprintf(jsonl, sizeof(jsonl), "%s/metrics.jsonl", other);
+		snprintf(dat2, sizeof(dat2), "%s/plot-compare.dat", out);
+		rc = write_data(jsonl, dat2, &rows2, &val_rows2);
+	}
 	if (rc)
 		return ct_exit_code(rc);
 	FILE *gp = popen("gnuplot", "w");
@@ -120,11 +168,15 @@ int cmd_plot(int argc, char **argv)
 	fprintf(gp, "set terminal pngcairo size 900,500 font ',11'\n"
 	            "set grid\nset key top right\nset xlabel 'step'\n"
 	            "set datafile missing 'NaN'\n");
-	fprintf(gp,
-	        "set output '%s/loss.png'\nset title 'loss'\nset ylabel 'nats/token'\n"
-	        "plot '%s' using 1:2 with lines lw 2 title 'train'%s\n",
-	        out, dat,
-	        val_rows ? ", '' using 1:3 with linespoints lw 2 pt 7 title 'validation'" : "");
+	if (other)
+		plot_compare_loss(gp, out, dat, run, val_rows, dat2, other, val_rows2);
+	else
+		fprintf(gp,
+		        "set output '%s/loss.png'\nset title 'loss'\nset ylabel 'nats/token'\n"
+		        "plot '%s' using 1:2 with lines lw 2 title 'train'%s\n",
+		        out, dat,
+		        val_rows ? ", '' using 1:3 with linespoints lw 2 pt 7 title 'validation'"
+		                 : "");
 	fprintf(gp,
 	        "set output '%s/lr.png'\nset title 'learning rate'\nset ylabel 'lr'\n"
 	        "plot '%s' using 1:4 with lines lw 2 notitle\n",

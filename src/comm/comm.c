@@ -270,20 +270,14 @@ static void sendrecv_f32(const float *s, int to, float *r, int from, int64_t cou
 	}
 }
 
-void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, float *recv,
-                             int64_t count, float *scratch)
+/* Ring (any group size): in round k, rank r sends its running sum of chunk (r - k - 1) mod n
+ * to r+1 and receives chunk (r - k - 2) mod n from r-1, adding its own contribution. After
+ * n-1 rounds rank r holds the full sum of chunk r. Chunk c is summed in the ring order
+ * starting at rank c+1, the same on every run but different from chunk to chunk. */
+static void reduce_scatter_ring(const struct comm_group *g, const float *send, float *recv,
+                                int64_t count, float *scratch)
 {
 	int n = g->size, r = g->rank;
-	count_bytes(COMM_REDUCE_SCATTER, (int64_t)(n - 1) * count * 4);
-	if (n == 1) {
-		memcpy(recv, send, (size_t)count * sizeof(float));
-		return;
-	}
-	int slot = wd_enter("reduce-scatter", "floats per rank", g->handle, count);
-	/* Ring: in round k, rank r sends its running sum of chunk (r - k - 1) mod n to r+1 and
-	 * receives chunk (r - k - 2) mod n from r-1, adding its own contribution. After n-1
-	 * rounds, rank r holds the full sum of chunk r. Each chunk is summed in the same ring
-	 * order on every run. */
 	MPI_Comm c = mpi_comm(g);
 	int next = (r + 1) % n, prev = (r + n - 1) % n;
 	float *acc = scratch, *in = scratch + count;
@@ -298,6 +292,51 @@ void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, floa
 			acc[i] = in[i] + mine[i];
 	}
 	memcpy(recv, acc, (size_t)count * sizeof(float));
+}
+
+/* Recursive halving (group size a power of two), in place in buf: in round k rank r pairs
+ * with r ^ 2^k, sends it the chunks whose bit k differs from r's and adds the partner's copy
+ * of the chunks it keeps. Both partners compute x + y = y + x, so after round k every kept
+ * chunk holds the sum over its block of 2^(k+1) consecutive ranks, and the final value of
+ * every chunk is the same pairwise tree over ranks in order, e.g. ((g0 + g1) + (g2 + g3)):
+ * the order does not depend on the chunk, so a single process can reproduce it exactly.
+ * Bytes sent per rank: (n-1) x count, as in the ring; log2(n) rounds. */
+static void reduce_scatter_tree(const struct comm_group *g, float *buf, float *recv, int64_t count,
+                                float *in)
+{
+	int n = g->size, r = g->rank;
+	MPI_Comm c = mpi_comm(g);
+	for (int bit = 1; bit < n; bit <<= 1) {
+		int partner = r ^ bit;
+		/* live chunks agree with r below `bit`; bit `bit` says whether one goes or stays */
+		for (int q = 0; q < n; q++) {
+			if ((q & (bit - 1)) != (r & (bit - 1)) || (q & bit) != (r & bit))
+				continue;
+			int give = q ^ bit; /* the partner's counterpart of kept chunk q */
+			float *mine = buf + (int64_t)q * count;
+			sendrecv_f32(buf + (int64_t)give * count, partner, in, partner, count, c);
+#pragma omp parallel for simd schedule(static)
+			for (int64_t i = 0; i < count; i++)
+				mine[i] = mine[i] + in[i];
+		}
+	}
+	memcpy(recv, buf + (int64_t)r * count, (size_t)count * sizeof(float));
+}
+
+void comm_reduce_scatter_f32(const struct comm_group *g, float *send, float *recv, int64_t count,
+                             float *scratch)
+{
+	int n = g->size;
+	count_bytes(COMM_REDUCE_SCATTER, (int64_t)(n - 1) * count * 4);
+	if (n == 1) {
+		memcpy(recv, send, (size_t)count * sizeof(float));
+		return;
+	}
+	int slot = wd_enter("reduce-scatter", "floats per rank", g->handle, count);
+	if ((n & (n - 1)) == 0)
+		reduce_scatter_tree(g, send, recv, count, scratch);
+	else
+		reduce_scatter_ring(g, send, recv, count, scratch);
 	wd_leave(slot);
 }
 

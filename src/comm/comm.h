@@ -59,11 +59,15 @@ void comm_group_free(struct comm_group *g);
 /* Blocking collectives on a group. Buffers are this process's memory. */
 void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
                      int64_t bytes_per_rank);
-/* recv[count] = sum over ranks of send[rank * count .. +count] (float). A ring over
- * point-to-point messages: faster than OpenMPI's reduce_scatter on shared memory and with a
- * fixed summation order, so reruns are bitwise identical. */
-void comm_reduce_scatter_f32(const struct comm_group *g, const float *send, float *recv,
-                             int64_t count, float *scratch /* 2*count floats */);
+/* recv[count] = sum over ranks of send[rank * count .. +count] (float), over point-to-point
+ * messages (faster than OpenMPI's reduce_scatter on shared memory), in a fixed summation
+ * order, so reruns are bitwise identical. On a power-of-two group (recursive halving) every
+ * element is summed in one pairwise tree over ranks in order, ((g0 + g1) + (g2 + g3)), the
+ * same for every chunk, so one process that sums per-rank gradients that way reproduces N
+ * ranks bitwise; other sizes use a ring (each chunk summed from a different starting rank).
+ * send is the working buffer: its contents are overwritten. */
+void comm_reduce_scatter_f32(const struct comm_group *g, float *send, float *recv, int64_t count,
+                             float *scratch /* 2*count floats */);
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count);
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count);
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count);

@@ -91,7 +91,9 @@ static void op_run(const struct comm_op *op)
 		comm_all_gather(op->group, op->send, op->recv, op->count);
 		break;
 	case COMM_REDUCE_SCATTER:
-		comm_reduce_scatter_f32(op->group, op->send, op->recv, op->count, op->scratch);
+		/* the caller's send buffer is the collective's working memory (comm.h) */
+		comm_reduce_scatter_f32(op->group, (float *)op->send, op->recv, op->count,
+		                        op->scratch);
 		break;
 	default:
 		CHECK(false, "comm stream: unsupported op kind %d", op->kind);

@@ -30,7 +30,7 @@ enum stream_mode { STREAM_THREAD, STREAM_INLINE, STREAM_MODE_COUNT };
 struct comm_op {
 	enum comm_kind kind; /* COMM_ALL_GATHER or COMM_REDUCE_SCATTER */
 	const struct comm_group *group;
-	const void *send;
+	const void *send; /* reduce-scatter: overwritten (the collective's working buffer) */
 	void *recv;
 	int64_t count;    /* all-gather: bytes per rank; reduce-scatter: floats per rank */
 	float *scratch;   /* reduce-scatter: 2*count floats */

@@ -26,6 +26,21 @@ void adamw_update(float *p, const float *grad, float *m, float *v, int64_t n, do
 	}
 }
 
+/* Sum of squares of one block in double: 8 independent partial sums (element i into lane
+ * i mod 8, so the compiler keeps them in one vector register instead of waiting on one
+ * serial add per element), combined in a fixed pairwise order. */
+static double sumsq_block(const float *x, int64_t n)
+{
+	double acc[8] = {0};
+	int64_t i = 0;
+	for (; i + 8 <= n; i += 8)
+		for (int k = 0; k < 8; k++)
+			acc[k] += (double)x[i + k] * x[i + k];
+	for (int k = 0; i < n; i++, k++)
+		acc[k] += (double)x[i] * x[i];
+	return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 double sumsq_f32(const float *x, int64_t n)
 {
 	/* Fixed-size blocks summed in order, so the result does not depend on thread count. */
@@ -38,10 +53,7 @@ double sumsq_f32(const float *x, int64_t n)
 #pragma omp parallel for schedule(static)
 		for (int64_t b = 0; b < cnt; b++) {
 			int64_t i0 = (b0 + b) * blk, i1 = i0 + blk < n ? i0 + blk : n;
-			double s = 0.0;
-			for (int64_t i = i0; i < i1; i++)
-				s += (double)x[i] * x[i];
-			part[b] = s;
+			part[b] = sumsq_block(x + i0, i1 - i0);
 		}
 		for (int64_t b = 0; b < cnt; b++)
 			total += part[b];
