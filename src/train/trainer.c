@@ -181,6 +181,8 @@ static int trainer_build_model(struct trainer *tr)
 		opt_numel = tr->pp.shard_numel;
 	} else {
 		model_init_params(m, seed, m->params, 0, m->table->numel);
+		for (int u = 0; u < m->n_units; u++) /* registers float8 linears, if any */
+			model_bind_unit(m, u, m->unit_w[u], m->unit_dw[u]);
 		if (cfg->profiling.enable_profiling && mc.kind == MODEL_LLAMA)
 			tr->single_pred_s = step_plan_predict_single(
 			    cfg, &mc.llama, m->table, m->B, m->T, (int)tr->accum, tr->stream,
