@@ -48,6 +48,11 @@ bool compute_float8(const struct ct_config *cfg)
 	return false;
 }
 
+void compute_set_fp8_all_gather(bool on)
+{
+	compute_fp8_ag = on;
+}
+
 bool compute_fp8_all_gather(const struct ct_config *cfg)
 {
 	return compute_float8(cfg) && cfg->float8.enable_fsdp_float8_all_gather;

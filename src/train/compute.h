@@ -17,6 +17,10 @@ bool compute_bf16(const struct ct_config *cfg);
 /* model.converters holds "float8" / and the fp8 all-gather is on. */
 bool compute_float8(const struct ct_config *cfg);
 bool compute_fp8_all_gather(const struct ct_config *cfg);
+/* What compute_setup sets from the config (tests set it directly): with the fp8 all-gather,
+ * compute_bind_bf16_params leaves the float8 weights in fp32, so 1 rank casts them to fp8
+ * from the same fp32 values FSDP's gather casts. */
+void compute_set_fp8_all_gather(bool on);
 /* Configures the engine layer for this process, and the float8 linears (kernels/fp8_linear.h:
  * recipe, filter; CT_ERR_USAGE naming the key for what float8 does not support); logs it (with `log` set) and warns once when
  * bf16 runs without bf16 hardware. CT_ERR_USAGE naming the key for an unknown engine. */

@@ -167,6 +167,8 @@ static int trainer_build_model(struct trainer *tr)
 		if (rc)
 			return rc;
 		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, reshard, tr->stream);
+		if (compute_fp8_all_gather(cfg))
+			fsdp_set_fp8_all_gather(&tr->fsdp, true);
 		fsdp_init_params(&tr->fsdp, seed);
 		opt_numel = tr->fsdp.shard_numel;
 		rc = step_plan_setup(&tr->fsdp, cfg, (int)tr->accum, tr->stream, &tr->cost,
