@@ -29,3 +29,4 @@ endforeach()
 add_test(NAME fsdp_fp8_all_gather_bf16_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
          $<TARGET_FILE:test_fsdp> --fp8-all-gather --bf16-compute)
 set_tests_properties(fsdp_fp8_all_gather_bf16_np2 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+ct_add_script_test(float8_cli tests/float8_cli.sh)

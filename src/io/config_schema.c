@@ -314,6 +314,10 @@ const struct cfg_key cfg_schema[] = {
     {ROW(plan, activation_dtype), .def = "auto", CHOICES("auto", "float32", "bfloat16"),
      .help = "ctitan plan: element type of activations and gathered parameters on the "
              "target; auto: training.mixed_precision_param."},
+    {ROW(plan, fp8_peak_tflops), .def = "0", GE(0),
+     .help = "ctitan plan with model.converters = [\"float8\"]: the target's dense fp8 peak "
+             "in TFLOP/s (H100 SXM: 1979); the float8 linears' matmuls are planned at it. 0: "
+             "at the bf16 rate, as the emulation runs on CPUs."},
 
     {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
     {ROW(debug, deterministic), .def = "true",
