@@ -17,3 +17,5 @@ ct_add_test(ckpt_durable)
 # Multi-host over TCP in network namespaces (root only; skipped elsewhere).
 ct_add_script_test(multihost tests/multihost.sh)
 set_tests_properties(multihost PROPERTIES SKIP_RETURN_CODE 77 RUN_SERIAL TRUE)
+# ctitan launch: bad input, the restart limit, a job ended as a whole, nothing left behind.
+ct_add_script_test(launch tests/launch.sh)

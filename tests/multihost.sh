@@ -4,7 +4,9 @@
 # OpenMPI's TCP transport, must train exactly like 4 ranks on one host over shared memory:
 # the same losses and gradient norms at every step and the same checkpoint file checksums.
 # Also: the namespaces really are separate hosts to MPI (shared memory alone cannot connect
-# them), and a hostfile naming a host that does not exist fails clearly, leaving nothing behind.
+# them); a hostfile naming a host that does not exist fails clearly, leaving nothing behind
+# (mpiexec alone, ctitan launch, elastic below MIN); host 1's link set down mid-step ends the
+# whole job under ctitan launch within comm.timeout_seconds + 10 s, collective and ranks named.
 # Skips (exit 77) where network namespaces cannot be created (not root, no CAP_NET_ADMIN).
 #   tests/multihost.sh build/ctitan
 set -u
@@ -84,12 +86,54 @@ rc=$?
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 127 ] && grep -q "unable to reach each other" "$tmp/notcp.log"
 check "shared memory alone cannot join the two hosts (exit $rc)" $?
 
-# 5. a hostfile naming an unreachable host: a clear error, non-zero, nothing left running
+# 5. a hostfile naming an unreachable host: a clear error, non-zero, nothing left running;
+# plain mpiexec (scripts/launch), ctitan launch (probes first), and elastic below MIN
+left() { for ns in "$p-h0" "$p-h1"; do ip netns pids "$ns"; done | wc -l; }
 on_host0 120 "$src/scripts/launch" --hostfile "$tmp/badhosts" --net 10.77.0.0/24 4 \
   "$bin" "${TRAIN[@]}" --job.dump_folder="$tmp/bad" > "$tmp/bad.log" 2>&1
 rc=$?
-left=$(for ns in "$p-h0" "$p-h1"; do ip netns pids "$ns"; done | wc -l)
 grep -m2 -i "unable\|daemon\|no namespace" "$tmp/bad.log"
-[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 127 ] && [ "$left" -eq 0 ]
-check "unreachable host in the hostfile: exit $rc, $left processes left" $?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 127 ] && [ "$(left)" -eq 0 ]
+check "unreachable host in the hostfile (mpiexec): exit $rc, $(left) processes left" $?
+on_host0 120 "$bin" launch --hostfile "$tmp/badhosts" --net 10.77.0.0/24 \
+  "$bin" "${TRAIN[@]}" --job.dump_folder="$tmp/bad" > "$tmp/bad2.log" 2>&1
+rc=$?
+cat "$tmp/bad2.log"
+[ $rc -eq 1 ] && [ "$(left)" -eq 0 ] && grep -q "host 10.77.0.3 of hostfile .* does not answer" "$tmp/bad2.log"
+check "unreachable host in the hostfile (ctitan launch): exit $rc, named, nothing left" $?
+on_host0 120 "$bin" launch --hostfile "$tmp/badhosts" --net 10.77.0.0/24 --nnodes 2:2 \
+  "$bin" "${TRAIN[@]}" --job.dump_folder="$tmp/bad" > "$tmp/bad3.log" 2>&1
+rc=$?
+cat "$tmp/bad3.log"
+[ $rc -eq 1 ] && [ "$(left)" -eq 0 ] &&
+  grep -q "only 1 of the 2 host(s) of .* answer, fewer than MIN = 2" "$tmp/bad3.log"
+check "elastic, fewer hosts answer than MIN: exit $rc, clear message, nothing left" $?
+
+# 6. host 1's link set down mid-step: the watchdog names the collective and the ranks behind
+# the cut, and ctitan launch ends the whole job within comm.timeout_seconds + 10 s (the
+# issue's bound) although mpiexec would wait for TCP keepalive to give up on host 1's daemon
+T=4
+on_host0 300 "$bin" launch --hostfile "$tmp/hostfile" --net 10.77.0.0/24 "$bin" "${TRAIN[@]}" \
+  --training.steps=100000 --checkpoint.enable=false --comm.timeout_seconds=$T \
+  --job.dump_folder="$tmp/link" > "$tmp/link.log" 2>&1 &
+sup=$!
+n=0
+until [ "$(cat "$tmp/link/metrics.jsonl" 2>/dev/null | wc -l)" -ge 3 ] || [ $n -ge 1200 ]; do
+  sleep 0.1
+  n=$((n + 1))
+done
+ip -n "$p-h1" link set eth0 down
+t0=$(date +%s.%N)
+wait $sup
+rc=$?
+dt=$(awk "BEGIN{printf \"%.1f\", $(date +%s.%N) - $t0}")
+ip -n "$p-h1" link set eth0 up
+grep "watchdog:\|ctitan launch" "$tmp/link.log" | head -4
+echo "  link down: the job ended after $dt s (limit $((T + 10)) s), exit $rc"
+# host 1's ranks end by themselves (their watchdog's MPI_Abort cannot reach mpiexec: they exit)
+n=0
+while [ "$(left)" -gt 0 ] && [ $n -lt 200 ]; do sleep 0.1; n=$((n + 1)); done
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && awk "BEGIN{exit !($dt <= $T + 10)}" && [ "$(left)" -eq 0 ] &&
+  grep -q "watchdog: .* on group dp_shard (4 ranks) .* ranks that did not arrive: .*rank [23] (no answer" "$tmp/link.log"
+check "link down mid-step: job ended in $dt s, collective and ranks named, nothing left" $?
 finish

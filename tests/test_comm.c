@@ -9,8 +9,9 @@
  *
  *   mpiexec -n 2..4 test_comm                  the unit tests
  *   mpiexec -n 3 test_comm --hang R MODE S      rank R hangs outside any collective while the
- *                                              others run one (MODE = blocking | stream) with
- *                                              the watchdog at S seconds: tests/watchdog.sh
+ *                                              others run one (MODE = blocking | stream) or
+ *                                              end (MODE = final: comm_finalize) with the
+ *                                              watchdog at S seconds: tests/watchdog.sh
  *                                              checks the job ends, naming rank R
  */
 #define _GNU_SOURCE
@@ -412,7 +413,11 @@ static int hang(int who, const char *mode, double timeout)
 		sleep(120);
 		return 1;
 	}
-	if (strcmp(mode, "stream") == 0) {
+	if (strcmp(mode, "final") == 0) {
+		/* rank `who` is late for the end: the others must not wait in MPI_Finalize */
+		mesh_free(&mesh);
+		comm_finalize();
+	} else if (strcmp(mode, "stream") == 0) {
 		struct comm_stream *s = comm_stream_create(STREAM_THREAD, timeout);
 		int32_t mine = mesh.rank, *all = xcalloc((size_t)mesh.world, sizeof(int32_t));
 		comm_stream_wait(s, enqueue_gather(s, 3, &mine, all));

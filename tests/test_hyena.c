@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <xxhash.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -47,6 +49,10 @@ static void tiny_config(struct hyena_config *c, int64_t order, int64_t l_max)
 	CHECK(hyena_config_finish(c) == CT_OK, "config");
 }
 
+/* The init is pinned across versions (checkpoints and the reference tests depend on it):
+ * xxh64 of hyena-small's fp32 init at l_max 256, seed 1234. */
+#define HYENA_INIT_XXH64 0x3a67929018524c7bULL
+
 TEST_CASE(test_table_and_init)
 {
 	struct hyena_config c;
@@ -79,6 +85,9 @@ TEST_CASE(test_table_and_init)
 	hyena_init_params(&c, &t, seed, part + cut, cut, t.numel - cut);
 	EXPECT(memcmp(full, part, (size_t)t.numel * sizeof(float)) == 0, "sharded init differs");
 	EXPECT(full[fq->offset] == 14.0f, "freq = w");
+	hyena_init_params(&c, &t, 1234, part, 0, t.numel);
+	unsigned long long h = XXH64(part, (size_t)t.numel * sizeof(float), 0);
+	EXPECT(h == HYENA_INIT_XXH64, "pinned init: xxh64 %#llx, want %#llx", h, HYENA_INIT_XXH64);
 	const struct param_entry *sf = param_table_find(&t, "layers.1.mixer.short_filter.weight");
 	double mx = 0;
 	for (int64_t j = 0; j < sf->numel; j++)

@@ -41,6 +41,18 @@ dt=$(($(date +%s) - t0 - 2))
   has "$tmp/stream.log" "did not arrive: rank 1 (at step 7"
 check "comm-stream all-gather: rank 1 named, bucket in the message" $?
 
+# A rank late for the end (stopped or hung after the last collective): the others do not wait
+# in MPI_Finalize forever; the barrier before it is watched like any collective.
+t0=$(date +%s)
+timeout 60 mpiexec -n 3 "$test_comm" --hang 1 final $T > "$tmp/final.log" 2>&1
+rc=$?
+dt=$(($(date +%s) - t0 - 2))
+grep watchdog "$tmp/final.log" | head -2
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && within final "$tmp/final.log" $dt &&
+  has "$tmp/final.log" "barrier of 3 ranks (before MPI_Finalize) on group world (finalize)" &&
+  has "$tmp/final.log" "did not arrive: rank 1 (at step 7"
+check "a rank late for MPI_Finalize: the job ends, rank 1 named (exit $rc)" $?
+
 # 3-4. SIGSTOP one rank of a training job, inline and thread progress.
 rank_pid() { # MPIEXEC_PID RANK
   for p in $(pgrep -P "$1"); do

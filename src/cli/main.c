@@ -6,6 +6,7 @@
 #include "base/log.h"
 #include "cli/export_cmd.h"
 #include "cli/generate_cmd.h"
+#include "cli/launch_cmd.h"
 #include "cli/plan_cmd.h"
 #include "cli/plot_cmd.h"
 #include "cli/prepare_cmd.h"
@@ -39,6 +40,9 @@ static void usage(FILE *f)
 	        "        communication on N ranks of the configured hardware\n"
 	        "  plot RUN_DIR [--out DIR]\n"
 	        "        loss, learning-rate, throughput and memory charts (PNG) of a run\n"
+	        "  launch [-n N] [--hostfile F] [--nnodes MIN:MAX] [--max-restarts K] COMMAND...\n"
+	        "        run COMMAND on MPI ranks (mpiexec) and supervise it: the job ends as a\n"
+	        "        whole; elastic restarts on the hosts that answer\n"
 	        "  help  this text\n\n"
 	        "exit codes: 0 success, 1 runtime failure, 2 bad usage or configuration\n",
 	        CTITAN_VERSION);
@@ -117,6 +121,8 @@ int main(int argc, char **argv)
 		return cmd_plan(argc - 2, argv + 2);
 	if (strcmp(cmd, "plot") == 0)
 		return cmd_plot(argc - 2, argv + 2);
+	if (strcmp(cmd, "launch") == 0)
+		return cmd_launch(argc - 2, argv + 2);
 	if (strcmp(cmd, "export") == 0)
 		return cmd_export(argc - 2, argv + 2);
 	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {

@@ -345,12 +345,41 @@ void comm_watchdog_start(double timeout_s)
 	wd.running = true;
 }
 
+static void *wd_finalize_guard(void *arg)
+{
+	(void)arg;
+	wd_sleep(wd.timeout_s + WD_ASK_SECONDS);
+	fprintf(stderr,
+	        "[rank %d] watchdog: MPI_Finalize has not returned after %.0f s (a peer stopped "
+	        "or cut off after the last collective?); exiting\n",
+	        comm_world_rank(), wd.timeout_s + WD_ASK_SECONDS);
+	_exit(1);
+}
+
 void comm_watchdog_stop(void)
 {
 	if (!wd.running)
 		return;
+	/* Every rank arrives here before any leaves, under the watchdog: a rank stopped or hung
+	 * after the last collective is named instead of hanging MPI_Finalize's own fence. */
+	int n = 0;
+	MPI_Comm_size(wd.comm, &n);
+	int *all = xcalloc((size_t)n, sizeof(int));
+	for (int i = 0; i < n; i++)
+		all[i] = i;
+	wd_group_add(wd.comm, "world (finalize)", n, all);
+	free(all);
+	comm_label("before MPI_Finalize");
+	int slot = wd_enter("barrier", "ranks", wd.comm, n);
+	MPI_Barrier(wd.comm);
+	wd_leave(slot);
+	wd_group_remove(wd.comm);
 	__atomic_store_n(&wd.stop, 1, __ATOMIC_RELEASE);
 	pthread_join(wd.thread, NULL);
 	MPI_Comm_free(&wd.comm);
 	wd.running = false;
+	/* MPI_Finalize waits for every peer too; past the timeout the process ends by itself */
+	pthread_t guard;
+	if (thread_start(&guard, "ct-finalize", wd_finalize_guard, NULL) == 0)
+		pthread_detach(guard);
 }

@@ -26,7 +26,10 @@
 
 /* Collective over the world (duplicates the world communicator). timeout_s > 0. */
 void comm_watchdog_start(double timeout_s);
-/* Stops the thread; comm_finalize calls it. Safe when not started. */
+/* Collective: a barrier of every rank under the watchdog (a rank stopped after the last
+ * collective is named, not waited for), then stops the thread and arms a guard that ends
+ * the process if MPI_Finalize has not returned within the timeout + WD_ASK_SECONDS.
+ * comm_finalize calls it. Safe when not started. */
 void comm_watchdog_stop(void);
 /* The training step shown in watchdog messages (-1: none). */
 void comm_watchdog_set_step(int64_t step);

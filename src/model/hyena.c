@@ -106,7 +106,42 @@ int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 	t->n_units = L + 2;
 	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
 	char name[PARAM_NAME_MAX];
-	param_table_add(t, &cap, "tok_embeddings.weight", 0, V, D, true);
+	/* safari's init: Linear weights N(0, 0.02), the output projections (out_proj, fc2)
+	 * depth-scaled by 1/sqrt(2L); biases 0; LayerNorms 1 and 0; the implicit filter's Linear
+	 * layers torch's default U(+-1/sqrt(fan_in)) (biases too), its sine frequency constant;
+	 * the short filter Conv1d's default with fan_in = 3 (one input channel per group); the
+	 * filter bias N(0, 1). */
+	const struct param_init zeros = {PARAM_INIT_ZEROS, 0, 0}, ones = {PARAM_INIT_ONES, 0, 0};
+	const struct param_init lin = {PARAM_INIT_NORMAL, 0.02, 0};
+	const struct param_init lin_depth = {PARAM_INIT_NORMAL, 0.02 / sqrt(2.0 * (double)L), 0};
+	const struct param_init filt_e = {PARAM_INIT_UNIFORM, 1.0 / sqrt((double)E), 0};
+	const struct param_init filt_f = {PARAM_INIT_UNIFORM, 1.0 / sqrt((double)F), 0};
+	const struct param_init init[HYB_COUNT] = {
+	    [HYB_NORM1_W] = ones,
+	    [HYB_NORM1_B] = zeros,
+	    [HYB_IN_W] = lin,
+	    [HYB_IN_B] = zeros,
+	    [HYB_SF_W] = {PARAM_INIT_UNIFORM, 1.0 / sqrt((double)HYENA_SHORT_FILTER), 0},
+	    [HYB_SF_B] = {PARAM_INIT_UNIFORM, 1.0 / sqrt((double)HYENA_SHORT_FILTER), 0},
+	    [HYB_FBIAS] = {PARAM_INIT_NORMAL, 1.0, 0},
+	    [HYB_MLP0_W] = filt_e,
+	    [HYB_MLP0_B] = filt_e,
+	    [HYB_FREQ] = {PARAM_INIT_CONST, c->sin_freq, 0},
+	    [HYB_MLP1_W] = filt_f,
+	    [HYB_MLP1_B] = filt_f,
+	    [HYB_MLP2_W] = filt_f,
+	    [HYB_MLP2_B] = filt_f,
+	    [HYB_MLP3_W] = filt_f,
+	    [HYB_OUT_W] = lin_depth,
+	    [HYB_OUT_B] = zeros,
+	    [HYB_NORM2_W] = ones,
+	    [HYB_NORM2_B] = zeros,
+	    [HYB_FC1_W] = lin,
+	    [HYB_FC1_B] = zeros,
+	    [HYB_FC2_W] = lin_depth,
+	    [HYB_FC2_B] = zeros,
+	};
+	param_table_add(t, &cap, "tok_embeddings.weight", 0, V, D, true, lin);
 	t->numel_embedding = V * D;
 	static const char *const names[HYB_COUNT] = {
 	    [HYB_NORM1_W] = "mixer_norm.weight",
@@ -164,12 +199,13 @@ int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 			snprintf(name, sizeof(name), "layers.%d.%s", l, names[k]);
 			/* safari: no weight decay on the implicit filter (its "_optim" wd = 0) */
 			bool decay = strstr(names[k], "implicit_filter") == NULL;
-			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], decay);
+			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], decay,
+			                init[k]);
 		}
 	}
 	t->unit_begin[L + 1] = t->numel;
-	param_table_add(t, &cap, "norm.weight", L + 1, D, 0, false);
-	param_table_add(t, &cap, "norm.bias", L + 1, D, 0, false);
+	param_table_add(t, &cap, "norm.weight", L + 1, D, 0, false, ones);
+	param_table_add(t, &cap, "norm.bias", L + 1, D, 0, false, zeros);
 	t->unit_begin[L + 2] = t->numel;
 	return CT_OK;
 }
@@ -188,74 +224,11 @@ double hyena_flops_per_token(const struct hyena_config *c, int64_t seq_len)
 
 /* ---------------------------------------------------------------- init */
 
-enum init_kind { INIT_ZERO, INIT_ONE, INIT_NORMAL, INIT_UNIFORM, INIT_CONST };
-
-static void param_init_spec(const struct hyena_config *c, const struct param_entry *p,
-                            enum init_kind *kind, double *a)
-{
-	const char *n = p->name;
-	size_t len = strlen(n);
-	bool is_bias = len > 5 && strcmp(n + len - 5, ".bias") == 0;
-	*a = 0.02;
-	if (strstr(n, "norm.")) {
-		*kind = is_bias ? INIT_ZERO : INIT_ONE;
-	} else if (strstr(n, "implicit_filter.1.freq")) {
-		*kind = INIT_CONST;
-		*a = c->sin_freq;
-	} else if (strstr(n, "filter_fn.bias")) {
-		*kind = INIT_NORMAL;
-		*a = 1.0;
-	} else if (strstr(n, "short_filter")) {
-		*kind = INIT_UNIFORM; /* Conv1d default: fan_in = K (one input channel per group) */
-		*a = 1.0 / sqrt((double)HYENA_SHORT_FILTER);
-	} else if (strstr(n, "implicit_filter")) {
-		*kind = INIT_UNIFORM; /* Linear default: U(+-1/sqrt(fan_in)), bias too */
-		int64_t fan_in = strstr(n, "implicit_filter.0.") ? c->emb_dim : c->filter_order;
-		*a = 1.0 / sqrt((double)fan_in);
-	} else if (is_bias) {
-		*kind = INIT_ZERO;
-	} else {
-		*kind = INIT_NORMAL;
-		if (strstr(n, "out_proj.weight") || strstr(n, "fc2.weight"))
-			*a = 0.02 / sqrt(2.0 * (double)c->n_layers);
-	}
-}
-
 void hyena_init_params(const struct hyena_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n)
 {
-	int64_t last = first + n;
-	for (int i = 0; i < t->count; i++) {
-		const struct param_entry *p = &t->p[i];
-		int64_t lo = p->offset > first ? p->offset : first;
-		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
-		if (lo >= hi)
-			continue;
-		enum init_kind kind;
-		double a;
-		param_init_spec(c, p, &kind, &a);
-		float *dst = out + (lo - first);
-		int64_t cnt = hi - lo, elem0 = lo - p->offset;
-		uint64_t stream = rng_stream_id(p->name);
-		switch (kind) {
-		case INIT_ZERO:
-		case INIT_ONE:
-		case INIT_CONST:
-			for (int64_t j = 0; j < cnt; j++)
-				dst[j] =
-				    kind == INIT_ZERO ? 0.0f : (kind == INIT_ONE ? 1.0f : (float)a);
-			break;
-		case INIT_NORMAL:
-			rng_fill_normal(dst, cnt, elem0, seed, stream, 0.0, a);
-			break;
-		case INIT_UNIFORM:
-			for (int64_t j = 0; j < cnt; j++)
-				dst[j] = (float)(a * (2.0 * rng_uniform(seed, stream,
-				                                        (uint64_t)(elem0 + j)) -
-				                      1.0));
-			break;
-		}
-	}
+	(void)c; /* the table carries each tensor's init (hyena_table_build) */
+	param_table_init_range(t, seed, out, first, n);
 }
 
 /* ---------------------------------------------------------------- compute */

@@ -112,59 +112,97 @@ int llama_table_build(struct param_table *t, const struct llama_config *c)
 	return llama_table_build_tp(t, c, 1, 0);
 }
 
+/* The dimensions a block tensor's shape is made of. */
+enum block_dim { BD_NONE, BD_C, BD_HD, BD_KVD, BD_F };
+
+/* One block's tensors, in table order. tp: -1 replicated, 0 column-parallel (rows split),
+ * 1 row-parallel (columns split). Init (TorchTitan's llama3, depth_init): norms 1; wq, wk,
+ * wv, w1 trunc-normal std 0.02 cut at +-2 (absolute, torch's trunc_normal_ default); wo, w2,
+ * w3 the same with std 0.02/sqrt(2(l+1)). */
+static const struct block_tensor_spec {
+	const char *suffix;
+	enum block_dim rows, cols;
+	int tp;
+	bool norm, depth_init;
+} block_spec[LB_COUNT] = {
+    [LB_ATTN_NORM] = {"attention_norm.weight", BD_C, BD_NONE, -1, true, false},
+    [LB_WQ] = {"attention.wq.weight", BD_HD, BD_C, 0, false, false},
+    [LB_WK] = {"attention.wk.weight", BD_KVD, BD_C, 0, false, false},
+    [LB_WV] = {"attention.wv.weight", BD_KVD, BD_C, 0, false, false},
+    [LB_WO] = {"attention.wo.weight", BD_C, BD_HD, 1, false, true},
+    [LB_FFN_NORM] = {"ffn_norm.weight", BD_C, BD_NONE, -1, true, false},
+    [LB_W1] = {"feed_forward.w1.weight", BD_F, BD_C, 0, false, false},
+    [LB_W2] = {"feed_forward.w2.weight", BD_C, BD_F, 1, false, true},
+    [LB_W3] = {"feed_forward.w3.weight", BD_F, BD_C, 0, false, true},
+};
+
+static int64_t block_dim_size(const struct llama_config *c, enum block_dim d)
+{
+	switch (d) {
+	case BD_C:
+		return c->dim;
+	case BD_HD:
+		return c->n_heads * c->head_dim;
+	case BD_KVD:
+		return c->n_kv_heads * c->head_dim;
+	case BD_F:
+		return c->ffn_hidden;
+	case BD_NONE:
+		break;
+	}
+	return 0;
+}
+
 int llama_table_build_tp(struct param_table *t, const struct llama_config *c, int tp_size,
                          int tp_rank)
 {
 	memset(t, 0, sizeof(*t));
-	if (tp_size > 1 && (c->n_heads % tp_size || c->n_kv_heads % tp_size ||
-	                    c->ffn_hidden % tp_size)) {
-		LOG_ERROR("parallelism.tensor_parallel_degree = %d must divide model.n_heads (%lld), "
-		          "n_kv_heads (%lld) and the FFN hidden size (%lld)",
-		          tp_size, (long long)c->n_heads, (long long)c->n_kv_heads,
-		          (long long)c->ffn_hidden);
+	if (tp_size > 1 &&
+	    (c->n_heads % tp_size || c->n_kv_heads % tp_size || c->ffn_hidden % tp_size)) {
+		LOG_ERROR(
+		    "parallelism.tensor_parallel_degree = %d must divide model.n_heads (%lld), "
+		    "n_kv_heads (%lld) and the FFN hidden size (%lld)",
+		    tp_size, (long long)c->n_heads, (long long)c->n_kv_heads,
+		    (long long)c->ffn_hidden);
 		return CT_ERR_USAGE;
 	}
 	int cap = 0;
 	int S = tp_size, R = tp_rank;
 	t->tp_size = S;
 	t->tp_rank = R;
-	int64_t C = c->dim, HD = c->n_heads * c->head_dim, KVD = c->n_kv_heads * c->head_dim;
-	int64_t F = c->ffn_hidden, V = c->vocab_size, Vs = (V + S - 1) / S;
+	int64_t C = c->dim, V = c->vocab_size, Vs = (V + S - 1) / S;
 	int L = (int)c->n_layers;
 	t->n_units = L + 2;
 	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
 	char name[PARAM_NAME_MAX];
+	const struct param_init ones = {PARAM_INIT_ONES, 0, 0};
+	double out_std = 1.0 / sqrt((double)C);
 
-	param_table_add(t, &cap, "tok_embeddings.weight", 0, Vs, C, true);
+	/* embedding N(0, 1); output trunc-normal std dim^-0.5 cut at 3 sigma */
+	param_table_add(t, &cap, "tok_embeddings.weight", 0, Vs, C, true,
+	                (struct param_init){PARAM_INIT_NORMAL, 1.0, 0});
 	if (S > 1)
 		table_split_last(t, 0, V, S, R);
 	t->numel_embedding = Vs * C;
 	for (int l = 0; l < L; l++) {
 		t->unit_begin[l + 1] = t->numel;
-/* split: -1 replicated, 0 column-parallel (rows split), 1 row-parallel (columns split) */
-#define ADD(suffix, d0, d1, split)                                                                 \
-	do {                                                                                       \
-		snprintf(name, sizeof(name), "layers.%d." suffix, l);                              \
-		int64_t g0 = d0, g1 = d1;                                                          \
-		param_table_add(t, &cap, name, l + 1, (split) == 0 ? g0 / S : g0,                  \
-		                (split) == 1 ? g1 / S : g1, true);                                 \
-		if (S > 1 && (split) >= 0)                                                         \
-			table_split_last(t, split, (split) == 0 ? g0 : g1, S, R);                  \
-	} while (0)
-		ADD("attention_norm.weight", C, 0, -1);
-		ADD("attention.wq.weight", HD, C, 0);
-		ADD("attention.wk.weight", KVD, C, 0);
-		ADD("attention.wv.weight", KVD, C, 0);
-		ADD("attention.wo.weight", C, HD, 1);
-		ADD("ffn_norm.weight", C, 0, -1);
-		ADD("feed_forward.w1.weight", F, C, 0);
-		ADD("feed_forward.w2.weight", C, F, 1);
-		ADD("feed_forward.w3.weight", F, C, 0);
-#undef ADD
+		for (int k = 0; k < LB_COUNT; k++) {
+			const struct block_tensor_spec *b = &block_spec[k];
+			int64_t g0 = block_dim_size(c, b->rows), g1 = block_dim_size(c, b->cols);
+			double std = b->depth_init ? 0.02 / sqrt(2.0 * (l + 1)) : 0.02;
+			struct param_init init =
+			    b->norm ? ones : (struct param_init){PARAM_INIT_TRUNC_NORMAL, std, 2.0};
+			snprintf(name, sizeof(name), "layers.%d.%s", l, b->suffix);
+			param_table_add(t, &cap, name, l + 1, b->tp == 0 ? g0 / S : g0,
+			                b->tp == 1 ? g1 / S : g1, true, init);
+			if (S > 1 && b->tp >= 0)
+				table_split_last(t, b->tp, b->tp == 0 ? g0 : g1, S, R);
+		}
 	}
 	t->unit_begin[L + 1] = t->numel;
-	param_table_add(t, &cap, "norm.weight", L + 1, C, 0, true);
-	param_table_add(t, &cap, "output.weight", L + 1, Vs, C, true);
+	param_table_add(t, &cap, "norm.weight", L + 1, C, 0, true, ones);
+	param_table_add(t, &cap, "output.weight", L + 1, Vs, C, true,
+	                (struct param_init){PARAM_INIT_TRUNC_NORMAL, out_std, 3.0 * out_std});
 	if (S > 1)
 		table_split_last(t, 0, V, S, R);
 	t->unit_begin[L + 2] = t->numel;
@@ -182,32 +220,8 @@ double llama_flops_per_token(const struct llama_config *c, const struct param_ta
 
 /* ---------------------------------------------------------------- init */
 
-/* TorchTitan's llama3 init: embeddings N(0,1); wq, wk, wv, w1 trunc-normal std 0.02 (cut at
- * +-2, absolute, as torch's trunc_normal_ default); wo, w2, w3 std 0.02/sqrt(2(l+1))
- * (depth init); norms 1; output std dim^-0.5 cut at 3 sigma. */
-static void param_init_spec(const struct llama_config *c, const struct param_entry *p, int *kind,
-                            double *std, double *cut)
-{
-	*kind = 2; /* 0 ones, 1 normal, 2 truncated normal */
-	*std = 0.02;
-	*cut = 2.0;
-	if (strstr(p->name, "norm.weight")) {
-		*kind = 0;
-	} else if (strcmp(p->name, "tok_embeddings.weight") == 0) {
-		*kind = 1;
-		*std = 1.0;
-	} else if (strcmp(p->name, "output.weight") == 0) {
-		*std = 1.0 / sqrt((double)c->dim);
-		*cut = 3.0 * *std;
-	} else if (strstr(p->name, "wo.weight") || strstr(p->name, "w2.weight") ||
-	           strstr(p->name, "w3.weight")) {
-		int layer = atoi(p->name + strlen("layers."));
-		*std = 0.02 / sqrt(2.0 * (layer + 1));
-	}
-}
-
-static void init_params_tp(const struct llama_config *c, const struct param_table *t,
-                           uint64_t seed, float *out, int64_t first, int64_t n)
+static void init_params_tp(const struct llama_config *c, const struct param_table *t, uint64_t seed,
+                           float *out, int64_t first, int64_t n)
 {
 	struct param_table g;
 	llama_table_build(&g, c);
@@ -227,7 +241,8 @@ static void init_params_tp(const struct llama_config *c, const struct param_tabl
 			} else {
 				int64_t grow = p->tp_dim == 0 ? p->tp_start + row : row;
 				int64_t gcol = p->tp_dim == 1 ? p->tp_start + col : col;
-				llama_init_params(c, &g, seed, dst, gp->offset + grow * gcols + gcol, cnt);
+				llama_init_params(c, &g, seed, dst,
+				                  gp->offset + grow * gcols + gcol, cnt);
 			}
 			e += cnt;
 		}
@@ -238,31 +253,10 @@ static void init_params_tp(const struct llama_config *c, const struct param_tabl
 void llama_init_params(const struct llama_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n)
 {
-	if (t->tp_size > 1) {
+	if (t->tp_size > 1)
 		init_params_tp(c, t, seed, out, first, n);
-		return;
-	}
-	int64_t last = first + n;
-	for (int i = 0; i < t->count; i++) {
-		const struct param_entry *p = &t->p[i];
-		int64_t lo = p->offset > first ? p->offset : first;
-		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
-		if (lo >= hi)
-			continue;
-		int kind;
-		double std, cut;
-		param_init_spec(c, p, &kind, &std, &cut);
-		float *dst = out + (lo - first);
-		int64_t cnt = hi - lo, elem0 = lo - p->offset;
-		uint64_t stream = rng_stream_id(p->name);
-		if (kind == 0)
-			for (int64_t j = 0; j < cnt; j++)
-				dst[j] = 1.0f;
-		else if (kind == 1)
-			rng_fill_normal(dst, cnt, elem0, seed, stream, 0.0, std);
-		else
-			rng_fill_trunc_normal(dst, cnt, elem0, seed, stream, std, -cut, cut);
-	}
+	else
+		param_table_init_range(t, seed, out, first, n); /* the table carries each init */
 }
 
 /* ---------------------------------------------------------------- build */
@@ -278,10 +272,19 @@ static struct llama_block_ptrs block_ptrs(const struct llama_model *m, float *co
                                           int l)
 {
 	struct llama_block_ptrs b;
-	float **dst[9] = {&b.attn_norm, &b.wq, &b.wk, &b.wv, &b.wo,
-	                  &b.ffn_norm,  &b.w1, &b.w2, &b.w3};
-	for (int k = 0; k < 9; k++)
-		*dst[k] = tensor_at(m, unit_base, 1 + 9 * l + k);
+	float **dst[LB_COUNT] = {
+	    [LB_ATTN_NORM] = &b.attn_norm,
+	    [LB_WQ] = &b.wq,
+	    [LB_WK] = &b.wk,
+	    [LB_WV] = &b.wv,
+	    [LB_WO] = &b.wo,
+	    [LB_FFN_NORM] = &b.ffn_norm,
+	    [LB_W1] = &b.w1,
+	    [LB_W2] = &b.w2,
+	    [LB_W3] = &b.w3,
+	};
+	for (int k = 0; k < LB_COUNT; k++)
+		*dst[k] = tensor_at(m, unit_base, llama_param_index(l, k));
 	return b;
 }
 
@@ -363,56 +366,76 @@ static struct llama_dims local_dims(const struct llama_model *m)
 	                           .V = (c->vocab_size + S - 1) / S};
 }
 
-/* Saved per block under each checkpointing mode; the rest live once, in `shared`. */
+/* What each activation-checkpointing mode keeps per block (K) and what is re-derived (-):
+ *
+ *              x  rstd1  q  k  v  att  lse  xmid  rstd2  h1  h3   re-derived by
+ *   NONE       K    K    K  K  K   K    K    K     K     K   K    -
+ *   FFN        K    K    K  K  K   K    K    K     K     -   -    block_backward (h1s, h3s)
+ *   SELECTIVE  K    -    K  -  K   K    K    -     -     K   -    block_recompute_selective
+ *   FULL       K    -    -  -  -   -    -    -     -     -   -    block_forward
+ *
+ * The input x is always kept. What a mode re-derives lives once, in buffers shared by every
+ * block (FFN's h1/h3 in the backward scratch h1s/h3s instead). SELECTIVE is TorchTitan's
+ * per-op policy: keep matmul and attention outputs except every second matmul (wk, wo, w3),
+ * and recompute the norms. The three walkers (forward, selective recompute, backward) read
+ * and write exactly these buffers; block_keeps below is the table in code. */
+enum block_act {
+	BA_RSTD1,
+	BA_Q,
+	BA_K,
+	BA_V,
+	BA_ATT,
+	BA_LSE,
+	BA_XMID,
+	BA_RSTD2,
+	BA_H1,
+	BA_H3,
+	BA_COUNT
+};
+#define KEEP(a) (1u << (a))
+static const unsigned block_keeps[MODEL_AC_COUNT] = {
+    [MODEL_AC_NONE] = (1u << BA_COUNT) - 1,
+    [MODEL_AC_FFN] = ((1u << BA_COUNT) - 1) & ~(KEEP(BA_H1) | KEEP(BA_H3)),
+    [MODEL_AC_SELECTIVE] = KEEP(BA_Q) | KEEP(BA_V) | KEEP(BA_ATT) | KEEP(BA_LSE) | KEEP(BA_H1),
+    [MODEL_AC_FULL] = 0,
+};
+
+static float **block_act_slot(struct llama_block_acts *a, enum block_act k)
+{
+	float **slot[BA_COUNT] = {
+	    [BA_RSTD1] = &a->rstd1, [BA_Q] = &a->q,         [BA_K] = &a->k,
+	    [BA_V] = &a->v,         [BA_ATT] = &a->att,     [BA_LSE] = &a->lse,
+	    [BA_XMID] = &a->xmid,   [BA_RSTD2] = &a->rstd2, [BA_H1] = &a->h1,
+	    [BA_H3] = &a->h3,
+	};
+	return slot[k];
+}
+
 static void plan_acts(struct llama_model *m, struct carver *cv)
 {
 	const struct llama_config *c = &m->cfg;
 	const struct llama_dims d = local_dims(m);
-	int64_t N = m->N, Nr = d.Nr, C = c->dim, HD = d.HD;
-	int64_t KVD = d.KVD, F = d.F;
-	int64_t f = sizeof(float);
-	bool sel = m->ac == MODEL_AC_SELECTIVE, full = m->ac == MODEL_AC_FULL;
-	bool ffn_saved = m->ac == MODEL_AC_NONE || sel || full;
+	int64_t N = m->N, Nr = d.Nr, C = c->dim, f = sizeof(float);
+	const int64_t bytes[BA_COUNT] = {
+	    [BA_RSTD1] = Nr * f,    [BA_Q] = N * d.HD * f,   [BA_K] = N * d.KVD * f,
+	    [BA_V] = N * d.KVD * f, [BA_ATT] = N * d.HD * f, [BA_LSE] = N * d.H * f,
+	    [BA_XMID] = Nr * C * f, [BA_RSTD2] = Nr * f,     [BA_H1] = N * d.F * f,
+	    [BA_H3] = N * d.F * f,
+	};
+	unsigned keeps = block_keeps[m->ac];
 	m->tokens = carve(cv, N * (int64_t)sizeof(int32_t));
 	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
 	struct llama_block_acts shared = {0};
-	if (sel || full) {
-		shared.rstd1 = carve(cv, Nr * f);
-		shared.k = carve(cv, N * KVD * f);
-		shared.xmid = carve(cv, Nr * C * f);
-		shared.rstd2 = carve(cv, Nr * f);
-		shared.h3 = carve(cv, N * F * f);
-	}
-	if (full) {
-		shared.q = carve(cv, N * HD * f);
-		shared.v = carve(cv, N * KVD * f);
-		shared.att = carve(cv, N * HD * f);
-		shared.lse = carve(cv, N * d.H * f);
-		shared.h1 = carve(cv, N * F * f);
-	}
+	for (int k = 0; k < BA_COUNT; k++)
+		if (!(keeps & KEEP(k)) && m->ac != MODEL_AC_FFN)
+			*block_act_slot(&shared, (enum block_act)k) = carve(cv, bytes[k]);
 	for (int l = 0; l < c->n_layers; l++) {
 		struct llama_block_acts *a = &m->acts[l];
 		*a = shared;
 		a->x = carve(cv, Nr * C * f);
-		if (full)
-			continue;
-		if (!sel)
-			a->rstd1 = carve(cv, Nr * f);
-		a->q = carve(cv, N * HD * f);
-		if (!sel)
-			a->k = carve(cv, N * KVD * f);
-		a->v = carve(cv, N * KVD * f);
-		a->att = carve(cv, N * HD * f);
-		a->lse = carve(cv, N * d.H * f);
-		if (!sel) {
-			a->xmid = carve(cv, Nr * C * f);
-			a->rstd2 = carve(cv, Nr * f);
-		}
-		if (ffn_saved) {
-			a->h1 = carve(cv, N * F * f);
-			if (!sel)
-				a->h3 = carve(cv, N * F * f);
-		}
+		for (int k = 0; k < BA_COUNT; k++)
+			if (keeps & KEEP(k))
+				*block_act_slot(a, (enum block_act)k) = carve(cv, bytes[k]);
 	}
 	m->x_final = carve(cv, Nr * C * f);
 	m->rstd_f = carve(cv, Nr * f);
@@ -420,6 +443,7 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 	m->rope_cos = carve(cv, m->T * (c->head_dim / 2) * f);
 	m->rope_sin = carve(cv, m->T * (c->head_dim / 2) * f);
 }
+#undef KEEP
 
 static void plan_scratch(struct llama_model *m, struct carver *cv)
 {

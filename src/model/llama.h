@@ -64,6 +64,26 @@ void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, 
 double llama_flops_per_token(const struct llama_config *c, const struct param_table *t,
                              int64_t seq_len);
 
+/* The tensors of one block, in table order: block l's tensor k is table entry
+ * llama_param_index(l, k) (entry 0 is the embedding; norm and output come last). */
+enum llama_block_tensor {
+	LB_ATTN_NORM,
+	LB_WQ, /* (H*D, C) */
+	LB_WK, /* (KV*D, C) */
+	LB_WV, /* (KV*D, C) */
+	LB_WO, /* (C, H*D) */
+	LB_FFN_NORM,
+	LB_W1, /* (F, C) */
+	LB_W2, /* (C, F) */
+	LB_W3, /* (F, C) */
+	LB_COUNT
+};
+
+static inline int llama_param_index(int l, int k)
+{
+	return 1 + l * LB_COUNT + k;
+}
+
 /* Pointers to one block's tensors inside a flat buffer (params or grads). */
 struct llama_block_ptrs {
 	float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w1, *w2, *w3;
@@ -82,14 +102,11 @@ struct llama_block_acts {
 	float *h1, *h3; /* (N,F) w1 and w3 outputs (NULL when recomputed in backward) */
 };
 
-/* Activation checkpointing: which block activations are saved in forward and which are
- * re-derived before backward (llama_unit_recompute) into one shared set of buffers.
- *  NONE: save everything.
- *  FFN: as NONE but the FFN up-projections (w1, w3 outputs) are recomputed inside backward.
- *  SELECTIVE: TorchTitan's per-op policy — save matmul and attention outputs except every
- *    second matmul: keep x, q (wq), v (wv), attention output and lse, h1 (w1); recompute k
- *    (wk), the residual after attention (wo), h3 (w3) and the norms.
- *  FULL: save only each block's input x; recompute the whole block. */
+/* Activation checkpointing (enum model_ac): which block activations are saved in forward
+ * and which are re-derived before backward (llama_unit_recompute) into one shared set of
+ * buffers: NONE saves everything; FFN recomputes the FFN up-projections (w1, w3 outputs)
+ * inside backward; SELECTIVE is TorchTitan's per-op policy; FULL saves only each block's
+ * input. The table of what each mode keeps is in llama.c, above plan_acts. */
 
 /* How a model is built. */
 struct llama_build_opts {

@@ -5,8 +5,8 @@
 
 #include "model/llama.h"
 
-/* Table indices: 0 tok_embeddings, 1 + 9l + k the k-th tensor of block l (attention_norm,
- * wq, wk, wv, wo, ffn_norm, w1, w2, w3), then norm, output. */
+/* Table indices: 0 tok_embeddings, llama_param_index(l, k) the block tensors (llama.h),
+ * then norm, output. */
 #define PARAM_TOK_EMB   0
 #define PARAM_NORM(m)   ((m)->table.count - 2)
 #define PARAM_OUTPUT(m) ((m)->table.count - 1)

@@ -8,6 +8,22 @@
 
 #define PARAM_NAME_MAX 96
 
+/* How a tensor starts: the family's table builder says it per tensor, and
+ * param_table_init_range fills any range of the flat buffer from it. */
+enum param_init_kind {
+	PARAM_INIT_ZEROS,
+	PARAM_INIT_ONES,
+	PARAM_INIT_CONST,        /* a */
+	PARAM_INIT_NORMAL,       /* N(0, a^2) */
+	PARAM_INIT_TRUNC_NORMAL, /* N(0, a^2) cut at +-cut (absolute, as torch's trunc_normal_) */
+	PARAM_INIT_UNIFORM,      /* U(-a, a) */
+};
+
+struct param_init {
+	enum param_init_kind kind;
+	double a, cut;
+};
+
 struct param_entry {
 	char name[PARAM_NAME_MAX]; /* TorchTitan name, e.g. layers.3.attention.wq.weight */
 	int ndim;
@@ -15,6 +31,7 @@ struct param_entry {
 	int64_t offset, numel; /* in elements, in the flat buffer */
 	int unit;
 	bool weight_decay; /* matrices only */
+	struct param_init init;
 	/* Tensor parallelism (tables built with tp_size > 1): how this local piece sits in the
 	 * global tensor. tp_dim -1: replicated (norms); 0: rows [tp_start, tp_start + shape[0])
 	 * of the global tensor (column-parallel wq/wk/wv/w1/w3, vocabulary-parallel embedding
@@ -35,10 +52,16 @@ struct param_table {
 };
 
 /* Appends a d0 x d1 tensor (d1 <= 0: a vector of d0) to unit `unit` at the end of the flat
- * buffer; weight decay when `decay` and it is a matrix. *cap is the builder's capacity.
- * The entry is replicated under tensor parallelism (tp_dim -1, global shape = shape). */
+ * buffer, initialised by `init`; weight decay when `decay` and it is a matrix. *cap is the
+ * builder's capacity. The entry is replicated under tensor parallelism (tp_dim -1, global
+ * shape = shape). */
 void param_table_add(struct param_table *t, int *cap, const char *name, int unit, int64_t d0,
-                     int64_t d1, bool decay);
+                     int64_t d1, bool decay, struct param_init init);
+/* Fills out[0, n) with elements [first, first + n) of the flat buffer, each tensor from its
+ * init and its own counter-based random stream (named after the tensor, indexed by element),
+ * so any shard of any layout gets the same values as one rank. */
+void param_table_init_range(const struct param_table *t, uint64_t seed, float *out, int64_t first,
+                            int64_t n);
 void param_table_free(struct param_table *t);
 const struct param_entry *param_table_find(const struct param_table *t, const char *name);
 
