@@ -20,3 +20,14 @@ endforeach()
 # (derived in tests/test_llama.c, main).
 add_test(NAME llama_bf16_reference COMMAND $<TARGET_FILE:test_llama> --bf16)
 set_tests_properties(llama_bf16_reference PROPERTIES TIMEOUT 600 ENVIRONMENT "${CT_TEST_ENV}")
+# fp8 all-gather (float8 linears, tensorwise): N ranks against 1 rank on the same quantised
+# weights, and the exact bytes on the wire (tests/test_fsdp.c, --fp8-all-gather).
+foreach(n 2 4)
+  add_test(NAME fsdp_fp8_all_gather_np${n} COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${n}
+           $<TARGET_FILE:test_fsdp> --fp8-all-gather)
+  set_tests_properties(fsdp_fp8_all_gather_np${n} PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+endforeach()
+add_test(NAME fsdp_fp8_all_gather_bf16_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+         $<TARGET_FILE:test_fsdp> --fp8-all-gather --bf16-compute)
+set_tests_properties(fsdp_fp8_all_gather_bf16_np2 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+ct_add_script_test(float8_cli tests/float8_cli.sh)

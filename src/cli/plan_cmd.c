@@ -17,6 +17,7 @@
 
 #include "base/log.h"
 #include "io/config.h"
+#include "kernels/fp8_linear.h"
 #include "model/llama.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
@@ -83,6 +84,63 @@ static void plan_tp_comm(struct plan_tp *o, const struct ct_config *c,
 	o->async_exposed_s = ((passes - 1.0) * 4.0 * blocks * exp_fwd + 4.0 * blocks * exp_bwd +
 	                      4.0 * t1) *
 	                     accum;
+}
+
+
+/* float8 (model.converters = ["float8"]) on the target: with plan.fp8_peak_tflops, the
+ * float8 linears' matmul FLOPs (their share of a block's linear FLOPs; rowwise_with_gw_hp
+ * keeps the weight-gradient half of the backward in bf16) run at the fp8 peak instead of the
+ * bf16 one, by scaling the blocks' matmul work; with the fp8 all-gather, each unit's wire
+ * bytes per shard element (1 for float8 weights). Returns the per-unit array (or NULL);
+ * `note` gets a summary line. */
+static double *plan_float8(const struct ct_config *c, const struct param_table *t, int64_t shard,
+                           bool bf16, double peak, struct sched_cost_model *cm, char *note,
+                           size_t len)
+{
+	enum fp8_recipe r = FP8_TENSORWISE;
+	fp8_recipe_parse(c->float8.recipe_name, &r);
+	fp8_linear_configure(true, r, c->float8.filter_fqns);
+	double lin = 0, f8 = 0;
+	for (int i = 0; i < t->count; i++)
+		if (t->p[i].unit == 1 && t->p[i].ndim == 2) {
+			lin += (double)t->p[i].numel;
+			f8 += model_fp8_linear(&t->p[i]) ? (double)t->p[i].numel : 0.0;
+		}
+	double frac = lin > 0 ? f8 / lin : 0.0, fp8_peak = c->plan.fp8_peak_tflops * 1e12;
+	if (fp8_peak > 0) {
+		double k = peak / fp8_peak; /* an fp8 FLOP's time in bf16 FLOPs */
+		double fwd = (1.0 - frac) + frac * k;
+		double bwd = r == FP8_ROWWISE_GW_HP ? (1.0 - frac) + frac * (0.5 * k + 0.5) : fwd;
+		for (int u = 1; u < cm->n_units - 1; u++) {
+			cm->work[SCHED_WORK_FWD][SCHED_TERM_MATMUL][u] *= fwd;
+			cm->work[SCHED_WORK_REC][SCHED_TERM_MATMUL][u] *= fwd;
+			cm->work[SCHED_WORK_BWD][SCHED_TERM_MATMUL][u] *= bwd;
+		}
+	}
+	double *esz = NULL;
+	if (c->float8.enable_fsdp_float8_all_gather) {
+		esz = xcalloc((size_t)t->n_units, sizeof(double));
+		double *el = xcalloc((size_t)t->n_units, sizeof(double));
+		for (int i = 0; i < t->count; i++) {
+			const struct param_entry *e = &t->p[i];
+			double chunk = (double)((e->shape[0] + shard - 1) / shard *
+			                        (e->numel / e->shape[0]));
+			esz[e->unit] += chunk * (model_fp8_linear(e) ? 1.0 : bf16 ? 2.0 : 4.0);
+			el[e->unit] += chunk;
+		}
+		for (int u = 0; u < t->n_units; u++)
+			esz[u] = el[u] > 0 ? esz[u] / el[u] : 4.0;
+		free(el);
+		cm->ag_unit_esz = esz;
+	}
+	snprintf(note, len,
+	         "float8 linears (%s): %.1f%% of a block's linear FLOPs in fp8, at %s; "
+	         "all-gather %s\n",
+	         c->float8.recipe_name, 100.0 * frac,
+	         fp8_peak > 0 ? "plan.fp8_peak_tflops" : "the bf16 rate (emulated: no fp8 peak given)",
+	         esz ? "fp8 for float8 weights" : "in the param dtype");
+	fp8_linear_configure(false, r, "");
+	return esz;
 }
 
 static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
@@ -156,6 +214,10 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	double peak = compute_peak_flops(c, peak_why, sizeof(peak_why));
 	cm.matmul_flops = cm.attn_flops = peak * c->plan.compute_efficiency;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9;
+	char f8note[256] = "";
+	double *f8esz = compute_float8(c) ? plan_float8(c, &t, shard, bf16, peak, &cm, f8note,
+	                                                sizeof(f8note))
+	                                  : NULL;
 	cm.ag_bytes_s = cm.rs_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
 	cm.ag_latency_s = cm.rs_latency_s = c->comm.latency_us * 1e-6;
 	cm.full_elem_bytes = act16 ? 2 : 4;
@@ -242,6 +304,11 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		       "%.3g per token)\n",
 		       tokens / p.step_s, 100.0 * fpt * tokens / p.step_s / peak, fpt);
 	}
+	printf("all-gather bytes         %.1f MiB per step sent by each rank (%lld-byte elements%s)\n",
+	       (double)p.ag_wire_bytes / 1048576.0, (long long)cm.ag_elem_bytes,
+	       f8esz ? "; float8 weights 1 byte" : "");
+	if (f8note[0])
+		printf("%s", f8note);
 	printf("memory per rank          %.2f GiB peak\n", gib(p.peak_bytes));
 	printf("  parameters %.2f, gradients %.2f, optimizer %.2f (shards); activations %.2f;\n"
 	       "  gathered parameters %.2f, unsharded gradients %.2f, comm buffers %.2f GiB\n",
@@ -249,6 +316,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       gib(p.full_params_bytes), gib(p.full_grads_bytes), gib(p.comm_bytes));
 	sched_free(&s);
 out_sched:
+	free(f8esz);
 	sched_cost_free(&cm);
 	sched_free(&naive);
 out_table:

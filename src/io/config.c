@@ -123,7 +123,12 @@ void cfg_constraint_text(const struct cfg_key *k, char *buf, size_t n)
 static void cfg_expect_text(const struct cfg_key *k, char *buf, size_t n)
 {
 	char c[192];
-	if (k->type == CFG_STRING && k->choices) {
+	if (k->type == CFG_STRING && k->list) {
+		if (k->choices)
+			cfg_choices_text(k->choices, c, sizeof(c));
+		snprintf(buf, n, "a list of strings%s%s", k->choices ? " from " : "",
+		         k->choices ? c : "");
+	} else if (k->type == CFG_STRING && k->choices) {
 		cfg_choices_text(k->choices, c, sizeof(c));
 		snprintf(buf, n, "one of %s", c);
 	} else if (k->type == CFG_INT || k->type == CFG_FLOAT) {
@@ -304,6 +309,29 @@ static int cfg_type_error(const struct cfg_where *w, const struct cfg_key *k,
 	                cfg_vkind_nouns[v->kind], got);
 }
 
+/* A list key: v->s holds the elements joined by ','; each must be a choice (if any). */
+static int cfg_assign_list(void *field, const struct cfg_key *k, const struct cfg_value *v,
+                           const struct cfg_where *w, const char *want)
+{
+	if (v->len >= k->size)
+		return cfg_fail(w, "%s.%s: list too long (%zu bytes; at most %zu)", k->section,
+		                k->name, v->len, k->size - 1);
+	const char *p = v->s;
+	while (k->choices && *p) {
+		const char *e = strchr(p, ',');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		char one[CONFIG_STR_MAX];
+		snprintf(one, sizeof(one), "%.*s", (int)n, p);
+		if (!cfg_is_choice(k->choices, one))
+			return cfg_fail(w, "%s.%s: expected %s, got \"%s\"", k->section, k->name,
+			                want, one);
+		p += n + (e ? 1 : 0);
+	}
+	memset(field, 0, k->size);
+	memcpy(field, v->s, v->len);
+	return 0;
+}
+
 static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const struct cfg_value *v,
                       const struct cfg_where *w)
 {
@@ -314,8 +342,12 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 	cfg_value_text(v, got, sizeof(got));
 	switch (k->type) {
 	case CFG_STRING:
+		if (k->list && v->kind == VAL_ARRAY && v->strings)
+			return cfg_assign_list(field, k, v, w, want);
 		if (v->kind != VAL_STRING)
 			return cfg_type_error(w, k, v, want);
+		if (k->list)
+			return cfg_assign_list(field, k, v, w, want);
 		if (v->len >= k->size)
 			return cfg_fail(w, "%s.%s: string too long (%zu bytes; at most %zu)",
 			                k->section, k->name, v->len, k->size - 1);
@@ -361,7 +393,7 @@ static int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const
 	struct cfg_value v = {.kind = VAL_INVALID};
 	char want[256], here[64];
 	struct cfg_parser ps = {.p = text, .end = text + strlen(text)};
-	if (k->type == CFG_STRING) {
+	if (k->type == CFG_STRING && !(k->list && text[0] == '[')) {
 		for (const char *c = text; *c; c++)
 			if ((unsigned char)*c < 0x20 ? *c != '\t' : *c == 0x7f)
 				return cfg_fail(w, "%s.%s: control character 0x%02x in a string",
@@ -441,6 +473,13 @@ static int cfg_parse_header(struct cfg_parser *ps, struct cfg_file_state *st)
 		cfg_here(ps, here, sizeof(here));
 		return cfg_syntax(ps, "expected a section name after '[', got %s", here);
 	}
+	/* dotted names: only the sections that have them ([quantize.linear.float8]) */
+	while (ps->p + 1 < ps->end && *ps->p == '.' && cfg_is_bare(ps->p[1])) {
+		ps->p++;
+		while (ps->p < ps->end && cfg_is_bare(*ps->p))
+			ps->p++;
+	}
+	n = (size_t)(ps->p - name);
 	cfg_snippet(name, n, 64, shown, sizeof(shown));
 	cfg_skip_ws(ps);
 	if (ps->p < ps->end && *ps->p == '.')
@@ -449,6 +488,9 @@ static int cfg_parse_header(struct cfg_parser *ps, struct cfg_file_state *st)
 		return cfg_syntax(ps, "unterminated section header '[%s' (missing ']')", shown);
 	ps->p++;
 	int idx = cfg_section_index(name, n);
+	if (idx < 0 && memchr(name, '.', n))
+		return cfg_syntax(ps, "nested sections ([%s]) are not supported (the dotted one is "
+		                      "[quantize.linear.float8])", shown);
 	if (idx < 0)
 		return cfg_unknown_section(&w, name, n);
 	if (st->section_line[idx])
@@ -627,7 +669,10 @@ out_free:
 static int cfg_arg_key(const char *name, size_t n, const struct cfg_where *w)
 {
 	char shown[80];
-	const char *dot = memchr(name, '.', n);
+	const char *dot = NULL; /* the last '.': keys have none, sections may */
+	for (size_t i = 0; i < n; i++)
+		if (name[i] == '.')
+			dot = name + i;
 	int idx = -1;
 	if (n == 0) {
 		cfg_fail(w, "expected --section.key=value or --section.key value");
@@ -756,7 +801,7 @@ static int cfg_validate_field(const struct ct_config *cfg, const struct cfg_key 
 				return cfg_fail(&w, "%s.%s: control character 0x%02x in a string",
 				                k->section, k->name, c);
 		}
-		if (k->choices && !cfg_is_choice(k->choices, s))
+		if (k->choices && !k->list && !cfg_is_choice(k->choices, s))
 			return cfg_fail(&w, "%s.%s: expected %s, got \"%s\"", k->section, k->name,
 			                want, s);
 	} else if (k->type == CFG_INT) {

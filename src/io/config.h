@@ -32,6 +32,7 @@ struct ct_config {
 		int64_t vocab_size; /* -1: the flavor's vocab */
 		bool rope_scaling;  /* false: Llama 3.1 RoPE frequency scaling (factor 8, low 1,
 		                       high 4, original context 8192) */
+		char converters[64]; /* "": comma list of model converters ("float8") */
 		char tokenizer_path[CONFIG_STR_MAX]; /* "": the tokenizer of the dataset (rank
 		                                        file or tokenizer.json) */
 		/* Hyena (name = "hyena"); -1: the flavor's value */
@@ -68,6 +69,14 @@ struct ct_config {
 		char mixed_precision_param[16];    /* "float32": float32 | bfloat16 | auto */
 		char mixed_precision_reduce[16];   /* "float32": float32 */
 	} training;
+	struct ct_config_float8 {
+		/* [quantize.linear.float8] (TorchTitan's section and keys; torchao float8) */
+		char recipe_name[32]; /* "tensorwise": tensorwise | rowwise | rowwise_with_gw_hp */
+		bool enable_fsdp_float8_all_gather;            /* false */
+		bool precompute_float8_dynamic_scale_for_fsdp; /* false (ctitan always does) */
+		char filter_fqns[CONFIG_STR_MAX];              /* "output": comma list */
+		bool emulate;                                  /* true (the only way here) */
+	} float8;
 	struct {
 		char matmul_engine[16]; /* "auto": auto | onednn | openblas (kernels/mm_engine.h) */
 	} compute;
@@ -145,6 +154,7 @@ struct ct_config {
 		double compute_efficiency; /* 0.5: fraction of peak the target's kernels achieve */
 		double memory_bandwidth_gbs; /* 3000: the target's memory bandwidth, GB/s */
 		char activation_dtype[16];   /* "auto" | float32 | bfloat16 */
+		double fp8_peak_tflops;      /* 0: the target's dense fp8 peak (0: none) */
 	} plan;
 	struct {
 		int64_t seed;       /* 0, >= 0: weights and synthetic data */

@@ -35,6 +35,7 @@ struct cfg_key {
 	const char *def;            /* the default, written as on the command line */
 	struct cfg_range range;     /* numbers only */
 	const char *const *choices; /* strings only; NULL-terminated, or NULL for any string */
+	bool list; /* strings only: a TOML array of strings (or a comma list), stored "a,b" */
 	const char *help;
 };
 
@@ -78,7 +79,8 @@ struct cfg_value {
 	double f;
 	bool b;
 	char s[CONFIG_STR_MAX]; /* VAL_STRING: the first CONFIG_STR_MAX - 1 bytes */
-	size_t len;             /* VAL_STRING: the full length */
+	size_t len;             /* VAL_STRING, VAL_ARRAY of strings: the full length */
+	bool strings;           /* VAL_ARRAY: every element is a string (s: them joined by ',') */
 	char text[72];          /* the literal as written (numbers, invalid tokens) */
 	const char *note;       /* VAL_INVALID: why, if more can be said than "got 'text'" */
 };

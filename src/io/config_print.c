@@ -56,6 +56,23 @@ static void cfg_print_string(const char *s, FILE *f)
 	fputc('"', f);
 }
 
+/* "a,b" as the TOML array ["a", "b"] */
+static void cfg_print_list(const char *s, FILE *f)
+{
+	char one[CONFIG_STR_MAX];
+	fputc('[', f);
+	for (const char *p = s; *p;) {
+		const char *e = strchr(p, ',');
+		size_t n = e ? (size_t)(e - p) : strlen(p);
+		snprintf(one, sizeof(one), "%.*s", (int)n, p);
+		if (p != s)
+			fputs(", ", f);
+		cfg_print_string(one, f);
+		p += n + (e ? 1 : 0);
+	}
+	fputc(']', f);
+}
+
 static void cfg_print_value(const struct ct_config *cfg, const struct cfg_key *k, FILE *f)
 {
 	const void *field = cfg_field_const(cfg, k);
@@ -65,7 +82,10 @@ static void cfg_print_value(const struct ct_config *cfg, const struct cfg_key *k
 	bool b;
 	switch (k->type) {
 	case CFG_STRING:
-		cfg_print_string(field, f);
+		if (k->list)
+			cfg_print_list(field, f);
+		else
+			cfg_print_string(field, f);
 		break;
 	case CFG_INT:
 		memcpy(&i, field, sizeof(i));

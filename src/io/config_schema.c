@@ -18,7 +18,8 @@ _Static_assert(ARRAY_SIZE(cfg_type_nouns) == CFG_TYPE_COUNT, "one noun per type"
 
 /* Sections in the order they are printed; rows below are grouped in this order. */
 const char *const cfg_sections[] = {"job",          "model",      "optimizer",
-                                           "lr_scheduler", "training",   "compute",
+                                           "lr_scheduler", "training",   "quantize.linear.float8",
+                                           "compute",
                                            "parallelism",
                                            "validation",   "checkpoint", "activation_checkpoint",
                                            "comm",         "metrics",    "profiling",
@@ -32,6 +33,12 @@ const size_t cfg_n_sections = ARRAY_SIZE(cfg_sections);
 #define ROW(sec, key)                                                                              \
 	.section = #sec, .name = #key, .type = CFG_TYPE_OF(sec, key),                              \
 	.offset = offsetof(struct ct_config, sec.key), .size = sizeof(CFG_FIELD(sec, key))
+
+/* A row of a section whose TOML name is not a C identifier (quantize.linear.float8). */
+#define ROW_AS(name_, sec, key)                                                                    \
+	.section = name_, .name = #key, .type = CFG_TYPE_OF(sec, key),                             \
+	.offset = offsetof(struct ct_config, sec.key), .size = sizeof(CFG_FIELD(sec, key))
+#define ROW_F8(key) ROW_AS("quantize.linear.float8", float8, key)
 
 #define GE(a)          .range = {.lo_kind = BOUND_INCL, .lo = (a)}
 #define GT(a)          .range = {.lo_kind = BOUND_EXCL, .lo = (a)}
@@ -73,6 +80,14 @@ const struct cfg_key cfg_schema[] = {
     {ROW(model, tokenizer_path), .def = "",
      .help = "Tokenizer (rank file or tokenizer.json) of the dataset; generate uses it for "
              "text, train checks that its ids fit the vocabulary."},
+    {ROW(model, converters), .def = "", .list = true, CHOICES("float8"),
+     .help = "Model converters applied to the model's linears (TorchTitan's list): "
+             "\"float8\" turns every linear not matched by "
+             "quantize.linear.float8.filter_fqns into a torchao-style float8 linear "
+             "(llama3 without tensor or pipeline parallelism). No CPU multiplies fp8, so the "
+             "fp8 matmuls are EMULATED: fp8-valued operands through the bf16/fp32 engine with "
+             "fp32 accumulation and the scales applied after - the numerics of a float8 "
+             "recipe, not its speed."},
     {ROW(model, hyena_order), .def = "-1", UNSET_OR_GE(2),
      .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
     {ROW(model, hyena_filter_order), .def = "-1", UNSET_OR_GE(1),
@@ -128,6 +143,27 @@ const struct cfg_key cfg_schema[] = {
     {ROW(training, mixed_precision_reduce), .def = "float32", CHOICES("float32"),
      .help = "Type of the gradient reduce-scatter / all-reduce (fp32 only)."},
 
+    {ROW_F8(recipe_name), .def = "tensorwise",
+     CHOICES("tensorwise", "rowwise", "rowwise_with_gw_hp"),
+     .help = "torchao float8 recipe (with model.converters = [\"float8\"]): tensorwise "
+             "(input and weight e4m3, gradients e5m2, one scale per tensor), rowwise (all "
+             "e4m3, per-row scales along each matmul's reduction dimension, power-of-two "
+             "scales), rowwise_with_gw_hp (rowwise, but the weight-gradient matmul in high "
+             "precision). Scales are dynamic: from each tensor's amax at every use."},
+    {ROW_F8(enable_fsdp_float8_all_gather), .def = "false",
+     .help = "FSDP all-gathers the float8 linears' weights as fp8 (e4m3, the whole weight's "
+             "tensorwise scale) instead of the mixed_precision_param dtype: 1 byte per "
+             "element on the wire; the gathered fp8 values are the linear's weight operand. "
+             "tensorwise recipe only. Other parameters keep their wire format."},
+    {ROW_F8(precompute_float8_dynamic_scale_for_fsdp), .def = "false",
+     .help = "TorchTitan's key, accepted: ctitan always computes the fp8 all-gather's scales "
+             "with one all-reduce (max) of every float8 weight's local amax per step."},
+    {ROW_F8(filter_fqns), .def = "output", .list = true,
+     .help = "Linears whose module name contains one of these strings stay high precision "
+             "(TorchTitan's default: the output projection)."},
+    {ROW_F8(emulate), .def = "true",
+     .help = "TorchTitan's key: run fp8 matmuls emulated. Always the case here (no fp8 "
+             "hardware on the CPUs ctitan runs on); false is refused."},
     {ROW(compute, matmul_engine), .def = "auto", CHOICES("auto", "onednn", "openblas"),
      .help = "Matmul engine: onednn (primitives per shape; AMX, AVX512-BF16, AVX-512 or AVX2 "
              "by CPU features), openblas (sgemm), or auto: time both at each of the model's "
@@ -278,6 +314,10 @@ const struct cfg_key cfg_schema[] = {
     {ROW(plan, activation_dtype), .def = "auto", CHOICES("auto", "float32", "bfloat16"),
      .help = "ctitan plan: element type of activations and gathered parameters on the "
              "target; auto: training.mixed_precision_param."},
+    {ROW(plan, fp8_peak_tflops), .def = "0", GE(0),
+     .help = "ctitan plan with model.converters = [\"float8\"]: the target's dense fp8 peak "
+             "in TFLOP/s (H100 SXM: 1979); the float8 linears' matmuls are planned at it. 0: "
+             "at the bf16 rate, as the emulation runs on CPUs."},
 
     {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
     {ROW(debug, deterministic), .def = "true",

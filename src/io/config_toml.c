@@ -246,7 +246,8 @@ static void cfg_classify(const char *t, struct cfg_value *v)
 }
 
 
-/* At '['. Parsed for TOML's sake; no key takes an array yet, so the elements are dropped. */
+/* At '['. String elements are kept joined by ',' in v->s (list keys take them); other
+ * elements are parsed for TOML's sake and dropped (v->strings false). */
 static int cfg_parse_array(struct cfg_parser *ps, struct cfg_value *v, int depth)
 {
 	int start_line = ps->line;
@@ -256,6 +257,9 @@ static int cfg_parse_array(struct cfg_parser *ps, struct cfg_value *v, int depth
 		return cfg_syntax(ps, "arrays nested deeper than %d", CFG_MAX_DEPTH);
 	ps->p++;
 	v->kind = VAL_ARRAY;
+	v->strings = true;
+	v->len = 0;
+	v->s[0] = '\0';
 	for (;;) {
 		if (cfg_skip_ws_lines(ps))
 			return -1;
@@ -270,6 +274,15 @@ static int cfg_parse_array(struct cfg_parser *ps, struct cfg_value *v, int depth
 		if (elem.kind == VAL_INVALID)
 			return cfg_syntax(ps, "invalid value '%s' in an array%s%s", elem.text,
 			                  elem.note ? ": " : "", elem.note ? elem.note : "");
+		if (elem.kind != VAL_STRING || strchr(elem.s, ',')) {
+			v->strings = false;
+		} else if (v->strings) {
+			size_t add = elem.len + (v->len ? 1 : 0);
+			if (v->len + add < sizeof(v->s))
+				snprintf(v->s + v->len, sizeof(v->s) - v->len, "%s%s",
+				         v->len ? "," : "", elem.s);
+			v->len += add;
+		}
 		cfg_skip_ws_lines(ps);
 		if (ps->p >= ps->end)
 			goto unterminated;

@@ -1,6 +1,8 @@
 /* Linear layer. Weights are (out, in) like torch.nn.Linear. The float build goes through the
- * matmul engine (oneDNN or OpenBLAS, fp32 or bf16 compute: kernels/mm_engine.h); the double
- * build, used only by finite-difference tests, calls cblas_dgemm. */
+ * matmul engine (oneDNN or OpenBLAS, fp32 or bf16 compute: kernels/mm_engine.h), or, for a
+ * weight registered as a float8 linear, through the emulated float8 recipe
+ * (kernels/fp8_linear.h); the double build, used only by finite-difference tests, calls
+ * cblas_dgemm. */
 #include "kernels/kreal.h"
 #include "kernels/mm_engine.h"
 
@@ -11,20 +13,54 @@ static void matmul_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const
 	cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
 	            (int)M, (int)N, (int)K, 1.0, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
+/* float8 linears exist only in the float build */
+static bool matmul_fp8_forward(real *out, const real *inp, const real *w, int64_t N, int64_t C,
+                               int64_t OC, int accumulate)
+{
+	(void)out, (void)inp, (void)w, (void)N, (void)C, (void)OC, (void)accumulate;
+	return false;
+}
+static bool matmul_fp8_backward(real *dinp, real *dw, const real *dout, const real *inp,
+                                const real *w, int64_t N, int64_t C, int64_t OC)
+{
+	(void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)N, (void)C, (void)OC;
+	return false;
+}
 #else
+#include "kernels/fp8_linear.h"
 #define matmul_gemm mm_gemm
+static bool matmul_fp8_forward(float *out, const float *inp, const float *w, int64_t N,
+                               int64_t C, int64_t OC, int accumulate)
+{
+	if (!fp8_linear_is(w))
+		return false;
+	fp8_linear_forward(out, inp, w, N, C, OC, accumulate);
+	return true;
+}
+static bool matmul_fp8_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                                const float *w, int64_t N, int64_t C, int64_t OC)
+{
+	if (!fp8_linear_is(w))
+		return false;
+	fp8_linear_backward(dinp, dw, dout, inp, w, N, C, OC);
+	return true;
+}
 #endif
 
 void KFN(matmul_forward)(real *out, const real *inp, const real *w, int64_t N, int64_t C,
                          int64_t OC, int accumulate)
 {
 	/* out(N,OC) = inp(N,C) . w(OC,C)^T */
+	if (matmul_fp8_forward(out, inp, w, N, C, OC, accumulate))
+		return;
 	matmul_gemm(false, true, N, OC, C, inp, C, w, C, accumulate ? 1 : 0, out, OC);
 }
 
 void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
                           int64_t N, int64_t C, int64_t OC)
 {
+	if (matmul_fp8_backward(dinp, dw, dout, inp, w, N, C, OC))
+		return;
 	/* dinp(N,C) += dout(N,OC) . w(OC,C) */
 	if (dinp)
 		matmul_gemm(false, false, N, C, OC, dout, OC, w, C, 1, dinp, C);

@@ -7,6 +7,7 @@
 
 #include "base/log.h"
 #include "comm/comm.h"
+#include "kernels/fp8_linear.h"
 
 static const char *const model_kind_names[] = {"llama3", "hyena"};
 _Static_assert(sizeof(model_kind_names) / sizeof(model_kind_names[0]) == MODEL_KIND_COUNT,
@@ -42,11 +43,37 @@ void model_init_params_cfg(const struct model_config *c, const struct param_tabl
 		llama_init_params(&c->llama, t, seed, out, first, n);
 }
 
+bool model_fp8_linear(const struct param_entry *e)
+{
+	return e->ndim == 2 && strncmp(e->name, "tok_embeddings", 14) != 0 &&
+	       fp8_linear_wants(e->name);
+}
+
+/* Keeps the float8 registry (kernels/fp8_linear.h) in step with where unit u's parameters
+ * are bound: its float8 linears' weights, found by the table, are registered at their new
+ * addresses (a rebind to the same buffer, e.g. to attach gradients, keeps them as they are). */
+static void model_fp8_bind(const struct param_table *t, int u, const float *params)
+{
+	if (!fp8_linear_enabled() || fp8_linear_unit_is(u, params))
+		return;
+	fp8_linear_unit_clear(u);
+	if (!params)
+		return;
+	fp8_linear_unit_set(u, params);
+	for (int i = 0; i < t->count; i++) {
+		const struct param_entry *e = &t->p[i];
+		if (e->unit == u && model_fp8_linear(e))
+			fp8_linear_add(u, params + (e->offset - t->unit_begin[u]), e->shape[0],
+			               e->shape[1]);
+	}
+}
+
 /* ---------------------------------------------------------------- Llama */
 
 static void llama_op_bind(void *impl, int u, float *params, float *grads)
 {
 	llama_bind_unit(impl, u, params, grads);
+	model_fp8_bind(&((struct llama_model *)impl)->table, u, params);
 }
 static double llama_op_forward(void *impl, int u, int64_t *n_valid)
 {

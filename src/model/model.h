@@ -87,6 +87,11 @@ void model_wrap_llama(struct model *m, struct llama_model *lm);
 void model_wrap_hyena(struct model *m, struct hyena_model *hm);
 void model_free(struct model *m);
 
+/* Whether table entry e is a float8 linear under the current float8 set-up
+ * (kernels/fp8_linear.h): a matrix other than the embedding whose module is not filtered. */
+struct param_entry;
+bool model_fp8_linear(const struct param_entry *e);
+
 static inline void model_bind_unit(struct model *m, int u, float *params, float *grads)
 {
 	m->ops->bind_unit(m->impl, u, params, grads);

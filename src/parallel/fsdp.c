@@ -5,9 +5,11 @@
 #include <string.h>
 
 #include "base/bf16.h"
+#include "base/fp8.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "comm/watchdog.h"
+#include "kernels/fp8_linear.h"
 #include "kernels/kernels.h"
 #include "schedule/sched_pass.h"
 
@@ -115,9 +117,64 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 	pool_init(&f->ag_recv, MEM_COMM);
 	pool_init(&f->rs_send, MEM_COMM);
 	pool_init(&f->rs_recv, MEM_COMM);
+	fsdp_set_fp8_all_gather(f, false);
 	for (int u = 0; u < t->n_units; u++)
 		model_bind_unit(m, u, NULL, NULL);
 	return CT_OK;
+}
+
+/* The wire layout: each parameter's chunk at a byte offset of its unit's block. */
+static void fsdp_wire_layout(struct fsdp *f)
+{
+	for (int u = 0; u < f->n_units; u++) {
+		struct fsdp_unit *un = &f->u[u];
+		int64_t off = 0;
+		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+			struct fsdp_param *p = &f->p[i];
+			p->wire_off = off;
+			off += p->chunk_rows * p->cols * (p->fp8 ? 1 : f->bf16 ? 2 : 4);
+		}
+		un->wire_bytes = off;
+	}
+}
+
+void fsdp_set_fp8_all_gather(struct fsdp *f, bool on)
+{
+	const struct param_table *t = f->model->table;
+	f->fp8_ag = on;
+	f->n_fp8 = 0;
+	for (int i = 0; i < t->count; i++) {
+		f->p[i].fp8 = on && model_fp8_linear(&t->p[i]);
+		f->n_fp8 += f->p[i].fp8;
+	}
+	free(f->fp8_scale), free(f->fp8_amax);
+	f->fp8_scale = xcalloc((size_t)t->count, sizeof(float));
+	f->fp8_amax = xcalloc((size_t)(f->n_fp8 + 1), sizeof(float));
+	fsdp_wire_layout(f);
+}
+
+/* torchao's precompute_float8_dynamic_scale_for_fsdp: every fp8 weight's amax over its
+ * local rows, one all-reduce (max) of all of them over dp_shard, then the tensorwise scales
+ * (HSDP replicas hold the same shards, so dp_shard's maximum is the weight's). */
+static void fsdp_fp8_scales(struct fsdp *f)
+{
+	if (!f->fp8_ag || f->n_fp8 == 0)
+		return;
+	const struct param_table *t = f->model->table;
+	int k = 0;
+	for (int i = 0; i < t->count; i++) {
+		const struct fsdp_param *p = &f->p[i];
+		if (p->fp8)
+			f->fp8_amax[k++] = fp8_amax(f->shard_w + f->u[t->p[i].unit].shard_base +
+			                                p->shard_off,
+			                            p->my_rows * p->cols);
+	}
+	comm_label("fp8 all-gather scales: amax of %d weights", f->n_fp8);
+	comm_all_reduce_max_f32(&f->mesh->dp_shard_group, f->fp8_amax, f->n_fp8);
+	k = 0;
+	for (int i = 0; i < t->count; i++)
+		if (f->p[i].fp8)
+			f->fp8_scale[i] = fp8_scale_from_amax(f->fp8_amax[k++], FP8_E4M3, false);
 }
 
 static void fsdp_release_pools(struct fsdp *f)
@@ -140,6 +197,7 @@ void fsdp_free(struct fsdp *f)
 	sched_free(&f->sched);
 	free(f->rec), free(f->bs);
 	free(f->p), free(f->u);
+	free(f->fp8_scale), free(f->fp8_amax);
 	memset(f, 0, sizeof(*f));
 }
 
@@ -253,29 +311,70 @@ static int rows_of(const struct fsdp_param *p, int64_t q)
 
 /* copy-out: rank q's chunk of each tensor lands in rows [q*chunk, q*chunk + rows_q) of the
  * bucket's full buffer. */
+/* Bytes of bucket b's block on the wire (per rank), and of the units before u in it. */
+static int64_t bucket_wire_bytes(const struct fsdp *f, int b, int upto)
+{
+	int64_t n = 0;
+	FOR_BUCKET_UNITS(f, b, u)
+	{
+		if (u == upto)
+			break;
+		n += f->u[u].wire_bytes;
+	}
+	return n;
+}
+
 static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool bf16, float *full)
 {
-	int64_t N = f->mesh->dp_shard, S = sched_bucket_shard(&f->sched, b);
-	int64_t base = bucket_shard_base(f, b);
+	int64_t N = f->mesh->dp_shard, S = bucket_wire_bytes(f, b, -1);
 	FOR_BUCKET_UNITS(f, b, u)
 	{
 		const struct fsdp_unit *un = &f->u[u];
 		float *ufull = full + unit_full_off(f, b, u);
+		int64_t ubase = bucket_wire_bytes(f, b, u);
 		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
 			const struct fsdp_param *p = &f->p[i];
 			for (int64_t q = 0; q < N; q++) {
 				int64_t n = rows_of(p, q) * p->cols;
-				int64_t src = q * S + (un->shard_base - base) + p->shard_off;
+				const char *src = (const char *)recv + q * S + ubase + p->wire_off;
 				float *dst = ufull + p->full_off + q * p->chunk_rows * p->cols;
-				if (bf16) {
-					const uint16_t *h = (const uint16_t *)recv + src;
+				if (p->fp8) {
+					/* the fp8 values themselves: the scale goes with the weight */
+					fp8_dequantize(dst, (const uint8_t *)src, n, 1.0f, FP8_E4M3);
+				} else if (bf16) {
+					const uint16_t *h = (const uint16_t *)src;
 #pragma omp parallel for simd schedule(static)
 					for (int64_t k = 0; k < n; k++)
 						dst[k] = bf16_to_f32(h[k]);
 				} else {
-					memcpy(dst, (const float *)recv + src,
-					       (size_t)n * sizeof(float));
+					memcpy(dst, src, (size_t)n * sizeof(float));
 				}
+			}
+		}
+	}
+}
+
+/* fp8 all-gather: the bucket's shards into the wire format (fp8 / bf16 / fp32 per param). */
+static void bucket_pack(const struct fsdp *f, int b, char *send)
+{
+	FOR_BUCKET_UNITS(f, b, u)
+	{
+		const struct fsdp_unit *un = &f->u[u];
+		char *ublock = send + bucket_wire_bytes(f, b, u);
+		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+			const struct fsdp_param *p = &f->p[i];
+			const float *x = f->shard_w + un->shard_base + p->shard_off;
+			int64_t n = p->chunk_rows * p->cols; /* padding rows are zeros */
+			char *dst = ublock + p->wire_off;
+			if (p->fp8) {
+				fp8_quantize((uint8_t *)dst, x, n, f->fp8_scale[i], FP8_E4M3);
+			} else if (f->bf16) {
+				uint16_t *h = (uint16_t *)dst;
+#pragma omp parallel for simd schedule(static)
+				for (int64_t k = 0; k < n; k++)
+					h[k] = bf16_from_f32(x[k]);
+			} else {
+				memcpy(dst, x, (size_t)n * sizeof(float));
 			}
 		}
 	}
@@ -288,7 +387,11 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 	int64_t S = sched_bucket_shard(&f->sched, b);
 	const float *shard = f->shard_w + bucket_shard_base(f, b);
 	const void *send = shard;
-	if (f->bf16) {
+	if (f->fp8_ag) {
+		st->ag_send = pool_get(&f->ag_send);
+		bucket_pack(f, b, f->ag_send.buf[st->ag_send]);
+		send = f->ag_send.buf[st->ag_send];
+	} else if (f->bf16) {
 		st->ag_send = pool_get(&f->ag_send);
 		uint16_t *h = f->ag_send.buf[st->ag_send];
 #pragma omp parallel for simd schedule(static)
@@ -297,7 +400,8 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 		send = h;
 	}
 	st->ag_recv = pool_get(&f->ag_recv);
-	*bytes = S * (f->bf16 ? 2 : 4);
+	*bytes = bucket_wire_bytes(f, b, -1);
+	CHECK(f->fp8_ag || *bytes == S * (f->bf16 ? 2 : 4), "wire layout");
 	char what[64];
 	snprintf(what, sizeof(what), "all-gather of bucket %d", b);
 	struct comm_op op = {COMM_ALL_GATHER,
@@ -320,7 +424,14 @@ static void be_all_gather_done(void *ctx, int b)
 	pool_put(&f->ag_recv, &st->ag_recv);
 	pool_put(&f->ag_send, &st->ag_send);
 	FOR_BUCKET_UNITS(f, b, u)
-	model_bind_unit(f->model, u, w + unit_full_off(f, b, u), f->model->unit_dw[u]);
+	{
+		model_bind_unit(f->model, u, w + unit_full_off(f, b, u), f->model->unit_dw[u]);
+		const struct fsdp_unit *un = &f->u[u];
+		for (int i = un->first_param; i < un->first_param + un->n_params; i++)
+			if (f->p[i].fp8)
+				fp8_linear_set_prepared(w + unit_full_off(f, b, u) + f->p[i].full_off,
+				                        f->fp8_scale[i]);
+	}
 }
 
 static void be_free_params(void *ctx, int b)
@@ -519,6 +630,7 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	model_set_loss_dscale(m, dscale);
 	memset(f->shard_g, 0, (size_t)f->shard_numel * sizeof(float));
+	fsdp_fp8_scales(f);
 	f->step = (struct fsdp_step_ctx){.tokens = tokens,
 	                                 .targets = targets,
 	                                 .opt = opt,
@@ -542,6 +654,7 @@ double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targ
 	memcpy(m->targets, targets, (size_t)m->N * sizeof(int32_t));
 	double loss = 0.0;
 	model_set_loss_dscale(m, 0); /* no loss gradient (each training step sets its own) */
+	fsdp_fp8_scales(f);
 	for (int b = 0; b < f->sched.n_buckets; b++) {
 		int64_t bytes;
 		comm_stream_wait(f->stream, be_all_gather(f, b, &bytes));

@@ -19,6 +19,16 @@
  * Buffers (gathered parameters, unsharded gradients, collective send/recv buffers) come from
  * pools of the largest bucket's size, allocated on first use: the number ever allocated is
  * the schedule's peak of that kind in use.
+ *
+ * fp8 all-gather (fsdp_set_fp8_all_gather; torchao's enable_fsdp_float8_all_gather): the
+ * float8 linears' weights travel as e4m3 bytes, cast with the tensorwise scale of the WHOLE
+ * weight; the scales come from one all-reduce (max) over dp_shard of every float8 weight's
+ * local amax, once per step (torchao's precompute_float8_dynamic_scale_for_fsdp), so every
+ * rank already holds them and only the fp8 bytes are gathered. The copy-out writes the fp8
+ * values (exact floats) into the full-parameter slot and marks the weight prepared with its
+ * scale (kernels/fp8_linear.h): the linear computes on exactly the gathered values. Other
+ * parameters keep the fp32/bf16 wire format. The wire layout of a unit's shard: each
+ * parameter's chunk at a byte offset (wire_off), 1, 2 or 4 bytes per element.
  */
 #ifndef CT_PARALLEL_FSDP_H
 #define CT_PARALLEL_FSDP_H
@@ -40,13 +50,16 @@ struct fsdp_param {
 	int64_t rows, cols, chunk_rows, my_rows; /* my_rows: valid rows this rank owns */
 	int64_t full_off;                        /* offset inside the unit's full buffer */
 	int64_t shard_off; /* offset inside the unit's shard (per rank: chunk_rows*cols each) */
+	int64_t wire_off;  /* byte offset of this chunk in the unit's all-gather block */
 	bool decay;
+	bool fp8; /* gathered as fp8 (a float8 linear's weight under the fp8 all-gather) */
 };
 
 struct fsdp_unit {
 	int first_param, n_params;
 	int64_t full_numel, shard_numel;
 	int64_t shard_base; /* offset of this unit's shard in the rank's shard buffers */
+	int64_t wire_bytes; /* bytes of this unit's shard on the all-gather wire */
 };
 
 /* Buffers of one kind, each `bytes` long, allocated on first use. */
@@ -71,6 +84,10 @@ struct fsdp {
 	struct fsdp_unit *u;
 	int n_units;
 	bool bf16;
+	bool fp8_ag;       /* fp8 all-gather of the float8 linears' weights */
+	float *fp8_scale;  /* per table entry: this step's tensorwise scale (fp8 ones) */
+	float *fp8_amax;   /* scratch: local amax of each fp8 parameter, then the global one */
+	int n_fp8;         /* parameters gathered as fp8 */
 	enum fsdp_reshard reshard;
 	int64_t shard_numel;      /* this rank's total shard elements (with padding) */
 	float *shard_w, *shard_g; /* master params, gradients (MEM_PARAMS, MEM_GRADS) */
@@ -93,6 +110,8 @@ struct fsdp {
 int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf16,
                enum fsdp_reshard reshard, struct comm_stream *stream);
 void fsdp_free(struct fsdp *f);
+/* Gather the float8 linears' weights (model_fp8_linear) as fp8; before the first step. */
+void fsdp_set_fp8_all_gather(struct fsdp *f, bool on);
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r);
 
 /* The units as the schedule sees them (n_units entries). */

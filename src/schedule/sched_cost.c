@@ -196,6 +196,7 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	}
 	struct pool_count pw = {0}, pg = {0}, agr = {0}, rss = {0};
 	double mem = cm->mem_bytes_s, esz = (double)cm->ag_elem_bytes;
+	int64_t ag_bytes = 0; /* exact wire bytes per rank of each all-gather (below) */
 	double t = (double)shard_total * 4.0 / mem, cf = 0; /* zero the gradient shards */
 	for (int i = 0; i < s->n_nodes; i++) {
 		const struct sched_node *n = &s->nodes[i];
@@ -209,7 +210,16 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			bool ag = n->kind == SCHED_ALL_GATHER;
 			/* copy-in: a bf16 cast of the shard, or the rank-major gradient layout */
 			t += ag ? (esz < 4 ? S * 6.0 / mem : 0.0) : 2.0 * (double)N * S * 4.0 / mem;
-			double wire = (double)(N - 1) * S * (ag ? esz : 4.0);
+			double ag_b = S * esz;
+			if (ag && cm->ag_unit_esz) {
+				const struct sched_bucket *bk = &s->buckets[b];
+				ag_b = 0;
+				for (int u = bk->unit0; u < bk->unit0 + bk->n_units; u++)
+					ag_b += (double)s->units[u].shard_numel * cm->ag_unit_esz[u];
+			}
+			if (ag)
+				ag_bytes += (int64_t)ag_b;
+			double wire = (double)(N - 1) * (ag ? ag_b : S * 4.0);
 			double dur = N > 1 ? (ag ? cm->ag_latency_s + wire / cm->ag_bytes_s
 			                         : cm->rs_latency_s + wire / cm->rs_bytes_s)
 			                   : 0.0;
@@ -290,6 +300,7 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	}
 	p->step_s = t;
 	double fe = (double)cm->full_elem_bytes;
+	p->ag_wire_bytes = ag_bytes;
 	p->full_params_bytes = pw.peak * (int64_t)(max_full * fe);
 	p->full_grads_bytes = pg.peak * (int64_t)(max_full * fe);
 	p->comm_bytes = agr.peak * N * max_shard * cm->ag_elem_bytes +

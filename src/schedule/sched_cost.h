@@ -60,6 +60,8 @@ struct sched_cost_model {
 	double *work[SCHED_WORK_COUNT][SCHED_TERM_COUNT]; /* per unit: FLOPs or bytes */
 	int64_t dp_shard;
 	int64_t ag_elem_bytes; /* 2 for bf16 all-gather, 4 for fp32 */
+	double *ag_unit_esz;   /* per unit: wire bytes per shard element (fp8 all-gather mixes
+	                          1-byte float8 weights with the rest), or NULL: ag_elem_bytes */
 	int64_t act_elem_bytes;
 	int64_t full_elem_bytes; /* gathered parameters and unsharded gradients: 4 here (the CPU
 	                            computes in fp32); 2 when planning bf16 compute */
@@ -72,6 +74,7 @@ struct sched_prediction {
 	int64_t peak_bytes; /* persistent + pools */
 	int64_t full_params_bytes, full_grads_bytes, comm_bytes;
 	int64_t n_collectives;
+	int64_t ag_wire_bytes; /* what this rank's all-gathers of the step send (its shards) */
 };
 
 /* One node's time under cm, and its terms (terms may be NULL). */

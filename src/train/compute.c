@@ -10,11 +10,14 @@
 #include "base/cpu.h"
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/fp8_linear.h"
 #include "kernels/mm_engine.h"
 #include "model/model.h"
+#include "model/param_table.h"
 
 static float *compute_params16; /* bf16-valued copy of a single rank's parameters */
 static int64_t compute_params16_n;
+static bool compute_fp8_ag; /* quantize.linear.float8.enable_fsdp_float8_all_gather in force */
 
 static int64_t compute_threads(void)
 {
@@ -35,6 +38,87 @@ bool compute_bf16(const struct ct_config *cfg)
 	return strcmp(p, "bfloat16") == 0;
 }
 
+bool compute_float8(const struct ct_config *cfg)
+{
+	const char *c = cfg->model.converters;
+	size_t n = strlen("float8");
+	for (const char *p = c; (p = strstr(p, "float8")) != NULL; p += n)
+		if ((p == c || p[-1] == ',') && (p[n] == '\0' || p[n] == ','))
+			return true;
+	return false;
+}
+
+void compute_set_fp8_all_gather(bool on)
+{
+	compute_fp8_ag = on;
+}
+
+bool compute_fp8_all_gather(const struct ct_config *cfg)
+{
+	return compute_float8(cfg) && cfg->float8.enable_fsdp_float8_all_gather;
+}
+
+/* The float8 converter's set-up and what it does not support (exit 2 naming the key). */
+static int compute_setup_float8(const struct ct_config *cfg, bool log)
+{
+	const struct ct_config_float8 *q = &cfg->float8;
+	enum fp8_recipe r;
+	bool on = compute_float8(cfg);
+	compute_fp8_ag = false;
+	if (fp8_recipe_parse(q->recipe_name, &r)) {
+		LOG_ERROR("quantize.linear.float8.recipe_name: unknown recipe '%s' (tensorwise, "
+		          "rowwise, rowwise_with_gw_hp)", q->recipe_name);
+		return CT_ERR_USAGE;
+	}
+	if (!on) {
+		fp8_linear_configure(false, r, "");
+		if (q->enable_fsdp_float8_all_gather) {
+			LOG_ERROR("quantize.linear.float8.enable_fsdp_float8_all_gather = true needs "
+			          "model.converters = [\"float8\"] (it gathers float8 linears' "
+			          "weights)");
+			return CT_ERR_USAGE;
+		}
+		return CT_OK;
+	}
+	if (strcmp(cfg->model.name, "llama3") != 0) {
+		LOG_ERROR("model.converters = [\"float8\"]: not supported for model.name = %s "
+		          "(float8 linears exist for llama3 only)", cfg->model.name);
+		return CT_ERR_USAGE;
+	}
+	if (cfg->parallelism.tensor_parallel_degree > 1 ||
+	    cfg->parallelism.pipeline_parallel_degree > 1) {
+		LOG_ERROR("model.converters = [\"float8\"] with parallelism.%s = %lld: not yet "
+		          "supported (float8 runs with FSDP/HSDP and on one rank)",
+		          cfg->parallelism.tensor_parallel_degree > 1 ? "tensor_parallel_degree"
+		                                                      : "pipeline_parallel_degree",
+		          (long long)(cfg->parallelism.tensor_parallel_degree > 1
+		                          ? cfg->parallelism.tensor_parallel_degree
+		                          : cfg->parallelism.pipeline_parallel_degree));
+		return CT_ERR_USAGE;
+	}
+	if (!q->emulate) {
+		LOG_ERROR("quantize.linear.float8.emulate = false: no fp8 matmul hardware on the CPUs "
+		          "ctitan runs on; float8 compute is emulated (set it to true)");
+		return CT_ERR_USAGE;
+	}
+	if (q->enable_fsdp_float8_all_gather && r != FP8_TENSORWISE) {
+		LOG_ERROR("quantize.linear.float8.enable_fsdp_float8_all_gather = true with "
+		          "recipe_name = %s: the fp8 all-gather needs the tensorwise recipe (as "
+		          "torchao)", q->recipe_name);
+		return CT_ERR_USAGE;
+	}
+	fp8_linear_configure(true, r, q->filter_fqns);
+	compute_fp8_ag = q->enable_fsdp_float8_all_gather;
+	if (log)
+		LOG_INFO("float8 linears: recipe %s, filter_fqns [%s], fp8 all-gather %s; fp8 "
+		         "matmuls EMULATED on this CPU (fp8-valued operands through the %s engine, "
+		         "fp32 accumulation, scales applied after; casts with %s): the numerics "
+		         "of float8 training, not its speed",
+		         q->recipe_name, q->filter_fqns, compute_fp8_ag ? "on" : "off",
+		         mm_engine_dtype() == MM_BF16 ? "bf16" : "fp32", fp8_isa());
+	return CT_OK;
+}
+
 int compute_setup(const struct ct_config *cfg, bool log)
 {
 	enum mm_engine e;
@@ -46,8 +130,9 @@ int compute_setup(const struct ct_config *cfg, bool log)
 	bool bf16 = compute_bf16(cfg);
 	mm_engine_configure(e, bf16 ? MM_BF16 : MM_F32);
 	const struct cpu_info *c = cpu_info();
-	if (!log)
-		return CT_OK;
+	int rc = compute_setup_float8(cfg, log);
+	if (rc || !log)
+		return rc;
 	if (mm_engine_get() != e)
 		LOG_INFO("CT_MATMUL_ENGINE=%s overrides compute.matmul_engine = %s",
 		         mm_engine_name(mm_engine_get()), mm_engine_name(e));
@@ -92,6 +177,13 @@ void compute_bind_bf16_params(struct model *m, bool on)
 #pragma omp parallel for schedule(static)
 		for (int64_t i = 0; i < n; i++)
 			to[i] = bf16_to_f32(bf16_from_f32(p[i]));
+		/* fp8 all-gather: the float8 weights go to fp8 from the fp32 masters (as FSDP's
+		 * gather casts the fp32 shards), not from bf16 */
+		const struct param_table *t = m->table;
+		for (int i = 0; compute_fp8_ag && i < t->count; i++)
+			if (model_fp8_linear(&t->p[i]))
+				memcpy(to + t->p[i].offset, p + t->p[i].offset,
+				       (size_t)t->p[i].numel * sizeof(float));
 	}
 	for (int u = 0; u < m->n_units; u++) {
 		CHECK(m->unit_w[u] >= from && m->unit_w[u] < from + n, "unit %d not in the buffer", u);

@@ -14,7 +14,15 @@ struct model;
 /* True when matmuls compute on bf16 operands: training.mixed_precision_param = bfloat16, or
  * auto on a CPU with bf16 matmul hardware (AVX512-BF16 or AMX). */
 bool compute_bf16(const struct ct_config *cfg);
-/* Configures the engine layer for this process; logs it (with `log` set) and warns once when
+/* model.converters holds "float8" / and the fp8 all-gather is on. */
+bool compute_float8(const struct ct_config *cfg);
+bool compute_fp8_all_gather(const struct ct_config *cfg);
+/* What compute_setup sets from the config (tests set it directly): with the fp8 all-gather,
+ * compute_bind_bf16_params leaves the float8 weights in fp32, so 1 rank casts them to fp8
+ * from the same fp32 values FSDP's gather casts. */
+void compute_set_fp8_all_gather(bool on);
+/* Configures the engine layer for this process, and the float8 linears (kernels/fp8_linear.h:
+ * recipe, filter; CT_ERR_USAGE naming the key for what float8 does not support); logs it (with `log` set) and warns once when
  * bf16 runs without bf16 hardware. CT_ERR_USAGE naming the key for an unknown engine. */
 int compute_setup(const struct ct_config *cfg, bool log);
 /* Theoretical peak of this rank (its OpenMP threads) for the compute dtype, or

@@ -167,6 +167,8 @@ static int trainer_build_model(struct trainer *tr)
 		if (rc)
 			return rc;
 		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, reshard, tr->stream);
+		if (compute_fp8_all_gather(cfg))
+			fsdp_set_fp8_all_gather(&tr->fsdp, true);
 		fsdp_init_params(&tr->fsdp, seed);
 		opt_numel = tr->fsdp.shard_numel;
 		rc = step_plan_setup(&tr->fsdp, cfg, (int)tr->accum, tr->stream, &tr->cost,
@@ -181,6 +183,8 @@ static int trainer_build_model(struct trainer *tr)
 		opt_numel = tr->pp.shard_numel;
 	} else {
 		model_init_params(m, seed, m->params, 0, m->table->numel);
+		for (int u = 0; u < m->n_units; u++) /* registers float8 linears, if any */
+			model_bind_unit(m, u, m->unit_w[u], m->unit_dw[u]);
 		if (cfg->profiling.enable_profiling && mc.kind == MODEL_LLAMA)
 			tr->single_pred_s = step_plan_predict_single(
 			    cfg, &mc.llama, m->table, m->B, m->T, (int)tr->accum, tr->stream,

@@ -1,0 +1,367 @@
+/* kernels/fp8_linear: scales, the float8 weight registry and the emulated float8 linear.
+ * See fp8_linear.h. */
+#include "kernels/fp8_linear.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "kernels/mm_engine.h"
+
+static const char *const fp8_recipe_names[] = {"tensorwise", "rowwise", "rowwise_with_gw_hp"};
+_Static_assert(sizeof(fp8_recipe_names) / sizeof(fp8_recipe_names[0]) == FP8_RECIPE_COUNT,
+               "one name per recipe");
+
+int fp8_recipe_parse(const char *name, enum fp8_recipe *out)
+{
+	for (int i = 0; i < FP8_RECIPE_COUNT; i++)
+		if (strcmp(name, fp8_recipe_names[i]) == 0) {
+			*out = (enum fp8_recipe)i;
+			return 0;
+		}
+	return -1;
+}
+
+const char *fp8_recipe_name(enum fp8_recipe r)
+{
+	return r >= 0 && r < FP8_RECIPE_COUNT ? fp8_recipe_names[r] : "?";
+}
+
+/* ---------------------------------------------------------------- scales */
+
+float fp8_scale_from_amax(double amax, enum fp8_fmt f, bool pow2)
+{
+	double a = amax > 1e-12 ? amax : 1e-12; /* torch.clamp(amax, min=EPS); NaN stays */
+	float s = (float)((double)fp8_max(f) / a);
+	if (pow2 && isfinite(s) && s > 0.0f)
+		s = ldexpf(1.0f, ilogbf(s)); /* exp2(floor(log2(s))) */
+	return s;
+}
+
+float fp8_amax(const float *x, int64_t n)
+{
+	float m = 0.0f;
+#pragma omp parallel for simd reduction(max : m) schedule(static)
+	for (int64_t i = 0; i < n; i++)
+		m = fmaxf(m, fabsf(x[i]));
+	return m;
+}
+
+void fp8_amax_rows(float *out, const float *x, int64_t rows, int64_t cols)
+{
+#pragma omp parallel for schedule(static)
+	for (int64_t r = 0; r < rows; r++) {
+		float m = 0.0f;
+		for (int64_t c = 0; c < cols; c++)
+			m = fmaxf(m, fabsf(x[r * cols + c]));
+		out[r] = m;
+	}
+}
+
+void fp8_amax_cols(float *out, const float *x, int64_t rows, int64_t cols)
+{
+	/* column blocks per thread, rows streamed: every thread reads whole rows of its block */
+#pragma omp parallel for schedule(static)
+	for (int64_t c0 = 0; c0 < cols; c0 += 256) {
+		int64_t c1 = c0 + 256 < cols ? c0 + 256 : cols;
+		for (int64_t c = c0; c < c1; c++)
+			out[c] = 0.0f;
+		for (int64_t r = 0; r < rows; r++)
+			for (int64_t c = c0; c < c1; c++)
+				out[c] = fmaxf(out[c], fabsf(x[r * cols + c]));
+	}
+}
+
+/* ---------------------------------------------------------------- configuration, registry */
+
+struct fp8_entry {
+	const float *w;
+	int64_t rows, cols;
+	int unit;
+	bool prepared;
+	float scale;
+};
+
+static bool g_on;
+static enum fp8_recipe g_recipe;
+static char g_filter[512];
+static struct fp8_entry *g_ent;
+static int g_n, g_cap;
+static const float **g_unit_base;
+static int g_units;
+
+void fp8_linear_configure(bool on, enum fp8_recipe r, const char *filter)
+{
+	g_on = on;
+	g_recipe = r;
+	snprintf(g_filter, sizeof(g_filter), "%s", filter ? filter : "");
+	g_n = 0;
+	for (int u = 0; u < g_units; u++)
+		g_unit_base[u] = NULL;
+}
+
+bool fp8_linear_enabled(void)
+{
+	return g_on;
+}
+
+enum fp8_recipe fp8_linear_recipe(void)
+{
+	return g_recipe;
+}
+
+bool fp8_linear_wants(const char *name)
+{
+	if (!g_on)
+		return false;
+	char mod[128];
+	snprintf(mod, sizeof(mod), "%s", name);
+	size_t n = strlen(mod);
+	if (n > 7 && strcmp(mod + n - 7, ".weight") == 0)
+		mod[n - 7] = '\0';
+	const char *p = g_filter;
+	while (*p) {
+		const char *e = strchr(p, ',');
+		size_t k = e ? (size_t)(e - p) : strlen(p);
+		char tok[128];
+		if (k > 0 && k < sizeof(tok)) {
+			memcpy(tok, p, k);
+			tok[k] = '\0';
+			if (strstr(mod, tok))
+				return false;
+		}
+		p += k + (e ? 1 : 0);
+	}
+	return true;
+}
+
+bool fp8_linear_unit_is(int u, const float *base)
+{
+	return u < g_units && g_unit_base[u] == base;
+}
+
+void fp8_linear_unit_clear(int u)
+{
+	int k = 0;
+	for (int i = 0; i < g_n; i++)
+		if (g_ent[i].unit != u)
+			g_ent[k++] = g_ent[i];
+	g_n = k;
+	if (u < g_units)
+		g_unit_base[u] = NULL;
+}
+
+void fp8_linear_unit_set(int u, const float *base)
+{
+	if (u >= g_units) {
+		int n = u + 16;
+		g_unit_base = realloc(g_unit_base, (size_t)n * sizeof(*g_unit_base));
+		CHECK(g_unit_base, "out of memory");
+		for (int i = g_units; i < n; i++)
+			g_unit_base[i] = NULL;
+		g_units = n;
+	}
+	g_unit_base[u] = base;
+}
+
+void fp8_linear_add(int u, const float *w, int64_t rows, int64_t cols)
+{
+	if (g_n == g_cap) {
+		g_cap = g_cap ? 2 * g_cap : 64;
+		g_ent = realloc(g_ent, (size_t)g_cap * sizeof(*g_ent));
+		CHECK(g_ent, "out of memory");
+	}
+	g_ent[g_n++] = (struct fp8_entry){.w = w, .rows = rows, .cols = cols, .unit = u};
+}
+
+static struct fp8_entry *fp8_find(const float *w)
+{
+	for (int i = 0; i < g_n; i++)
+		if (g_ent[i].w == w)
+			return &g_ent[i];
+	return NULL;
+}
+
+bool fp8_linear_is(const float *w)
+{
+	return g_on && w && fp8_find(w) != NULL;
+}
+
+void fp8_linear_set_prepared(const float *w, float scale)
+{
+	struct fp8_entry *e = fp8_find(w);
+	CHECK(e, "fp8 prepared weight %p is not a registered float8 linear", (const void *)w);
+	e->prepared = true;
+	e->scale = scale;
+}
+
+/* ---------------------------------------------------------------- the emulated linear */
+
+enum { SCR_QA, SCR_QB, SCR_TMP, SCR_IA, SCR_IB, SCR_S, SCR_COUNT };
+static float *g_scr[SCR_COUNT];
+static size_t g_scr_n[SCR_COUNT];
+
+static float *scratch(int i, int64_t n)
+{
+	if ((size_t)n > g_scr_n[i]) {
+		if (g_scr[i])
+			mem_free(MEM_OTHER, g_scr[i], g_scr_n[i] * sizeof(float));
+		g_scr[i] = mem_alloc(MEM_OTHER, (size_t)n * sizeof(float));
+		g_scr_n[i] = (size_t)n;
+	}
+	return g_scr[i];
+}
+
+enum fp8_gran { GRAN_TENSOR, GRAN_ROWS, GRAN_COLS };
+
+/* q = fp8 values of x (rows x cols) under scales of granularity g; inv[] = 1/scale (1, rows
+ * or cols entries). */
+static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t cols,
+                  enum fp8_gran g, enum fp8_fmt f, bool pow2)
+{
+	if (g == GRAN_TENSOR) {
+		float s = fp8_scale_from_amax(fp8_amax(x, rows * cols), f, pow2);
+		inv[0] = 1.0f / s;
+#pragma omp parallel for schedule(static)
+		for (int64_t r = 0; r < rows; r++)
+			fp8_quantize_values(q + r * cols, x + r * cols, cols, s, f);
+		return;
+	}
+	int64_t ns = g == GRAN_ROWS ? rows : cols;
+	float *s = scratch(SCR_S, ns);
+	if (g == GRAN_ROWS)
+		fp8_amax_rows(s, x, rows, cols);
+	else
+		fp8_amax_cols(s, x, rows, cols);
+	for (int64_t i = 0; i < ns; i++) {
+		s[i] = fp8_scale_from_amax(s[i], f, pow2);
+		inv[i] = 1.0f / s[i];
+	}
+#pragma omp parallel for schedule(static)
+	for (int64_t r = 0; r < rows; r++) {
+		if (g == GRAN_ROWS)
+			fp8_quantize_values(q + r * cols, x + r * cols, cols, s[r], f);
+		else
+			fp8_quantize_values_vs(q + r * cols, x + r * cols, cols, s, f);
+	}
+}
+
+/* C(M,Nn) (+)= (op(qA) op(qB)) * ia[m or 0] * ib[n or 0]: the engine multiplies the fp8
+ * values exactly (they are bf16 numbers) with fp32 accumulation, then the scales apply. */
+static void scaled_mm(bool ta, bool tb, int64_t M, int64_t Nn, int64_t K, const float *qa,
+                      int64_t lda, const float *qb, int64_t ldb, const float *ia, bool ia_vec,
+                      const float *ib, bool ib_vec, float *C, bool accumulate)
+{
+	float *tmp = scratch(SCR_TMP, M * Nn);
+	mm_gemm(ta, tb, M, Nn, K, qa, lda, qb, ldb, 0.0f, tmp, Nn);
+#pragma omp parallel for schedule(static)
+	for (int64_t m = 0; m < M; m++) {
+		float a = ia[ia_vec ? m : 0];
+		const float *t = tmp + m * Nn;
+		float *c = C + m * Nn;
+		if (ib_vec) {
+			if (accumulate)
+				for (int64_t n = 0; n < Nn; n++)
+					c[n] += t[n] * (a * ib[n]);
+			else
+				for (int64_t n = 0; n < Nn; n++)
+					c[n] = t[n] * (a * ib[n]);
+		} else {
+			float s = a * ib[0];
+			if (accumulate)
+				for (int64_t n = 0; n < Nn; n++)
+					c[n] += t[n] * s;
+			else
+				for (int64_t n = 0; n < Nn; n++)
+					c[n] = t[n] * s;
+		}
+	}
+}
+
+/* The weight as the tensorwise recipes use it: prepared (values in place, known scale) or
+ * cast now. Returns the values; *inv = 1/scale. */
+static const float *weight_tensorwise(const float *w, int64_t OC, int64_t C, bool pow2,
+                                      float *inv)
+{
+	const struct fp8_entry *e = fp8_find(w);
+	if (e && e->prepared) {
+		*inv = 1.0f / e->scale;
+		return w;
+	}
+	float *q = scratch(SCR_QB, OC * C);
+	quant(q, inv, w, OC, C, GRAN_TENSOR, FP8_E4M3, pow2);
+	return q;
+}
+
+void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N, int64_t C,
+                        int64_t OC, int accumulate)
+{
+	float *qx = scratch(SCR_QA, N * C);
+	if (g_recipe == FP8_TENSORWISE) {
+		float ix, iw;
+		quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false);
+		const float *qw = weight_tensorwise(w, OC, C, false, &iw);
+		scaled_mm(false, true, N, OC, C, qx, C, qw, C, &ix, false, &iw, false, out,
+		          accumulate);
+		return;
+	}
+	/* rowwise, rowwise_with_gw_hp: x per row, w per row (both along C) */
+	float *ix = scratch(SCR_IA, N), *iw = scratch(SCR_IB, OC), *qw = scratch(SCR_QB, OC * C);
+	quant(qx, ix, inp, N, C, GRAN_ROWS, FP8_E4M3, true);
+	quant(qw, iw, w, OC, C, GRAN_ROWS, FP8_E4M3, true);
+	scaled_mm(false, true, N, OC, C, qx, C, qw, C, ix, true, iw, true, out, accumulate);
+}
+
+void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                         const float *w, int64_t N, int64_t C, int64_t OC)
+{
+	float *qd = scratch(SCR_QA, N * OC);
+	if (g_recipe == FP8_TENSORWISE) {
+		float id, iw, ix;
+		quant(qd, &id, dout, N, OC, GRAN_TENSOR, FP8_E5M2, false);
+		if (dinp) {
+			const float *qw = weight_tensorwise(w, OC, C, false, &iw);
+			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, &id, false, &iw, false, dinp,
+			          true);
+		}
+		if (dw) {
+			/* qd stays in SCR_QA; x goes to QB (the weight's values are not needed now) */
+			float *qx = scratch(SCR_QB, N * C);
+			quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false);
+			scaled_mm(true, false, OC, C, N, qd, OC, qx, C, &id, false, &ix, false, dw,
+			          true);
+		}
+		return;
+	}
+	if (dinp) {
+		/* dx(N,C) = dy(N,OC) w(OC,C): dy per row; w per column (rowwise) or tensorwise */
+		float *id = scratch(SCR_IA, N), *qw = scratch(SCR_QB, OC * C);
+		quant(qd, id, dout, N, OC, GRAN_ROWS, FP8_E4M3, true);
+		if (g_recipe == FP8_ROWWISE) {
+			float *iw = scratch(SCR_IB, C);
+			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true);
+			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, iw, true, dinp,
+			          true);
+		} else {
+			float iw;
+			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true);
+			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, &iw, false, dinp,
+			          true);
+		}
+	}
+	if (dw) {
+		if (g_recipe == FP8_ROWWISE_GW_HP) {
+			/* dw(OC,C) += dy^T x in high precision */
+			mm_gemm(true, false, OC, C, N, dout, OC, inp, C, 1.0f, dw, C);
+			return;
+		}
+		/* dw(OC,C) = dy^T(OC,N) x(N,C): both per column (along N) */
+		float *id = scratch(SCR_IA, OC), *ix = scratch(SCR_IB, C),
+		      *qx = scratch(SCR_QB, N * C);
+		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true);
+		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true);
+		scaled_mm(true, false, OC, C, N, qd, OC, qx, C, id, true, ix, true, dw, true);
+	}
+}

@@ -1,0 +1,75 @@
+/* kernels/fp8_linear: fp8 casts with scales, and torchao's float8 linear recipes emulated on
+ * the matmul engine.
+ *
+ * Scales (dynamic, per call, as torchao): scale = max_fp8 / max(amax, 1e-12) computed in
+ * double and stored as float; the rowwise recipes round it down to a power of two
+ * (torchao's round_scales_to_power_of_2). A tensor is cast as q = fp8(clamp(x * scale)) and
+ * stands for q / scale.
+ *
+ * The linear y(N,OC) = x(N,C) w(OC,C)^T and its two backward matmuls, per recipe
+ * (torchao's Float8LinearConfig.from_recipe_name):
+ *   tensorwise: x, w in e4m3 and dy in e5m2, one scale per tensor, every matmul in fp8.
+ *   rowwise:    everything e4m3, scales along each matmul's reduction dimension (per row of
+ *               x and w for y; per row of dy and per column of w for dx; per column of dy
+ *               and of x for dw), power-of-two scales.
+ *   rowwise_with_gw_hp: y as rowwise; dx with dy per row and w tensorwise (e4m3); dw in high
+ *               precision (the engine's dtype, like a plain linear).
+ * No CPU we run on multiplies fp8: the quantised values are exact in bf16, so each fp8 matmul
+ * runs through the engine (mm_gemm) with fp32 accumulation and the scales are applied to
+ * the fp32 result - the numerics of torch._scaled_mm, at bf16 (or fp32) speed.
+ *
+ * Which weights are float8 linears is a process-wide registry keyed by the weight's address,
+ * kept by the model layer as units are bound to parameters (model_bind_unit); matmul.c asks
+ * it on every call. A weight can be *prepared*: its buffer already holds the fp8 values of a
+ * tensorwise cast with a known scale (FSDP's fp8 all-gather delivers it so), and is then used
+ * as is, never re-cast. Compute thread only.
+ */
+#ifndef CT_KERNELS_FP8_LINEAR_H
+#define CT_KERNELS_FP8_LINEAR_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/fp8.h"
+
+enum fp8_recipe { FP8_TENSORWISE, FP8_ROWWISE, FP8_ROWWISE_GW_HP, FP8_RECIPE_COUNT };
+
+/* 0 and *out set, or -1 for a name that is not a recipe. */
+int fp8_recipe_parse(const char *name, enum fp8_recipe *out);
+const char *fp8_recipe_name(enum fp8_recipe r);
+
+/* torchao's amax_to_scale. */
+float fp8_scale_from_amax(double amax, enum fp8_fmt f, bool pow2);
+float fp8_amax(const float *x, int64_t n);
+/* amax of each row (out[rows]) / each column (out[cols]) of a row-major rows x cols block. */
+void fp8_amax_rows(float *out, const float *x, int64_t rows, int64_t cols);
+void fp8_amax_cols(float *out, const float *x, int64_t rows, int64_t cols);
+
+/* Process-wide set-up: float8 linears on (recipe) or off; filter: comma-separated substrings
+ * of module names (torchao's filter_fqns) whose linears stay high precision. */
+void fp8_linear_configure(bool on, enum fp8_recipe r, const char *filter);
+bool fp8_linear_enabled(void);
+enum fp8_recipe fp8_linear_recipe(void);
+/* Whether the linear whose weight is called `name` (e.g. layers.0.attention.wq.weight) is
+ * converted: enabled and no filter entry is a substring of its module name. */
+bool fp8_linear_wants(const char *name);
+
+/* The registry. Unit u's float8 weights live in the buffer at `base`: unit_is says whether
+ * the registry already holds u at that base; clear drops u's entries; add registers one
+ * rows x cols weight. */
+bool fp8_linear_unit_is(int u, const float *base);
+void fp8_linear_unit_clear(int u);
+void fp8_linear_unit_set(int u, const float *base);
+void fp8_linear_add(int u, const float *w, int64_t rows, int64_t cols);
+bool fp8_linear_is(const float *w);
+/* The buffer of w now holds fp8 values (of a tensorwise e4m3 cast with `scale`). */
+void fp8_linear_set_prepared(const float *w, float scale);
+
+/* The float8 versions of matmul_forward / matmul_backward (kernels.h): same arguments and
+ * accumulation rules (forward adds into out when `accumulate`; backward adds into dinp, dw). */
+void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N, int64_t C,
+                        int64_t OC, int accumulate);
+void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float *inp,
+                         const float *w, int64_t N, int64_t C, int64_t OC);
+
+#endif
