@@ -5,7 +5,8 @@
  *  - 2 ranks: pp=2 with GPipe, 1F1B, Interleaved1F1B (2 stages per rank);
  *  - 4 ranks: pp=4 with the same three, pp=2 x dp_shard=2 (FSDP inside each stage) and
  *    pp=2 x dp_replicate=2 (HSDP replicas of a pipeline);
- *  - 8 tiny ranks: pp=2 x dp_replicate=2 x dp_shard=2;
+ *    and pp=2 x tp=2 (Megatron TP with sequence parallelism inside each stage);
+ *  - 8 tiny ranks: pp=2 x dp_shard=2 x tp=2 (3D) and pp=2 x dp_replicate=2 x dp_shard=2;
  *  - the peak number of micro-batches in flight per rank equals the schedule's prediction
  *    (1F1B: p - r; GPipe: m);
  *  - a CSV schedule (1F1B written and read back) runs like the generated one, and ZB-H1 is
@@ -22,6 +23,7 @@
 #include "data/synthetic.h"
 #include "model/model.h"
 #include "parallel/pp.h"
+#include "parallel/tp.h"
 #include "testutil.h"
 #include "train/trainer.h"
 
@@ -82,12 +84,12 @@ static void reference(int dp, struct run *out)
 	model_free(&m);
 }
 
-/* A pipeline run on mesh (pp, rep, shard); returns false if pp_build refused. */
-static bool pipeline(int pp_deg, int rep, int shard, enum pp_style style, const char *csv,
-                     struct run *out, int *peak, int *predicted)
+/* A pipeline run on mesh (pp, rep, shard, tp); returns false if pp_build refused. */
+static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style style,
+                        const char *csv, struct run *out, int *peak, int *predicted)
 {
 	struct mesh mesh;
-	CHECK(mesh_build(&mesh, pp_deg, rep, shard, 1) == CT_OK, "mesh");
+	CHECK(mesh_build(&mesh, pp_deg, rep, shard, tp) == CT_OK, "mesh");
 	struct model_config mc;
 	config(&mc);
 	struct pp_opts o = {.style = style,
@@ -124,13 +126,28 @@ static bool pipeline(int pp_deg, int rep, int shard, enum pp_style style, const 
 	}
 	*peak = pp.peak_inflight;
 	*predicted = pp.sim.peak_inflight[pp.r];
-	out->params = malloc((size_t)pp.table.numel * sizeof(float));
-	pp_gather_full(&pp, out->params);
+	float *local = malloc((size_t)pp.table.numel * sizeof(float));
+	pp_gather_full(&pp, local);
+	struct param_table global;
+	model_table_build(&global, &mc);
+	out->params = malloc((size_t)global.numel * sizeof(float));
+	if (tp > 1) /* the TP pieces into the one-rank layout */
+		tp_gather_global(&mesh.tp_group, &pp.table, local, &global, out->params);
+	else
+		memcpy(out->params, local, (size_t)global.numel * sizeof(float));
+	param_table_free(&global);
+	free(local);
 	free(tok), free(tgt), free(mt), free(mg);
 	adamw_free(&opt);
 	pp_free(&pp);
 	mesh_free(&mesh);
 	return true;
+}
+
+static bool pipeline(int pp_deg, int rep, int shard, enum pp_style style, const char *csv,
+                     struct run *out, int *peak, int *predicted)
+{
+	return pipeline_tp(pp_deg, rep, shard, 1, style, csv, out, peak, predicted);
 }
 
 static double rel(double a, double b)
@@ -203,10 +220,16 @@ TEST_CASE(with_data_parallel)
 {
 	struct run ref, r = {0};
 	int peak = 0, pred = 0;
-	if (comm_world_size() == 8) { /* 3D: pp x dp_replicate x dp_shard */
+	if (comm_world_size() == 8) { /* 3D: pp x tp x dp_shard, and pp x dp_replicate x dp_shard */
+		reference(2, &ref);
+		EXPECT(pipeline_tp(2, 1, 2, 2, PP_1F1B, NULL, &r, &peak, &pred), "2x2x2 refused");
+		compare("pp=2 x dp_shard=2 x tp=2 1F1B", &r, &ref, 1e-5);
+		free(r.params);
+		free(ref.params);
 		reference(4, &ref);
-		EXPECT(pipeline(2, 2, 2, PP_1F1B, NULL, &r, &peak, &pred), "2x2x2 refused");
-		compare("pp=2 x dp_replicate=2 x dp_shard=2 1F1B", &r, &ref, 1e-5);
+		EXPECT(pipeline(2, 2, 2, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
+		       "2x2x2 refused");
+		compare("pp=2 x dp_replicate=2 x dp_shard=2 Interleaved1F1B", &r, &ref, 1e-5);
 		free(r.params);
 		free(ref.params);
 		return;
@@ -220,6 +243,12 @@ TEST_CASE(with_data_parallel)
 	EXPECT(pipeline(2, 2, 1, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
 	       "pp2 x rep2 refused");
 	compare("pp=2 x dp_replicate=2 Interleaved1F1B", &r, &ref, 1e-5);
+	free(r.params);
+	free(ref.params);
+	reference(1, &ref);
+	EXPECT(pipeline_tp(2, 1, 1, 2, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
+	       "pp2 x tp2 refused");
+	compare("pp=2 x tp=2 Interleaved1F1B", &r, &ref, 1e-5);
 	free(r.params);
 	free(ref.params);
 }

@@ -140,8 +140,8 @@ const struct cfg_key cfg_schema[] = {
      .help = "Replicated data-parallel degree (HSDP when sharded too)."},
     {ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
      .help = "Tensor-parallel degree: Megatron column/row-parallel blocks with sequence "
-             "parallelism and a vocabulary-parallel loss (llama3; not with "
-             "pipeline_parallel_degree > 1)."},
+             "parallelism and a vocabulary-parallel loss (llama3; inside each pipeline stage "
+             "with pipeline_parallel_degree > 1)."},
     {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
      .help = "Pipeline-parallel degree."},
     /* pipeline parallelism: one block (parallel/pp.h) */

@@ -135,7 +135,11 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		          pp->S, (long long)o->n_micro, pp->tag_max);
 		return CT_ERR_USAGE;
 	}
-	model_table_build(&pp->table, mc);
+	/* tensor parallelism: every stage holds this TP rank's slice of its units (the TP
+	 * table), and its boundary activations are the rank's sequence shard */
+	rc = llama_table_build_tp(&pp->table, &mc->llama, mesh->tp, mesh->tp_rank);
+	if (rc)
+		return rc;
 	const struct param_table *t = &pp->table;
 	int64_t D = mesh->dp_shard, dr = mesh->dp_shard_rank;
 	pp->chunks = xcalloc((size_t)pp->v, sizeof(*pp->chunks));
@@ -343,7 +347,10 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		CHECK(ch->slots, "out of memory");
 		struct pp_slot *s = &ch->slots[k];
 		memset(s, 0, sizeof(*s));
-		const struct model_build_opts mo = {.own_params = false, .ac = pp->o.ac};
+		const struct model_build_opts mo = {
+		    .own_params = false,
+		    .ac = pp->o.ac,
+		    .tp_group = pp->mesh->tp > 1 ? &pp->mesh->tp_group : NULL};
 		CHECK(model_build(&s->m, &pp->cfg, pp->o.micro_rows, pp->o.T, &mo) == CT_OK,
 		      "pp: cannot build a stage model");
 		ch->n_slots++;
@@ -425,9 +432,13 @@ static void slot_wait_sends(struct pp *pp, struct pp_slot *s)
 	wait_req(pp, &s->send_hdr, "pipeline send");
 }
 
+/* A stage boundary carries the residual stream of one micro-batch: under TP's sequence
+ * parallelism each TP rank holds (and sends to its peer of the same TP rank) Ns = ceil(N/tp)
+ * token rows of it. */
 static int64_t boundary_bytes(const struct pp *pp)
 {
-	return pp->o.micro_rows * pp->o.T * pp->cfg.llama.dim * (int64_t)sizeof(float);
+	int64_t N = pp->o.micro_rows * pp->o.T, tp = pp->mesh->tp;
+	return (N + tp - 1) / tp * pp->cfg.llama.dim * (int64_t)sizeof(float);
 }
 
 static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, const float *buf)
@@ -534,6 +545,23 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 
 /* ---------------------------------------------------------------- step */
 
+/* This rank's share of the squared gradient norm: its shards, with the TP-split tensors
+ * summed over the TP group and the replicated ones counted once. */
+static double grad_sumsq(const struct pp *pp)
+{
+	if (pp->mesh->tp == 1)
+		return sumsq_f32(pp->shard_g, pp->shard_numel);
+	double v[2] = {0.0, 0.0}; /* split, replicated */
+	for (int i = 0; i < pp->table.count; i++) {
+		const struct pp_tensor *pt = &pp->t[i];
+		if (pt->chunk >= 0)
+			v[pp->table.p[i].tp_dim < 0] +=
+			    sumsq_f32(pp->shard_g + pt->shard_off, pt->my_rows * pt->cols);
+	}
+	comm_all_reduce_f64(&pp->mesh->tp_group, &v[0], 1);
+	return v[0] + v[1];
+}
+
 int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
                   double lr, double max_norm, struct train_step_result *res)
 {
@@ -570,9 +598,10 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	pp->step_t1 = timer_now();
 	for (int c = 0; c < pp->v; c++)
 		reduce_chunk(pp, c);
-	/* loss: only the last stage has it; norm: each shard element lives on one (pp, shard)
-	 * coordinate (replicas hold copies) */
-	double loss = pp->loss_sum, sq = sumsq_f32(pp->shard_g, pp->shard_numel);
+	/* loss: only the last stage has it (every TP rank of it the whole sum: TP rank 0's
+	 * counts); norm: each shard element lives on one (pp, shard) coordinate (replicas hold
+	 * copies), TP-split tensors on one TP rank, replicated ones (norms) on all of them */
+	double loss = mesh->tp_rank == 0 ? pp->loss_sum : 0.0, sq = grad_sumsq(pp);
 	comm_all_reduce_f64(&mesh->world_group, &loss, 1);
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sq, 1);
 	comm_all_reduce_f64(&mesh->pp_group, &sq, 1);

@@ -23,6 +23,12 @@
  * result equals a one-rank step over the same rows; the gradient norm for clipping is taken
  * over all stages (shards summed over dp_shard, then over pp).
  *
+ * Tensor parallelism (mesh->tp > 1): the table is this TP rank's slice (llama_table_build_tp)
+ * and every slot a TP model over the TP group; a stage boundary is the rank's sequence shard
+ * of the residual stream (Ns = ceil(N / tp) rows), sent to the same TP rank of the neighbour
+ * stage. The loss is counted on TP rank 0 (every TP rank holds the whole sum), TP-split
+ * gradients are summed over the TP group for the norm and replicated ones counted once.
+ *
  * Transfers: SEND posts a non-blocking send of the slot's boundary buffer (its output
  * activation, or the gradient of its input), RECV posts a receive into the slot, and the
  * compute that needs the data waits for it; open transfers are tested after every action so

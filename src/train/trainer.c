@@ -131,7 +131,7 @@ static int trainer_build_model(struct trainer *tr)
 		return rc;
 	bool bf16 = compute_bf16(cfg);
 	tr->piped = tr->mesh.pp > 1;
-	/* TP runs under FSDP (dp_shard may be 1); TP with PP is refused by tp_check_config */
+	/* TP runs under FSDP (dp_shard may be 1), or inside each pipeline stage */
 	tr->sharded = (tr->dp > 1 || tr->mesh.tp > 1) && !tr->piped;
 	if (tr->piped) {
 		rc = trainer_pp_check(tr, &mc, bf16);
@@ -313,8 +313,10 @@ static int trainer_setup(struct trainer *tr)
 	model_describe(&tr->model, desc, sizeof(desc));
 	LOG_INFO("model %s", desc);
 	if (tr->piped)
-		LOG_INFO("parallelism: %d ranks = %d pipeline x %d replicas x %d shards",
-		         tr->mesh.world, tr->mesh.pp, tr->mesh.dp_replicate, tr->mesh.dp_shard);
+		LOG_INFO("parallelism: %d ranks = %d pipeline x %d replicas x %d shards x %d "
+		         "tensor-parallel",
+		         tr->mesh.world, tr->mesh.pp, tr->mesh.dp_replicate, tr->mesh.dp_shard,
+		         tr->mesh.tp);
 	else
 		LOG_INFO("parallelism: %d ranks = %d replicas x %d shards x %d tensor-parallel (%s); "
 		         "comm progress %s",
@@ -525,7 +527,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 		sm->comm_wait_s += pp_wait_seconds(&tr->pp);
 	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches, a TP
 	 * group its tokens */
-	sm->tokens = tr->accum * m->N / (tr->piped ? tr->mesh.pp : tr->mesh.tp);
+	sm->tokens = tr->accum * m->N / ((tr->piped ? tr->mesh.pp : 1) * tr->mesh.tp);
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
 	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)
