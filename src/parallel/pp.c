@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
+#include "comm/watchdog.h"
 #include "kernels/kernels.h"
 #include "train/trainer.h"
 
@@ -393,43 +394,65 @@ static void progress(struct pp *pp)
 		}
 }
 
-static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, const char *what)
+/* Wait for a transfer with pipeline rank peer (and its simulated arrival). The comm watchdog
+ * watches the wait (a hung neighbour aborts the job with a message naming the transfer and
+ * what the neighbour is doing); the fallback timeout below, a few seconds later, serves runs
+ * without a watchdog (tests). */
+static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, int peer,
+                       const char *what)
 {
+	if (comm_p2p_test(req) && timer_now() >= not_before)
+		return;
 	double t0 = timer_now();
+	int token = comm_p2p_watch(&pp->mesh->pp_group, peer, what);
+	double fallback = pp->o.timeout_s + 2 * WD_ASK_SECONDS + 2;
 	for (;;) {
 		progress(pp);
-		if (comm_p2p_test(req) && timer_now() >= not_before)
+		if (comm_p2p_test(req) && timer_now() >= not_before) {
+			comm_p2p_unwatch(token);
 			return;
-		if (pp->o.timeout_s > 0 && timer_now() - t0 > pp->o.timeout_s) {
-			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds); "
-			          "aborting the job",
-			          what, pp->o.timeout_s);
+		}
+		if (pp->o.timeout_s > 0 && timer_now() - t0 > fallback) {
+			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds and "
+			          "the watchdog's grace); aborting the job",
+			          what, fallback);
 			comm_abort(1);
 		}
 		sched_yield(); /* ranks may share cores: let the one we wait for run */
 	}
 }
 
-static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what)
+/* Wait for chunk ch's receive of micro-batch m (and its simulated arrival). */
+static void wait_recv(struct pp *pp, struct pp_chunk *ch, int m, bool backward)
 {
-	wait_until(pp, req, 0, what);
-}
-
-/* Wait for chunk c's receive of micro-batch m (and its simulated arrival). */
-static void wait_recv(struct pp *pp, struct pp_chunk *ch, int m, const char *what)
-{
+	int from = backward ? ch->stage + 1 : ch->stage - 1;
+	char what[160];
+	snprintf(what, sizeof(what),
+	         "pipeline receive of %s for stage %d, micro-batch %d, from stage %d (pipeline "
+	         "rank %d)",
+	         backward ? "an input gradient" : "an activation", ch->stage, m, from,
+	         pp_stage_rank(&pp->sched, from));
+	int peer = pp_stage_rank(&pp->sched, from);
 	if (pp->o.sim_gbps > 0) {
-		wait_req(pp, &ch->recv_hdr[m], what);
-		wait_until(pp, &ch->recv[m], ch->hdr[m], what);
+		wait_until(pp, &ch->recv_hdr[m], 0, peer, what);
+		wait_until(pp, &ch->recv[m], ch->hdr[m], peer, what);
 	} else {
-		wait_req(pp, &ch->recv[m], what);
+		wait_until(pp, &ch->recv[m], 0, peer, what);
 	}
 }
 
 static void slot_wait_sends(struct pp *pp, struct pp_slot *s)
 {
-	wait_req(pp, &s->send, "pipeline send");
-	wait_req(pp, &s->send_hdr, "pipeline send");
+	if (!s->send.active && !s->send_hdr.active)
+		return;
+	char what[160];
+	snprintf(what, sizeof(what),
+	         "pipeline send of %s, micro-batch %d, to stage %d (pipeline rank %d)",
+	         s->send_backward ? "an input gradient" : "an activation", s->send_micro,
+	         s->send_stage, pp_stage_rank(&pp->sched, s->send_stage));
+	int peer = pp_stage_rank(&pp->sched, s->send_stage);
+	wait_until(pp, &s->send, 0, peer, what);
+	wait_until(pp, &s->send_hdr, 0, peer, what);
 }
 
 /* A stage boundary carries the residual stream of one micro-batch: under TP's sequence
@@ -455,6 +478,9 @@ static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, 
 		               &s->hdr, sizeof(double), &s->send_hdr);
 	}
 	comm_p2p_isend(&pp->mesh->pp_group, peer, tag, buf, bytes, &s->send);
+	s->send_stage = peer_stage;
+	s->send_micro = s->micro;
+	s->send_backward = tag >= pp->S * (int)pp->o.n_micro;
 }
 
 static void recv_buf(struct pp *pp, struct pp_chunk *ch, int m, int peer_stage, int tag, float *buf)
@@ -475,7 +501,7 @@ static void act_forward(struct pp *pp, int c, int m)
 	struct model *mm = &s->m;
 	if (ch->stage > 0) {
 		double t0 = timer_now();
-		wait_recv(pp, ch, m, "pipeline receive of an activation");
+		wait_recv(pp, ch, m, false);
 		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_F, ch->stage, m}, t0, timer_now(),
 		                                          true};
 	}
@@ -494,7 +520,7 @@ static void act_backward(struct pp *pp, int c, int m)
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
 	if (ch->stage < pp->S - 1) {
 		double t0 = timer_now();
-		wait_recv(pp, ch, m, "pipeline receive of a gradient");
+		wait_recv(pp, ch, m, true);
 		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_B, ch->stage, m}, t0, timer_now(),
 		                                          true};
 	}

@@ -88,6 +88,8 @@ struct pp_slot {
 	struct comm_p2p send;
 	struct comm_p2p send_hdr; /* simulated link: the arrival time travels with the data */
 	double hdr;
+	int send_stage, send_micro; /* the open send's destination and micro-batch (messages) */
+	bool send_backward;
 };
 
 struct pp_chunk {
