@@ -50,6 +50,10 @@ static void config(struct model_config *mc)
 struct run {
 	double loss[STEPS], norm[STEPS];
 	float *params;
+	/* memory (measured from MEM_ACTIVATIONS): the step's peak over what was there before
+	 * pp_build, one slot of chunk 0, its slots, and its stage's blocks */
+	int64_t act_peak, slot_bytes;
+	int n_slots, blocks;
 };
 
 static void batch(int64_t step, int64_t micro_total, int32_t *tok, int32_t *tgt, int64_t vocab)
@@ -101,6 +105,8 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 	                    .n_micro = NMICRO,
 	                    .timeout_s = 60};
 	struct pp pp;
+	mem_reset_peaks();
+	int64_t act0 = mem_current(MEM_ACTIVATIONS);
 	if (pp_build(&pp, &mc, &mesh, &o) != CT_OK) {
 		pp_free(&pp);
 		mesh_free(&mesh);
@@ -125,6 +131,14 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 		out->norm[s] = res.grad_norm;
 	}
 	*peak = pp.peak_inflight;
+	out->act_peak = mem_peak(MEM_ACTIVATIONS) - act0;
+	out->slot_bytes = pp.chunks[0].slot_bytes;
+	out->n_slots = 0;
+	for (int c = 0; c < pp.v; c++)
+		out->n_slots += pp.chunks[c].n_slots;
+	out->blocks = 0;
+	for (int u = pp.chunks[0].u0; u < pp.chunks[0].u1; u++)
+		out->blocks += u >= 1 && u <= mc.llama.n_layers;
 	*predicted = pp.sim.peak_inflight[pp.r];
 	float *local = malloc((size_t)pp.table.numel * sizeof(float));
 	pp_gather_full(&pp, local);
@@ -180,6 +194,47 @@ static void compare(const char *what, const struct run *a, const struct run *b, 
 		printf("  %-40s loss/norm %.2e  params %.2e\n", what, worst, perr);
 }
 
+/* MEM_ACTIVATIONS of one whole-model micro-batch instance with L layers (no parameters). */
+static int64_t full_slot_bytes(int64_t L)
+{
+	struct model_config mc;
+	config(&mc);
+	mc.llama.n_layers = L;
+	int64_t before = mem_current(MEM_ACTIVATIONS);
+	struct model m;
+	const struct model_build_opts o = {.own_params = false};
+	CHECK(model_build(&m, &mc, MROWS, SEQ, &o) == CT_OK, "model");
+	int64_t b = mem_current(MEM_ACTIVATIONS) - before;
+	model_free(&m);
+	return b;
+}
+
+/* Acceptance 3: the activations a rank holds at its peak are exactly the schedule's
+ * predicted in-flight micro-batches times one stage slot, and a slot holds only its stage's
+ * blocks: at most the whole model's minus the blocks of other stages (one more allowed: the
+ * output boundary). */
+static void check_memory(const char *what, const struct run *r, int pred)
+{
+	struct model_config mc;
+	config(&mc);
+	int64_t L = mc.llama.n_layers, full = full_slot_bytes(L);
+	int64_t block = full - full_slot_bytes(L - 1);
+	int64_t bound = full - (L - r->blocks - 1) * block;
+	EXPECT(r->n_slots == pred && r->act_peak == (int64_t)pred * r->slot_bytes,
+	       "%s rank %d: %d slots, activation peak %lld bytes; predicted %d x %lld",
+	       what, comm_world_rank(), r->n_slots, (long long)r->act_peak, pred,
+	       (long long)r->slot_bytes);
+	EXPECT(r->slot_bytes <= bound,
+	       "%s rank %d: a slot of a %d-block stage holds %lld bytes, more than %lld (whole "
+	       "model %lld, a block %lld)",
+	       what, comm_world_rank(), r->blocks, (long long)r->slot_bytes, (long long)bound,
+	       (long long)full, (long long)block);
+	if (comm_world_rank() == 0)
+		printf("  %-40s rank 0: %d in flight x %lld B = %lld B (whole-model instance %lld B)\n",
+		       what, r->n_slots, (long long)r->slot_bytes, (long long)r->act_peak,
+		       (long long)full);
+}
+
 TEST_CASE(equivalence)
 {
 	int W = comm_world_size();
@@ -203,6 +258,8 @@ TEST_CASE(equivalence)
 		if (styles[i] == PP_GPIPE)
 			EXPECT(peak == NMICRO, "GPipe rank %d held %d, not m", comm_world_rank(),
 			       peak);
+		if (styles[i] != PP_INTERLEAVED_1F1B)
+			check_memory(what, &r, pred);
 		if (i == 0) {
 			gp = r;
 		} else {

@@ -423,23 +423,30 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 	    [BA_H3] = N * d.F * f,
 	};
 	unsigned keeps = block_keeps[m->ac];
+	int L = (int)c->n_layers, lo = m->unit_lo, hi = m->unit_hi;
+	bool head = hi == L + 2; /* the final norm + output + loss unit is planned */
 	m->tokens = carve(cv, N * (int64_t)sizeof(int32_t));
 	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
 	struct llama_block_acts shared = {0};
 	for (int k = 0; k < BA_COUNT; k++)
 		if (!(keeps & KEEP(k)) && m->ac != MODEL_AC_FFN)
 			*block_act_slot(&shared, (enum block_act)k) = carve(cv, bytes[k]);
-	for (int l = 0; l < c->n_layers; l++) {
+	for (int l = 0; l < L; l++) {
 		struct llama_block_acts *a = &m->acts[l];
+		memset(a, 0, sizeof(*a));
+		if (l + 1 == hi) /* the range's output: the input of the next block */
+			a->x = carve(cv, Nr * C * f);
+		if (l + 1 < lo || l + 1 >= hi) /* block l is unit l + 1 */
+			continue;
 		*a = shared;
 		a->x = carve(cv, Nr * C * f);
 		for (int k = 0; k < BA_COUNT; k++)
 			if (keeps & KEEP(k))
 				*block_act_slot(a, (enum block_act)k) = carve(cv, bytes[k]);
 	}
-	m->x_final = carve(cv, Nr * C * f);
-	m->rstd_f = carve(cv, Nr * f);
-	m->xn_final = carve(cv, (m->tp ? m->Np : N) * C * f); /* TP: gathered */
+	m->x_final = hi > L ? carve(cv, Nr * C * f) : NULL;
+	m->rstd_f = head ? carve(cv, Nr * f) : NULL;
+	m->xn_final = head ? carve(cv, (m->tp ? m->Np : N) * C * f) : NULL; /* TP: gathered */
 	m->rope_cos = carve(cv, m->T * (c->head_dim / 2) * f);
 	m->rope_sin = carve(cv, m->T * (c->head_dim / 2) * f);
 }
@@ -466,7 +473,7 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 	m->dk = carve(cv, N * KVD * f);
 	m->dv = carve(cv, N * KVD * f);
 	m->datt = carve(cv, N * HD * f);
-	m->ce_scratch = carve(cv, m->ce_chunk * d.V * f);
+	m->ce_scratch = m->unit_hi == c->n_layers + 2 ? carve(cv, m->ce_chunk * d.V * f) : NULL;
 }
 
 int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
@@ -497,6 +504,13 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 		m->Np = m->Ns * m->tp->size;
 	}
 	int L = (int)c->n_layers;
+	m->unit_lo = opts->unit_hi > 0 ? opts->unit_lo : 0;
+	m->unit_hi = opts->unit_hi > 0 ? opts->unit_hi : L + 2;
+	if (m->unit_lo < 0 || m->unit_hi > L + 2 || m->unit_lo >= m->unit_hi) {
+		LOG_ERROR("llama: unit range [%d, %d) outside the model's %d units", m->unit_lo,
+		          m->unit_hi, L + 2);
+		return CT_ERR_USAGE;
+	}
 	/* Logit chunk: ~4 MiB of scratch, at least one row. */
 	m->ce_chunk = (4 << 20) / (4 * local_dims(m).V);
 	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);

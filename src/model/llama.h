@@ -119,6 +119,12 @@ struct llama_build_opts {
 	 * parallel blocks with sequence parallelism and a vocabulary-parallel loss
 	 * (model/llama_tp.c). MODEL_AC_NONE and MODEL_AC_FULL so far. */
 	const struct comm_group *tp_group;
+	/* Plan activations only for units [unit_lo, unit_hi) (unit_hi = 0: all): the blocks in
+	 * the range, the input of the first (the previous unit's output) and the output of the
+	 * last; the final norm's buffers and the loss scratch only with the head unit. Running a
+	 * unit outside the range is a bug (its buffers are NULL). Pipeline stages use this so
+	 * an in-flight micro-batch holds only its stage's activations. */
+	int unit_lo, unit_hi;
 };
 
 struct llama_model {
@@ -151,6 +157,7 @@ struct llama_model {
 	float *ce_scratch;          /* ce_chunk * V */
 	int64_t ce_chunk;
 	int64_t act_bytes, scratch_bytes;
+	int unit_lo, unit_hi; /* the units activations are planned for */
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this (the trainer
 	 * sets 1/global valid tokens); backward of that unit then reuses it. */
 	double loss_dscale;

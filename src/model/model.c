@@ -228,7 +228,9 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 		const struct llama_build_opts lo = {.own_params = opts->own_params,
 		                                    .recompute_ffn = opts->recompute_ffn,
 		                                    .ac = opts->ac,
-		                                    .tp_group = opts->tp_group};
+		                                    .tp_group = opts->tp_group,
+		                                    .unit_lo = opts->unit_lo,
+		                                    .unit_hi = opts->unit_hi};
 		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
 		if (rc) {
 			free(lm);

@@ -45,6 +45,9 @@ struct model_build_opts {
 	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
 	/* tensor parallelism over this group (Llama only; NULL or size 1: none) */
 	const struct comm_group *tp_group;
+	/* Llama: plan activations only for units [unit_lo, unit_hi) (a pipeline stage: its
+	 * blocks, its input and output boundary); unit_hi = 0: every unit */
+	int unit_lo, unit_hi;
 };
 
 struct model_ops {

@@ -351,9 +351,13 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		const struct model_build_opts mo = {
 		    .own_params = false,
 		    .ac = pp->o.ac,
-		    .tp_group = pp->mesh->tp > 1 ? &pp->mesh->tp_group : NULL};
+		    .tp_group = pp->mesh->tp > 1 ? &pp->mesh->tp_group : NULL,
+		    .unit_lo = ch->u0, /* only this stage's activations */
+		    .unit_hi = ch->u1};
+		int64_t before = mem_current(MEM_ACTIVATIONS);
 		CHECK(model_build(&s->m, &pp->cfg, pp->o.micro_rows, pp->o.T, &mo) == CT_OK,
 		      "pp: cannot build a stage model");
+		ch->slot_bytes = mem_current(MEM_ACTIVATIONS) - before;
 		ch->n_slots++;
 	}
 	struct pp_slot *s = &ch->slots[k];

@@ -16,7 +16,8 @@
  * over dp_replicate under HSDP) once at the end; AdamW runs on the shards.
  *
  * Micro-batches in flight each own a model instance (a "slot": activations and scratch of
- * one micro-batch, parameters bound to the shared full buffers); slots are taken at a
+ * one micro-batch for the chunk's units only, parameters bound to the shared full buffers;
+ * the bytes one slot holds are measured from MEM_ACTIVATIONS when it is built); slots are taken at a
  * stage's forward and returned after its backward, so the number ever built per chunk is the
  * schedule's peak of in-flight micro-batches there. The loss of every micro-batch is
  * normalised by the valid tokens of the whole step over all data-parallel ranks, so the
@@ -96,6 +97,7 @@ struct pp_chunk {
 	int stage, u0, u1; /* units [u0, u1) */
 	int64_t full_off, full_numel, shard_off, shard_numel;
 	int n_slots;
+	int64_t slot_bytes; /* MEM_ACTIVATIONS one slot (in-flight micro-batch) holds, measured */
 	struct pp_slot *slots;
 	int *slot_of;       /* n_micro: slot of micro-batch m, -1 none */
 	struct comm_p2p *recv; /* n_micro: the open receive of micro-batch m */

@@ -153,7 +153,10 @@ static int trainer_build_model(struct trainer *tr)
 	const struct model_build_opts opts = {
 	    .own_params = !tr->sharded && !tr->piped,
 	    .ac = ac,
-	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL};
+	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL,
+	    /* under PP the stages run their own slots: this model only describes (table,
+	     * shapes), so it plans no more than the embedding's output */
+	    .unit_hi = tr->piped ? 1 : 0};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
