@@ -113,14 +113,15 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	}
 	for (int r = 0; r < pp->p; r++)
 		for (int i = 0; i < pp->sched.n[r]; i++)
-			if (pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W) {
-				LOG_ERROR("parallelism.pipeline_parallel_schedule = %s: split "
-				          "backward (I/W actions) is not yet supported by the "
-				          "executor (the model has no separate weight-gradient "
-				          "pass); use GPipe, 1F1B or Interleaved1F1B",
-				          pp_style_name(pp->sched.style));
-				return CT_ERR_USAGE;
-			}
+			pp->split |= pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W;
+	if (pp->split && mesh->tp > 1) {
+		LOG_ERROR("parallelism.pipeline_parallel_schedule = %s (split backward, I/W) with "
+		          "tensor_parallel_degree = %d: not yet supported (the tensor-parallel "
+		          "blocks have no separate weight-gradient pass); use GPipe, 1F1B or "
+		          "Interleaved1F1B",
+		          pp_style_name(pp->sched.style), mesh->tp);
+		return CT_ERR_USAGE;
+	}
 	pp->v = pp->sched.v;
 	pp->S = pp->sched.n_stages;
 	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));
@@ -353,7 +354,8 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		    .ac = pp->o.ac,
 		    .tp_group = pp->mesh->tp > 1 ? &pp->mesh->tp_group : NULL,
 		    .unit_lo = ch->u0, /* only this stage's activations */
-		    .unit_hi = ch->u1};
+		    .unit_hi = ch->u1,
+		    .split_backward = pp->split};
 		int64_t before = mem_current(MEM_ACTIVATIONS);
 		CHECK(model_build(&s->m, &pp->cfg, pp->o.micro_rows, pp->o.T, &mo) == CT_OK,
 		      "pp: cannot build a stage model");
@@ -369,6 +371,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		model_bind_unit(&s->m, u, pp->full_w + off, pp->full_g + off);
 	}
 	s->micro = m;
+	s->sent_b = s->w_done = false;
 	ch->slot_of[m] = k;
 	return s;
 }
@@ -518,7 +521,8 @@ static void act_forward(struct pp *pp, int c, int m)
 		pp->peak_inflight = pp->inflight;
 }
 
-static void act_backward(struct pp *pp, int c, int m)
+/* B, or with a split backward its I half (the input gradients). */
+static void act_backward(struct pp *pp, int c, int m, bool input_only)
 {
 	struct pp_chunk *ch = &pp->chunks[c];
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
@@ -533,6 +537,20 @@ static void act_backward(struct pp *pp, int c, int m)
 			model_unit_recompute(&s->m, u);
 		model_unit_backward(&s->m, u, pp->dscale);
 	}
+	if (!input_only)
+		pp->inflight--;
+}
+
+/* W: the weight gradients a split backward deferred (the head has none). */
+static void act_weight(struct pp *pp, int c, int m)
+{
+	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+	int last = ch->u1 - 1 > (int)pp->cfg.llama.n_layers ? (int)pp->cfg.llama.n_layers
+	                                                     : ch->u1 - 1;
+	for (int u = last; u >= ch->u0; u--)
+		model_unit_backward_weight(&s->m, u);
+	s->w_done = true;
 	pp->inflight--;
 }
 
@@ -543,7 +561,9 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 	CHECK(ch->stage == a->stage, "pp: stage %d is not on rank %d", a->stage, pp->r);
 	switch (a->kind) {
 	case PP_F: act_forward(pp, c, m); break;
-	case PP_B: act_backward(pp, c, m); break;
+	case PP_B: act_backward(pp, c, m, false); break;
+	case PP_I: act_backward(pp, c, m, true); break;
+	case PP_W: act_weight(pp, c, m); break;
 	case PP_SEND_F: {
 		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
 		send_buf(pp, s, a->stage + 1, tag_of(pp, false, a->stage, m),
@@ -568,9 +588,15 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 	}
 	default: CHECK(false, "pp: action %s is not executable", pp_kind_name(a->kind));
 	}
-	/* the backward's slot is free once its input gradient is sent (or at once on stage 0) */
-	if ((a->kind == PP_B && a->stage == 0) || a->kind == PP_SEND_B)
-		slot_put(pp, c, m);
+	/* the backward's slot is free once its input gradient is sent (or at once on stage 0),
+	 * and with a split backward its W has run */
+	if (a->kind == PP_SEND_B || ((a->kind == PP_B || a->kind == PP_I) && a->stage == 0))
+		ch->slots[ch->slot_of[m]].sent_b = true;
+	if (a->kind == PP_SEND_B || a->kind == PP_B || a->kind == PP_I || a->kind == PP_W) {
+		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+		if (s->sent_b && (s->w_done || !pp->split))
+			slot_put(pp, c, m);
+	}
 }
 
 /* ---------------------------------------------------------------- step */

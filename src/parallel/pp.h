@@ -38,8 +38,11 @@
  * free, sent along in a small header message; the receiver treats the data as arrived only
  * then (one machine, one clock).
  *
- * Not yet supported: split-backward schedules (ZB-H1's I/W need a weight-gradient pass the
- * model interface does not have), Hyena, activation checkpointing modes other than the
+ * Zero-bubble schedules (ZB-H1): I runs a stage's backward with the model's split backward
+ * (input gradients only, llama_build_opts.split_backward) and W its deferred weight
+ * gradients; a slot is freed once its W has run and its input gradient is sent.
+ *
+ * Not yet supported: split-backward schedules under tensor parallelism, Hyena, activation checkpointing modes other than the
  * model's own (they work per slot), validation under PP.
  */
 #ifndef CT_PARALLEL_PP_H
@@ -91,6 +94,7 @@ struct pp_slot {
 	double hdr;
 	int send_stage, send_micro; /* the open send's destination and micro-batch (messages) */
 	bool send_backward;
+	bool sent_b, w_done; /* split backward: the slot is free once both happened */
 };
 
 struct pp_chunk {
@@ -120,6 +124,7 @@ struct pp {
 	struct pp_sched sched;
 	struct pp_sim sim; /* the schedule's unit-time prediction */
 	int p, r, v, S;
+	bool split; /* the schedule splits backwards into I and W (zero-bubble) */
 	int *stage_u0; /* S + 1 */
 	struct pp_chunk *chunks;
 	int64_t full_numel, shard_numel;
