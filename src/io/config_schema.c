@@ -146,8 +146,9 @@ const struct cfg_key cfg_schema[] = {
      .help = "Pipeline-parallel degree."},
     /* pipeline parallelism: one block (parallel/pp.h) */
     {ROW(parallelism, pipeline_parallel_schedule), .def = "1F1B",
-     .help = "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B (case-insensitive); "
-             "ZeroBubbleH1 is planned and checked but not yet executed."},
+     .help = "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B, ZeroBubbleH1 (ZB-H1: the "
+             "backward split into input- and weight-gradient halves; not yet with "
+             "tensor_parallel_degree > 1) (case-insensitive)."},
     {ROW(parallelism, pipeline_parallel_schedule_csv), .def = "",
      .help = "A CSV of per-rank actions (one row per pipeline rank, cells like 0F1, 1B0, "
              "0SEND_F1); overrides pipeline_parallel_schedule."},
