@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Pipeline-parallel benchmark, two tables from one invocation:
 
-1. Measured bubble: the debug model on pp=2 (2 ranks) with GPipe, 1F1B and Interleaved1F1B for
-   m = 4, 8, 16 micro-batches; each rank's idle fraction in the traced step (1 - compute time
-   / step time, from rank<r>_trace.json) against theory: (p-1)/(m+p-1) for GPipe and 1F1B,
-   (p-1)/(vm+p-1) with v = 2 for Interleaved1F1B.
+1. Measured bubble: the debug model on pp=2 (2 ranks) with GPipe, 1F1B, Interleaved1F1B and
+   ZeroBubbleH1 for m = 4, 8, 16 micro-batches; each rank's idle fraction in the traced step
+   (1 - compute time / step time, from rank<r>_trace.json) against theory: (p-1)/(m+p-1) for
+   GPipe and 1F1B, (p-1)/(vm+p-1) with v = 2 for Interleaved1F1B, and ZB-H1's unit-time bound
+   (p-1)/(3m+p-1) (F = I = W = 1).
 2. pp=2 vs FSDP dp=2 on the 125M model, same global batch (micro-batches of one sequence),
    over a simulated 1 Gb/s link (comm.simulate_bandwidth_gbps=1, 50 us latency) and over no
    simulated link (shared memory): tokens/s per rank and the ratio pp / FSDP.
@@ -12,7 +13,8 @@
   /usr/bin/python3 bench/bench_pp.py [--ctitan build/ctitan] [--steps 2] [--seq 256]
                                      [--global-batch 8] [--skip-bubbles] [--skip-125m]
 
-Prints the CPU and the load average; timings on a shared machine are noisy, so compare the
+Prints the CPU, the matmul engine and oneDNN ISA (ctitan's "compute:" line) and the load
+average before every row; timings on a shared machine are noisy, so compare the
 ratios within one run.
 """
 
@@ -62,10 +64,24 @@ def idle_fractions(trace_dir):
     return out
 
 
+ENGINE = []
+
+
+def engine_line(text):
+    """Print ctitan's CPU / engine / ISA line once."""
+    if ENGINE:
+        return
+    for line in text.splitlines():
+        if "compute:" in line:
+            ENGINE.append(line.split("compute:", 1)[1].strip())
+            print(f"engine: {ENGINE[0]}")
+            return
+
+
 def bubbles(args, env):
     print(f"\n1. measured bubble, debug model, pp=2 (2 ranks), seq {args.seq}, micro-batches of 1")
     print(f"{'schedule':<16} {'m':>3} {'theory':>7} {'rank 0':>7} {'rank 1':>7}   load")
-    for sched, v in (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2)):
+    for sched, v in (("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("ZeroBubbleH1", 3)):
         for m in (4, 8, 16):
             with tempfile.TemporaryDirectory() as d:
                 steps = 2
@@ -76,7 +92,8 @@ def bubbles(args, env):
                        f"--parallelism.pipeline_parallel_schedule={sched}",
                        "--profiling.enable_profiling=true", f"--profiling.profile_freq={steps}",
                        f"--job.dump_folder={d}", "--metrics.peak_tflops=0.1"]
-                run(cmd, env)
+                text = run(cmd, env)
+                engine_line(text)
                 idle = idle_fractions(os.path.join(d, "profile_trace", f"iteration_{steps}"))
             theory = 1.0 / (v * m + 1)
             print(f"{sched:<16} {m:>3} {theory:>7.3f} {idle[0]:>7.3f} {idle[1]:>7.3f}   {load()}",
@@ -94,7 +111,7 @@ def tps(args, env, pp, gbps):
                     "--parallelism.pipeline_parallel_schedule=1F1B"]
         if gbps:
             cmd += [f"--comm.simulate_bandwidth_gbps={gbps}", "--comm.simulate_latency_us=50"]
-        run(cmd, env)
+        engine_line(run(cmd, env))
         recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))][1:]
     step = sum(r["step_s"] for r in recs) / len(recs)
     return args.global_batch * args.seq / step / 2, step  # tokens/s per rank (2 ranks)

@@ -21,5 +21,6 @@ add_test(NAME tp_ac_full_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLA
 set_tests_properties(tp_fsdp_np4 tp_hsdp_np4 tp_bf16_np4 tp_ac_full_np4 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
 ct_add_script_test(tp_cli tests/tp_cli.sh)
 # The 3D data x tensor layout (dp_replicate 2 x dp_shard 2 x tp 2) needs 8 ranks; the suite's
-# one 8-rank test is pp_np8 (pp x dp_replicate x dp_shard), so this one is run by hand:
+# one 8-rank test is pp_np8 (pp x dp_shard x tp and pp x dp_replicate x dp_shard), so this
+# one is run by hand:
 #   mpiexec -n 8 build/test_tp --tp 2 --replicate 2

@@ -9,8 +9,8 @@
  *
  *   mpiexec -n 2..4 test_comm                  the unit tests
  *   mpiexec -n 3 test_comm --hang R MODE S      rank R hangs outside any collective while the
- *                                              others run one (MODE = blocking | stream) or
- *                                              end (MODE = final: comm_finalize) with the
+ *                                              others run one (MODE = blocking | stream | p2p)
+ *                                              or end (MODE = final: comm_finalize) with the
  *                                              watchdog at S seconds: tests/watchdog.sh
  *                                              checks the job ends, naming rank R
  */
@@ -28,6 +28,7 @@
 #include "base/log.h"
 #include "base/thread.h"
 #include "comm/comm.h"
+#include "comm/p2p.h"
 #include "comm/stream.h"
 #include "comm/watchdog.h"
 #include "testutil.h"
@@ -461,6 +462,13 @@ static int hang(int who, const char *mode, double timeout)
 		/* rank `who` is late for the end: the others must not wait in MPI_Finalize */
 		mesh_free(&mesh);
 		comm_finalize();
+	} else if (strcmp(mode, "p2p") == 0) { /* a pipeline neighbour that never sends */
+		float x = 0;
+		struct comm_p2p r;
+		comm_p2p_irecv(&mesh.world_group, who, 5, &x, sizeof(x), &r);
+		int token = comm_p2p_watch(&mesh.world_group, who, "test receive of an activation");
+		comm_p2p_wait(&r, 0, "test receive");
+		comm_p2p_unwatch(token);
 	} else if (strcmp(mode, "stream") == 0) {
 		struct comm_stream *s = comm_stream_create(STREAM_THREAD, timeout);
 		int32_t mine = mesh.rank, *all = xcalloc((size_t)mesh.world, sizeof(int32_t));

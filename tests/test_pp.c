@@ -5,11 +5,14 @@
  *  - 2 ranks: pp=2 with GPipe, 1F1B, Interleaved1F1B (2 stages per rank);
  *  - 4 ranks: pp=4 with the same three, pp=2 x dp_shard=2 (FSDP inside each stage) and
  *    pp=2 x dp_replicate=2 (HSDP replicas of a pipeline);
- *  - 8 tiny ranks: pp=2 x dp_replicate=2 x dp_shard=2;
+ *    and pp=2 x tp=2 (Megatron TP with sequence parallelism inside each stage);
+ *  - 8 tiny ranks: pp=2 x dp_shard=2 x tp=2 (3D) and pp=2 x dp_replicate=2 x dp_shard=2;
  *  - the peak number of micro-batches in flight per rank equals the schedule's prediction
  *    (1F1B: p - r; GPipe: m);
- *  - a CSV schedule (1F1B written and read back) runs like the generated one, and ZB-H1 is
- *    refused with "not yet supported".
+ *  - ZB-H1 (backward split into input-gradient I and deferred weight-gradient W halves) on
+ *    pp=2 and pp=4 like the others;
+ *  - a CSV schedule (1F1B written and read back) runs like the generated one, and ZB-H1 under
+ *    TP is refused with "not yet supported".
  * Every rank computes the one-rank reference itself; every rank's verdict counts. */
 #include <math.h>
 #include <stdlib.h>
@@ -22,6 +25,7 @@
 #include "data/synthetic.h"
 #include "model/model.h"
 #include "parallel/pp.h"
+#include "parallel/tp.h"
 #include "testutil.h"
 #include "train/trainer.h"
 
@@ -48,6 +52,10 @@ static void config(struct model_config *mc)
 struct run {
 	double loss[STEPS], norm[STEPS];
 	float *params;
+	/* memory (measured from MEM_ACTIVATIONS): the step's peak over what was there before
+	 * pp_build, one slot of chunk 0, its slots, and its stage's blocks */
+	int64_t act_peak, slot_bytes;
+	int n_slots, blocks;
 };
 
 static void batch(int64_t step, int64_t micro_total, int32_t *tok, int32_t *tgt, int64_t vocab)
@@ -82,12 +90,12 @@ static void reference(int dp, struct run *out)
 	model_free(&m);
 }
 
-/* A pipeline run on mesh (pp, rep, shard); returns false if pp_build refused. */
-static bool pipeline(int pp_deg, int rep, int shard, enum pp_style style, const char *csv,
-                     struct run *out, int *peak, int *predicted)
+/* A pipeline run on mesh (pp, rep, shard, tp); returns false if pp_build refused. */
+static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style style,
+                        const char *csv, struct run *out, int *peak, int *predicted)
 {
 	struct mesh mesh;
-	CHECK(mesh_build(&mesh, pp_deg, rep, shard, 1) == CT_OK, "mesh");
+	CHECK(mesh_build(&mesh, pp_deg, rep, shard, tp) == CT_OK, "mesh");
 	struct model_config mc;
 	config(&mc);
 	struct pp_opts o = {.style = style,
@@ -99,6 +107,8 @@ static bool pipeline(int pp_deg, int rep, int shard, enum pp_style style, const 
 	                    .n_micro = NMICRO,
 	                    .timeout_s = 60};
 	struct pp pp;
+	mem_reset_peaks();
+	int64_t act0 = mem_current(MEM_ACTIVATIONS);
 	if (pp_build(&pp, &mc, &mesh, &o) != CT_OK) {
 		pp_free(&pp);
 		mesh_free(&mesh);
@@ -123,14 +133,37 @@ static bool pipeline(int pp_deg, int rep, int shard, enum pp_style style, const 
 		out->norm[s] = res.grad_norm;
 	}
 	*peak = pp.peak_inflight;
+	out->act_peak = mem_peak(MEM_ACTIVATIONS) - act0;
+	out->slot_bytes = pp.chunks[0].slot_bytes;
+	out->n_slots = 0;
+	for (int c = 0; c < pp.v; c++)
+		out->n_slots += pp.chunks[c].n_slots;
+	out->blocks = 0;
+	for (int u = pp.chunks[0].u0; u < pp.chunks[0].u1; u++)
+		out->blocks += u >= 1 && u <= mc.llama.n_layers;
 	*predicted = pp.sim.peak_inflight[pp.r];
-	out->params = malloc((size_t)pp.table.numel * sizeof(float));
-	pp_gather_full(&pp, out->params);
+	float *local = malloc((size_t)pp.table.numel * sizeof(float));
+	pp_gather_full(&pp, local);
+	struct param_table global;
+	model_table_build(&global, &mc);
+	out->params = malloc((size_t)global.numel * sizeof(float));
+	if (tp > 1) /* the TP pieces into the one-rank layout */
+		tp_gather_global(&mesh.tp_group, &pp.table, local, &global, out->params);
+	else
+		memcpy(out->params, local, (size_t)global.numel * sizeof(float));
+	param_table_free(&global);
+	free(local);
 	free(tok), free(tgt), free(mt), free(mg);
 	adamw_free(&opt);
 	pp_free(&pp);
 	mesh_free(&mesh);
 	return true;
+}
+
+static bool pipeline(int pp_deg, int rep, int shard, enum pp_style style, const char *csv,
+                     struct run *out, int *peak, int *predicted)
+{
+	return pipeline_tp(pp_deg, rep, shard, 1, style, csv, out, peak, predicted);
 }
 
 static double rel(double a, double b)
@@ -163,15 +196,56 @@ static void compare(const char *what, const struct run *a, const struct run *b, 
 		printf("  %-40s loss/norm %.2e  params %.2e\n", what, worst, perr);
 }
 
+/* MEM_ACTIVATIONS of one whole-model micro-batch instance with L layers (no parameters). */
+static int64_t full_slot_bytes(int64_t L)
+{
+	struct model_config mc;
+	config(&mc);
+	mc.llama.n_layers = L;
+	int64_t before = mem_current(MEM_ACTIVATIONS);
+	struct model m;
+	const struct model_build_opts o = {.own_params = false};
+	CHECK(model_build(&m, &mc, MROWS, SEQ, &o) == CT_OK, "model");
+	int64_t b = mem_current(MEM_ACTIVATIONS) - before;
+	model_free(&m);
+	return b;
+}
+
+/* Acceptance 3: the activations a rank holds at its peak are exactly the schedule's
+ * predicted in-flight micro-batches times one stage slot, and a slot holds only its stage's
+ * blocks: at most the whole model's minus the blocks of other stages (one more allowed: the
+ * output boundary). */
+static void check_memory(const char *what, const struct run *r, int pred, bool bound_check)
+{
+	struct model_config mc;
+	config(&mc);
+	int64_t L = mc.llama.n_layers, full = full_slot_bytes(L);
+	int64_t block = full - full_slot_bytes(L - 1);
+	int64_t bound = full - (L - r->blocks - 1) * block;
+	EXPECT(r->n_slots == pred && r->act_peak == (int64_t)pred * r->slot_bytes,
+	       "%s rank %d: %d slots, activation peak %lld bytes; predicted %d x %lld",
+	       what, comm_world_rank(), r->n_slots, (long long)r->act_peak, pred,
+	       (long long)r->slot_bytes);
+	EXPECT(!bound_check || r->slot_bytes <= bound,
+	       "%s rank %d: a slot of a %d-block stage holds %lld bytes, more than %lld (whole "
+	       "model %lld, a block %lld)",
+	       what, comm_world_rank(), r->blocks, (long long)r->slot_bytes, (long long)bound,
+	       (long long)full, (long long)block);
+	if (comm_world_rank() == 0)
+		printf("  %-40s rank 0: %d in flight x %lld B = %lld B (whole-model instance %lld B)\n",
+		       what, r->n_slots, (long long)r->slot_bytes, (long long)r->act_peak,
+		       (long long)full);
+}
+
 TEST_CASE(equivalence)
 {
 	int W = comm_world_size();
 	if (W > 4)
 		return;
-	static const enum pp_style styles[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED_1F1B};
+	static const enum pp_style styles[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED_1F1B, PP_ZB_H1};
 	struct run ref, gp;
 	reference(1, &ref);
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < 4; i++) {
 		struct run r = {0};
 		int peak = 0, pred = 0;
 		char what[96];
@@ -186,6 +260,8 @@ TEST_CASE(equivalence)
 		if (styles[i] == PP_GPIPE)
 			EXPECT(peak == NMICRO, "GPipe rank %d held %d, not m", comm_world_rank(),
 			       peak);
+		if (styles[i] != PP_INTERLEAVED_1F1B)
+			check_memory(what, &r, pred, styles[i] != PP_ZB_H1);
 		if (i == 0) {
 			gp = r;
 		} else {
@@ -203,10 +279,16 @@ TEST_CASE(with_data_parallel)
 {
 	struct run ref, r = {0};
 	int peak = 0, pred = 0;
-	if (comm_world_size() == 8) { /* 3D: pp x dp_replicate x dp_shard */
+	if (comm_world_size() == 8) { /* 3D: pp x tp x dp_shard, and pp x dp_replicate x dp_shard */
+		reference(2, &ref);
+		EXPECT(pipeline_tp(2, 1, 2, 2, PP_1F1B, NULL, &r, &peak, &pred), "2x2x2 refused");
+		compare("pp=2 x dp_shard=2 x tp=2 1F1B", &r, &ref, 1e-5);
+		free(r.params);
+		free(ref.params);
 		reference(4, &ref);
-		EXPECT(pipeline(2, 2, 2, PP_1F1B, NULL, &r, &peak, &pred), "2x2x2 refused");
-		compare("pp=2 x dp_replicate=2 x dp_shard=2 1F1B", &r, &ref, 1e-5);
+		EXPECT(pipeline(2, 2, 2, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
+		       "2x2x2 refused");
+		compare("pp=2 x dp_replicate=2 x dp_shard=2 Interleaved1F1B", &r, &ref, 1e-5);
 		free(r.params);
 		free(ref.params);
 		return;
@@ -220,6 +302,12 @@ TEST_CASE(with_data_parallel)
 	EXPECT(pipeline(2, 2, 1, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
 	       "pp2 x rep2 refused");
 	compare("pp=2 x dp_replicate=2 Interleaved1F1B", &r, &ref, 1e-5);
+	free(r.params);
+	free(ref.params);
+	reference(1, &ref);
+	EXPECT(pipeline_tp(2, 1, 1, 2, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
+	       "pp2 x tp2 refused");
+	compare("pp=2 x tp=2 Interleaved1F1B", &r, &ref, 1e-5);
 	free(r.params);
 	free(ref.params);
 }
@@ -249,7 +337,9 @@ TEST_CASE(csv_and_refusals)
 	comm_barrier(&mesh.world_group);
 	if (comm_world_rank() == 0)
 		unlink(path);
-	EXPECT(!pipeline(W, 1, 1, PP_ZB_H1, NULL, &r, &peak, &pred), "ZB-H1 must be refused");
+	if (W == 4)
+		EXPECT(!pipeline_tp(2, 1, 1, 2, PP_ZB_H1, NULL, &r, &peak, &pred),
+		       "ZB-H1 under TP must be refused");
 	free(ref.params);
 	mesh_free(&mesh);
 }

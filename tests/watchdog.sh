@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The watchdog (issue 16): a rank that hangs or is stopped ends the whole job, within
 # comm.timeout_seconds + 10 s, with one message naming the collective, its label, the step and
-# the ranks that did not arrive; no process is left behind.
+# the ranks that did not arrive (for a point-to-point wait: the transfer and its peer); no
+# process is left behind.
 #   tests/watchdog.sh build/ctitan
 set -u
 bin=$1
@@ -52,6 +53,17 @@ grep watchdog "$tmp/final.log" | head -2
   has "$tmp/final.log" "barrier of 3 ranks (before MPI_Finalize) on group world (finalize)" &&
   has "$tmp/final.log" "did not arrive: rank 1 (at step 7"
 check "a rank late for MPI_Finalize: the job ends, rank 1 named (exit $rc)" $?
+
+# A pipeline neighbour that never sends: the watched point-to-point wait names the transfer
+# and the peer (issue 15).
+t0=$(date +%s)
+timeout 60 mpiexec -n 2 "$test_comm" --hang 1 p2p $T > "$tmp/p2p.log" 2>&1
+rc=$?
+dt=$(($(date +%s) - t0 - 2))
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && within p2p "$tmp/p2p.log" $dt &&
+  has "$tmp/p2p.log" "watchdog: test receive of an activation (point-to-point with rank 1) on group point-to-point" &&
+  has "$tmp/p2p.log" "did not arrive: rank 1 (at step 7, in no collective"
+check "point-to-point receive: the transfer and rank 1 named" $?
 
 # 3-4. SIGSTOP one rank of a training job, inline and thread progress.
 rank_pid() { # MPIEXEC_PID RANK

@@ -2,10 +2,12 @@
 
 #include <mpi.h>
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "comm/watchdog.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request fits the opaque slot");
 
@@ -57,6 +59,25 @@ bool comm_p2p_test(struct comm_p2p *r)
 	if (done)
 		r->active = false;
 	return done != 0;
+}
+
+int comm_p2p_watch(const struct comm_group *g, int peer, const char *what)
+{
+	MPI_Group grp, world;
+	int wr = MPI_UNDEFINED;
+	MPI_Comm_group(p2p_comm(g), &grp);
+	MPI_Comm_group(MPI_COMM_WORLD, &world);
+	MPI_Group_translate_ranks(grp, 1, &peer, world, &wr);
+	MPI_Group_free(&grp);
+	MPI_Group_free(&world);
+	char buf[256];
+	snprintf(buf, sizeof(buf), "%s (point-to-point with rank %d)", what, wr);
+	return wd_enter_p2p(buf, wr == MPI_UNDEFINED ? -1 : wr);
+}
+
+void comm_p2p_unwatch(int token)
+{
+	wd_leave(token);
 }
 
 void comm_p2p_wait(struct comm_p2p *r, double timeout_s, const char *what)

@@ -4,7 +4,8 @@
  * inside MPI calls, so the caller tests its open transfers between compute steps (the
  * pipeline executor does so after every action) and waits where it needs the data. A wait
  * that exceeds its timeout names the transfer and aborts the job (a dead or stuck peer never
- * hangs it). Messages over 1 GiB are refused (stage activations are far smaller).
+ * hangs it): the comm watchdog watches waits (comm_p2p_watch) when it runs, and the wait's own
+ * timeout is the fallback. Messages over 1 GiB are refused (stage activations are far smaller).
  */
 #ifndef CT_COMM_P2P_H
 #define CT_COMM_P2P_H
@@ -28,6 +29,12 @@ void comm_p2p_irecv(const struct comm_group *g, int peer, int tag, void *buf, in
 bool comm_p2p_test(struct comm_p2p *r);
 /* Block until complete; after timeout_s seconds (> 0) abort the job naming `what`. */
 void comm_p2p_wait(struct comm_p2p *r, double timeout_s, const char *what);
+/* Watch a wait for a transfer with peer (a rank of g) under the comm watchdog
+ * (comm/watchdog.h): past comm.timeout_seconds it asks the peer what it is doing and aborts
+ * the job with one message naming `what` and the peer. Returns the token comm_p2p_unwatch
+ * takes. */
+int comm_p2p_watch(const struct comm_group *g, int peer, const char *what);
+void comm_p2p_unwatch(int token);
 /* The largest tag the MPI library accepts. */
 int comm_p2p_tag_max(void);
 /* Bytes this rank has sent point-to-point since start. */

@@ -38,6 +38,7 @@ struct wd_slot {
 	bool used;
 	double t0;
 	int group; /* index into wd_groups, -1: unregistered communicator */
+	int peer;  /* a point-to-point wait: the peer's world rank; -1: a collective */
 	int64_t seq;
 	char what[WD_DOING];
 };
@@ -161,6 +162,7 @@ int wd_enter(const char *kind, const char *unit, void *comm, int64_t count)
 	sl->used = true;
 	sl->t0 = timer_now();
 	sl->group = g;
+	sl->peer = -1;
 	sl->seq = g >= 0 ? ++wd_groups[g].entered : 0;
 	int n = snprintf(sl->what, sizeof(sl->what), "%s of %lld %s", kind, (long long)count,
 	                 unit);
@@ -169,6 +171,26 @@ int wd_enter(const char *kind, const char *unit, void *comm, int64_t count)
 	if (wd_context_now[0] && n < (int)sizeof(sl->what))
 		snprintf(sl->what + n, sizeof(sl->what) - (size_t)n, " during %s", wd_context_now);
 	wd_label_next[0] = '\0';
+	pthread_mutex_unlock(&wd_mu);
+	return s;
+}
+
+int wd_enter_p2p(const char *what, int peer_world)
+{
+	pthread_mutex_lock(&wd_mu);
+	int s = 0;
+	while (s < WD_SLOTS && wd_slots[s].used)
+		s++;
+	CHECK(s < WD_SLOTS, "comm: more than %d collectives in flight", WD_SLOTS);
+	struct wd_slot *sl = &wd_slots[s];
+	sl->used = true;
+	sl->t0 = timer_now();
+	sl->group = -1;
+	sl->peer = peer_world;
+	sl->seq = 0; /* any answer from the peer counts as "not arrived" (entered -1 < 0) */
+	int n = snprintf(sl->what, sizeof(sl->what), "%s", what);
+	if (wd_context_now[0] && n < (int)sizeof(sl->what))
+		snprintf(sl->what + n, sizeof(sl->what) - (size_t)n, " during %s", wd_context_now);
 	pthread_mutex_unlock(&wd_mu);
 	return s;
 }
@@ -312,7 +334,14 @@ static void *wd_main(void *arg)
 			if (sl->used && now - sl->t0 > wd.timeout_s) {
 				late = *sl;
 				waited = now - sl->t0;
-				if (sl->group >= 0) {
+				if (sl->group < 0 && sl->peer >= 0) { /* ask the one peer */
+					lg.size = 2;
+					snprintf(lg.name, sizeof(lg.name), "point-to-point");
+					lg.world = xcalloc(2, sizeof(int));
+					lg.world[0] = comm_world_rank();
+					lg.world[1] = sl->peer;
+					have_group = true;
+				} else if (sl->group >= 0) {
 					lg = wd_groups[sl->group];
 					lg.world = xcalloc((size_t)lg.size, sizeof(int));
 					memcpy(lg.world, wd_groups[sl->group].world,

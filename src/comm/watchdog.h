@@ -13,6 +13,9 @@
  * does not end this process within a few seconds, e.g. over a cut link, the process exits by
  * itself). Detection therefore takes timeout + at most ~4 s.
  *
+ * Point-to-point waits (the pipeline's stage transfers) are watched the same way: the message
+ * names the transfer, and the one peer is asked what it is doing.
+ *
  * Labels: comm_label() names the *next* collective issued by the calling thread (one-shot),
  * comm_context() names everything the calling thread issues until it is cleared. Both are
  * copied, so callers may pass stack buffers.
@@ -46,5 +49,8 @@ void wd_group_remove(void *comm);
 /* A collective on comm of `count` `unit`s starts / ends; returns the slot wd_leave takes. */
 int wd_enter(const char *kind, const char *unit, void *comm, int64_t count);
 void wd_leave(int slot);
+/* A wait for a point-to-point transfer with world rank peer_world starts (comm/p2p.c): past
+ * the timeout the watchdog asks that peer what it is doing and aborts naming `what`. */
+int wd_enter_p2p(const char *what, int peer_world);
 
 #endif

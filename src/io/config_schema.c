@@ -176,14 +176,15 @@ const struct cfg_key cfg_schema[] = {
      .help = "Replicated data-parallel degree (HSDP when sharded too)."},
     {ROW(parallelism, tensor_parallel_degree), .def = "1", GE(1),
      .help = "Tensor-parallel degree: Megatron column/row-parallel blocks with sequence "
-             "parallelism and a vocabulary-parallel loss (llama3; not with "
-             "pipeline_parallel_degree > 1)."},
+             "parallelism and a vocabulary-parallel loss (llama3; inside each pipeline stage "
+             "with pipeline_parallel_degree > 1)."},
     {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
      .help = "Pipeline-parallel degree."},
     /* pipeline parallelism: one block (parallel/pp.h) */
     {ROW(parallelism, pipeline_parallel_schedule), .def = "1F1B",
-     .help = "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B (case-insensitive); "
-             "ZeroBubbleH1 is planned and checked but not yet executed."},
+     .help = "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B, ZeroBubbleH1 (ZB-H1: the "
+             "backward split into input- and weight-gradient halves; not yet with "
+             "tensor_parallel_degree > 1) (case-insensitive)."},
     {ROW(parallelism, pipeline_parallel_schedule_csv), .def = "",
      .help = "A CSV of per-rank actions (one row per pipeline rank, cells like 0F1, 1B0, "
              "0SEND_F1); overrides pipeline_parallel_schedule."},

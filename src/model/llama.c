@@ -423,23 +423,30 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 	    [BA_H3] = N * d.F * f,
 	};
 	unsigned keeps = block_keeps[m->ac];
+	int L = (int)c->n_layers, lo = m->unit_lo, hi = m->unit_hi;
+	bool head = hi == L + 2; /* the final norm + output + loss unit is planned */
 	m->tokens = carve(cv, N * (int64_t)sizeof(int32_t));
 	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
 	struct llama_block_acts shared = {0};
 	for (int k = 0; k < BA_COUNT; k++)
 		if (!(keeps & KEEP(k)) && m->ac != MODEL_AC_FFN)
 			*block_act_slot(&shared, (enum block_act)k) = carve(cv, bytes[k]);
-	for (int l = 0; l < c->n_layers; l++) {
+	for (int l = 0; l < L; l++) {
 		struct llama_block_acts *a = &m->acts[l];
+		memset(a, 0, sizeof(*a));
+		if (l + 1 == hi) /* the range's output: the input of the next block */
+			a->x = carve(cv, Nr * C * f);
+		if (l + 1 < lo || l + 1 >= hi) /* block l is unit l + 1 */
+			continue;
 		*a = shared;
 		a->x = carve(cv, Nr * C * f);
 		for (int k = 0; k < BA_COUNT; k++)
 			if (keeps & KEEP(k))
 				*block_act_slot(a, (enum block_act)k) = carve(cv, bytes[k]);
 	}
-	m->x_final = carve(cv, Nr * C * f);
-	m->rstd_f = carve(cv, Nr * f);
-	m->xn_final = carve(cv, (m->tp ? m->Np : N) * C * f); /* TP: gathered */
+	m->x_final = hi > L ? carve(cv, Nr * C * f) : NULL;
+	m->rstd_f = head ? carve(cv, Nr * f) : NULL;
+	m->xn_final = head ? carve(cv, (m->tp ? m->Np : N) * C * f) : NULL; /* TP: gathered */
 	m->rope_cos = carve(cv, m->T * (c->head_dim / 2) * f);
 	m->rope_sin = carve(cv, m->T * (c->head_dim / 2) * f);
 }
@@ -466,7 +473,42 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 	m->dk = carve(cv, N * KVD * f);
 	m->dv = carve(cv, N * KVD * f);
 	m->datt = carve(cv, N * HD * f);
-	m->ce_scratch = carve(cv, m->ce_chunk * d.V * f);
+	m->ce_scratch = m->unit_hi == c->n_layers + 2 ? carve(cv, m->ce_chunk * d.V * f) : NULL;
+}
+
+/* What the weight-gradient half (W) of a split backward needs of block l: each matmul's
+ * output gradient and input, copied out by the input-gradient half (I). Unit 0 keeps the
+ * embedding's output gradient (in the dout2 slot). */
+struct wkeep {
+	float *dout2, *gate, *dh1, *dh3, *xn2, *dout1, *att, *dq, *dk, *dv, *xn1;
+};
+
+static int64_t wkeep_floats(const struct llama_model *m)
+{
+	const struct llama_config *c = &m->cfg;
+	int64_t N = m->N, C = c->dim, F = c->ffn_hidden, HD = c->n_heads * c->head_dim;
+	return N * (4 * C + 3 * F + 2 * HD + 2 * c->n_kv_heads * c->head_dim);
+}
+
+/* unit u's kept buffers (u = 0: the embedding; 1..L: blocks), NULL-filled if not kept */
+static struct wkeep wkeep_at(const struct llama_model *m, int u)
+{
+	struct wkeep k = {0};
+	if (!m->wkeep || u < m->unit_lo || u >= m->unit_hi || u > m->cfg.n_layers)
+		return k;
+	const struct llama_config *c = &m->cfg;
+	int64_t N = m->N, C = c->dim, F = c->ffn_hidden, HD = c->n_heads * c->head_dim;
+	int64_t KVD = c->n_kv_heads * c->head_dim;
+	float *p = m->wkeep + (int64_t)(u - m->unit_lo) * wkeep_floats(m);
+	float **slot[] = {&k.dout2, &k.gate, &k.dh1, &k.dh3, &k.xn2, &k.dout1,
+	                  &k.att,   &k.dq,   &k.dk,  &k.dv,  &k.xn1};
+	const int64_t n[] = {N * C, N * F, N * F, N * F, N * C, N * C, N * HD, N * HD,
+	                     N * KVD, N * KVD, N * C};
+	for (size_t i = 0; i < sizeof(n) / sizeof(n[0]); i++) {
+		*slot[i] = p;
+		p += n[i];
+	}
+	return k;
 }
 
 int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t B, int64_t T,
@@ -497,6 +539,13 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 		m->Np = m->Ns * m->tp->size;
 	}
 	int L = (int)c->n_layers;
+	m->unit_lo = opts->unit_hi > 0 ? opts->unit_lo : 0;
+	m->unit_hi = opts->unit_hi > 0 ? opts->unit_hi : L + 2;
+	if (m->unit_lo < 0 || m->unit_hi > L + 2 || m->unit_lo >= m->unit_hi) {
+		LOG_ERROR("llama: unit range [%d, %d) outside the model's %d units", m->unit_lo,
+		          m->unit_hi, L + 2);
+		return CT_ERR_USAGE;
+	}
 	/* Logit chunk: ~4 MiB of scratch, at least one row. */
 	m->ce_chunk = (4 << 20) / (4 * local_dims(m).V);
 	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);
@@ -526,6 +575,16 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	llama_rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
 	if (m->tp)
 		llama_tp_build(m);
+	if (opts->split_backward) {
+		if (m->tp) {
+			LOG_ERROR("llama: a split backward (zero-bubble pipeline schedules) is not "
+			          "yet supported with tensor parallelism");
+			return CT_ERR_USAGE;
+		}
+		int n = (m->unit_hi < L + 1 ? m->unit_hi : L + 1) - m->unit_lo; /* not the head */
+		m->wkeep_bytes = (int64_t)(n > 0 ? n : 0) * wkeep_floats(m) * (int64_t)sizeof(float);
+		m->wkeep = m->wkeep_bytes ? mem_alloc(MEM_ACTIVATIONS, (size_t)m->wkeep_bytes) : NULL;
+	}
 	return CT_OK;
 }
 
@@ -540,6 +599,8 @@ void llama_free(struct llama_model *m)
 	mem_free(MEM_ACTIVATIONS, m->dres, (size_t)m->scratch_bytes);
 	if (m->tp)
 		llama_tp_free(m);
+	if (m->wkeep)
+		mem_free(MEM_ACTIVATIONS, m->wkeep, (size_t)m->wkeep_bytes);
 	free(m->unit_w);
 	free(m->unit_dw);
 	free(m->acts);
@@ -677,7 +738,8 @@ void llama_unit_recompute(struct llama_model *m, int u)
 
 /* ---------------------------------------------------------------- units: backward */
 
-/* Mirrors block_forward bottom-up. On entry m->dres = dL/d(out); on exit dL/d(x). */
+/* Mirrors block_forward bottom-up. On entry m->dres = dL/d(out); on exit dL/d(x). With a
+ * split backward the weight gradients of the matmuls are left to block_backward_weight. */
 static void block_backward(struct llama_model *m, int l)
 {
 	const struct llama_config *c = &m->cfg;
@@ -698,20 +760,36 @@ static void block_backward(struct llama_model *m, int l)
 		h3 = m->h3s;
 	}
 	swiglu_forward_f32(m->gate, h1, h3, N * F);
-	matmul_backward_f32(NULL, dw->w2, m->dres, m->gate, w->w2, N, F, C);
+	const struct wkeep k = wkeep_at(m, l + 1);
+	bool split = k.dout2 != NULL;
+	if (split) {
+		memcpy(k.dout2, m->dres, nc);
+		memcpy(k.gate, m->gate, nf);
+	} else {
+		matmul_backward_f32(NULL, dw->w2, m->dres, m->gate, w->w2, N, F, C);
+	}
 	memset(m->gate, 0, nf); /* gate now holds d(gate) */
 	matmul_backward_f32(m->gate, NULL, m->dres, NULL, w->w2, N, F, C);
 	memset(m->dh1, 0, nf);
 	memset(m->dh3, 0, nf);
 	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, N * F);
 	memset(m->dxn, 0, nc);
-	matmul_backward_f32(m->dxn, dw->w1, m->dh1, m->xn, w->w1, N, C, F);
-	matmul_backward_f32(m->dxn, dw->w3, m->dh3, m->xn, w->w3, N, C, F);
+	matmul_backward_f32(m->dxn, split ? NULL : dw->w1, m->dh1, m->xn, w->w1, N, C, F);
+	matmul_backward_f32(m->dxn, split ? NULL : dw->w3, m->dh3, m->xn, w->w3, N, C, F);
+	if (split) {
+		memcpy(k.dh1, m->dh1, nf);
+		memcpy(k.dh3, m->dh3, nf);
+		memcpy(k.xn2, m->xn, nc);
+	}
 	rmsnorm_backward_f32(m->dres, dw->ffn_norm, m->dxn, a->xmid, w->ffn_norm, a->rstd2, N, C);
 
 	/* attention: xmid = x + wo(att) */
 	memset(m->datt, 0, (size_t)(N * HD) * sizeof(float));
-	matmul_backward_f32(m->datt, dw->wo, m->dres, a->att, w->wo, N, HD, C);
+	matmul_backward_f32(m->datt, split ? NULL : dw->wo, m->dres, a->att, w->wo, N, HD, C);
+	if (split) { /* att may live in a buffer the next block's recompute reuses */
+		memcpy(k.dout1, m->dres, nc);
+		memcpy(k.att, a->att, (size_t)(N * HD) * sizeof(float));
+	}
 	memset(m->dq, 0, (size_t)(N * HD) * sizeof(float));
 	memset(m->dk, 0, (size_t)(N * KVD) * sizeof(float));
 	memset(m->dv, 0, (size_t)(N * KVD) * sizeof(float));
@@ -721,10 +799,44 @@ static void block_backward(struct llama_model *m, int l)
 	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, B, T, KV, D);
 	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
 	memset(m->dxn, 0, nc);
-	matmul_backward_f32(m->dxn, dw->wq, m->dq, m->xn, w->wq, N, C, HD);
-	matmul_backward_f32(m->dxn, dw->wk, m->dk, m->xn, w->wk, N, C, KVD);
-	matmul_backward_f32(m->dxn, dw->wv, m->dv, m->xn, w->wv, N, C, KVD);
+	matmul_backward_f32(m->dxn, split ? NULL : dw->wq, m->dq, m->xn, w->wq, N, C, HD);
+	matmul_backward_f32(m->dxn, split ? NULL : dw->wk, m->dk, m->xn, w->wk, N, C, KVD);
+	matmul_backward_f32(m->dxn, split ? NULL : dw->wv, m->dv, m->xn, w->wv, N, C, KVD);
+	if (split) {
+		memcpy(k.dq, m->dq, (size_t)(N * HD) * sizeof(float));
+		memcpy(k.dk, m->dk, (size_t)(N * KVD) * sizeof(float));
+		memcpy(k.dv, m->dv, (size_t)(N * KVD) * sizeof(float));
+		memcpy(k.xn1, m->xn, nc);
+	}
 	rmsnorm_backward_f32(m->dres, dw->attn_norm, m->dxn, a->x, w->attn_norm, a->rstd1, N, C);
+}
+
+/* The weight-gradient half of block l's split backward, in block_backward's order. */
+static void block_backward_weight(struct llama_model *m, int l, const struct wkeep *k)
+{
+	const struct llama_config *c = &m->cfg;
+	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
+	const struct llama_block_ptrs dwb = block_ptrs(m, m->unit_dw, l), *dw = &dwb;
+	int64_t N = m->N, C = c->dim, F = c->ffn_hidden, HD = c->n_heads * c->head_dim;
+	int64_t KVD = c->n_kv_heads * c->head_dim;
+	matmul_backward_f32(NULL, dw->w2, k->dout2, k->gate, w->w2, N, F, C);
+	matmul_backward_f32(NULL, dw->w1, k->dh1, k->xn2, w->w1, N, C, F);
+	matmul_backward_f32(NULL, dw->w3, k->dh3, k->xn2, w->w3, N, C, F);
+	matmul_backward_f32(NULL, dw->wo, k->dout1, k->att, w->wo, N, HD, C);
+	matmul_backward_f32(NULL, dw->wq, k->dq, k->xn1, w->wq, N, C, HD);
+	matmul_backward_f32(NULL, dw->wk, k->dk, k->xn1, w->wk, N, C, KVD);
+	matmul_backward_f32(NULL, dw->wv, k->dv, k->xn1, w->wv, N, C, KVD);
+}
+
+void llama_unit_backward_weight(struct llama_model *m, int u)
+{
+	const struct wkeep k = wkeep_at(m, u);
+	CHECK(k.dout2, "llama: unit %d has no split backward to finish", u);
+	if (u >= 1)
+		block_backward_weight(m, u - 1, &k);
+	else
+		embedding_backward_f32(tensor_at(m, m->unit_dw, PARAM_TOK_EMB), k.dout2, m->tokens,
+		                       m->N, m->cfg.dim);
 }
 
 void llama_unit_backward(struct llama_model *m, int u, double dscale)
@@ -756,6 +868,8 @@ void llama_unit_backward(struct llama_model *m, int u, double dscale)
 		                     m->N, c->dim);
 	} else if (u >= 1) {
 		block_backward(m, u - 1);
+	} else if (wkeep_at(m, 0).dout2) {
+		memcpy(wkeep_at(m, 0).dout2, m->dres, nc); /* the embedding's gradient is W's */
 	} else {
 		embedding_backward_f32(tensor_at(m, m->unit_dw, PARAM_TOK_EMB), m->dres, m->tokens,
 		                       m->N, c->dim);

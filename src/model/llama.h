@@ -119,6 +119,18 @@ struct llama_build_opts {
 	 * parallel blocks with sequence parallelism and a vocabulary-parallel loss
 	 * (model/llama_tp.c). MODEL_AC_NONE and MODEL_AC_FULL so far. */
 	const struct comm_group *tp_group;
+	/* Plan activations only for units [unit_lo, unit_hi) (unit_hi = 0: all): the blocks in
+	 * the range, the input of the first (the previous unit's output) and the output of the
+	 * last; the final norm's buffers and the loss scratch only with the head unit. Running a
+	 * unit outside the range is a bug (its buffers are NULL). Pipeline stages use this so
+	 * an in-flight micro-batch holds only its stage's activations. */
+	int unit_lo, unit_hi;
+	/* Zero-bubble pipelines: llama_unit_backward computes only input gradients (the "I"
+	 * half) and keeps what the weight gradients need per block (the matmuls' output
+	 * gradients and inputs, the embedding's gradient); llama_unit_backward_weight (the "W"
+	 * half) computes them later. Norm weights, the output projection and the loss take
+	 * their gradients in I. Not under tensor parallelism. */
+	bool split_backward;
 };
 
 struct llama_model {
@@ -151,6 +163,9 @@ struct llama_model {
 	float *ce_scratch;          /* ce_chunk * V */
 	int64_t ce_chunk;
 	int64_t act_bytes, scratch_bytes;
+	int unit_lo, unit_hi; /* the units activations are planned for */
+	float *wkeep;         /* split_backward: what W needs, per block in the range */
+	int64_t wkeep_bytes;
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this (the trainer
 	 * sets 1/global valid tokens); backward of that unit then reuses it. */
 	double loss_dscale;
@@ -189,6 +204,9 @@ void llama_free(struct llama_model *m);
 double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid);
 void llama_unit_backward(struct llama_model *m, int u, double dscale);
 void llama_unit_recompute(struct llama_model *m, int u);
+/* split_backward only: the weight gradients of unit u from what its llama_unit_backward
+ * kept (any time after it, before the unit's next backward). */
+void llama_unit_backward_weight(struct llama_model *m, int u);
 /* Whether unit u's backward needs llama_unit_recompute first (SELECTIVE and FULL blocks). */
 bool llama_unit_needs_recompute(const struct llama_model *m, int u);
 

@@ -83,6 +83,10 @@ static void llama_op_backward(void *impl, int u, double dscale)
 {
 	llama_unit_backward(impl, u, dscale);
 }
+static void llama_op_backward_weight(void *impl, int u)
+{
+	llama_unit_backward_weight(impl, u);
+}
 static void llama_op_recompute(void *impl, int u)
 {
 	llama_unit_recompute(impl, u);
@@ -113,6 +117,7 @@ static const struct model_ops llama_ops = {
     .bind_unit = llama_op_bind,
     .unit_forward = llama_op_forward,
     .unit_backward = llama_op_backward,
+    .unit_backward_weight = llama_op_backward_weight,
     .unit_recompute = llama_op_recompute,
     .unit_needs_recompute = llama_op_needs_recompute,
     .set_loss_dscale = llama_op_dscale,
@@ -255,7 +260,10 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 		const struct llama_build_opts lo = {.own_params = opts->own_params,
 		                                    .recompute_ffn = opts->recompute_ffn,
 		                                    .ac = opts->ac,
-		                                    .tp_group = opts->tp_group};
+		                                    .tp_group = opts->tp_group,
+		                                    .unit_lo = opts->unit_lo,
+		                                    .unit_hi = opts->unit_hi,
+		                                    .split_backward = opts->split_backward};
 		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
 		if (rc) {
 			free(lm);

@@ -45,12 +45,19 @@ struct model_build_opts {
 	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
 	/* tensor parallelism over this group (Llama only; NULL or size 1: none) */
 	const struct comm_group *tp_group;
+	/* Llama: plan activations only for units [unit_lo, unit_hi) (a pipeline stage: its
+	 * blocks, its input and output boundary); unit_hi = 0: every unit */
+	int unit_lo, unit_hi;
+	/* Llama: split backward for zero-bubble schedules (llama_build_opts.split_backward) */
+	bool split_backward;
 };
 
 struct model_ops {
 	void (*bind_unit)(void *impl, int u, float *params, float *grads);
 	double (*unit_forward)(void *impl, int u, int64_t *n_valid);
 	void (*unit_backward)(void *impl, int u, double dscale);
+	/* built with split_backward: the deferred weight gradients of unit u (NULL: none) */
+	void (*unit_backward_weight)(void *impl, int u);
 	/* activation checkpointing: re-derive unit u's dropped activations right before its
 	 * backward, when unit_needs_recompute says so */
 	void (*unit_recompute)(void *impl, int u);
@@ -107,6 +114,10 @@ static inline void model_unit_backward(struct model *m, int u, double dscale)
 static inline void model_unit_recompute(struct model *m, int u)
 {
 	m->ops->unit_recompute(m->impl, u);
+}
+static inline void model_unit_backward_weight(struct model *m, int u)
+{
+	m->ops->unit_backward_weight(m->impl, u);
 }
 static inline bool model_unit_needs_recompute(const struct model *m, int u)
 {

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
+#include "comm/watchdog.h"
 #include "kernels/kernels.h"
 #include "train/trainer.h"
 
@@ -112,14 +113,15 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	}
 	for (int r = 0; r < pp->p; r++)
 		for (int i = 0; i < pp->sched.n[r]; i++)
-			if (pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W) {
-				LOG_ERROR("parallelism.pipeline_parallel_schedule = %s: split "
-				          "backward (I/W actions) is not yet supported by the "
-				          "executor (the model has no separate weight-gradient "
-				          "pass); use GPipe, 1F1B or Interleaved1F1B",
-				          pp_style_name(pp->sched.style));
-				return CT_ERR_USAGE;
-			}
+			pp->split |= pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W;
+	if (pp->split && mesh->tp > 1) {
+		LOG_ERROR("parallelism.pipeline_parallel_schedule = %s (split backward, I/W) with "
+		          "tensor_parallel_degree = %d: not yet supported (the tensor-parallel "
+		          "blocks have no separate weight-gradient pass); use GPipe, 1F1B or "
+		          "Interleaved1F1B",
+		          pp_style_name(pp->sched.style), mesh->tp);
+		return CT_ERR_USAGE;
+	}
 	pp->v = pp->sched.v;
 	pp->S = pp->sched.n_stages;
 	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));
@@ -135,7 +137,11 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		          pp->S, (long long)o->n_micro, pp->tag_max);
 		return CT_ERR_USAGE;
 	}
-	model_table_build(&pp->table, mc);
+	/* tensor parallelism: every stage holds this TP rank's slice of its units (the TP
+	 * table), and its boundary activations are the rank's sequence shard */
+	rc = llama_table_build_tp(&pp->table, &mc->llama, mesh->tp, mesh->tp_rank);
+	if (rc)
+		return rc;
 	const struct param_table *t = &pp->table;
 	int64_t D = mesh->dp_shard, dr = mesh->dp_shard_rank;
 	pp->chunks = xcalloc((size_t)pp->v, sizeof(*pp->chunks));
@@ -343,9 +349,17 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		CHECK(ch->slots, "out of memory");
 		struct pp_slot *s = &ch->slots[k];
 		memset(s, 0, sizeof(*s));
-		const struct model_build_opts mo = {.own_params = false, .ac = pp->o.ac};
+		const struct model_build_opts mo = {
+		    .own_params = false,
+		    .ac = pp->o.ac,
+		    .tp_group = pp->mesh->tp > 1 ? &pp->mesh->tp_group : NULL,
+		    .unit_lo = ch->u0, /* only this stage's activations */
+		    .unit_hi = ch->u1,
+		    .split_backward = pp->split};
+		int64_t before = mem_current(MEM_ACTIVATIONS);
 		CHECK(model_build(&s->m, &pp->cfg, pp->o.micro_rows, pp->o.T, &mo) == CT_OK,
 		      "pp: cannot build a stage model");
+		ch->slot_bytes = mem_current(MEM_ACTIVATIONS) - before;
 		ch->n_slots++;
 	}
 	struct pp_slot *s = &ch->slots[k];
@@ -357,6 +371,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		model_bind_unit(&s->m, u, pp->full_w + off, pp->full_g + off);
 	}
 	s->micro = m;
+	s->sent_b = s->w_done = false;
 	ch->slot_of[m] = k;
 	return s;
 }
@@ -386,48 +401,74 @@ static void progress(struct pp *pp)
 		}
 }
 
-static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, const char *what)
+/* Wait for a transfer with pipeline rank peer (and its simulated arrival). The comm watchdog
+ * watches the wait (a hung neighbour aborts the job with a message naming the transfer and
+ * what the neighbour is doing); the fallback timeout below, a few seconds later, serves runs
+ * without a watchdog (tests). */
+static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, int peer,
+                       const char *what)
 {
+	if (comm_p2p_test(req) && timer_now() >= not_before)
+		return;
 	double t0 = timer_now();
+	int token = comm_p2p_watch(&pp->mesh->pp_group, peer, what);
+	double fallback = pp->o.timeout_s + 2 * WD_ASK_SECONDS + 2;
 	for (;;) {
 		progress(pp);
-		if (comm_p2p_test(req) && timer_now() >= not_before)
+		if (comm_p2p_test(req) && timer_now() >= not_before) {
+			comm_p2p_unwatch(token);
 			return;
-		if (pp->o.timeout_s > 0 && timer_now() - t0 > pp->o.timeout_s) {
-			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds); "
-			          "aborting the job",
-			          what, pp->o.timeout_s);
+		}
+		if (pp->o.timeout_s > 0 && timer_now() - t0 > fallback) {
+			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds and "
+			          "the watchdog's grace); aborting the job",
+			          what, fallback);
 			comm_abort(1);
 		}
 		sched_yield(); /* ranks may share cores: let the one we wait for run */
 	}
 }
 
-static void wait_req(struct pp *pp, struct comm_p2p *req, const char *what)
+/* Wait for chunk ch's receive of micro-batch m (and its simulated arrival). */
+static void wait_recv(struct pp *pp, struct pp_chunk *ch, int m, bool backward)
 {
-	wait_until(pp, req, 0, what);
-}
-
-/* Wait for chunk c's receive of micro-batch m (and its simulated arrival). */
-static void wait_recv(struct pp *pp, struct pp_chunk *ch, int m, const char *what)
-{
+	int from = backward ? ch->stage + 1 : ch->stage - 1;
+	char what[160];
+	snprintf(what, sizeof(what),
+	         "pipeline receive of %s for stage %d, micro-batch %d, from stage %d (pipeline "
+	         "rank %d)",
+	         backward ? "an input gradient" : "an activation", ch->stage, m, from,
+	         pp_stage_rank(&pp->sched, from));
+	int peer = pp_stage_rank(&pp->sched, from);
 	if (pp->o.sim_gbps > 0) {
-		wait_req(pp, &ch->recv_hdr[m], what);
-		wait_until(pp, &ch->recv[m], ch->hdr[m], what);
+		wait_until(pp, &ch->recv_hdr[m], 0, peer, what);
+		wait_until(pp, &ch->recv[m], ch->hdr[m], peer, what);
 	} else {
-		wait_req(pp, &ch->recv[m], what);
+		wait_until(pp, &ch->recv[m], 0, peer, what);
 	}
 }
 
 static void slot_wait_sends(struct pp *pp, struct pp_slot *s)
 {
-	wait_req(pp, &s->send, "pipeline send");
-	wait_req(pp, &s->send_hdr, "pipeline send");
+	if (!s->send.active && !s->send_hdr.active)
+		return;
+	char what[160];
+	snprintf(what, sizeof(what),
+	         "pipeline send of %s, micro-batch %d, to stage %d (pipeline rank %d)",
+	         s->send_backward ? "an input gradient" : "an activation", s->send_micro,
+	         s->send_stage, pp_stage_rank(&pp->sched, s->send_stage));
+	int peer = pp_stage_rank(&pp->sched, s->send_stage);
+	wait_until(pp, &s->send, 0, peer, what);
+	wait_until(pp, &s->send_hdr, 0, peer, what);
 }
 
+/* A stage boundary carries the residual stream of one micro-batch: under TP's sequence
+ * parallelism each TP rank holds (and sends to its peer of the same TP rank) Ns = ceil(N/tp)
+ * token rows of it. */
 static int64_t boundary_bytes(const struct pp *pp)
 {
-	return pp->o.micro_rows * pp->o.T * pp->cfg.llama.dim * (int64_t)sizeof(float);
+	int64_t N = pp->o.micro_rows * pp->o.T, tp = pp->mesh->tp;
+	return (N + tp - 1) / tp * pp->cfg.llama.dim * (int64_t)sizeof(float);
 }
 
 static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, const float *buf)
@@ -444,6 +485,9 @@ static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, 
 		               &s->hdr, sizeof(double), &s->send_hdr);
 	}
 	comm_p2p_isend(&pp->mesh->pp_group, peer, tag, buf, bytes, &s->send);
+	s->send_stage = peer_stage;
+	s->send_micro = s->micro;
+	s->send_backward = tag >= pp->S * (int)pp->o.n_micro;
 }
 
 static void recv_buf(struct pp *pp, struct pp_chunk *ch, int m, int peer_stage, int tag, float *buf)
@@ -464,7 +508,7 @@ static void act_forward(struct pp *pp, int c, int m)
 	struct model *mm = &s->m;
 	if (ch->stage > 0) {
 		double t0 = timer_now();
-		wait_recv(pp, ch, m, "pipeline receive of an activation");
+		wait_recv(pp, ch, m, false);
 		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_F, ch->stage, m}, t0, timer_now(),
 		                                          true};
 	}
@@ -477,13 +521,14 @@ static void act_forward(struct pp *pp, int c, int m)
 		pp->peak_inflight = pp->inflight;
 }
 
-static void act_backward(struct pp *pp, int c, int m)
+/* B, or with a split backward its I half (the input gradients). */
+static void act_backward(struct pp *pp, int c, int m, bool input_only)
 {
 	struct pp_chunk *ch = &pp->chunks[c];
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
 	if (ch->stage < pp->S - 1) {
 		double t0 = timer_now();
-		wait_recv(pp, ch, m, "pipeline receive of a gradient");
+		wait_recv(pp, ch, m, true);
 		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_B, ch->stage, m}, t0, timer_now(),
 		                                          true};
 	}
@@ -492,6 +537,20 @@ static void act_backward(struct pp *pp, int c, int m)
 			model_unit_recompute(&s->m, u);
 		model_unit_backward(&s->m, u, pp->dscale);
 	}
+	if (!input_only)
+		pp->inflight--;
+}
+
+/* W: the weight gradients a split backward deferred (the head has none). */
+static void act_weight(struct pp *pp, int c, int m)
+{
+	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+	int last = ch->u1 - 1 > (int)pp->cfg.llama.n_layers ? (int)pp->cfg.llama.n_layers
+	                                                     : ch->u1 - 1;
+	for (int u = last; u >= ch->u0; u--)
+		model_unit_backward_weight(&s->m, u);
+	s->w_done = true;
 	pp->inflight--;
 }
 
@@ -502,7 +561,9 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 	CHECK(ch->stage == a->stage, "pp: stage %d is not on rank %d", a->stage, pp->r);
 	switch (a->kind) {
 	case PP_F: act_forward(pp, c, m); break;
-	case PP_B: act_backward(pp, c, m); break;
+	case PP_B: act_backward(pp, c, m, false); break;
+	case PP_I: act_backward(pp, c, m, true); break;
+	case PP_W: act_weight(pp, c, m); break;
 	case PP_SEND_F: {
 		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
 		send_buf(pp, s, a->stage + 1, tag_of(pp, false, a->stage, m),
@@ -527,12 +588,35 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 	}
 	default: CHECK(false, "pp: action %s is not executable", pp_kind_name(a->kind));
 	}
-	/* the backward's slot is free once its input gradient is sent (or at once on stage 0) */
-	if ((a->kind == PP_B && a->stage == 0) || a->kind == PP_SEND_B)
-		slot_put(pp, c, m);
+	/* the backward's slot is free once its input gradient is sent (or at once on stage 0),
+	 * and with a split backward its W has run */
+	if (a->kind == PP_SEND_B || ((a->kind == PP_B || a->kind == PP_I) && a->stage == 0))
+		ch->slots[ch->slot_of[m]].sent_b = true;
+	if (a->kind == PP_SEND_B || a->kind == PP_B || a->kind == PP_I || a->kind == PP_W) {
+		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
+		if (s->sent_b && (s->w_done || !pp->split))
+			slot_put(pp, c, m);
+	}
 }
 
 /* ---------------------------------------------------------------- step */
+
+/* This rank's share of the squared gradient norm: its shards, with the TP-split tensors
+ * summed over the TP group and the replicated ones counted once. */
+static double grad_sumsq(const struct pp *pp)
+{
+	if (pp->mesh->tp == 1)
+		return sumsq_f32(pp->shard_g, pp->shard_numel);
+	double v[2] = {0.0, 0.0}; /* split, replicated */
+	for (int i = 0; i < pp->table.count; i++) {
+		const struct pp_tensor *pt = &pp->t[i];
+		if (pt->chunk >= 0)
+			v[pp->table.p[i].tp_dim < 0] +=
+			    sumsq_f32(pp->shard_g + pt->shard_off, pt->my_rows * pt->cols);
+	}
+	comm_all_reduce_f64(&pp->mesh->tp_group, &v[0], 1);
+	return v[0] + v[1];
+}
 
 int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
                   double lr, double max_norm, struct train_step_result *res)
@@ -570,9 +654,10 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	pp->step_t1 = timer_now();
 	for (int c = 0; c < pp->v; c++)
 		reduce_chunk(pp, c);
-	/* loss: only the last stage has it; norm: each shard element lives on one (pp, shard)
-	 * coordinate (replicas hold copies) */
-	double loss = pp->loss_sum, sq = sumsq_f32(pp->shard_g, pp->shard_numel);
+	/* loss: only the last stage has it (every TP rank of it the whole sum: TP rank 0's
+	 * counts); norm: each shard element lives on one (pp, shard) coordinate (replicas hold
+	 * copies), TP-split tensors on one TP rank, replicated ones (norms) on all of them */
+	double loss = mesh->tp_rank == 0 ? pp->loss_sum : 0.0, sq = grad_sumsq(pp);
 	comm_all_reduce_f64(&mesh->world_group, &loss, 1);
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sq, 1);
 	comm_all_reduce_f64(&mesh->pp_group, &sq, 1);

@@ -16,12 +16,19 @@
  * over dp_replicate under HSDP) once at the end; AdamW runs on the shards.
  *
  * Micro-batches in flight each own a model instance (a "slot": activations and scratch of
- * one micro-batch, parameters bound to the shared full buffers); slots are taken at a
+ * one micro-batch for the chunk's units only, parameters bound to the shared full buffers;
+ * the bytes one slot holds are measured from MEM_ACTIVATIONS when it is built); slots are taken at a
  * stage's forward and returned after its backward, so the number ever built per chunk is the
  * schedule's peak of in-flight micro-batches there. The loss of every micro-batch is
  * normalised by the valid tokens of the whole step over all data-parallel ranks, so the
  * result equals a one-rank step over the same rows; the gradient norm for clipping is taken
  * over all stages (shards summed over dp_shard, then over pp).
+ *
+ * Tensor parallelism (mesh->tp > 1): the table is this TP rank's slice (llama_table_build_tp)
+ * and every slot a TP model over the TP group; a stage boundary is the rank's sequence shard
+ * of the residual stream (Ns = ceil(N / tp) rows), sent to the same TP rank of the neighbour
+ * stage. The loss is counted on TP rank 0 (every TP rank holds the whole sum), TP-split
+ * gradients are summed over the TP group for the norm and replicated ones counted once.
  *
  * Transfers: SEND posts a non-blocking send of the slot's boundary buffer (its output
  * activation, or the gradient of its input), RECV posts a receive into the slot, and the
@@ -31,8 +38,11 @@
  * free, sent along in a small header message; the receiver treats the data as arrived only
  * then (one machine, one clock).
  *
- * Not yet supported: split-backward schedules (ZB-H1's I/W need a weight-gradient pass the
- * model interface does not have), Hyena, activation checkpointing modes other than the
+ * Zero-bubble schedules (ZB-H1): I runs a stage's backward with the model's split backward
+ * (input gradients only, llama_build_opts.split_backward) and W its deferred weight
+ * gradients; a slot is freed once its W has run and its input gradient is sent.
+ *
+ * Not yet supported: split-backward schedules under tensor parallelism, Hyena, activation checkpointing modes other than the
  * model's own (they work per slot), validation under PP.
  */
 #ifndef CT_PARALLEL_PP_H
@@ -82,12 +92,16 @@ struct pp_slot {
 	struct comm_p2p send;
 	struct comm_p2p send_hdr; /* simulated link: the arrival time travels with the data */
 	double hdr;
+	int send_stage, send_micro; /* the open send's destination and micro-batch (messages) */
+	bool send_backward;
+	bool sent_b, w_done; /* split backward: the slot is free once both happened */
 };
 
 struct pp_chunk {
 	int stage, u0, u1; /* units [u0, u1) */
 	int64_t full_off, full_numel, shard_off, shard_numel;
 	int n_slots;
+	int64_t slot_bytes; /* MEM_ACTIVATIONS one slot (in-flight micro-batch) holds, measured */
 	struct pp_slot *slots;
 	int *slot_of;       /* n_micro: slot of micro-batch m, -1 none */
 	struct comm_p2p *recv; /* n_micro: the open receive of micro-batch m */
@@ -110,6 +124,7 @@ struct pp {
 	struct pp_sched sched;
 	struct pp_sim sim; /* the schedule's unit-time prediction */
 	int p, r, v, S;
+	bool split; /* the schedule splits backwards into I and W (zero-bubble) */
 	int *stage_u0; /* S + 1 */
 	struct pp_chunk *chunks;
 	int64_t full_numel, shard_numel;

@@ -36,12 +36,6 @@ int tp_check_config(const struct ct_config *cfg)
 		          (long long)world);
 		return CT_ERR_USAGE;
 	}
-	if (pp > 1) { /* the pipeline's stages are not built from TP slices yet */
-		LOG_ERROR("parallelism.tensor_parallel_degree = %lld with "
-		          "pipeline_parallel_degree = %lld: not yet supported together",
-		          (long long)tp, (long long)pp);
-		return CT_ERR_USAGE;
-	}
 	struct model_config mc;
 	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)

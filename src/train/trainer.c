@@ -131,7 +131,7 @@ static int trainer_build_model(struct trainer *tr)
 		return rc;
 	bool bf16 = compute_bf16(cfg);
 	tr->piped = tr->mesh.pp > 1;
-	/* TP runs under FSDP (dp_shard may be 1); TP with PP is refused by tp_check_config */
+	/* TP runs under FSDP (dp_shard may be 1), or inside each pipeline stage */
 	tr->sharded = (tr->dp > 1 || tr->mesh.tp > 1) && !tr->piped;
 	if (tr->piped) {
 		rc = trainer_pp_check(tr, &mc, bf16);
@@ -153,7 +153,10 @@ static int trainer_build_model(struct trainer *tr)
 	const struct model_build_opts opts = {
 	    .own_params = !tr->sharded && !tr->piped,
 	    .ac = ac,
-	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL};
+	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL,
+	    /* under PP the stages run their own slots: this model only describes (table,
+	     * shapes), so it plans no more than the embedding's output */
+	    .unit_hi = tr->piped ? 1 : 0};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
@@ -317,8 +320,10 @@ static int trainer_setup(struct trainer *tr)
 	model_describe(&tr->model, desc, sizeof(desc));
 	LOG_INFO("model %s", desc);
 	if (tr->piped)
-		LOG_INFO("parallelism: %d ranks = %d pipeline x %d replicas x %d shards",
-		         tr->mesh.world, tr->mesh.pp, tr->mesh.dp_replicate, tr->mesh.dp_shard);
+		LOG_INFO("parallelism: %d ranks = %d pipeline x %d replicas x %d shards x %d "
+		         "tensor-parallel",
+		         tr->mesh.world, tr->mesh.pp, tr->mesh.dp_replicate, tr->mesh.dp_shard,
+		         tr->mesh.tp);
 	else
 		LOG_INFO("parallelism: %d ranks = %d replicas x %d shards x %d tensor-parallel (%s); "
 		         "comm progress %s",
@@ -529,7 +534,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 		sm->comm_wait_s += pp_wait_seconds(&tr->pp);
 	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches, a TP
 	 * group its tokens */
-	sm->tokens = tr->accum * m->N / (tr->piped ? tr->mesh.pp : tr->mesh.tp);
+	sm->tokens = tr->accum * m->N / ((tr->piped ? tr->mesh.pp : 1) * tr->mesh.tp);
 	sm->tokens_seen += tr->accum * m->N * tr->dp;
 	sm->step_s = timer_now() - t0;
 	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)
