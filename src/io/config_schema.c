@@ -290,6 +290,7 @@ const struct cfg_key cfg_schema[] = {
              "checkpoint save has finished)."},
     {ROW(debug, sample_log), .def = "",
      .help = "Tests: each rank appends \"step sample\" lines for the dataset samples it "
-             "trained on to <sample_log>.rank-R."},
+             "trained on to <sample_log>.rank-R (under tensor parallelism only TP rank 0 "
+             "of each group, as its ranks share their samples)."},
 };
 const size_t cfg_n_keys = ARRAY_SIZE(cfg_schema);

@@ -68,12 +68,5 @@ int tp_check_config(const struct ct_config *cfg)
 		          cfg->activation_checkpoint.mode);
 		return CT_ERR_USAGE;
 	}
-	if (cfg->checkpoint.enable || cfg->checkpoint.initial_load_path[0]) {
-		LOG_ERROR("checkpoint.enable / checkpoint.initial_load_path with "
-		          "parallelism.tensor_parallel_degree = %lld: not yet supported (the "
-		          "manifest does not describe tensor-parallel pieces yet)",
-		          (long long)tp);
-		return CT_ERR_USAGE;
-	}
 	return CT_OK;
 }
