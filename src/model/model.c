@@ -228,7 +228,11 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 		const struct llama_build_opts lo = {.own_params = opts->own_params,
 		                                    .recompute_ffn = opts->recompute_ffn,
 		                                    .ac = opts->ac,
-		                                    .tp_group = opts->tp_group};
+		                                    .tp_group = opts->tp_group,
+		                                    .tp_async = opts->tp_async,
+		                                    .tp_sim_gbps = opts->tp_sim_gbps,
+		                                    .tp_sim_latency_us = opts->tp_sim_latency_us,
+		                                    .tp_timeout_s = opts->tp_timeout_s};
 		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
 		if (rc) {
 			free(lm);

@@ -45,6 +45,8 @@ struct model_build_opts {
 	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
 	/* tensor parallelism over this group (Llama only; NULL or size 1: none) */
 	const struct comm_group *tp_group;
+	bool tp_async; /* see llama_build_opts */
+	double tp_sim_gbps, tp_sim_latency_us, tp_timeout_s;
 };
 
 struct model_ops {

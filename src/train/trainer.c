@@ -153,7 +153,11 @@ static int trainer_build_model(struct trainer *tr)
 	const struct model_build_opts opts = {
 	    .own_params = !tr->sharded && !tr->piped,
 	    .ac = ac,
-	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL};
+	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL,
+	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
+	    .tp_sim_gbps = cfg->comm.simulate_bandwidth_gbps,
+	    .tp_sim_latency_us = cfg->comm.simulate_latency_us,
+	    .tp_timeout_s = cfg->comm.timeout_seconds};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
