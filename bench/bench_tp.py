@@ -10,7 +10,13 @@ rank, the step's exposed communication (for tp=2 every TP collective: they run o
 compute path), and rank 0's peak memory by category (parameters, gradients, AdamW moments, gathered
 parameters, activations) with the ratios to 1 rank. Timings on a shared machine are noisy:
 compare the ratios of one run, and read the load average printed with them. Every layout saves
-all activations (activation_checkpoint.mode = none: TP does not checkpoint yet).
+all activations (activation_checkpoint.mode = none).
+
+Then async against plain TP (tp=2) over a simulated link of --sim-gbps (default 10) Gbit/s
+(comm.simulate_bandwidth_gbps: every TP collective lasts at least its ring bytes over that
+link; an async ring transfer arrives no earlier than its bytes over it after it was posted):
+the exposed TP communication per step (time blocked on TP transfers on the compute path;
+dp_shard is 1, so no FSDP traffic), step time and tokens/s per rank.
 """
 
 import argparse
@@ -29,7 +35,7 @@ MIB = 2.0 ** 20
 CATS = ["params", "grads", "optimizer", "full_params", "activations"]
 
 
-def bench(args, ranks, tp, env):
+def bench(args, ranks, tp, env, extra=()):
     dp = ranks // tp
     with tempfile.TemporaryDirectory() as d:
         cmd = ["mpiexec", "-n", str(ranks), args.ctitan, "train", "configs/125m.toml",
@@ -37,7 +43,7 @@ def bench(args, ranks, tp, env):
                f"--training.local_batch_size={args.global_batch // dp}",
                f"--parallelism.tensor_parallel_degree={tp}", f"--job.dump_folder={d}",
                "--metrics.peak_tflops=1", "--training.dataset=synthetic",
-               "--activation_checkpoint.mode=none"]  # TP: activation checkpointing not yet
+               "--activation_checkpoint.mode=none", *extra]
         with tempfile.TemporaryFile() as out:
             p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
             if p.returncode != 0:
@@ -60,6 +66,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--global-batch", type=int, default=4)
+    ap.add_argument("--sim-gbps", type=float, default=10.0)
     args = ap.parse_args()
     env = dict(os.environ, **MPI_ENV)
     rows = [("1 rank", 1, 1), ("2 ranks, dp_shard=2 (FSDP)", 2, 1),
@@ -79,6 +86,19 @@ def main():
               + cells)
     print("exposed: seconds per step blocked on communication (FSDP waits + TP collectives);"
           " memory: MiB peak on rank 0 (ratio to 1 rank)")
+    sim = [f"--comm.simulate_bandwidth_gbps={args.sim_gbps}"]
+    ares = [(name, bench(args, 2, 2, env, sim + [f"--parallelism.enable_async_tensor_parallel={a}"]))
+            for name, a in (("tp=2 plain", "false"), ("tp=2 async", "true"))]
+    print(f"\nasync vs plain TP over a simulated {args.sim_gbps:g} Gbit/s link; load average "
+          f"{os.getloadavg()[0]:.1f}")
+    print(f"{'layout':42s} {'tok/s/rank':>10s} {'step s':>7s} {'exposed TP comm s':>18s} "
+          f"{'loss':>10s}")
+    for name, r in ares:
+        print(f"{name:42s} {r['tps']:10.1f} {r['step_s']:7.2f} {r['comm']:18.3f} "
+              f"{r['loss']:10.6f}")
+    p, a = ares[0][1], ares[1][1]
+    print(f"async exposes {a['comm'] / p['comm'] if p['comm'] else 0:.2f} of plain TP's "
+          f"communication; step time ratio {a['step_s'] / p['step_s']:.2f}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,18 @@ add_test(NAME tp_bf16_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 
          $<TARGET_FILE:test_tp> --tp 2 --bf16)
 add_test(NAME tp_ac_full_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
          $<TARGET_FILE:test_tp> --tp 2 --ac-full)
-set_tests_properties(tp_fsdp_np4 tp_hsdp_np4 tp_bf16_np4 tp_ac_full_np4 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+add_test(NAME tp_ac_ffn_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
+         $<TARGET_FILE:test_tp> --tp 2 --ac-ffn)
+add_test(NAME tp_ac_selective_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
+         $<TARGET_FILE:test_tp> --tp 2 --ac-selective)
+# async TP (ring steps) against plain TP: tp=2 x dp_shard=2, and tp=4 with ffn checkpointing
+# (the async backward's recompute path)
+add_test(NAME tp_async_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
+         $<TARGET_FILE:test_tp> --tp 2 --async)
+add_test(NAME tp4_async_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
+         $<TARGET_FILE:test_tp> --tp 4 --async --ac-ffn)
+set_tests_properties(tp_fsdp_np4 tp_hsdp_np4 tp_bf16_np4 tp_ac_full_np4 tp_ac_ffn_np4
+                     tp_ac_selective_np4 tp_async_np4 tp4_async_np4 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
 ct_add_script_test(tp_cli tests/tp_cli.sh)
 # The 3D data x tensor layout (dp_replicate 2 x dp_shard 2 x tp 2) needs 8 ranks; the suite's
 # one 8-rank test is pp_np8 (pp x dp_shard x tp and pp x dp_replicate x dp_shard), so this

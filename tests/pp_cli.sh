@@ -9,7 +9,7 @@
 #  2. traces: one Chrome trace per rank of the pipeline actions;
 #  3. bad input exits 2 naming the key: an unknown schedule, layers that do not split, a
 #     micro-batch count Interleaved1F1B cannot use, a micro-batch size that does not divide
-#     the batch, a CSV with an unmatched send; ZeroBubbleH1 under TP and Hyena say "not yet supported";
+#     the batch, a CSV with an unmatched send; ZeroBubbleH1 and async TP under TP x PP, and Hyena, say "not yet supported";
 #  4. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
 #     1F1B and Interleaved1F1B (assumptions in the command), bubble and in-flight memory.
 #   tests/pp_cli.sh build/ctitan
@@ -152,6 +152,9 @@ bad "CSV with an unmatched send" "pipeline_parallel_schedule_csv.*unmatched send
 bad "zero bubble under TP" "ZeroBubbleH1 (split backward, I/W) with tensor_parallel_degree = 2: not yet supported" 4 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 \
   --parallelism.tensor_parallel_degree=2
+bad "async TP under PP" "enable_async_tensor_parallel = true with pipeline_parallel_degree = 2: not yet supported" 4 \
+  --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
+  --parallelism.enable_async_tensor_parallel=true
 "$LAUNCH" 2 "$CTITAN" train "$ROOT/configs/hyena-small.toml" --training.steps=1 \
   --parallelism.pipeline_parallel_degree=2 --job.dump_folder="$tmp/bad" > "$tmp/bad.log" 2>&1
 rc=$?

@@ -97,7 +97,15 @@ static void save(bool async, const char *root, int64_t step)
 	llama_config_preset(&cfg.llama, "debugmodel");
 	llama_config_finish(&cfg.llama);
 	float w[6] = {1, 2, 3, 4, 5, 6}, m[6] = {0}, v[6] = {0};
-	struct ckpt_tensor t = {"tok_embeddings.weight", 2, 2, 3, 0, 2, w, m, v};
+	struct ckpt_tensor t = {.name = "tok_embeddings.weight",
+	                        .ndim = 2,
+	                        .rows = 2,
+	                        .cols = 3,
+	                        .row0 = 0,
+	                        .nrows = 2,
+	                        .param = w,
+	                        .exp_avg = m,
+	                        .exp_avg_sq = v};
 	struct ckpt_trainer_state st = {.step = step};
 	n_events = 0;
 	int rc;

@@ -47,12 +47,6 @@ bad "tp not dividing the kv heads" 4 "n_kv_heads (4)" --model.flavor=125M \
   --parallelism.tensor_parallel_degree=4 --model.vocab_size=2048
 bad "tp with hyena" 2 'not yet supported for model.name = "hyena"' \
   --parallelism.tensor_parallel_degree=2 --model.name=hyena --model.flavor=hyena-debug
-bad "tp with checkpoints" 2 "checkpoint.enable / checkpoint.initial_load_path with parallelism.tensor_parallel_degree = 2: not yet supported" \
-  --parallelism.tensor_parallel_degree=2 --checkpoint.enable=true
-bad "tp with activation checkpointing" 2 "activation_checkpoint.mode = selective with parallelism.tensor_parallel_degree" \
-  --parallelism.tensor_parallel_degree=2 --activation_checkpoint.mode=selective
-bad "async TP in training" 2 "parallelism.enable_async_tensor_parallel = true: not yet supported" \
-  --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
 
 # ctitan plan with TP: TorchTitan's 70B layout (FSDP 32 x TP 8) plans with both TP rows.
 plan=(plan "$ROOT/configs/70b.toml" --world-size 256 --metrics.peak_tflops=989

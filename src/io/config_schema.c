@@ -203,9 +203,11 @@ const struct cfg_key cfg_schema[] = {
      CHOICES("default", "always", "never"),
      .help = "Free gathered parameters after forward (default: except the last stage)."},
     {ROW(parallelism, enable_async_tensor_parallel), .def = "false",
-     .help = "Async tensor parallelism: TP all-gathers and reduce-scatters decomposed into "
-             "ring steps that overlap their matmuls. ctitan plan models it; ctitan train: "
-             "not yet supported."},
+     .help = "Async tensor parallelism: each transformer block's all-gather + matmul and "
+             "matmul + reduce-scatter run as tp ring steps over point-to-point transfers, "
+             "each rank multiplying the token block it has while the next one moves (the "
+             "embedding and loss head keep plain collectives). Same results as plain TP "
+             "up to fp32 summation order. ctitan plan models it too."},
     {ROW(parallelism, tp_bandwidth_gbps), .def = "3600", GT(0),
      .help = "ctitan plan: bandwidth of the link tensor-parallel collectives use, in Gbit/s "
              "per rank (3600: NVLink 4, 450 GB/s, inside a node)."},
@@ -289,7 +291,8 @@ const struct cfg_key cfg_schema[] = {
              "comm.bandwidth_gbps)."},
     {ROW(comm, simulate_bandwidth_gbps), .def = "0", GE(0),
      .help = "Make every collective take at least its bytes over a link of this many Gbit/s "
-             "(overlap experiments on one machine); 0: off."},
+             "(overlap experiments on one machine; also tensor parallelism's collectives "
+             "and ring transfers); 0: off."},
     {ROW(comm, simulate_latency_us), .def = "0", GE(0),
      .help = "Simulated link: microseconds added to every collective."},
 
@@ -331,6 +334,7 @@ const struct cfg_key cfg_schema[] = {
              "checkpoint save has finished)."},
     {ROW(debug, sample_log), .def = "",
      .help = "Tests: each rank appends \"step sample\" lines for the dataset samples it "
-             "trained on to <sample_log>.rank-R."},
+             "trained on to <sample_log>.rank-R (under tensor parallelism only TP rank 0 "
+             "of each group, as its ranks share their samples)."},
 };
 const size_t cfg_n_keys = ARRAY_SIZE(cfg_schema);

@@ -522,11 +522,6 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	if (rc)
 		return rc;
 	m->tp = opts->tp_group && opts->tp_group->size > 1 ? opts->tp_group : NULL;
-	if (m->tp && m->ac != MODEL_AC_NONE && m->ac != MODEL_AC_FULL) {
-		LOG_ERROR("activation_checkpoint.mode: only \"none\" and \"full\" are supported "
-		          "with parallelism.tensor_parallel_degree > 1 (not yet supported)");
-		return CT_ERR_USAGE;
-	}
 	rc = llama_table_build_tp(&m->table, &m->cfg, m->tp ? m->tp->size : 1,
 	                          m->tp ? m->tp->rank : 0);
 	if (rc)
@@ -574,7 +569,7 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	plan_scratch(m, &sv);
 	llama_rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
 	if (m->tp)
-		llama_tp_build(m);
+		llama_tp_build(m, opts);
 	if (opts->split_backward) {
 		if (m->tp) {
 			LOG_ERROR("llama: a split backward (zero-bubble pipeline schedules) is not "

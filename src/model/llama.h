@@ -117,7 +117,7 @@ struct llama_build_opts {
 	enum model_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
 	/* Tensor parallelism over this group (NULL or size 1: none): Megatron column/row
 	 * parallel blocks with sequence parallelism and a vocabulary-parallel loss
-	 * (model/llama_tp.c). MODEL_AC_NONE and MODEL_AC_FULL so far. */
+	 * (model/llama_tp.c). Every activation-checkpointing mode. */
 	const struct comm_group *tp_group;
 	/* Plan activations only for units [unit_lo, unit_hi) (unit_hi = 0: all): the blocks in
 	 * the range, the input of the first (the previous unit's output) and the output of the
@@ -131,6 +131,12 @@ struct llama_build_opts {
 	 * half) computes them later. Norm weights, the output projection and the loss take
 	 * their gradients in I. Not under tensor parallelism. */
 	bool split_backward;
+	/* async TP: each block's all-gather + matmul and matmul + reduce-scatter as ring steps
+	 * over point-to-point transfers, a block's matmul overlapping the next block's
+	 * transfer; tp_sim_*: a simulated link for those transfers and the plain collectives
+	 * (comm.simulate_*, 0: off); tp_timeout_s: a transfer's timeout (0: none) */
+	bool tp_async;
+	double tp_sim_gbps, tp_sim_latency_us, tp_timeout_s;
 };
 
 struct llama_model {

@@ -20,7 +20,7 @@ float *llama_block_output(struct llama_model *m, int l);
 
 /* Tensor parallelism (llama_tp.c): buffers, and the units with sequence parallelism and the
  * vocabulary-parallel loss. Called by llama.c when m->tp is set. */
-void llama_tp_build(struct llama_model *m);
+void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts);
 void llama_tp_free(struct llama_model *m);
 double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid);
 void llama_tp_unit_backward(struct llama_model *m, int u, double dscale);

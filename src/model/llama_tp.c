@@ -22,11 +22,13 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
 #include "comm/comm.h"
+#include "comm/p2p.h"
 #include "kernels/kernels.h"
 #include "model/llama_impl.h"
 
@@ -37,8 +39,13 @@ struct llama_tp_bufs {
 	float *rs_out;     /* (Ns, C) */
 	float *dnorm;      /* (tp, C): a norm weight's gradient from every rank */
 	float *stat;       /* 3 * ce_chunk: row max, sum of exponentials, target logit */
+	float *ring;       /* async: 3 * Ns * C (two partial sums in flight, one received) */
 	size_t bytes;
 	double comm_s; /* time in TP collectives (all on the compute path: exposed) */
+	/* async TP: ring steps instead of the block's all-gathers and reduce-scatters */
+	bool async;
+	double sim_bytes_per_s, sim_latency_s; /* simulated link (0: off) */
+	double timeout_s;
 };
 
 double llama_tp_comm_seconds(const struct llama_model *m)
@@ -46,10 +53,12 @@ double llama_tp_comm_seconds(const struct llama_model *m)
 	return m->tpb ? m->tpb->comm_s : 0.0;
 }
 
-void llama_tp_build(struct llama_model *m)
+void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts)
 {
 	int64_t C = m->cfg.dim, Np = m->Np, Ns = m->Ns, S = m->tp->size;
 	int64_t n = 2 * Np * C + 2 * Ns * C + Ns * C + S * C + 3 * m->ce_chunk;
+	if (opts->tp_async)
+		n += 3 * Ns * C;
 	struct llama_tp_bufs *b = xcalloc(1, sizeof(*b));
 	b->bytes = (size_t)n * sizeof(float);
 	float *p = mem_alloc(MEM_ACTIVATIONS, b->bytes);
@@ -60,6 +69,11 @@ void llama_tp_build(struct llama_model *m)
 	b->rs_out = b->rs_scratch + 2 * Ns * C;
 	b->dnorm = b->rs_out + Ns * C;
 	b->stat = b->dnorm + S * C;
+	b->ring = opts->tp_async ? b->stat + 3 * m->ce_chunk : NULL;
+	b->async = opts->tp_async;
+	b->sim_bytes_per_s = opts->tp_sim_gbps > 0 ? opts->tp_sim_gbps * 1e9 / 8.0 : 0.0;
+	b->sim_latency_s = b->sim_bytes_per_s > 0 ? opts->tp_sim_latency_us * 1e-6 : 0.0;
+	b->timeout_s = opts->tp_timeout_s;
 	m->tpb = b;
 }
 
@@ -74,11 +88,41 @@ void llama_tp_free(struct llama_model *m)
 
 /* ---------------------------------------------------------------- collectives */
 
+static void add_rows(float *out, const float *a, const float *b, int64_t n)
+{
+#pragma omp parallel for simd schedule(static)
+	for (int64_t i = 0; i < n; i++)
+		out[i] = a[i] + b[i];
+}
+
+/* Sleep until timer_now() reaches `until` (a simulated transfer's arrival). */
+static void wait_until(double until)
+{
+	double left = until - timer_now();
+	if (left > 0) {
+		struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+		nanosleep(&ts, NULL);
+	}
+	while (timer_now() < until)
+		;
+}
+
+/* A simulated link (comm.simulate_*): a TP collective that moved `wire` bytes in `hops`
+ * ring steps lasts at least hops x latency + wire / bandwidth from t0 (spent waiting). */
+static void sim_stretch(const struct llama_tp_bufs *b, double t0, int64_t wire, int64_t hops)
+{
+	if (b->sim_bytes_per_s <= 0)
+		return;
+	wait_until(t0 + (double)hops * b->sim_latency_s + (double)wire / b->sim_bytes_per_s);
+}
+
 /* full(Np, C) = the token shards of every rank, in rank order. */
 static void sp_gather(struct llama_model *m, const float *shard, float *full)
 {
+	int64_t bytes = m->Ns * m->cfg.dim * (int64_t)sizeof(float), S = m->tp->size;
 	double t0 = timer_now();
-	comm_all_gather(m->tp, shard, full, m->Ns * m->cfg.dim * (int64_t)sizeof(float));
+	comm_all_gather(m->tp, shard, full, bytes);
+	sim_stretch(m->tpb, t0, (S - 1) * bytes, S - 1);
 	m->tpb->comm_s += timer_now() - t0;
 }
 
@@ -88,9 +132,116 @@ static void sp_reduce_scatter(struct llama_model *m, float *part, float *out)
 {
 	int64_t C = m->cfg.dim;
 	memset(part + m->N * C, 0, (size_t)((m->Np - m->N) * C) * sizeof(float));
+	int64_t S = m->tp->size;
 	double t0 = timer_now();
 	comm_reduce_scatter_f32(m->tp, part, out, m->Ns * C, m->tpb->rs_scratch);
+	sim_stretch(m->tpb, t0, (S - 1) * m->Ns * C * (int64_t)sizeof(float), S - 1);
 	m->tpb->comm_s += timer_now() - t0;
+}
+
+/* ---------------------------------------------------------------- async TP: ring steps
+ *
+ * All-gather + matmul: S steps; in step k rank r holds token block (r - k) mod S of the
+ * gathered buffer, sends it to rank r + 1 and receives block (r - k - 1) from rank r - 1
+ * while it multiplies the block it has. Matmul + reduce-scatter: in step k rank r computes its
+ * partial sum of block (r - k - 1) mod S while the running sum of that block travels from
+ * rank r - 1; it adds the two and passes the sum on; after S steps it holds the sum of its
+ * own block. Only the time spent waiting for a transfer is TP communication on the compute
+ * path (exposed); with a simulated link a transfer arrives no earlier than latency +
+ * bytes / bandwidth after it was posted. */
+
+/* Rows [r0, r0 + n) of the micro-batch's N tokens that token block `blk` covers (n <= 0:
+ * only padding). */
+static int64_t block_rows(const struct llama_model *m, int64_t blk, int64_t *r0)
+{
+	*r0 = blk * m->Ns;
+	int64_t n = m->N - *r0;
+	return n < m->Ns ? n : m->Ns;
+}
+
+typedef void (*ring_fn)(struct llama_model *m, const void *ctx, int64_t r0, int64_t n,
+                        float *out);
+
+static void ring_wait(struct llama_model *m, struct comm_p2p *req, double arrive,
+                      const char *what)
+{
+	double t0 = timer_now();
+	comm_p2p_wait(req, m->tpb->timeout_s, what);
+	if (arrive > 0)
+		wait_until(arrive);
+	m->tpb->comm_s += timer_now() - t0;
+}
+
+static double ring_arrival(const struct llama_model *m, int64_t bytes)
+{
+	const struct llama_tp_bufs *b = m->tpb;
+	return b->sim_bytes_per_s > 0
+	           ? timer_now() + b->sim_latency_s + (double)bytes / b->sim_bytes_per_s
+	           : 0.0;
+}
+
+#define RING_TAG 0x5470 /* the TP group's point-to-point tags: RING_TAG + step */
+
+/* full(Np, C) = every rank's shard (as sp_gather); fn(m, ctx, r0, n, NULL) runs on each
+ * block of real rows as soon as it is here. */
+static void ring_gather(struct llama_model *m, const float *shard, float *full, ring_fn fn,
+                        const void *ctx)
+{
+	int64_t C = m->cfg.dim, S = m->tp->size, R = m->tp->rank, blk = m->Ns * C;
+	int64_t bytes = blk * (int64_t)sizeof(float);
+	int right = (int)((R + 1) % S), left = (int)((R + S - 1) % S);
+	memcpy(full + R * blk, shard, (size_t)bytes);
+	for (int64_t k = 0; k < S; k++) {
+		int64_t have = (R - k + S) % S, next = (R - k - 1 + S) % S, r0;
+		struct comm_p2p sreq = {0}, rreq = {0};
+		double arrive = 0.0;
+		if (k < S - 1) {
+			comm_p2p_irecv(m->tp, left, RING_TAG + (int)k, full + next * blk, bytes, &rreq);
+			comm_p2p_isend(m->tp, right, RING_TAG + (int)k, full + have * blk, bytes,
+			               &sreq);
+			arrive = ring_arrival(m, bytes);
+		}
+		int64_t n = block_rows(m, have, &r0);
+		if (fn && n > 0)
+			fn(m, ctx, r0, n, NULL);
+		if (k < S - 1) {
+			ring_wait(m, &rreq, arrive, "async TP all-gather (receive)");
+			ring_wait(m, &sreq, 0.0, "async TP all-gather (send)");
+		}
+	}
+}
+
+/* out(Ns, C) = this rank's block of the sum over ranks of the partial sums that
+ * fn(m, ctx, r0, n, dst) writes for rows [r0, r0 + n) into dst (n x C, zeroed first). */
+static void ring_reduce_scatter(struct llama_model *m, float *out, ring_fn fn, const void *ctx)
+{
+	int64_t C = m->cfg.dim, S = m->tp->size, R = m->tp->rank, blk = m->Ns * C;
+	int64_t bytes = blk * (int64_t)sizeof(float);
+	int right = (int)((R + 1) % S), left = (int)((R + S - 1) % S);
+	float *buf[2] = {m->tpb->ring, m->tpb->ring + blk}, *rin = m->tpb->ring + 2 * blk;
+	struct comm_p2p sreq[2] = {{0}, {0}}, rreq = {0};
+	double arrive = 0.0;
+	for (int64_t k = 0; k < S; k++) {
+		int64_t b = (R - k - 1 + S) % S, r0;
+		float *acc = k == S - 1 ? out : buf[k & 1];
+		if (k >= 2)
+			ring_wait(m, &sreq[k & 1], 0.0, "async TP reduce-scatter (send)");
+		memset(acc, 0, (size_t)bytes);
+		int64_t n = block_rows(m, b, &r0);
+		if (n > 0)
+			fn(m, ctx, r0, n, acc);
+		if (k > 0) {
+			ring_wait(m, &rreq, arrive, "async TP reduce-scatter (receive)");
+			add_rows(acc, acc, rin, blk);
+		}
+		if (k < S - 1) {
+			comm_p2p_irecv(m->tp, left, RING_TAG + (int)k, rin, bytes, &rreq);
+			comm_p2p_isend(m->tp, right, RING_TAG + (int)k, acc, bytes, &sreq[k & 1]);
+			arrive = ring_arrival(m, bytes);
+		}
+	}
+	for (int i = 0; i < 2; i++)
+		ring_wait(m, &sreq[i], 0.0, "async TP reduce-scatter (send)");
 }
 
 /* RMSNorm backward on the token shard; the weight's gradient is partial over the shards, so
@@ -164,13 +315,6 @@ static struct tp_dims tp_dims(const struct llama_model *m)
 	return d;
 }
 
-static void add_rows(float *out, const float *a, const float *b, int64_t n)
-{
-#pragma omp parallel for simd schedule(static)
-	for (int64_t i = 0; i < n; i++)
-		out[i] = a[i] + b[i];
-}
-
 /* h = x + RS(wo(attn(rope(wq AG(xn)), ...))),  xn = rmsnorm(x) on the token shard;
  * out = h + RS(w2(silu(w1 AG(hn)) * w3 AG(hn))). */
 static void tp_block_forward(struct llama_model *m, int l)
@@ -196,9 +340,10 @@ static void tp_block_forward(struct llama_model *m, int l)
 
 	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, c->norm_eps);
 	sp_gather(m, m->xn, b->xg);
-	matmul_forward_f32(a->h1, b->xg, w.w1, d.N, d.C, d.F, 0);
-	matmul_forward_f32(a->h3, b->xg, w.w3, d.N, d.C, d.F, 0);
-	swiglu_forward_f32(m->gate, a->h1, a->h3, d.N * d.F);
+	float *h1 = m->recompute_ffn ? m->h1s : a->h1, *h3 = m->recompute_ffn ? m->h3s : a->h3;
+	matmul_forward_f32(h1, b->xg, w.w1, d.N, d.C, d.F, 0);
+	matmul_forward_f32(h3, b->xg, w.w3, d.N, d.C, d.F, 0);
+	swiglu_forward_f32(m->gate, h1, h3, d.N * d.F);
 	matmul_forward_f32(b->part, m->gate, w.w2, d.N, d.F, d.C, 0);
 	sp_reduce_scatter(m, b->part, b->rs_out);
 	add_rows(out, a->xmid, b->rs_out, d.Ns * d.C);
@@ -220,13 +365,20 @@ static void tp_block_backward(struct llama_model *m, int l)
 	sp_gather(m, m->dres, b->part); /* dL/d(w2 output), all tokens */
 	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, c->norm_eps);
 	sp_gather(m, m->xn, b->xg);
-	swiglu_forward_f32(m->gate, a->h1, a->h3, d.N * d.F);
+	const float *h1 = a->h1, *h3 = a->h3;
+	if (m->recompute_ffn) { /* activation_checkpoint.mode = ffn: the up-projections again */
+		matmul_forward_f32(m->h1s, b->xg, w.w1, d.N, d.C, d.F, 0);
+		matmul_forward_f32(m->h3s, b->xg, w.w3, d.N, d.C, d.F, 0);
+		h1 = m->h1s;
+		h3 = m->h3s;
+	}
+	swiglu_forward_f32(m->gate, h1, h3, d.N * d.F);
 	matmul_backward_f32(NULL, dw.w2, b->part, m->gate, w.w2, d.N, d.F, d.C);
 	memset(m->gate, 0, nf); /* gate now holds d(gate) */
 	matmul_backward_f32(m->gate, NULL, b->part, NULL, w.w2, d.N, d.F, d.C);
 	memset(m->dh1, 0, nf);
 	memset(m->dh3, 0, nf);
-	swiglu_backward_f32(m->dh1, m->dh3, m->gate, a->h1, a->h3, d.N * d.F);
+	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, d.N * d.F);
 	memset(b->part, 0, npc);
 	matmul_backward_f32(b->part, dw.w1, m->dh1, b->xg, w.w1, d.N, d.C, d.F);
 	matmul_backward_f32(b->part, dw.w3, m->dh3, b->xg, w.w3, d.N, d.C, d.F);
@@ -251,6 +403,190 @@ static void tp_block_backward(struct llama_model *m, int l)
 	matmul_backward_f32(b->part, dw.wk, m->dk, b->xg, w.wk, d.N, d.C, d.KVD);
 	matmul_backward_f32(b->part, dw.wv, m->dv, b->xg, w.wv, d.N, d.C, d.KVD);
 	sp_reduce_scatter(m, b->part, b->rs_out);
+	tp_norm_backward(m, m->dres, dw.attn_norm, b->rs_out, a->x, w.attn_norm, a->rstd1);
+}
+
+/* ---------------------------------------------------------------- async TP blocks */
+
+/* The block's operands, for the ring callbacks. */
+struct ring_ctx {
+	const struct llama_block_ptrs *w, *dw;
+	struct llama_block_acts *a;
+	struct tp_dims d;
+	float *h1, *h3; /* the up-projections: saved, or scratch under ffn checkpointing */
+};
+
+/* rows of q, k, v from the gathered norm output */
+static void rf_qkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	const float *x = m->tpb->xg + r0 * c->d.C;
+	(void)out;
+	matmul_forward_f32(c->a->q + r0 * c->d.HD, x, c->w->wq, n, c->d.C, c->d.HD, 0);
+	matmul_forward_f32(c->a->k + r0 * c->d.KVD, x, c->w->wk, n, c->d.C, c->d.KVD, 0);
+	matmul_forward_f32(c->a->v + r0 * c->d.KVD, x, c->w->wv, n, c->d.C, c->d.KVD, 0);
+}
+
+static void rf_w13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	const float *x = m->tpb->xg + r0 * c->d.C;
+	(void)out;
+	matmul_forward_f32(c->h1 + r0 * c->d.F, x, c->w->w1, n, c->d.C, c->d.F, 0);
+	matmul_forward_f32(c->h3 + r0 * c->d.F, x, c->w->w3, n, c->d.C, c->d.F, 0);
+}
+
+static void rf_wo(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	(void)m;
+	matmul_forward_f32(out, c->a->att + r0 * c->d.HD, c->w->wo, n, c->d.HD, c->d.C, 0);
+}
+
+static void rf_w2(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	matmul_forward_f32(out, m->gate + r0 * c->d.F, c->w->w2, n, c->d.F, c->d.C, 0);
+}
+
+static void tp_block_forward_async(struct llama_model *m, int l)
+{
+	const struct llama_config *cf = &m->cfg;
+	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
+	struct llama_block_acts *a = &m->acts[l];
+	struct llama_tp_bufs *b = m->tpb;
+	const struct ring_ctx c = {.w = &w,
+	                           .a = a,
+	                           .d = tp_dims(m),
+	                           .h1 = m->recompute_ffn ? m->h1s : a->h1,
+	                           .h3 = m->recompute_ffn ? m->h3s : a->h3};
+	const struct tp_dims d = c.d;
+	float *out = llama_block_output(m, l);
+
+	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, cf->norm_eps);
+	ring_gather(m, m->xn, b->xg, rf_qkv, &c);
+	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
+	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+	attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
+	ring_reduce_scatter(m, b->rs_out, rf_wo, &c);
+	add_rows(a->xmid, a->x, b->rs_out, d.Ns * d.C);
+
+	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, cf->norm_eps);
+	ring_gather(m, m->xn, b->xg, rf_w13, &c);
+	swiglu_forward_f32(m->gate, c.h1, c.h3, d.N * d.F);
+	ring_reduce_scatter(m, b->rs_out, rf_w2, &c);
+	add_rows(out, a->xmid, b->rs_out, d.Ns * d.C);
+}
+
+/* the gathered output gradient (in tpb->part) through w2: dW2 from the saved gate rows, then
+ * those rows become d(gate) */
+static void rb_w2(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	const float *g = m->tpb->part + r0 * c->d.C;
+	float *gate = m->gate + r0 * c->d.F;
+	(void)out;
+	matmul_backward_f32(NULL, c->dw->w2, g, gate, c->w->w2, n, c->d.F, c->d.C);
+	memset(gate, 0, (size_t)(n * c->d.F) * sizeof(float));
+	matmul_backward_f32(gate, NULL, g, NULL, c->w->w2, n, c->d.F, c->d.C);
+}
+
+static void rb_wo(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	const float *g = m->tpb->part + r0 * c->d.C;
+	(void)out;
+	matmul_backward_f32(m->datt + r0 * c->d.HD, c->dw->wo, g, c->a->att + r0 * c->d.HD,
+	                    c->w->wo, n, c->d.HD, c->d.C);
+}
+
+/* weight gradients of w1, w3 from the gathered norm output */
+static void rb_dw13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	const float *x = m->tpb->xg + r0 * c->d.C;
+	(void)out;
+	matmul_backward_f32(NULL, c->dw->w1, m->dh1 + r0 * c->d.F, x, c->w->w1, n, c->d.C, c->d.F);
+	matmul_backward_f32(NULL, c->dw->w3, m->dh3 + r0 * c->d.F, x, c->w->w3, n, c->d.C, c->d.F);
+}
+
+static void rb_dx13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	matmul_backward_f32(out, NULL, m->dh1 + r0 * c->d.F, NULL, c->w->w1, n, c->d.C, c->d.F);
+	matmul_backward_f32(out, NULL, m->dh3 + r0 * c->d.F, NULL, c->w->w3, n, c->d.C, c->d.F);
+}
+
+static void rb_dwqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	const struct tp_dims *d = &c->d;
+	const float *x = m->tpb->xg + r0 * d->C;
+	(void)out;
+	matmul_backward_f32(NULL, c->dw->wq, m->dq + r0 * d->HD, x, c->w->wq, n, d->C, d->HD);
+	matmul_backward_f32(NULL, c->dw->wk, m->dk + r0 * d->KVD, x, c->w->wk, n, d->C, d->KVD);
+	matmul_backward_f32(NULL, c->dw->wv, m->dv + r0 * d->KVD, x, c->w->wv, n, d->C, d->KVD);
+}
+
+static void rb_dxqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct ring_ctx *c = ctx;
+	const struct tp_dims *d = &c->d;
+	matmul_backward_f32(out, NULL, m->dq + r0 * d->HD, NULL, c->w->wq, n, d->C, d->HD);
+	matmul_backward_f32(out, NULL, m->dk + r0 * d->KVD, NULL, c->w->wk, n, d->C, d->KVD);
+	matmul_backward_f32(out, NULL, m->dv + r0 * d->KVD, NULL, c->w->wv, n, d->C, d->KVD);
+}
+
+/* Mirrors tp_block_backward with the same ring steps as the forward. */
+static void tp_block_backward_async(struct llama_model *m, int l)
+{
+	const struct llama_config *cf = &m->cfg;
+	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
+	const struct llama_block_ptrs dw = llama_block_ptrs_of(m, m->unit_dw, l);
+	struct llama_block_acts *a = &m->acts[l];
+	struct llama_tp_bufs *b = m->tpb;
+	const struct ring_ctx c = {.w = &w,
+	                           .dw = &dw,
+	                           .a = a,
+	                           .d = tp_dims(m),
+	                           .h1 = m->recompute_ffn ? m->h1s : a->h1,
+	                           .h3 = m->recompute_ffn ? m->h3s : a->h3};
+	const struct tp_dims d = c.d;
+	size_t nf = (size_t)(d.N * d.F) * sizeof(float);
+
+	/* feed-forward (ffn checkpointing: the norm output is gathered first, recomputing the
+	 * up-projections on the way, and then serves the weight gradients as it is) */
+	if (m->recompute_ffn) {
+		rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, cf->norm_eps);
+		ring_gather(m, m->xn, b->xg, rf_w13, &c);
+	}
+	swiglu_forward_f32(m->gate, c.h1, c.h3, d.N * d.F);
+	ring_gather(m, m->dres, b->part, rb_w2, &c);
+	memset(m->dh1, 0, nf);
+	memset(m->dh3, 0, nf);
+	swiglu_backward_f32(m->dh1, m->dh3, m->gate, c.h1, c.h3, d.N * d.F);
+	if (m->recompute_ffn) {
+		rb_dw13(m, &c, 0, d.N, NULL);
+	} else {
+		rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, cf->norm_eps);
+		ring_gather(m, m->xn, b->xg, rb_dw13, &c);
+	}
+	ring_reduce_scatter(m, b->rs_out, rb_dx13, &c);
+	tp_norm_backward(m, m->dres, dw.ffn_norm, b->rs_out, a->xmid, w.ffn_norm, a->rstd2);
+
+	/* attention */
+	memset(m->datt, 0, (size_t)(d.N * d.HD) * sizeof(float));
+	ring_gather(m, m->dres, b->part, rb_wo, &c);
+	memset(m->dq, 0, (size_t)(d.N * d.HD) * sizeof(float));
+	memset(m->dk, 0, (size_t)(d.N * d.KVD) * sizeof(float));
+	memset(m->dv, 0, (size_t)(d.N * d.KVD) * sizeof(float));
+	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, d.B,
+	                       d.T, d.H, d.KV, d.D);
+	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
+	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, cf->norm_eps);
+	ring_gather(m, m->xn, b->xg, rb_dwqkv, &c);
+	ring_reduce_scatter(m, b->rs_out, rb_dxqkv, &c);
 	tp_norm_backward(m, m->dres, dw.attn_norm, b->rs_out, a->x, w.attn_norm, a->rstd1);
 }
 
@@ -383,10 +719,35 @@ double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 		return 0.0;
 	}
 	if (u <= L) {
-		tp_block_forward(m, u - 1);
+		if (m->tpb->async)
+			tp_block_forward_async(m, u - 1);
+		else
+			tp_block_forward(m, u - 1);
 		return 0.0;
 	}
 	return tp_head_forward(m, n_valid);
+}
+
+/* SELECTIVE under TP: what the per-op policy dropped (k, the residual after attention, h3 and
+ * both norms' statistics) from the saved x and attention output, as tp_block_forward makes
+ * them: the norm outputs are gathered again and wo's partial sums reduce-scattered again. */
+static void tp_block_recompute_selective(struct llama_model *m, int l)
+{
+	const struct llama_config *c = &m->cfg;
+	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
+	struct llama_block_acts *a = &m->acts[l];
+	struct llama_tp_bufs *b = m->tpb;
+	const struct tp_dims d = tp_dims(m);
+	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, c->norm_eps);
+	sp_gather(m, m->xn, b->xg);
+	matmul_forward_f32(a->k, b->xg, w.wk, d.N, d.C, d.KVD, 0);
+	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+	matmul_forward_f32(b->part, a->att, w.wo, d.N, d.HD, d.C, 0);
+	sp_reduce_scatter(m, b->part, b->rs_out);
+	add_rows(a->xmid, a->x, b->rs_out, d.Ns * d.C);
+	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, c->norm_eps);
+	sp_gather(m, m->xn, b->xg);
+	matmul_forward_f32(a->h3, b->xg, w.w3, d.N, d.C, d.F, 0);
 }
 
 void llama_tp_unit_recompute(struct llama_model *m, int u)
@@ -394,8 +755,13 @@ void llama_tp_unit_recompute(struct llama_model *m, int u)
 	int L = (int)m->cfg.n_layers;
 	if (u == 0) {
 		tp_embedding_forward(m);
+	} else if (u <= L && m->ac == MODEL_AC_SELECTIVE) {
+		tp_block_recompute_selective(m, u - 1);
 	} else if (u <= L) {
-		tp_block_forward(m, u - 1);
+		if (m->tpb->async)
+			tp_block_forward_async(m, u - 1);
+		else
+			tp_block_forward(m, u - 1);
 	} else {
 		rmsnorm_forward_f32(m->xn, m->rstd_f, m->x_final,
 		                    llama_tensor_at(m, m->unit_w, PARAM_NORM(m)), m->Ns, m->cfg.dim,
@@ -409,6 +775,8 @@ void llama_tp_unit_backward(struct llama_model *m, int u, double dscale)
 	int L = (int)m->cfg.n_layers;
 	if (u == L + 1)
 		tp_head_backward(m, dscale);
+	else if (u >= 1 && m->tpb->async)
+		tp_block_backward_async(m, u - 1);
 	else if (u >= 1)
 		tp_block_backward(m, u - 1);
 	else

@@ -263,7 +263,12 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 		                                    .tp_group = opts->tp_group,
 		                                    .unit_lo = opts->unit_lo,
 		                                    .unit_hi = opts->unit_hi,
-		                                    .split_backward = opts->split_backward};
+		                                    .split_backward = opts->split_backward,
+
+		                                    .tp_async = opts->tp_async,
+		                                    .tp_sim_gbps = opts->tp_sim_gbps,
+		                                    .tp_sim_latency_us = opts->tp_sim_latency_us,
+		                                    .tp_timeout_s = opts->tp_timeout_s};
 		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
 		if (rc) {
 			free(lm);

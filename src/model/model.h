@@ -50,6 +50,8 @@ struct model_build_opts {
 	int unit_lo, unit_hi;
 	/* Llama: split backward for zero-bubble schedules (llama_build_opts.split_backward) */
 	bool split_backward;
+	bool tp_async; /* see llama_build_opts */
+	double tp_sim_gbps, tp_sim_latency_us, tp_timeout_s;
 };
 
 struct model_ops {

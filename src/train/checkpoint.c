@@ -135,9 +135,9 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n, 
 	st_init(&f);
 	char name[256];
 	for (int i = 0; i < n; i++) {
-		if (t[i].nrows == 0)
+		if (t[i].nrows == 0 || t[i].replica)
 			continue;
-		int64_t shape[2] = {t[i].nrows, t[i].cols};
+		int64_t shape[2] = {t[i].nrows, ckpt_tensor_ncols(&t[i])};
 		st_add(&f, t[i].name, ST_F32, t[i].ndim, shape, t[i].param);
 		snprintf(name, sizeof(name), "%s.exp_avg", t[i].name);
 		st_add(&f, name, ST_F32, t[i].ndim, shape, t[i].exp_avg);
@@ -151,11 +151,12 @@ static int save_rank_file(const char *path, const struct ckpt_tensor *t, int n, 
 
 static char *manifest_text(const struct model_config *cfg, const struct mesh *mesh,
                            const struct ckpt_tensor *t, int n, const struct ckpt_trainer_state *st,
-                           const struct file_sum *sums, const int64_t *rows0, const int64_t *nrows,
+                           const struct file_sum *sums, const int64_t *box,
                            const struct ckpt_extra *extra, const struct file_sum *extra_sums,
                            int n_extra)
 {
-	/* rows0/nrows: world x n tables of every rank's row ranges */
+	/* box: a world x n table of every rank's {row0, nrows, col0, ncols} (nrows 0: the rank
+	 * writes none of that tensor) */
 	cJSON *o = cJSON_CreateObject();
 	cJSON_AddStringToObject(o, "format", "ctitan-checkpoint");
 	cJSON_AddNumberToObject(o, "version", CKPT_FORMAT_VERSION);
@@ -197,7 +198,8 @@ static char *manifest_text(const struct model_config *cfg, const struct mesh *me
 		cJSON_AddStringToObject(to, "dtype", "F32");
 		cJSON *pieces = cJSON_AddArrayToObject(to, "pieces");
 		for (int r = 0; r < mesh->world; r++) {
-			int64_t nr = nrows[(int64_t)r * n + i], r0 = rows0[(int64_t)r * n + i];
+			const int64_t *b = box + ((int64_t)r * n + i) * 4;
+			int64_t r0 = b[0], nr = b[1], c0 = b[2], nc = b[3];
 			if (!sums[r].wrote || nr == 0)
 				continue;
 			cJSON *p = cJSON_CreateObject();
@@ -206,6 +208,11 @@ static char *manifest_text(const struct model_config *cfg, const struct mesh *me
 			cJSON *rows = cJSON_AddArrayToObject(p, "rows");
 			cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)r0));
 			cJSON_AddItemToArray(rows, cJSON_CreateNumber((double)(r0 + nr)));
+			if (c0 != 0 || nc != t[i].cols) { /* a column piece (row-parallel TP) */
+				cJSON *cols = cJSON_AddArrayToObject(p, "cols");
+				cJSON_AddItemToArray(cols, cJSON_CreateNumber((double)c0));
+				cJSON_AddItemToArray(cols, cJSON_CreateNumber((double)(c0 + nc)));
+			}
 			cJSON_AddItemToArray(pieces, p);
 		}
 	}
@@ -313,17 +320,16 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 	struct file_sum *sums = xcalloc((size_t)mesh->world, sizeof(*sums));
 	comm_label("file checksums");
 	comm_all_gather(g, &mine, sums, sizeof(mine));
-	int64_t *r0 = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
-	int64_t *nr = xcalloc((size_t)mesh->world * (size_t)n, sizeof(int64_t));
-	int64_t *my0 = xcalloc((size_t)n, sizeof(int64_t)),
-	        *myn = xcalloc((size_t)n, sizeof(int64_t));
+	int64_t *box = xcalloc((size_t)mesh->world * (size_t)n * 4, sizeof(int64_t));
+	int64_t *mine_box = xcalloc((size_t)n * 4, sizeof(int64_t));
 	for (int i = 0; i < n; i++) {
-		my0[i] = t[i].row0;
-		myn[i] = t[i].nrows;
+		mine_box[4 * i] = t[i].row0;
+		mine_box[4 * i + 1] = t[i].replica ? 0 : t[i].nrows;
+		mine_box[4 * i + 2] = t[i].ncols > 0 ? t[i].col0 : 0;
+		mine_box[4 * i + 3] = ckpt_tensor_ncols(&t[i]);
 	}
-	comm_label("row ranges");
-	comm_all_gather(g, my0, r0, n * (int64_t)sizeof(int64_t));
-	comm_all_gather(g, myn, nr, n * (int64_t)sizeof(int64_t));
+	comm_label("row and column ranges");
+	comm_all_gather(g, mine_box, box, n * 4 * (int64_t)sizeof(int64_t));
 	rc = CT_OK;
 	for (int r = 0; r < mesh->world; r++)
 		if (sums[r].rc)
@@ -333,7 +339,7 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 		rc = save_extras(tmp, extra, n_extra, extra_sums);
 	if (mesh->rank == 0 && !rc) {
 		char *text =
-		    manifest_text(cfg, mesh, t, n, st, sums, r0, nr, extra, extra_sums, n_extra);
+		    manifest_text(cfg, mesh, t, n, st, sums, box, extra, extra_sums, n_extra);
 		snprintf(path, sizeof(path), "%s/manifest.json", tmp);
 		rc = write_text_durable(path, text);
 		free(text);
@@ -372,7 +378,7 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 	comm_label("manifest written?");
 	comm_all_reduce_i64(g, &rc, 1);
 	comm_context_clear();
-	free(sums), free(r0), free(nr), free(my0), free(myn), free(extra_sums);
+	free(sums), free(box), free(mine_box), free(extra_sums);
 	if (!rc)
 		LOG_INFO("checkpoint: saved step %lld to %s", (long long)st->step, final);
 	return rc ? CT_ERR_RUNTIME : CT_OK;
@@ -470,7 +476,7 @@ int ckpt_async_save(struct ckpt_async *a, const char *root, const struct model_c
 		return rc; /* the previous background save failed: say so before going on */
 	int64_t need = 0;
 	for (int i = 0; i < n; i++)
-		need += 3 * t[i].nrows * t[i].cols;
+		need += 3 * t[i].nrows * ckpt_tensor_ncols(&t[i]);
 	ckpt_async_reserve(a, need); /* once: the shapes do not change during a run */
 	if (a->n != n) {
 		free(a->t);
@@ -479,7 +485,7 @@ int ckpt_async_save(struct ckpt_async *a, const char *root, const struct model_c
 	}
 	float *p = a->buf;
 	for (int i = 0; i < n; i++) {
-		size_t k = (size_t)(t[i].nrows * t[i].cols);
+		size_t k = (size_t)(t[i].nrows * ckpt_tensor_ncols(&t[i]));
 		a->t[i] = t[i];
 		a->t[i].param = p, p += k;
 		a->t[i].exp_avg = p, p += k;
@@ -704,12 +710,15 @@ static int load_tensor(const struct ckpt_tensor *t, const struct ckpt_mtensor *m
 		    (long long)t->cols);
 		return CT_ERR_RUNTIME;
 	}
-	int64_t lo = t->row0, hi = t->row0 + t->nrows, cols = t->cols;
+	/* this rank's rectangle [lo, hi) x [c_lo, c_hi); a piece's [a, b) x [pc->col0, col1) */
+	int64_t lo = t->row0, hi = t->row0 + t->nrows, ncols = ckpt_tensor_ncols(t);
+	int64_t c_lo = t->ncols > 0 ? t->col0 : 0, c_hi = c_lo + ncols;
 	for (int i = 0; i < mt->n_pieces; i++) {
 		const struct ckpt_piece *pc = &mt->pieces[i];
-		int64_t a = pc->row0, b = pc->row1;
+		int64_t a = pc->row0, b = pc->row1, pcols = pc->col1 - pc->col0;
 		int64_t x0 = a > lo ? a : lo, x1 = b < hi ? b : hi;
-		if (x0 >= x1)
+		int64_t y0 = pc->col0 > c_lo ? pc->col0 : c_lo, y1 = pc->col1 < c_hi ? pc->col1 : c_hi;
+		if (x0 >= x1 || y0 >= y1)
 			continue;
 		const char *fname = m->files[pc->file].name;
 		struct st_file *f = get_file(cache, m, dir, pc->file);
@@ -724,15 +733,23 @@ static int load_tensor(const struct ckpt_tensor *t, const struct ckpt_mtensor *m
 			snprintf(name, sizeof(name), "%s%s", t->name, suffix[k]);
 			const struct st_tensor *s = st_find(f, name);
 			if (!s || s->dtype != ST_F32 || s->ndim != t->ndim ||
-			    s->shape[0] != b - a || (s->end - s->begin) != (b - a) * cols * 4) {
+			    s->shape[0] != b - a || (s->end - s->begin) != (b - a) * pcols * 4) {
 				LOG_ERROR(
 				    "checkpoint: %s/%s lacks tensor '%s' rows [%lld, %lld) as "
 				    "the manifest says",
 				    dir, fname, name, (long long)a, (long long)b);
 				return CT_ERR_RUNTIME;
 			}
-			memcpy(dst[k] + (x0 - lo) * cols, (const float *)s->data + (x0 - a) * cols,
-			       (size_t)((x1 - x0) * cols) * sizeof(float));
+			const float *src = (const float *)s->data;
+			if (pcols == ncols && y1 - y0 == ncols) { /* whole rows: one copy */
+				memcpy(dst[k] + (x0 - lo) * ncols, src + (x0 - a) * pcols,
+				       (size_t)((x1 - x0) * ncols) * sizeof(float));
+				continue;
+			}
+			for (int64_t r = x0; r < x1; r++)
+				memcpy(dst[k] + (r - lo) * ncols + (y0 - c_lo),
+				       src + (r - a) * pcols + (y0 - pc->col0),
+				       (size_t)(y1 - y0) * sizeof(float));
 		}
 	}
 	return CT_OK;

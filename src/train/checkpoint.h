@@ -13,10 +13,18 @@
  *
  * Loading works on any number of ranks and any layout: each rank reads exactly the row ranges
  * it now owns, from whichever files hold them, and verifies each file's checksum first.
+ *
+ * Under tensor parallelism a rank holds a rectangle of the global tensor: a row range of its
+ * rows (column-parallel and vocabulary pieces, cut by FSDP) or a column range of every row
+ * (row-parallel wo/w2, also cut by FSDP's rows). The manifest then gives a piece "cols" beside
+ * "rows" (absent: every column). The vocabulary's zero padding is never saved; a tensor
+ * replicated over the TP group (the norms) is written by its TP rank 0 only. Any layout loads
+ * any other: tp=2 x dp_shard=2 on 1 rank, on dp_shard=4, on tp=4, and back.
  */
 #ifndef CT_TRAIN_CHECKPOINT_H
 #define CT_TRAIN_CHECKPOINT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,14 +33,25 @@
 
 #define CKPT_FORMAT_VERSION 1
 
-/* What this rank holds of one tensor: rows [row0, row0 + nrows) of a (rows x cols) tensor. */
+/* What this rank holds of one tensor: rows [row0, row0 + nrows) x columns [col0, col0 + ncols)
+ * of a (rows x cols) tensor, stored row-major (nrows x ncols). ncols 0 means every column
+ * (col0 0). `replica`: another rank holds and saves the same piece (a TP-replicated tensor on
+ * a TP rank > 0): loading fills it, saving skips it. */
 struct ckpt_tensor {
 	const char *name;
 	int ndim; /* 1 or 2 */
 	int64_t rows, cols;
 	int64_t row0, nrows;
-	float *param, *exp_avg, *exp_avg_sq; /* nrows * cols each; loading skips NULL moments */
+	float *param, *exp_avg, *exp_avg_sq; /* nrows * ncols each; loading skips NULL moments */
+	int64_t col0, ncols;
+	bool replica;
 };
+
+/* The columns a ckpt_tensor holds (its ncols, or every column). */
+static inline int64_t ckpt_tensor_ncols(const struct ckpt_tensor *t)
+{
+	return t->ncols > 0 ? t->ncols : t->cols;
+}
 
 struct ckpt_trainer_state {
 	int64_t step;        /* optimizer steps completed */
@@ -50,8 +69,8 @@ struct ckpt_extra {
 	size_t len;
 };
 
-/* A parsed and validated manifest.json. Every tensor's pieces are sorted, do not overlap and
- * cover its rows exactly; every piece names a file listed (with a checksum) in `files`; file
+/* A parsed and validated manifest.json. Every tensor's pieces are sorted (by row, then
+ * column), do not overlap and cover its rows x columns exactly; every piece names a file listed (with a checksum) in `files`; file
  * names are plain names inside the step folder. */
 struct ckpt_mfile {
 	char name[64];
@@ -61,6 +80,7 @@ struct ckpt_mfile {
 struct ckpt_piece {
 	int file; /* index into files */
 	int64_t row0, row1;
+	int64_t col0, col1; /* [0, cols) unless the manifest names "cols" */
 };
 struct ckpt_mtensor {
 	char *name;

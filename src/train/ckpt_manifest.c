@@ -33,7 +33,26 @@ static bool plain_name(const char *s)
 static int piece_cmp(const void *a, const void *b)
 {
 	const struct ckpt_piece *x = a, *y = b;
-	return (x->row0 > y->row0) - (x->row0 < y->row0);
+	if (x->row0 != y->row0)
+		return (x->row0 > y->row0) - (x->row0 < y->row0);
+	return (x->col0 > y->col0) - (x->col0 < y->col0);
+}
+
+/* Do the (sorted, in-bounds) pieces cover rows x cols exactly once? No two overlap and their
+ * areas add up to the whole. Sorted by first row, a piece can only overlap the later pieces
+ * that start above its last row, so the search stops there. */
+static bool pieces_tile(const struct ckpt_piece *pc, int n, int64_t rows, int64_t cols)
+{
+	int64_t area = 0, total = rows * cols;
+	for (int i = 0; i < n; i++) {
+		area += (pc[i].row1 - pc[i].row0) * (pc[i].col1 - pc[i].col0);
+		if (area > total)
+			return false;
+		for (int j = i + 1; j < n && pc[j].row0 < pc[i].row1; j++)
+			if (pc[j].col0 < pc[i].col1 && pc[i].col0 < pc[j].col1)
+				return false;
+	}
+	return area == total;
 }
 
 static int parse_tensor(struct ckpt_manifest *m, struct ckpt_mtensor *t, const cJSON *to,
@@ -66,32 +85,33 @@ static int parse_tensor(struct ckpt_manifest *m, struct ckpt_mtensor *t, const c
 	cJSON_ArrayForEach (p, pieces) {
 		const cJSON *fn = cJSON_GetObjectItemCaseSensitive(p, "file");
 		const cJSON *rr = cJSON_GetObjectItemCaseSensitive(p, "rows");
+		const cJSON *cc = cJSON_GetObjectItemCaseSensitive(p, "cols");
 		struct ckpt_piece *pc = &t->pieces[t->n_pieces];
 		pc->file = -1;
+		pc->col0 = 0;
+		pc->col1 = t->cols;
 		for (int f = 0; cJSON_IsString(fn) && f < m->n_files; f++)
 			if (strcmp(m->files[f].name, fn->valuestring) == 0)
 				pc->file = f;
 		if (pc->file < 0 || !cJSON_IsArray(rr) || cJSON_GetArraySize(rr) != 2 ||
 		    !json_int_in(cJSON_GetArrayItem(rr, 0), 0, t->rows, &pc->row0) ||
-		    !json_int_in(cJSON_GetArrayItem(rr, 1), pc->row0 + 1, t->rows, &pc->row1)) {
+		    !json_int_in(cJSON_GetArrayItem(rr, 1), pc->row0 + 1, t->rows, &pc->row1) ||
+		    (cc && (!cJSON_IsArray(cc) || cJSON_GetArraySize(cc) != 2 ||
+		            !json_int_in(cJSON_GetArrayItem(cc, 0), 0, t->cols, &pc->col0) ||
+		            !json_int_in(cJSON_GetArrayItem(cc, 1), pc->col0 + 1, t->cols,
+		                         &pc->col1)))) {
 			LOG_ERROR("checkpoint: '%s': tensor '%s' has a malformed piece (unknown "
-			          "file or bad row range)",
+			          "file or bad row or column range)",
 			          path, t->name);
 			return CT_ERR_RUNTIME;
 		}
 		t->n_pieces++;
 	}
 	qsort(t->pieces, (size_t)t->n_pieces, sizeof(*t->pieces), piece_cmp);
-	int64_t next = 0;
-	for (int i = 0; i < t->n_pieces; i++) {
-		if (t->pieces[i].row0 != next)
-			break;
-		next = t->pieces[i].row1;
-	}
-	if (next != t->rows) {
-		LOG_ERROR("checkpoint: '%s': the pieces of tensor '%s' do not cover its %lld rows "
-		          "exactly once",
-		          path, t->name, (long long)t->rows);
+	if (!pieces_tile(t->pieces, t->n_pieces, t->rows, t->cols)) {
+		LOG_ERROR("checkpoint: '%s': the pieces of tensor '%s' do not cover its %lld x "
+		          "%lld elements exactly once",
+		          path, t->name, (long long)t->rows, (long long)t->cols);
 		return CT_ERR_RUNTIME;
 	}
 	return CT_OK;

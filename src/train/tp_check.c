@@ -10,11 +10,6 @@
 int tp_check_config(const struct ct_config *cfg)
 {
 	int64_t tp = cfg->parallelism.tensor_parallel_degree;
-	if (cfg->parallelism.enable_async_tensor_parallel) {
-		LOG_ERROR("parallelism.enable_async_tensor_parallel = true: not yet supported by "
-		          "ctitan train (ctitan plan models it)");
-		return CT_ERR_USAGE;
-	}
 	if (tp <= 1)
 		return CT_OK;
 	if (strcmp(cfg->model.name, "llama3") != 0) {
@@ -36,6 +31,13 @@ int tp_check_config(const struct ct_config *cfg)
 		          (long long)world);
 		return CT_ERR_USAGE;
 	}
+	if (pp > 1 && c0->parallelism.enable_async_tensor_parallel) {
+		LOG_ERROR("parallelism.enable_async_tensor_parallel = true with "
+		          "pipeline_parallel_degree = %lld: not yet supported (the pipeline's stage "
+		          "models run plain TP collectives)",
+		          (long long)pp);
+		return CT_ERR_USAGE;
+	}
 	struct model_config mc;
 	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)
@@ -53,20 +55,6 @@ int tp_check_config(const struct ct_config *cfg)
 		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the FFN hidden "
 		          "size %lld (model.flavor = %s)",
 		          (long long)tp, (long long)c->ffn_hidden, c->flavor);
-		return CT_ERR_USAGE;
-	}
-	if (strcmp(cfg->activation_checkpoint.mode, "none") != 0 &&
-	    strcmp(cfg->activation_checkpoint.mode, "full") != 0) {
-		LOG_ERROR("activation_checkpoint.mode = %s with parallelism.tensor_parallel_degree "
-		          "> 1: not yet supported (none or full)",
-		          cfg->activation_checkpoint.mode);
-		return CT_ERR_USAGE;
-	}
-	if (cfg->checkpoint.enable || cfg->checkpoint.initial_load_path[0]) {
-		LOG_ERROR("checkpoint.enable / checkpoint.initial_load_path with "
-		          "parallelism.tensor_parallel_degree = %lld: not yet supported (the "
-		          "manifest does not describe tensor-parallel pieces yet)",
-		          (long long)tp);
 		return CT_ERR_USAGE;
 	}
 	return CT_OK;

@@ -156,7 +156,12 @@ static int trainer_build_model(struct trainer *tr)
 	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL,
 	    /* under PP the stages run their own slots: this model only describes (table,
 	     * shapes), so it plans no more than the embedding's output */
-	    .unit_hi = tr->piped ? 1 : 0};
+	    .unit_hi = tr->piped ? 1 : 0,
+
+	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
+	    .tp_sim_gbps = cfg->comm.simulate_bandwidth_gbps,
+	    .tp_sim_latency_us = cfg->comm.simulate_latency_us,
+	    .tp_timeout_s = cfg->comm.timeout_seconds};
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
@@ -344,11 +349,12 @@ static int trainer_setup(struct trainer *tr)
 		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 		int64_t floats = 0;
 		for (int i = 0; i < tr->model.table->count; i++)
-			floats += 3 * ct[i].nrows * ct[i].cols;
+			floats += 3 * ct[i].nrows * ckpt_tensor_ncols(&ct[i]);
 		free(ct);
 		ckpt_async_reserve(tr->ckpt_async, floats);
 	}
-	if (cfg->debug.sample_log[0]) {
+	/* a TP group trains on one data-parallel rank's samples: its TP rank 0 logs them */
+	if (cfg->debug.sample_log[0] && tr->mesh.tp_group.rank == 0) {
 		char path[CONFIG_STR_MAX + 32];
 		snprintf(path, sizeof(path), "%s.rank-%d", cfg->debug.sample_log, tr->mesh.rank);
 		tr->sample_log = fopen(path, "a");
@@ -591,8 +597,32 @@ static void trainer_on_signal(int sig)
 	trainer_signal = sig;
 }
 
+/* Where rows [row0, row0 + nrows) of table entry p (a TP rank's local piece when the table is
+ * tensor-parallel) sit in the global tensor: a rectangle of it, less the vocabulary's zero
+ * padding; a replicated tensor is saved by TP rank 0 only. */
+static void trainer_tp_piece(const struct param_table *t, const struct param_entry *p,
+                             struct ckpt_tensor *c)
+{
+	if (t->tp_size <= 1)
+		return;
+	c->rows = p->global_shape[0];
+	c->cols = p->ndim == 2 ? p->global_shape[1] : 1;
+	if (p->tp_dim < 0) {
+		c->replica = t->tp_rank != 0;
+	} else if (p->tp_dim == 0) { /* its rows: keep those that exist globally */
+		int64_t valid = p->tp_valid - c->row0;
+		c->nrows = valid <= 0 ? 0 : (valid < c->nrows ? valid : c->nrows);
+		c->row0 += p->tp_start;
+	} else { /* columns [tp_start, +tp_valid) of every row it holds */
+		c->col0 = p->tp_start;
+		c->ncols = p->shape[1];
+		CHECK(p->tp_valid == p->shape[1], "%s: padded column pieces are not saved", p->name);
+	}
+}
+
 /* What this rank holds of every tensor: the whole tensor on one rank, its shard rows under
- * FSDP. Parameters and both AdamW moments share one layout. */
+ * FSDP, a rectangle of the global tensor under TP. Parameters and both AdamW moments share
+ * one layout. */
 static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr)
 {
 	const struct param_table *t = tr->model.table;
@@ -608,9 +638,16 @@ static struct ckpt_tensor *trainer_ckpt_tensors(struct trainer *tr)
 			pp_local_rows(&tr->pp, i, &row0, &nrows, &at);
 			w = tr->pp.shard_w;
 		}
-		ct[i] = (struct ckpt_tensor){
-		    p->name, p->ndim, p->shape[0],    p->numel / p->shape[0], row0,
-		    nrows,   w + at,  tr->opt.m + at, tr->opt.v + at};
+		ct[i] = (struct ckpt_tensor){.name = p->name,
+		                             .ndim = p->ndim,
+		                             .rows = p->shape[0],
+		                             .cols = p->numel / p->shape[0],
+		                             .row0 = row0,
+		                             .nrows = nrows,
+		                             .param = w + at,
+		                             .exp_avg = tr->opt.m + at,
+		                             .exp_avg_sq = tr->opt.v + at};
+		trainer_tp_piece(t, p, &ct[i]);
 	}
 	return ct;
 }
@@ -678,17 +715,24 @@ static int trainer_load_hf(struct trainer *tr, const char *dir)
 		          model_kind_name(tr->model.cfg.kind));
 		return CT_ERR_USAGE;
 	}
-	size_t bytes = (size_t)t->numel * sizeof(float);
+	struct param_table g; /* the global table (this rank's may be a TP piece of it) */
+	llama_table_build(&g, &tr->model.cfg.llama);
+	size_t bytes = (size_t)g.numel * sizeof(float);
 	float *full = mem_alloc(MEM_OTHER, bytes);
-	int rc = llama_hf_load(dir, &tr->model.cfg.llama, t, full);
+	int rc = llama_hf_load(dir, &tr->model.cfg.llama, &g, full);
 	if (!rc) {
 		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
-		for (int i = 0; i < t->count; i++)
-			memcpy(ct[i].param, full + t->p[i].offset + ct[i].row0 * ct[i].cols,
-			       (size_t)(ct[i].nrows * ct[i].cols) * sizeof(float));
+		for (int i = 0; i < t->count; i++) {
+			int64_t nc = ckpt_tensor_ncols(&ct[i]), c0 = ct[i].ncols > 0 ? ct[i].col0 : 0;
+			const float *src = full + g.p[i].offset + ct[i].row0 * ct[i].cols + c0;
+			for (int64_t r = 0; r < ct[i].nrows; r++)
+				memcpy(ct[i].param + r * nc, src + r * ct[i].cols,
+				       (size_t)nc * sizeof(float));
+		}
 		free(ct);
 	}
 	mem_free(MEM_OTHER, full, bytes);
+	param_table_free(&g);
 	int64_t any = rc != 0;
 	comm_all_reduce_i64(&tr->mesh.world_group, &any, 1);
 	if (any)

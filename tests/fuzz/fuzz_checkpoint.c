@@ -10,7 +10,8 @@
  *
  * The first byte picks what the rest is:
  *   even: manifest.json text. When it parses, every tensor's pieces must be sorted, name a
- *     listed file and tile [0, rows) exactly, and numbers must be in range.
+ *     listed file and tile [0, rows) x [0, cols) exactly (row pieces, and the column pieces of
+ *     tensor-parallel checkpoints), and numbers must be in range.
  *   odd: a safetensors file image. When it parses, every tensor's bytes must lie inside the
  *     data section, match dtype x shape, and not overlap another tensor's.
  */
@@ -39,13 +40,25 @@ static void fuzz_manifest(const uint8_t *data, size_t size)
 		const struct ckpt_mtensor *t = &m.tensors[i];
 		FUZZ_ASSERT(ckpt_manifest_tensor(&m, t->name) == t);
 		FUZZ_ASSERT(t->ndim >= 1 && t->ndim <= 2 && t->rows >= 1 && t->cols >= 1);
-		int64_t next = 0;
+		int64_t area = 0;
 		for (int k = 0; k < t->n_pieces; k++) {
-			FUZZ_ASSERT(t->pieces[k].file >= 0 && t->pieces[k].file < m.n_files);
-			FUZZ_ASSERT(t->pieces[k].row0 == next && t->pieces[k].row1 > next);
-			next = t->pieces[k].row1;
+			const struct ckpt_piece *pc = &t->pieces[k];
+			FUZZ_ASSERT(pc->file >= 0 && pc->file < m.n_files);
+			FUZZ_ASSERT(pc->row0 >= 0 && pc->row0 < pc->row1 && pc->row1 <= t->rows);
+			FUZZ_ASSERT(pc->col0 >= 0 && pc->col0 < pc->col1 && pc->col1 <= t->cols);
+			FUZZ_ASSERT(k == 0 || pc->row0 > pc[-1].row0 ||
+			            (pc->row0 == pc[-1].row0 && pc->col0 > pc[-1].col0));
+			area += (pc->row1 - pc->row0) * (pc->col1 - pc->col0);
 		}
-		FUZZ_ASSERT(next == t->rows);
+		FUZZ_ASSERT(area == t->rows * t->cols);
+		if (t->rows * t->cols <= 1 << 16) { /* small: count every element's pieces */
+			unsigned char *seen = calloc((size_t)(t->rows * t->cols), 1);
+			for (int k = 0; seen && k < t->n_pieces; k++)
+				for (int64_t r = t->pieces[k].row0; r < t->pieces[k].row1; r++)
+					for (int64_t c = t->pieces[k].col0; c < t->pieces[k].col1; c++)
+						FUZZ_ASSERT(seen[r * t->cols + c]++ == 0);
+			free(seen);
+		}
 	}
 	ckpt_manifest_free(&m);
 }

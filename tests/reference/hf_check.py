@@ -80,18 +80,30 @@ def hf_forward(w, cfg, tokens):
 
 
 def checkpoint_tensors(step_dir):
-    """Full tensors from a ctitan checkpoint folder: each tensor's rows from the files the
-    manifest lists."""
+    """Full tensors from a ctitan checkpoint folder: each tensor's rows (and, for a
+    tensor-parallel column piece, columns) from the files the manifest lists; every element
+    covered exactly once."""
     man = json.load(open(os.path.join(step_dir, "manifest.json")))
     files = {}
     out = {}
     for name, meta in man["tensors"].items():
         full = np.zeros(meta["shape"], dtype=np.float32)
+        seen = np.zeros(meta["shape"], dtype=bool)
         for piece in meta["pieces"]:
             if piece["file"] not in files:
                 files[piece["file"]], _ = st.read(os.path.join(step_dir, piece["file"]))
             a, b = piece["rows"]
-            full[a:b] = files[piece["file"]][name]
+            c, d = piece.get("cols", [0, full.shape[1] if full.ndim == 2 else 1])
+            part = files[piece["file"]][name]
+            if full.ndim == 2:
+                assert not seen[a:b, c:d].any(), f"{name}: pieces overlap"
+                full[a:b, c:d] = part
+                seen[a:b, c:d] = True
+            else:
+                assert not seen[a:b].any(), f"{name}: pieces overlap"
+                full[a:b] = part
+                seen[a:b] = True
+        assert seen.all(), f"{name}: pieces leave elements out"
         out[name] = torch.from_numpy(full).double()
     return man, out
 
