@@ -12,7 +12,6 @@
 #include "base/timer.h"
 #include "comm/watchdog.h"
 #include "kernels/kernels.h"
-#include "train/trainer.h"
 
 /* ---------------------------------------------------------------- stages */
 
