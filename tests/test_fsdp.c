@@ -25,7 +25,7 @@
  *   ranks (a power of two) against 1 rank computing on the same quantised weights with the
  *   gradient summed in the N-rank order, within 1e-5 on every step (fp8 rounding amplifies a
  *   summation-order difference even more than bf16 does: step_tol), and against the product's
- *   1-rank step within 1e-3 (with --bf16-compute: the other parameters on the bf16 wire);
+ *   1-rank step within 3e-3 (with --bf16-compute: the other parameters on the bf16 wire);
  *   and the all-gather moves exactly the fp8 bytes of the
  *   float8 weights plus the other parameters' bytes, the scales one all-reduce per step. */
 #include <math.h>
@@ -293,18 +293,19 @@ static bool bf16_compute_flag(int argc, char **argv)
 /* Tolerance of step s against 1 rank: 1e-5 on every step when the reference sums the
  * gradient in the N-rank order (pinned: bf16 compute or the fp8 all-gather; see the file's
  * header). `drift` compares with the product's own 1-rank step, whose gradient is summed in
- * another order: bf16 1e-4 from step 3; fp8 1e-3 from step 2. Why fp8 drifts sooner: step 1
+ * another order: bf16 1e-4 from step 3; fp8 3e-3 from step 2. Why fp8 drifts sooner: step 1
  * casts the same fp32 weights with the same whole-weight scale on both sides (1e-5 holds),
  * but the ~1e-8 master-weight differences step 1 leaves move a few weights across an e4m3
  * rounding boundary (a 2^-4 relative jump each) and a scale by an ulp, so from step 2 the
- * runs part chaotically: 1.0e-5 at step 2 (seed 1584538259, bf16 compute), 1.2e-5 .. 3.4e-4
- * in parameters after 5 steps over the seeds seen. */
+ * runs part chaotically: 1.0e-5 at step 2 (seed 1584538259, bf16 compute); over 30 seeds
+ * (100-105, 1-3, 77 and that one, fp32 and bf16 compute, 2 and 4 ranks) at most 6.4e-5 in
+ * losses and norms and 3.4e-4 in parameters after 5 steps: 3e-3 leaves a margin of 9. */
 static double step_tol(int s, bool drift)
 {
 	if (!drift)
 		return 1e-5;
 	if (fp8_ag)
-		return s >= 1 ? 1e-3 : 1e-5;
+		return s >= 1 ? 3e-3 : 1e-5;
 	return s >= 2 ? 1e-4 : 1e-5;
 }
 
