@@ -257,7 +257,15 @@ static void check_recipe(enum fp8_recipe rc, bool prepared)
 		wq = wq_buf;
 	}
 	fp8_linear_forward(y, x, wq, N, C, OC, 1);
-	fp8_linear_backward(dx, dw, dy, x, wq, N, C, OC);
+	fp8_linear_backward(dx, dw, dy, x, wq, N, C, OC, 1);
+	/* dinp_acc 0 (matmul_backward_set) overwrites: garbage in, the product out */
+	float *dxs = malloc(N * C * 4), *dxz = calloc((size_t)(N * C), 4);
+	test_fill_f32(dxs, N * C, -7, 7);
+	fp8_linear_backward(dxs, NULL, dy, x, wq, N, C, OC, 0);
+	fp8_linear_backward(dxz, NULL, dy, x, wq, N, C, OC, 1);
+	EXPECT(memcmp(dxs, dxz, (size_t)(N * C) * 4) == 0,
+	       "%s: dinp_acc 0 must overwrite dinp", fp8_recipe_name(rc));
+	free(dxs), free(dxz);
 	fp8_linear_unit_clear(0);
 
 	bool tw = rc == FP8_TENSORWISE, p2 = !tw;

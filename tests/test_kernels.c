@@ -140,6 +140,31 @@ TEST_CASE(test_matmul)
 	for (int64_t i = 0; i < N * OC; i++)
 		o2[i] -= c.g[i];
 	EXPECT(rel_err_f64(o2, c.out, N * OC) < 1e-14, "matmul accumulate");
+	/* matmul_backward_set overwrites dinp (whatever it held) and still adds into dw */
+	double *dinp2 = dalloc(N * C), *dw2 = dalloc(OC * C);
+	test_fill(dinp2, N * C, -5, 5);
+	matmul_backward_set_f64(dinp2, dw2, c.g, c.inp, c.w, N, C, OC);
+	EXPECT(memcmp(dinp2, dinp, sizeof(double) * (size_t)(N * C)) == 0 &&
+	           memcmp(dw2, dw, sizeof(double) * (size_t)(OC * C)) == 0,
+	       "matmul_backward_set: dinp not overwritten or dw not the same");
+	matmul_backward_set_f64(dinp2, dw2, c.g, c.inp, c.w, N, C, OC);
+	EXPECT(memcmp(dinp2, dinp, sizeof(double) * (size_t)(N * C)) == 0 &&
+	           rel_err_f64(dw2, dw, OC * C) > 0.5,
+	       "matmul_backward_set twice: dinp must stay, dw must accumulate");
+	float *fi = malloc(sizeof(float) * (size_t)(N * C)), *fw = malloc(sizeof(float) * (size_t)(OC * C)),
+	      *fg = malloc(sizeof(float) * (size_t)(N * OC)), *fa = calloc((size_t)(N * C), sizeof(float)),
+	      *fb = malloc(sizeof(float) * (size_t)(N * C));
+	for (int64_t i = 0; i < N * C; i++)
+		fi[i] = (float)c.inp[i], fb[i] = 1e3f * (float)c.inp[i];
+	for (int64_t i = 0; i < OC * C; i++)
+		fw[i] = (float)c.w[i];
+	for (int64_t i = 0; i < N * OC; i++)
+		fg[i] = (float)c.g[i];
+	matmul_backward_f32(fa, NULL, fg, fi, fw, N, C, OC);
+	matmul_backward_set_f32(fb, NULL, fg, fi, fw, N, C, OC);
+	EXPECT(memcmp(fa, fb, sizeof(float) * (size_t)(N * C)) == 0,
+	       "matmul_backward_set_f32 differs from accumulating into zeros");
+	free(fi), free(fw), free(fg), free(fa), free(fb), free(dinp2), free(dw2);
 	free(o2), free(c.inp), free(c.w), free(c.g), free(c.out), free(dinp), free(dw);
 }
 

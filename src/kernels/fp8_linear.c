@@ -315,7 +315,7 @@ void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N,
 }
 
 void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                         const float *w, int64_t N, int64_t C, int64_t OC)
+                         const float *w, int64_t N, int64_t C, int64_t OC, int dinp_acc)
 {
 	float *qd = scratch(SCR_QA, N * OC);
 	if (g_recipe == FP8_TENSORWISE) {
@@ -324,7 +324,7 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		if (dinp) {
 			const float *qw = weight_tensorwise(w, OC, C, false, &iw);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, &id, false, &iw, false, dinp,
-			          true);
+			          dinp_acc);
 		}
 		if (dw) {
 			/* qd stays in SCR_QA; x goes to QB (the weight's values are not needed now) */
@@ -343,12 +343,12 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 			float *iw = scratch(SCR_IB, C);
 			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, iw, true, dinp,
-			          true);
+			          dinp_acc);
 		} else {
 			float iw;
 			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, &iw, false, dinp,
-			          true);
+			          dinp_acc);
 		}
 	}
 	if (dw) {

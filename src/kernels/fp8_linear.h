@@ -66,10 +66,11 @@ bool fp8_linear_is(const float *w);
 void fp8_linear_set_prepared(const float *w, float scale);
 
 /* The float8 versions of matmul_forward / matmul_backward (kernels.h): same arguments and
- * accumulation rules (forward adds into out when `accumulate`; backward adds into dinp, dw). */
+ * accumulation rules (forward adds into out when `accumulate`; backward adds into dw, and
+ * into dinp when dinp_acc, else overwrites it: matmul_backward_set). */
 void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N, int64_t C,
                         int64_t OC, int accumulate);
 void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                         const float *w, int64_t N, int64_t C, int64_t OC);
+                         const float *w, int64_t N, int64_t C, int64_t OC, int dinp_acc);
 
 #endif

@@ -38,6 +38,9 @@
 	/* dinp(N,C) += dout w ; dw(OC,C) += dout^T inp ; either may be NULL */                    \
 	void matmul_backward##S(real *dinp, real *dw, const real *dout, const real *inp,           \
 	                        const real *w, int64_t N, int64_t C, int64_t OC);                  \
+	/* the same with dinp overwritten: dinp = dout w (beta 0, no zeroing pass before it) */   \
+	void matmul_backward_set##S(real *dinp, real *dw, const real *dout, const real *inp,       \
+	                            const real *w, int64_t N, int64_t C, int64_t OC);              \
 	/* In place on x(B,T,NH,D): rotate pairs (x[2i], x[2i+1]) of position t by angle t*f_i.    \
 	 * cos_tab/sin_tab are (T, D/2). */                                                        \
 	void rope_forward##S(real *x, const real *cos_tab, const real *sin_tab, int64_t B,         \
@@ -45,7 +48,7 @@
 	/* In place on dx: the transpose (inverse) rotation. */                                    \
 	void rope_backward##S(real *dx, const real *cos_tab, const real *sin_tab, int64_t B,       \
 	                      int64_t T, int64_t NH, int64_t D);                                   \
-	/* out(n) = silu(a) * b, silu(a) = a * sigmoid(a) */                                       \
+	/* out(n) = silu(a) * b, silu(a) = a * sigmoid(a); backward overwrites da and db */        \
 	void swiglu_forward##S(real *out, const real *a, const real *b, int64_t n);                \
 	void swiglu_backward##S(real *da, real *db, const real *dout, const real *a,               \
 	                        const real *b, int64_t n);                                         \

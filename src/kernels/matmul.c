@@ -21,9 +21,9 @@ static bool matmul_fp8_forward(real *out, const real *inp, const real *w, int64_
 	return false;
 }
 static bool matmul_fp8_backward(real *dinp, real *dw, const real *dout, const real *inp,
-                                const real *w, int64_t N, int64_t C, int64_t OC)
+                                const real *w, int64_t N, int64_t C, int64_t OC, int acc)
 {
-	(void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)N, (void)C, (void)OC;
+	(void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)N, (void)C, (void)OC, (void)acc;
 	return false;
 }
 #else
@@ -38,11 +38,11 @@ static bool matmul_fp8_forward(float *out, const float *inp, const float *w, int
 	return true;
 }
 static bool matmul_fp8_backward(float *dinp, float *dw, const float *dout, const float *inp,
-                                const float *w, int64_t N, int64_t C, int64_t OC)
+                                const float *w, int64_t N, int64_t C, int64_t OC, int acc)
 {
 	if (!fp8_linear_is(w))
 		return false;
-	fp8_linear_backward(dinp, dw, dout, inp, w, N, C, OC);
+	fp8_linear_backward(dinp, dw, dout, inp, w, N, C, OC, acc);
 	return true;
 }
 #endif
@@ -56,15 +56,28 @@ void KFN(matmul_forward)(real *out, const real *inp, const real *w, int64_t N, i
 	matmul_gemm(false, true, N, OC, C, inp, C, w, C, accumulate ? 1 : 0, out, OC);
 }
 
-void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
-                          int64_t N, int64_t C, int64_t OC)
+/* dinp (+)= dout w with beta = dinp_acc; dw += dout^T inp */
+static void matmul_backward_beta(real *dinp, real *dw, const real *dout, const real *inp,
+                                 const real *w, int64_t N, int64_t C, int64_t OC, int dinp_acc)
 {
-	if (matmul_fp8_backward(dinp, dw, dout, inp, w, N, C, OC))
+	if (matmul_fp8_backward(dinp, dw, dout, inp, w, N, C, OC, dinp_acc))
 		return;
-	/* dinp(N,C) += dout(N,OC) . w(OC,C) */
+	/* dinp(N,C) (+)= dout(N,OC) . w(OC,C) */
 	if (dinp)
-		matmul_gemm(false, false, N, C, OC, dout, OC, w, C, 1, dinp, C);
+		matmul_gemm(false, false, N, C, OC, dout, OC, w, C, dinp_acc ? 1 : 0, dinp, C);
 	/* dw(OC,C) += dout(N,OC)^T . inp(N,C) */
 	if (dw)
 		matmul_gemm(true, false, OC, C, N, dout, OC, inp, C, 1, dw, C);
+}
+
+void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,
+                          int64_t N, int64_t C, int64_t OC)
+{
+	matmul_backward_beta(dinp, dw, dout, inp, w, N, C, OC, 1);
+}
+
+void KFN(matmul_backward_set)(real *dinp, real *dw, const real *dout, const real *inp,
+                              const real *w, int64_t N, int64_t C, int64_t OC)
+{
+	matmul_backward_beta(dinp, dw, dout, inp, w, N, C, OC, 0);
 }

@@ -18,7 +18,7 @@ void KFN(swiglu_backward)(real *da, real *db, const real *dout, const real *a, c
 	for (int64_t i = 0; i < n; i++) {
 		real sig = (real)1 / ((real)1 + KEXP(-a[i]));
 		real silu = a[i] * sig;
-		da[i] += dout[i] * b[i] * sig * ((real)1 + a[i] * ((real)1 - sig));
-		db[i] += dout[i] * silu;
+		da[i] = dout[i] * b[i] * sig * ((real)1 + a[i] * ((real)1 - sig));
+		db[i] = dout[i] * silu;
 	}
 }

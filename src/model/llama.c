@@ -763,13 +763,10 @@ static void block_backward(struct llama_model *m, int l)
 	} else {
 		matmul_backward_f32(NULL, dw->w2, m->dres, m->gate, w->w2, N, F, C);
 	}
-	memset(m->gate, 0, nf); /* gate now holds d(gate) */
-	matmul_backward_f32(m->gate, NULL, m->dres, NULL, w->w2, N, F, C);
-	memset(m->dh1, 0, nf);
-	memset(m->dh3, 0, nf);
+	/* the first write of each activation gradient overwrites it (beta 0): no zeroing pass */
+	matmul_backward_set_f32(m->gate, NULL, m->dres, NULL, w->w2, N, F, C); /* d(gate) */
 	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, N * F);
-	memset(m->dxn, 0, nc);
-	matmul_backward_f32(m->dxn, split ? NULL : dw->w1, m->dh1, m->xn, w->w1, N, C, F);
+	matmul_backward_set_f32(m->dxn, split ? NULL : dw->w1, m->dh1, m->xn, w->w1, N, C, F);
 	matmul_backward_f32(m->dxn, split ? NULL : dw->w3, m->dh3, m->xn, w->w3, N, C, F);
 	if (split) {
 		memcpy(k.dh1, m->dh1, nf);
@@ -779,8 +776,7 @@ static void block_backward(struct llama_model *m, int l)
 	rmsnorm_backward_f32(m->dres, dw->ffn_norm, m->dxn, a->xmid, w->ffn_norm, a->rstd2, N, C);
 
 	/* attention: xmid = x + wo(att) */
-	memset(m->datt, 0, (size_t)(N * HD) * sizeof(float));
-	matmul_backward_f32(m->datt, split ? NULL : dw->wo, m->dres, a->att, w->wo, N, HD, C);
+	matmul_backward_set_f32(m->datt, split ? NULL : dw->wo, m->dres, a->att, w->wo, N, HD, C);
 	if (split) { /* att may live in a buffer the next block's recompute reuses */
 		memcpy(k.dout1, m->dres, nc);
 		memcpy(k.att, a->att, (size_t)(N * HD) * sizeof(float));
@@ -793,8 +789,7 @@ static void block_backward(struct llama_model *m, int l)
 	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, B, T, H, D);
 	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, B, T, KV, D);
 	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
-	memset(m->dxn, 0, nc);
-	matmul_backward_f32(m->dxn, split ? NULL : dw->wq, m->dq, m->xn, w->wq, N, C, HD);
+	matmul_backward_set_f32(m->dxn, split ? NULL : dw->wq, m->dq, m->xn, w->wq, N, C, HD);
 	matmul_backward_f32(m->dxn, split ? NULL : dw->wk, m->dk, m->xn, w->wk, N, C, KVD);
 	matmul_backward_f32(m->dxn, split ? NULL : dw->wv, m->dv, m->xn, w->wv, N, C, KVD);
 	if (split) {

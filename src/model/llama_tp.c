@@ -359,7 +359,7 @@ static void tp_block_backward(struct llama_model *m, int l)
 	struct llama_block_acts *a = &m->acts[l];
 	struct llama_tp_bufs *b = m->tpb;
 	const struct tp_dims d = tp_dims(m);
-	size_t npc = (size_t)(m->Np * d.C) * sizeof(float), nf = (size_t)(d.N * d.F) * sizeof(float);
+	size_t npc = (size_t)(m->Np * d.C) * sizeof(float);
 
 	/* feed-forward */
 	sp_gather(m, m->dres, b->part); /* dL/d(w2 output), all tokens */
@@ -374,21 +374,17 @@ static void tp_block_backward(struct llama_model *m, int l)
 	}
 	swiglu_forward_f32(m->gate, h1, h3, d.N * d.F);
 	matmul_backward_f32(NULL, dw.w2, b->part, m->gate, w.w2, d.N, d.F, d.C);
-	memset(m->gate, 0, nf); /* gate now holds d(gate) */
-	matmul_backward_f32(m->gate, NULL, b->part, NULL, w.w2, d.N, d.F, d.C);
-	memset(m->dh1, 0, nf);
-	memset(m->dh3, 0, nf);
+	/* first writes overwrite (beta 0): no zeroing pass */
+	matmul_backward_set_f32(m->gate, NULL, b->part, NULL, w.w2, d.N, d.F, d.C); /* d(gate) */
 	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, d.N * d.F);
-	memset(b->part, 0, npc);
-	matmul_backward_f32(b->part, dw.w1, m->dh1, b->xg, w.w1, d.N, d.C, d.F);
+	matmul_backward_set_f32(b->part, dw.w1, m->dh1, b->xg, w.w1, d.N, d.C, d.F);
 	matmul_backward_f32(b->part, dw.w3, m->dh3, b->xg, w.w3, d.N, d.C, d.F);
 	sp_reduce_scatter(m, b->part, b->rs_out);
 	tp_norm_backward(m, m->dres, dw.ffn_norm, b->rs_out, a->xmid, w.ffn_norm, a->rstd2);
 
 	/* attention */
 	sp_gather(m, m->dres, b->part);
-	memset(m->datt, 0, (size_t)(d.N * d.HD) * sizeof(float));
-	matmul_backward_f32(m->datt, dw.wo, b->part, a->att, w.wo, d.N, d.HD, d.C);
+	matmul_backward_set_f32(m->datt, dw.wo, b->part, a->att, w.wo, d.N, d.HD, d.C);
 	memset(m->dq, 0, (size_t)(d.N * d.HD) * sizeof(float));
 	memset(m->dk, 0, (size_t)(d.N * d.KVD) * sizeof(float));
 	memset(m->dv, 0, (size_t)(d.N * d.KVD) * sizeof(float));
@@ -552,7 +548,6 @@ static void tp_block_backward_async(struct llama_model *m, int l)
 	                           .h1 = m->recompute_ffn ? m->h1s : a->h1,
 	                           .h3 = m->recompute_ffn ? m->h3s : a->h3};
 	const struct tp_dims d = c.d;
-	size_t nf = (size_t)(d.N * d.F) * sizeof(float);
 
 	/* feed-forward (ffn checkpointing: the norm output is gathered first, recomputing the
 	 * up-projections on the way, and then serves the weight gradients as it is) */
@@ -562,9 +557,7 @@ static void tp_block_backward_async(struct llama_model *m, int l)
 	}
 	swiglu_forward_f32(m->gate, c.h1, c.h3, d.N * d.F);
 	ring_gather(m, m->dres, b->part, rb_w2, &c);
-	memset(m->dh1, 0, nf);
-	memset(m->dh3, 0, nf);
-	swiglu_backward_f32(m->dh1, m->dh3, m->gate, c.h1, c.h3, d.N * d.F);
+	swiglu_backward_f32(m->dh1, m->dh3, m->gate, c.h1, c.h3, d.N * d.F); /* overwrites */
 	if (m->recompute_ffn) {
 		rb_dw13(m, &c, 0, d.N, NULL);
 	} else {
