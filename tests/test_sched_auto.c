@@ -269,10 +269,47 @@ TEST_CASE(test_auto_memory_budget)
 	check_setup(x, 1, 1, lo - 1, false, NULL);
 }
 
+/* One process (train_step, no FSDP): the prediction is compute plus zeroing the gradients,
+ * their norm and AdamW; the schedule's collectives and their bucket copies cost nothing and
+ * hold no gathered buffers (they cost 12% of the 125M step before, which train_step never
+ * spends). */
+TEST_CASE(test_single_process)
+{
+	struct setup x = setups[0];
+	x.dp = 1;
+	struct sched naive;
+	struct sched_cost_model cm;
+	build(&x, &naive, &cm);
+	struct sched_prediction fsdp, one;
+	sched_predict(&naive, &cm, &fsdp, NULL);
+	cm.single = true;
+	sched_predict(&naive, &cm, &one, NULL);
+	double shard = 0;
+	for (int b = 0; b < naive.n_buckets; b++)
+		shard += (double)sched_bucket_shard(&naive, b);
+	double expect = one.compute_s + shard * 4.0 / cm.mem_bytes_s +
+	                (shard * 4.0 / cm.mem_bytes_s + 2.0 * cm.ag_latency_s) +
+	                shard * SCHED_OPTIM_BYTES / cm.mem_bytes_s;
+	fprintf(stderr,
+	        "  1 process: predicted %.4f s (compute %.4f s; expected %.4f s); as a 1-rank "
+	        "FSDP schedule %.4f s\n",
+	        one.step_s, one.compute_s, expect, fsdp.step_s);
+	EXPECT(fabs(one.step_s - expect) < 1e-9 * expect,
+	       "1 process: predicted %.6f s, compute + zeroing + norm + AdamW %.6f s", one.step_s,
+	       expect);
+	EXPECT(one.comm_s == 0 && one.exposed_s == 0 && one.full_params_bytes == 0 &&
+	           one.compute_s == fsdp.compute_s && fsdp.step_s > one.step_s,
+	       "1 process: comm %g s, exposed %g s, gathered %lld bytes", one.comm_s,
+	       one.exposed_s, (long long)one.full_params_bytes);
+	sched_cost_free(&cm);
+	sched_free(&naive);
+}
+
 int main(void)
 {
 	test_seed();
 	RUN(test_auto_beats_every_manual_plan);
 	RUN(test_auto_memory_budget);
+	RUN(test_single_process);
 	return test_summary();
 }

@@ -204,7 +204,9 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		int b = n->bucket;
 		double S = b >= 0 ? (double)sched_bucket_shard(s, b) : 0.0;
 		double full = b >= 0 ? (double)sched_bucket_full(s, b) : 0.0;
-		switch (n->kind) {
+		bool no_comm = cm->single && (n->kind == SCHED_ALL_GATHER ||
+		                              n->kind == SCHED_REDUCE_SCATTER || n->kind == SCHED_WAIT);
+		switch (no_comm ? SCHED_KIND_COUNT : n->kind) {
 		case SCHED_ALL_GATHER:
 		case SCHED_REDUCE_SCATTER: {
 			bool ag = n->kind == SCHED_ALL_GATHER;

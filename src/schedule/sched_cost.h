@@ -55,6 +55,8 @@ struct sched_cost_model {
 	double ag_latency_s, ag_bytes_s; /* all-gather: time = latency + wire bytes / rate */
 	double rs_latency_s, rs_bytes_s;
 	bool overlap; /* collectives progress during compute (comm.progress = thread) */
+	bool single;  /* one process without FSDP (train_step): its schedule's collectives and
+	                 their copies in and out cost nothing, only compute, norm and AdamW */
 	/* model and layout */
 	int n_units;
 	double *work[SCHED_WORK_COUNT][SCHED_TERM_COUNT]; /* per unit: FLOPs or bytes */

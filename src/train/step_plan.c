@@ -39,12 +39,18 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 {
 	struct sched_prediction p;
 	sched_predict(s, cm, &p, NULL);
-	LOG_INFO("cost model: step %.3f s (compute %.3f s, comm %.3f s, exposed %.3f s), peak "
-	         "%.2f GiB/rank; all-gather %.0f us + %.2f GB/s, reduce-scatter %.0f us + %.2f "
-	         "GB/s, compute slowed %.0f%% beside a collective",
-	         p.step_s, p.compute_s, p.comm_s, p.exposed_s, (double)p.peak_bytes / (1 << 30),
-	         cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
-	         cm->rs_bytes_s / 1e9, 100.0 * (cm->overlap ? cm->interference : 0.0));
+	if (cm->single)
+		LOG_INFO("cost model: step %.3f s (compute %.3f s; one process: no collectives), "
+		         "peak %.2f GiB",
+		         p.step_s, p.compute_s, (double)p.peak_bytes / (1 << 30));
+	else
+		LOG_INFO("cost model: step %.3f s (compute %.3f s, comm %.3f s, exposed %.3f s), "
+		         "peak %.2f GiB/rank; all-gather %.0f us + %.2f GB/s, reduce-scatter %.0f us "
+		         "+ %.2f GB/s, compute slowed %.0f%% beside a collective",
+		         p.step_s, p.compute_s, p.comm_s, p.exposed_s,
+		         (double)p.peak_bytes / (1 << 30), cm->ag_latency_s * 1e6,
+		         cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6, cm->rs_bytes_s / 1e9,
+		         100.0 * (cm->overlap ? cm->interference : 0.0));
 	const double(*r)[SCHED_TERM_COUNT] = cm->rate;
 	LOG_INFO(
 	    "cost model rates: matmul fwd %.1f bwd %.1f GFLOP/s, attention fwd %.1f bwd "
@@ -110,6 +116,7 @@ double step_plan_predict_single(const struct ct_config *cfg, const struct llama_
 	sched_cost_init(&cm, c, B, T, &s, 1, false, ac, 4);
 	sched_cost_calibrate(&cm, c, B, T, stream, world, world, false);
 	cm.overlap = false;
+	cm.single = true; /* train_step: no collectives, no copies in or out of buckets */
 	step_plan_log(&s, &cm);
 	struct sched_prediction p;
 	sched_predict(&s, &cm, &p, NULL);
