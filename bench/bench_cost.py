@@ -8,8 +8,12 @@ with it per node kind. Prints one row per (model, ranks): the predicted step, th
 against both, and the load average while the run ran (OpenMP threads per rank: cores / ranks) — on a shared machine, load that changes
 between the calibration and the steps shows up as error that is not the model's.
 
+With --rounds R the rows run round-robin R times and the table gives each row's median
+prediction, median measured step and the error of the two medians, and the range of the
+rounds' own errors (the machine's speed drifts between a calibration and the steps).
+
   /usr/bin/python3 bench/bench_cost.py [--ctitan build/ctitan] [--steps 4] [--ranks 1,2,4]
-                                      [--models debug,125m]
+                                      [--models debug,125m] [--rounds 1]
 """
 
 import argparse
@@ -39,13 +43,15 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--ranks", default="1,2,4")
     ap.add_argument("--models", default="debug,125m")
+    ap.add_argument("--rounds", type=int, default=1)
     a = ap.parse_args()
     env = dict(os.environ, **MPI_ENV)
     print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
     rows = []
+    cases = [(model, int(x)) for model in a.models.split(",") for x in a.ranks.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
-        for model in a.models.split(","):
-            for n in [int(x) for x in a.ranks.split(",")]:
+        for rnd, (model, n) in [(r, c) for r in range(a.rounds) for c in cases]:
+            if True:
                 dump = os.path.join(tmp, f"{model}_{n}")
                 B, T = SHAPES[model]
                 cmd = [os.path.join(ROOT, "scripts", "launch"), str(n), a.ctitan, "train",
@@ -72,16 +78,23 @@ def main():
                 prof = float(m.group(2)) if m else float(m1.group(2)) if m1 else float("nan")
                 table = re.findall(r"cost model vs this step.*?(?=\nstep:)", text, re.S)
                 rows.append((model, n, pred, meas, prof, (l0 + load()) / 2))
-                print(f"  {model} x{n}: predicted {pred:.3f} s, measured {meas:.3f} s "
+                print(f"  round {rnd + 1}, {model} x{n}: predicted {pred:.3f} s, measured {meas:.3f} s "
                       f"(profiled step {prof:.3f} s), load {rows[-1][5]:.1f}", flush=True)
                 if table and n > 1:
                     print("\n".join("    " + l for l in table[0].splitlines()[1:]))
     print()
     print(f"{'model':<7} {'ranks':>5} {'predicted s':>12} {'measured s':>11} {'error':>8} "
-          f"{'profiled s':>11} {'error':>8} {'load':>5}")
-    for model, n, pred, meas, prof, ld in rows:
+          f"{'profiled s':>11} {'error':>8} {'load':>5}   (medians of {a.rounds} round(s); "
+          f"range of the rounds' errors)")
+    med = lambda v: sorted(v)[len(v) // 2]
+    for model, n in cases:
+        rs = [r for r in rows if r[0] == model and r[1] == n]
+        pred, meas, prof = (med([r[k] for r in rs]) for k in (2, 3, 4))
+        ld = med([r[5] for r in rs])
+        errs = [100 * (r[2] / r[3] - 1) for r in rs]
+        rng = f"   {min(errs):+.1f}% .. {max(errs):+.1f}%" if len(rs) > 1 else ""
         print(f"{model:<7} {n:>5} {pred:>12.3f} {meas:>11.3f} {100 * (pred / meas - 1):>+7.1f}% "
-              f"{prof:>11.3f} {100 * (pred / prof - 1):>+7.1f}% {ld:>5.1f}")
+              f"{prof:>11.3f} {100 * (pred / prof - 1):>+7.1f}% {ld:>5.1f}{rng}")
     print(f"uptime: {os.popen('uptime').read().strip()}")
 
 

@@ -87,25 +87,47 @@ static void plan_tp_comm(struct plan_tp *o, const struct ct_config *c,
 }
 
 
+/* Bytes of memory traffic per element of one dynamic fp8 cast: read the operand for its amax,
+ * read it again and write it as fp8 (torchao's tensorwise dynamic scaling; bf16 operands). */
+#define PLAN_FP8_CAST_BYTES 5.0
+
 /* float8 (model.converters = ["float8"]) on the target: with plan.fp8_peak_tflops, the
  * float8 linears' matmul FLOPs (their share of a block's linear FLOPs; rowwise_with_gw_hp
  * keeps the weight-gradient half of the backward in bf16) run at the fp8 peak instead of the
- * bf16 one, by scaling the blocks' matmul work; with the fp8 all-gather, each unit's wire
- * bytes per shard element (1 for float8 weights). Returns the per-unit array (or NULL);
- * `note` gets a summary line. */
+ * bf16 one, by scaling the blocks' matmul work; every operand of a float8 matmul is cast on
+ * each use (M = B x T rows of a micro-batch): forward x and w; backward dy (once for both
+ * gradients) and, for dx, w again and, for dw, x again (not with rowwise_with_gw_hp, whose
+ * dw stays high precision); recompute as forward. The casts are elementwise memory traffic
+ * (PLAN_FP8_CAST_BYTES per element at plan.memory_bandwidth_gbs), charged at any fp8 peak. With the fp8
+ * all-gather, each unit's wire bytes per shard element (1 for float8 weights). Returns the
+ * per-unit array (or NULL); `note` gets a summary line. */
 static double *plan_float8(const struct ct_config *c, const struct param_table *t, int64_t shard,
-                           bool bf16, double peak, struct sched_cost_model *cm, char *note,
-                           size_t len)
+                           int64_t M, bool bf16, double peak, struct sched_cost_model *cm,
+                           char *note, size_t len)
 {
 	enum fp8_recipe r = FP8_TENSORWISE;
 	fp8_recipe_parse(c->float8.recipe_name, &r);
 	fp8_linear_configure(true, r, c->float8.filter_fqns);
-	double lin = 0, f8 = 0;
+	double lin = 0, f8 = 0, cast_fwd = 0, cast_bwd = 0; /* elements cast per block */
+	bool gw_hp = r == FP8_ROWWISE_GW_HP;
 	for (int i = 0; i < t->count; i++)
 		if (t->p[i].unit == 1 && t->p[i].ndim == 2) {
-			lin += (double)t->p[i].numel;
-			f8 += model_fp8_linear(&t->p[i]) ? (double)t->p[i].numel : 0.0;
+			const struct param_entry *e = &t->p[i];
+			lin += (double)e->numel;
+			if (!model_fp8_linear(e))
+				continue;
+			f8 += (double)e->numel;
+			/* weight (out, in) as torch.nn.Linear: x is (M, in), dy (M, out) */
+			double x = (double)M * (double)e->shape[1], dy = (double)M * (double)e->shape[0];
+			double w = (double)e->numel;
+			cast_fwd += x + w;
+			cast_bwd += dy + w + (gw_hp ? 0.0 : x);
 		}
+	for (int u = 1; u < cm->n_units - 1; u++) {
+		cm->work[SCHED_WORK_FWD][SCHED_TERM_ELEM][u] += PLAN_FP8_CAST_BYTES * cast_fwd;
+		cm->work[SCHED_WORK_REC][SCHED_TERM_ELEM][u] += PLAN_FP8_CAST_BYTES * cast_fwd;
+		cm->work[SCHED_WORK_BWD][SCHED_TERM_ELEM][u] += PLAN_FP8_CAST_BYTES * cast_bwd;
+	}
 	double frac = lin > 0 ? f8 / lin : 0.0, fp8_peak = c->plan.fp8_peak_tflops * 1e12;
 	if (fp8_peak > 0) {
 		double k = peak / fp8_peak; /* an fp8 FLOP's time in bf16 FLOPs */
@@ -134,11 +156,13 @@ static double *plan_float8(const struct ct_config *c, const struct param_table *
 		cm->ag_unit_esz = esz;
 	}
 	snprintf(note, len,
-	         "float8 linears (%s): %.1f%% of a block's linear FLOPs in fp8, at %s; "
+	         "float8 linears (%s): %.1f%% of a block's linear FLOPs in fp8, at %s; casts %.2f "
+	         "GB forward, %.2f GB backward per block and micro-batch (%.0f B per element); "
 	         "all-gather %s\n",
-	         c->float8.recipe_name, 100.0 * frac,
+	         c->float8.recipe_name, 100.0 * frac, 
 	         fp8_peak > 0 ? "plan.fp8_peak_tflops" : "the bf16 rate (emulated: no fp8 peak given)",
-	         esz ? "fp8 for float8 weights" : "in the param dtype");
+	         PLAN_FP8_CAST_BYTES * cast_fwd / 1e9, PLAN_FP8_CAST_BYTES * cast_bwd / 1e9,
+	         PLAN_FP8_CAST_BYTES, esz ? "fp8 for float8 weights" : "in the param dtype");
 	fp8_linear_configure(false, r, "");
 	return esz;
 }
@@ -215,8 +239,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	cm.matmul_flops = cm.attn_flops = peak * c->plan.compute_efficiency;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9;
 	char f8note[256] = "";
-	double *f8esz = compute_float8(c) ? plan_float8(c, &t, shard, bf16, peak, &cm, f8note,
-	                                                sizeof(f8note))
+	double *f8esz = compute_float8(c) ? plan_float8(c, &t, shard, Bm * T, bf16, peak, &cm,
+	                                                f8note, sizeof(f8note))
 	                                  : NULL;
 	cm.ag_bytes_s = cm.rs_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
 	cm.ag_latency_s = cm.rs_latency_s = c->comm.latency_us * 1e-6;
