@@ -99,10 +99,10 @@ def bench_ctitan(ctitan, case, steps, warmup, peak_tflops, env):
         cmd += case.get("extra", []) + (BF16 if case.get("bf16") else [])
         text, rss = run_child(cmd, env)
         recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
-    timed = recs[warmup:]
-    step_s = sum(r["step_s"] for r in timed) / len(timed)
-    tps = case["seq"] * case["batch"] / step_s
-    mfu = sum(r["mfu"] for r in timed) / len(timed)
+    timed = sorted(recs[warmup:], key=lambda r: r["step_s"])
+    med = timed[len(timed) // 2]  # the median step, as torch_train.py reports PyTorch's
+    tps = case["seq"] * case["batch"] / med["step_s"]
+    mfu = med["mfu"]
     return dict(impl="ctitan", tps=tps, mfu=mfu, peak_rss_bytes=rss, final_loss=recs[-1]["loss"],
                 engine=ctitan_engine(text))
 

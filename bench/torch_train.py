@@ -9,7 +9,8 @@ N steps on random tokens with AdamW (lr 8e-4, betas (0.9, 0.95), eps 1e-8, weigh
 matrices) and global-norm clipping at 1.0, and times every step after the first K. A step is
 forward + loss + backward + clip + optimizer step + zero_grad, ending with loss.item().
 
-Output fields: tps = B*T / mean timed step time; tflops = flops_per_token * tps / 1e12 with
+Output fields: tps = B*T / median timed step time (one preempted step on a shared VM
+moves a mean by tens of percent); tflops = flops_per_token * tps / 1e12 with
 flops_per_token = 6 * (N_params - N_embedding) + 12 * n_layers * dim * T (TorchTitan's
 estimate, only the input embedding table excluded); mfu = tflops / P * 100 (percent);
 peak_rss_bytes = ru_maxrss * 1024; final_loss = the last step's loss.
@@ -93,7 +94,7 @@ def main():
         if step >= args.warmup_steps:
             times.append(time.perf_counter() - t0)
 
-    step_s = sum(times) / len(times)
+    step_s = sorted(times)[len(times) // 2]  # median (upper for an even count)
     tps = args.batch * args.seq_len / step_s
     tflops = lm.flops_per_token(model, args.seq_len) * tps / 1e12
     print(json.dumps({
