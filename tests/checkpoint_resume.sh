@@ -18,19 +18,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/tests/lib.sh"
 LAUNCH="$ROOT/scripts/launch"
 PY=/usr/bin/python3
-$PY - "$tmp/data" <<'PY'
-import os, random, struct, sys
-d = sys.argv[1]; os.makedirs(d)
-rng = random.Random(11)
-def shard(path, n):
-    toks, cur = [], 1
-    for _ in range(n):
-        cur = (cur * 7 + 1) % 509 if rng.random() < 0.8 else rng.randrange(509)
-        toks.append(cur)
-    with open(path, "wb") as f:
-        f.write(b"CTTOKENS" + struct.pack("<IIQ", 1, 2, n) + struct.pack(f"<{n}H", *toks))
-shard(f"{d}/train_000000.bin", 40000); shard(f"{d}/train_000001.bin", 25000)
-PY
+token_shards "$tmp/data" 11 0.8 7 1 train_000000=40000 train_000001=25000 # tests/lib.sh
 # global batch 12 of local 1: any of 1, 2, 3, 4 ranks divides it
 COMMON=(--training.dataset=mine --training.dataset_path="$tmp/data" --model.vocab_size=509
         --training.seq_len=32 --training.global_batch_size=12 --training.local_batch_size=1

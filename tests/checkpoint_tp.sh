@@ -22,14 +22,7 @@ LAUNCH="$ROOT/scripts/launch"
 PY=/usr/bin/python3
 SEED=${SEED:-$RANDOM}
 echo "seed $SEED"
-$PY - "$tmp/data" "$SEED" <<'PY'
-import os, random, struct, sys
-d = sys.argv[1]; os.makedirs(d)
-rng = random.Random(int(sys.argv[2]))
-toks = [rng.randrange(509) for _ in range(30000)]
-with open(f"{d}/train_000000.bin", "wb") as f:
-    f.write(b"CTTOKENS" + struct.pack("<IIQ", 1, 2, len(toks)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+token_shards "$tmp/data" "$SEED" 0 0 0 train_000000=30000 # uniform tokens (tests/lib.sh)
 # global batch 4 of local 1: 1 rank, dp 2 and dp 4 all divide it
 COMMON=(--training.dataset=mine --training.dataset_path="$tmp/data" --model.vocab_size=509
         --training.seq_len=32 --training.global_batch_size=4 --training.local_batch_size=1

@@ -8,20 +8,7 @@ CTITAN=$1
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/tests/lib.sh"
 # shards of a learnable sequence (a random walk over a small cycle), written by Python
-/usr/bin/python3 - "$tmp/data" <<'PY'
-import os, random, struct, sys
-d = sys.argv[1]; os.makedirs(d)
-rng = random.Random(7)
-def shard(path, n):
-    toks, cur = [], 1
-    for _ in range(n):
-        cur = (cur * 5 + 3) % 509 if rng.random() < 0.8 else rng.randrange(509)
-        toks.append(cur)
-    with open(path, "wb") as f:
-        f.write(b"CTTOKENS" + struct.pack("<IIQ", 1, 2, n) + struct.pack(f"<{n}H", *toks))
-shard(f"{d}/train_000000.bin", 30000); shard(f"{d}/train_000001.bin", 20000)
-shard(f"{d}/val_000000.bin", 3000)
-PY
+token_shards "$tmp/data" 7 0.8 5 3 train_000000=30000 train_000001=20000 val_000000=3000
 COMMON=(--training.dataset=mine --training.dataset_path="$tmp/data" --model.vocab_size=509
         --training.steps=6 --training.seq_len=32 --training.global_batch_size=8
         --training.local_batch_size=2 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=0.1

@@ -27,6 +27,10 @@ finish() {
 #             fields, each value within TOL (default 1e-5) relative to B's
 #   same A B  A and B are byte-identical and not empty
 #   run LOG CMD...    CMD with stdout+stderr to LOG (appended); its status, LOG's tail on failure
+#   token_shards DIR SEED P MUL ADD NAME=COUNT...   token shards (CTTOKENS, vocabulary 509) in
+#             a new folder DIR, NAME.bin of COUNT tokens each, from one random.Random(SEED)
+#             stream: each token is (previous * MUL + ADD) % 509 with probability P (starting
+#             from 1 in each shard; learnable), else a uniform draw (P = 0: uniform only)
 metric() {
   /usr/bin/python3 - "$@" <<'PY'
 import json, sys
@@ -69,4 +73,20 @@ run() {
   rc=$?
   [ $rc -eq 0 ] || { echo "  exit $rc: $*" >&2; tail -5 "$log" >&2; }
   return $rc
+}
+token_shards() {
+  /usr/bin/python3 - "$@" <<'PY'
+import os, random, struct, sys
+d, seed, p, mul, add = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+os.makedirs(d)
+rng = random.Random(seed)
+for spec in sys.argv[6:]:
+    name, n = spec.split("=")
+    n, toks, cur = int(n), [], 1
+    for _ in range(n):
+        cur = (cur * mul + add) % 509 if p > 0 and rng.random() < p else rng.randrange(509)
+        toks.append(cur)
+    with open(f"{d}/{name}.bin", "wb") as f:
+        f.write(b"CTTOKENS" + struct.pack("<IIQ", 1, 2, n) + struct.pack(f"<{n}H", *toks))
+PY
 }

@@ -19,17 +19,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 . "$ROOT/tests/lib.sh"
 LAUNCH="$ROOT/scripts/launch"
 PY=/usr/bin/python3
-$PY - "$tmp/data" <<'PY'
-import os, random, struct, sys
-d = sys.argv[1]; os.makedirs(d)
-rng = random.Random(5)
-toks, cur = [], 1
-for _ in range(30000):
-    cur = (cur * 7 + 1) % 509 if rng.random() < 0.8 else rng.randrange(509)
-    toks.append(cur)
-with open(f"{d}/train_000000.bin", "wb") as f:
-    f.write(b"CTTOKENS" + struct.pack("<IIQ", 1, 2, len(toks)) + struct.pack(f"<{len(toks)}H", *toks))
-PY
+token_shards "$tmp/data" 5 0.8 7 1 train_000000=30000 # tests/lib.sh
 COMMON=(--training.dataset=mine --training.dataset_path="$tmp/data" --model.vocab_size=509
         --training.seq_len=32 --training.global_batch_size=4 --training.local_batch_size=1
         --training.steps=6 --lr_scheduler.warmup_steps=2 --metrics.peak_tflops=0.1
