@@ -96,6 +96,42 @@ TEST_CASE(test_engines_against_reference)
 	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
 }
 
+/* A bf16 twin is what the oneDNN bf16 path reads: with a twin that deliberately holds 2 x the
+ * rounded weight, B's strided sub-block gives 2 x the product; removed, the product again.
+ * (A twin never holds other values in the product: FSDP fills it with the weight rounded.) */
+TEST_CASE(test_bf16_twin)
+{
+	mm_engine_configure(MM_ENGINE_ONEDNN, MM_BF16);
+	if (strncmp(mm_onednn_bf16_impl(), "none", 4) == 0) {
+		fprintf(stderr, "  oneDNN runs no bf16 matmul here (%s): twins unused, skipped\n",
+		        mm_onednn_isa());
+		mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+		return;
+	}
+	int64_t M = 9, N = 7, K = 11, ldw = 16, rows = 20; /* B: rows 3.. of a (20, 16) buffer */
+	float *A = malloc((size_t)(M * K) * 4), *W = malloc((size_t)(rows * ldw) * 4);
+	uint16_t *W16 = malloc((size_t)(rows * ldw) * 2);
+	float *C1 = calloc((size_t)(M * N), 4), *C2 = calloc((size_t)(M * N), 4),
+	      *C3 = calloc((size_t)(M * N), 4);
+	test_fill_f32(A, M * K, -1, 1);
+	test_fill_f32(W, rows * ldw, -1, 1);
+	for (int64_t i = 0; i < rows * ldw; i++)
+		W16[i] = bf16_from_f32(2.0f * bf16_to_f32(bf16_from_f32(W[i])));
+	const float *B = W + 3 * ldw + 2; /* (K, N) with leading dimension ldw */
+	mm_gemm(false, false, M, N, K, A, K, B, ldw, 0.0f, C1, N);
+	mm_bf16_twin_add(W, W16, rows * ldw);
+	mm_gemm(false, false, M, N, K, A, K, B, ldw, 0.0f, C2, N);
+	mm_bf16_twin_remove(W);
+	mm_gemm(false, false, M, N, K, A, K, B, ldw, 0.0f, C3, N);
+	int bad = 0;
+	for (int64_t i = 0; i < M * N; i++)
+		bad += C2[i] != 2.0f * C1[i] || C3[i] != C1[i];
+	EXPECT(bad == 0, "%d of %lld elements: the twin was not read, or still read after removal",
+	       bad, (long long)(M * N));
+	free(A), free(W), free(W16), free(C1), free(C2), free(C3);
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+}
+
 TEST_CASE(test_parse)
 {
 	enum mm_engine e;
@@ -140,5 +176,6 @@ int main(void)
 	RUN(test_parse);
 	RUN(test_openblas_guard_choice);
 	RUN(test_engines_against_reference);
+	RUN(test_bf16_twin);
 	return test_summary();
 }

@@ -245,6 +245,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	cm.ag_bytes_s = cm.rs_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
 	cm.ag_latency_s = cm.rs_latency_s = c->comm.latency_us * 1e-6;
 	cm.full_elem_bytes = act16 ? 2 : 4;
+	cm.full_twin_bytes = 0; /* the target keeps gathered weights in one dtype */
 	cm.overlap = true;
 	struct sched_reorder_opts o;
 	step_plan_reorder_opts(cfg, &o);

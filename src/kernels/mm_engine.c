@@ -134,7 +134,54 @@ static void *mm_round(int slot, const float *X, int64_t rows, int64_t cols, int6
 	return out;
 }
 
-/* One call on one engine, the engine mutex held. bf16 operands: rounded here. */
+/* bf16 twins: float buffers with a bf16 copy of the same layout (mm_bf16_twin_add). Read and
+ * changed with g_lock held (mm_run runs under it). */
+#define MM_TWINS 64
+static struct {
+	const float *w;
+	const uint16_t *w16;
+	int64_t n;
+} g_twin[MM_TWINS];
+static int g_n_twin;
+
+void mm_bf16_twin_add(const float *w, const uint16_t *w16, int64_t n)
+{
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < g_n_twin; i++)
+		CHECK(g_twin[i].w != w, "mm_engine: bf16 twin of %p added twice", (const void *)w);
+	CHECK(g_n_twin < MM_TWINS, "mm_engine: more than %d bf16 twins", MM_TWINS);
+	g_twin[g_n_twin].w = w;
+	g_twin[g_n_twin].w16 = w16;
+	g_twin[g_n_twin].n = n;
+	g_n_twin++;
+	pthread_mutex_unlock(&g_lock);
+}
+
+void mm_bf16_twin_remove(const float *w)
+{
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < g_n_twin; i++)
+		if (g_twin[i].w == w) {
+			g_twin[i] = g_twin[--g_n_twin];
+			break;
+		}
+	pthread_mutex_unlock(&g_lock);
+}
+
+/* The bf16 copy of the stored rows x cols block of X (leading dimension ld), or NULL when X
+ * has no twin covering all of it. */
+static const uint16_t *mm_twin_of(const float *X, int64_t rows, int64_t cols, int64_t ld)
+{
+	for (int i = 0; i < g_n_twin; i++) {
+		const float *w = g_twin[i].w;
+		if (X >= w && X + (rows - 1) * ld + cols <= w + g_twin[i].n)
+			return g_twin[i].w16 + (X - w);
+	}
+	return NULL;
+}
+
+/* One call on one engine, the engine mutex held. bf16 operands: rounded here, or taken from
+ * their bf16 twin (the same values: a twin holds the operand rounded once). */
 static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                    int64_t ldc)
@@ -142,9 +189,11 @@ static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int
 	int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
 	if (g_dtype == MM_BF16) {
 		if (e == MM_ENGINE_ONEDNN) {
-			const void *a = mm_round(0, A, ar, ac, lda, true);
-			const void *b = mm_round(1, B, br, bc, ldb, true);
-			int rc = mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ac, b, bc, beta, C, ldc);
+			const uint16_t *ta16 = mm_twin_of(A, ar, ac, lda), *tb16 = mm_twin_of(B, br, bc, ldb);
+			const void *a = ta16 ? (const void *)ta16 : mm_round(0, A, ar, ac, lda, true);
+			const void *b = tb16 ? (const void *)tb16 : mm_round(1, B, br, bc, ldb, true);
+			int rc = mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ta16 ? lda : ac, b,
+			                        tb16 ? ldb : bc, beta, C, ldc);
 			if (rc == 0)
 				return;
 			if (rc == -1 && !g_warned_bf16) {

@@ -40,6 +40,13 @@ enum mm_dtype mm_engine_dtype(void);
 void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
+/* bf16 compute, "weights cast once per gather": [w, w + n) has a bf16 copy w16 of the same
+ * layout holding exactly w's values rounded to bf16 (round to nearest even), so oneDNN bf16
+ * matmuls reading w take the copy instead of rounding w on every call (FSDP adds one per
+ * gathered bucket). Remove it before w's buffer is freed or reused; at most 64 at once. */
+void mm_bf16_twin_add(const float *w, const uint16_t *w16, int64_t n);
+void mm_bf16_twin_remove(const float *w);
+
 /* FLOPs and seconds of every mm_gemm call so far (the engine's rate at the model's shapes). */
 void mm_engine_totals(double *flops, double *seconds);
 /* Logs (INFO) the engine, dtype, oneDNN's ISA, and per shape the engine kept and GFLOP/s. */

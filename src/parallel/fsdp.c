@@ -11,6 +11,7 @@
 #include "comm/watchdog.h"
 #include "kernels/fp8_linear.h"
 #include "kernels/kernels.h"
+#include "kernels/mm_engine.h"
 #include "schedule/sched_pass.h"
 
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r)
@@ -117,6 +118,7 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 	pool_init(&f->ag_recv, MEM_COMM);
 	pool_init(&f->rs_send, MEM_COMM);
 	pool_init(&f->rs_recv, MEM_COMM);
+	pool_init(&f->pw16, MEM_FULL_PARAMS);
 	fsdp_set_fp8_all_gather(f, false);
 	for (int u = 0; u < t->n_units; u++)
 		model_bind_unit(m, u, NULL, NULL);
@@ -185,6 +187,7 @@ static void fsdp_release_pools(struct fsdp *f)
 	pool_release_all(&f->ag_recv);
 	pool_release_all(&f->rs_send);
 	pool_release_all(&f->rs_recv);
+	pool_release_all(&f->pw16);
 }
 
 void fsdp_free(struct fsdp *f)
@@ -258,13 +261,14 @@ int fsdp_set_schedule(struct fsdp *f, const struct sched *s)
 	f->bs = xcalloc((size_t)s->n_buckets, sizeof(*f->bs));
 	int64_t max_full = 0, max_shard = 0, N = f->mesh->dp_shard;
 	for (int b = 0; b < s->n_buckets; b++) {
-		f->bs[b] = (struct fsdp_bucket_state){-1, -1, -1, -1, -1, -1};
+		f->bs[b] = (struct fsdp_bucket_state){-1, -1, -1, -1, -1, -1, -1};
 		int64_t full = sched_bucket_full(s, b), shard = sched_bucket_shard(s, b);
 		max_full = full > max_full ? full : max_full;
 		max_shard = shard > max_shard ? shard : max_shard;
 	}
 	size_t esz = f->bf16 ? 2 : 4;
 	f->pw.bytes = f->pg.bytes = (size_t)max_full * sizeof(float);
+	f->pw16.bytes = (size_t)max_full * sizeof(uint16_t);
 	f->ag_send.bytes = (size_t)max_shard * esz; /* bf16 only: fp32 sends the shard itself */
 	f->ag_recv.bytes = (size_t)(N * max_shard) * esz;
 	f->rs_send.bytes = (size_t)(N * max_shard) * sizeof(float);
@@ -423,6 +427,15 @@ static void be_all_gather_done(void *ctx, int b)
 	bucket_copy_out(f, b, f->ag_recv.buf[st->ag_recv], f->bf16, w);
 	pool_put(&f->ag_recv, &st->ag_recv);
 	pool_put(&f->ag_send, &st->ag_send);
+	if (mm_engine_dtype() == MM_BF16) { /* weights cast to bf16 once per gather */
+		int64_t n = sched_bucket_full(&f->sched, b);
+		st->w16 = pool_get(&f->pw16);
+		uint16_t *h = f->pw16.buf[st->w16];
+#pragma omp parallel for simd schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			h[i] = bf16_from_f32(w[i]);
+		mm_bf16_twin_add(w, h, n);
+	}
 	FOR_BUCKET_UNITS(f, b, u)
 	{
 		model_bind_unit(f->model, u, w + unit_full_off(f, b, u), f->model->unit_dw[u]);
@@ -437,6 +450,10 @@ static void be_all_gather_done(void *ctx, int b)
 static void be_free_params(void *ctx, int b)
 {
 	struct fsdp *f = ctx;
+	if (f->bs[b].w16 >= 0) {
+		mm_bf16_twin_remove(f->pw.buf[f->bs[b].w]);
+		pool_put(&f->pw16, &f->bs[b].w16);
+	}
 	pool_put(&f->pw, &f->bs[b].w);
 	FOR_BUCKET_UNITS(f, b, u)
 	model_bind_unit(f->model, u, NULL, f->model->unit_dw[u]);

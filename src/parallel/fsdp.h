@@ -74,6 +74,7 @@ struct fsdp_pool {
 /* A bucket's buffers while gathered / reduced (pool indices, -1 if none) and tickets. */
 struct fsdp_bucket_state {
 	int w, g, ag_send, ag_recv, rs_send, rs_recv;
+	int w16; /* bf16 compute: the gathered weights' bf16 twin (kernels/mm_engine.h) */
 };
 
 struct fsdp {
@@ -95,7 +96,7 @@ struct fsdp {
 	struct sched sched;       /* after passes; empty until set or first step */
 	struct sched_record *rec; /* per node of the last step */
 	struct fsdp_bucket_state *bs;
-	struct fsdp_pool pw, pg, ag_send, ag_recv, rs_send, rs_recv;
+	struct fsdp_pool pw, pg, ag_send, ag_recv, rs_send, rs_recv, pw16;
 	/* per-step context of the backend */
 	struct fsdp_step_ctx {
 		const int32_t *tokens, *targets;

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "kernels/mm_engine.h"
 
 /* ---------------------------------------------------------------- model side */
 
@@ -123,6 +124,7 @@ void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, 
 	cm->optim_bytes = 2 * shard * 4;
 	cm->act_bytes = sched_cost_activation_bytes(c, B, T, ac, act_elem_bytes);
 	cm->full_elem_bytes = 4;
+	cm->full_twin_bytes = mm_engine_dtype() == MM_BF16 ? 2 : 0;
 	cm->mem_bytes_s = 10e9;
 	cm->overlap = true;
 }
@@ -303,7 +305,7 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	p->step_s = t;
 	double fe = (double)cm->full_elem_bytes;
 	p->ag_wire_bytes = ag_bytes;
-	p->full_params_bytes = pw.peak * (int64_t)(max_full * fe);
+	p->full_params_bytes = pw.peak * (int64_t)(max_full * (fe + (double)cm->full_twin_bytes));
 	p->full_grads_bytes = pg.peak * (int64_t)(max_full * fe);
 	p->comm_bytes = agr.peak * N * max_shard * cm->ag_elem_bytes +
 	                (cm->ag_elem_bytes < 4 ? agr.peak * max_shard * 2 : 0) +

@@ -67,6 +67,8 @@ struct sched_cost_model {
 	int64_t act_elem_bytes;
 	int64_t full_elem_bytes; /* gathered parameters and unsharded gradients: 4 here (the CPU
 	                            computes in fp32); 2 when planning bf16 compute */
+	int64_t full_twin_bytes; /* per gathered parameter, its bf16 compute copy: 2 when this
+	                            process computes in bf16 (kernels/mm_engine.h), else 0 */
 	/* persistent memory per rank (bytes) */
 	int64_t params_bytes, grads_bytes, optim_bytes, act_bytes, other_bytes;
 };

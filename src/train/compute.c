@@ -160,16 +160,24 @@ double compute_peak_flops(const struct ct_config *cfg, char *why, int64_t len)
 	return cpu_peak_flops(bf16, compute_threads());
 }
 
+/* The bf16 twin of compute_params16 (kernels/mm_engine.h: the matmuls read it instead of
+ * rounding the weights on every call) */
+static uint16_t *compute_params16h;
+
 void compute_bind_bf16_params(struct model *m, bool on)
 {
 	int64_t n = m->table->numel;
 	float *from = on ? m->params : compute_params16, *to = on ? compute_params16 : m->params;
 	if (on) {
 		if (n > compute_params16_n) {
-			if (compute_params16)
+			if (compute_params16) {
 				mem_free(MEM_FULL_PARAMS, compute_params16,
 				         (size_t)compute_params16_n * sizeof(float));
+				mem_free(MEM_FULL_PARAMS, compute_params16h,
+				         (size_t)compute_params16_n * sizeof(uint16_t));
+			}
 			compute_params16 = mem_alloc(MEM_FULL_PARAMS, (size_t)n * sizeof(float));
+			compute_params16h = mem_alloc(MEM_FULL_PARAMS, (size_t)n * sizeof(uint16_t));
 			compute_params16_n = n;
 		}
 		to = compute_params16;
@@ -184,6 +192,13 @@ void compute_bind_bf16_params(struct model *m, bool on)
 			if (model_fp8_linear(&t->p[i]))
 				memcpy(to + t->p[i].offset, p + t->p[i].offset,
 				       (size_t)t->p[i].numel * sizeof(float));
+		uint16_t *h = compute_params16h;
+#pragma omp parallel for simd schedule(static)
+		for (int64_t i = 0; i < n; i++)
+			h[i] = bf16_from_f32(to[i]);
+		mm_bf16_twin_add(to, h, n);
+	} else {
+		mm_bf16_twin_remove(compute_params16);
 	}
 	for (int u = 0; u < m->n_units; u++) {
 		CHECK(m->unit_w[u] >= from && m->unit_w[u] < from + n, "unit %d not in the buffer", u);
