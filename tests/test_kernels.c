@@ -151,9 +151,10 @@ TEST_CASE(test_matmul)
 	EXPECT(memcmp(dinp2, dinp, sizeof(double) * (size_t)(N * C)) == 0 &&
 	           rel_err_f64(dw2, dw, OC * C) > 0.5,
 	       "matmul_backward_set twice: dinp must stay, dw must accumulate");
-	float *fi = malloc(sizeof(float) * (size_t)(N * C)), *fw = malloc(sizeof(float) * (size_t)(OC * C)),
-	      *fg = malloc(sizeof(float) * (size_t)(N * OC)), *fa = calloc((size_t)(N * C), sizeof(float)),
-	      *fb = malloc(sizeof(float) * (size_t)(N * C));
+	size_t fz = sizeof(float);
+	float *fi = malloc(fz * (size_t)(N * C)), *fw = malloc(fz * (size_t)(OC * C)),
+	      *fg = malloc(fz * (size_t)(N * OC)), *fa = calloc((size_t)(N * C), fz),
+	      *fb = malloc(fz * (size_t)(N * C));
 	for (int64_t i = 0; i < N * C; i++)
 		fi[i] = (float)c.inp[i], fb[i] = 1e3f * (float)c.inp[i];
 	for (int64_t i = 0; i < OC * C; i++)

@@ -98,9 +98,9 @@ static void plan_tp_comm(struct plan_tp *o, const struct ct_config *c,
  * each use (M = B x T rows of a micro-batch): forward x and w; backward dy (once for both
  * gradients) and, for dx, w again and, for dw, x again (not with rowwise_with_gw_hp, whose
  * dw stays high precision); recompute as forward. The casts are elementwise memory traffic
- * (PLAN_FP8_CAST_BYTES per element at plan.memory_bandwidth_gbs), charged at any fp8 peak. With the fp8
- * all-gather, each unit's wire bytes per shard element (1 for float8 weights). Returns the
- * per-unit array (or NULL); `note` gets a summary line. */
+ * (PLAN_FP8_CAST_BYTES per element at plan.memory_bandwidth_gbs), charged at any fp8 peak.
+ * With the fp8 all-gather, each unit's wire bytes per shard element (1 for float8 weights).
+ * Returns the per-unit array (or NULL); `note` gets a summary line. */
 static double *plan_float8(const struct ct_config *c, const struct param_table *t, int64_t shard,
                            int64_t M, bool bf16, double peak, struct sched_cost_model *cm,
                            char *note, size_t len)
@@ -159,7 +159,7 @@ static double *plan_float8(const struct ct_config *c, const struct param_table *
 	         "float8 linears (%s): %.1f%% of a block's linear FLOPs in fp8, at %s; casts %.2f "
 	         "GB forward, %.2f GB backward per block and micro-batch (%.0f B per element); "
 	         "all-gather %s\n",
-	         c->float8.recipe_name, 100.0 * frac, 
+	         c->float8.recipe_name, 100.0 * frac,
 	         fp8_peak > 0 ? "plan.fp8_peak_tflops" : "the bf16 rate (emulated: no fp8 peak given)",
 	         PLAN_FP8_CAST_BYTES * cast_fwd / 1e9, PLAN_FP8_CAST_BYTES * cast_bwd / 1e9,
 	         PLAN_FP8_CAST_BYTES, esz ? "fp8 for float8 weights" : "in the param dtype");

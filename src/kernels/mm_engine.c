@@ -189,7 +189,8 @@ static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int
 	int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
 	if (g_dtype == MM_BF16) {
 		if (e == MM_ENGINE_ONEDNN) {
-			const uint16_t *ta16 = mm_twin_of(A, ar, ac, lda), *tb16 = mm_twin_of(B, br, bc, ldb);
+			const uint16_t *ta16 = mm_twin_of(A, ar, ac, lda);
+			const uint16_t *tb16 = mm_twin_of(B, br, bc, ldb);
 			const void *a = ta16 ? (const void *)ta16 : mm_round(0, A, ar, ac, lda, true);
 			const void *b = tb16 ? (const void *)tb16 : mm_round(1, B, br, bc, ldb, true);
 			int rc = mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ta16 ? lda : ac, b,
