@@ -733,6 +733,19 @@ void llama_unit_recompute(struct llama_model *m, int u)
 
 /* ---------------------------------------------------------------- units: backward */
 
+void llama_attention_backward(struct llama_model *m, const struct llama_block_acts *a, int64_t B,
+                              int64_t T, int64_t H, int64_t KV, int64_t D)
+{
+	int64_t N = B * T;
+	memset(m->dq, 0, (size_t)(N * H * D) * sizeof(float));
+	memset(m->dk, 0, (size_t)(N * KV * D) * sizeof(float));
+	memset(m->dv, 0, (size_t)(N * KV * D) * sizeof(float));
+	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T,
+	                       H, KV, D);
+	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, B, T, H, D);
+	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, B, T, KV, D);
+}
+
 /* Mirrors block_forward bottom-up. On entry m->dres = dL/d(out); on exit dL/d(x). With a
  * split backward the weight gradients of the matmuls are left to block_backward_weight. */
 static void block_backward(struct llama_model *m, int l)
@@ -781,13 +794,7 @@ static void block_backward(struct llama_model *m, int l)
 		memcpy(k.dout1, m->dres, nc);
 		memcpy(k.att, a->att, (size_t)(N * HD) * sizeof(float));
 	}
-	memset(m->dq, 0, (size_t)(N * HD) * sizeof(float));
-	memset(m->dk, 0, (size_t)(N * KVD) * sizeof(float));
-	memset(m->dv, 0, (size_t)(N * KVD) * sizeof(float));
-	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-	                       H, KV, D);
-	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, B, T, H, D);
-	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, B, T, KV, D);
+	llama_attention_backward(m, a, B, T, H, KV, D);
 	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
 	matmul_backward_set_f32(m->dxn, split ? NULL : dw->wq, m->dq, m->xn, w->wq, N, C, HD);
 	matmul_backward_f32(m->dxn, split ? NULL : dw->wk, m->dk, m->xn, w->wk, N, C, KVD);

@@ -20,6 +20,12 @@ float *llama_block_output(struct llama_model *m, int l);
 
 /* Tensor parallelism (llama_tp.c): buffers, and the units with sequence parallelism and the
  * vocabulary-parallel loss. Called by llama.c when m->tp is set. */
+/* The attention core's backward, shared by the plain and tensor-parallel blocks: from m->datt
+ * (B*T tokens, H query and KV key/value heads of dim D: one TP rank's heads under TP) into
+ * freshly zeroed m->dq, m->dk, m->dv, then RoPE's backward on dq and dk. */
+void llama_attention_backward(struct llama_model *m, const struct llama_block_acts *a, int64_t B,
+                              int64_t T, int64_t H, int64_t KV, int64_t D);
+
 void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts);
 void llama_tp_free(struct llama_model *m);
 double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid);

@@ -385,13 +385,7 @@ static void tp_block_backward(struct llama_model *m, int l)
 	/* attention */
 	sp_gather(m, m->dres, b->part);
 	matmul_backward_set_f32(m->datt, dw.wo, b->part, a->att, w.wo, d.N, d.HD, d.C);
-	memset(m->dq, 0, (size_t)(d.N * d.HD) * sizeof(float));
-	memset(m->dk, 0, (size_t)(d.N * d.KVD) * sizeof(float));
-	memset(m->dv, 0, (size_t)(d.N * d.KVD) * sizeof(float));
-	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, d.B,
-	                       d.T, d.H, d.KV, d.D);
-	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
-	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+	llama_attention_backward(m, a, d.B, d.T, d.H, d.KV, d.D);
 	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, c->norm_eps);
 	sp_gather(m, m->xn, b->xg);
 	memset(b->part, 0, npc);
@@ -570,13 +564,7 @@ static void tp_block_backward_async(struct llama_model *m, int l)
 	/* attention */
 	memset(m->datt, 0, (size_t)(d.N * d.HD) * sizeof(float));
 	ring_gather(m, m->dres, b->part, rb_wo, &c);
-	memset(m->dq, 0, (size_t)(d.N * d.HD) * sizeof(float));
-	memset(m->dk, 0, (size_t)(d.N * d.KVD) * sizeof(float));
-	memset(m->dv, 0, (size_t)(d.N * d.KVD) * sizeof(float));
-	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, d.B,
-	                       d.T, d.H, d.KV, d.D);
-	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
-	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+	llama_attention_backward(m, a, d.B, d.T, d.H, d.KV, d.D);
 	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, cf->norm_eps);
 	ring_gather(m, m->xn, b->xg, rb_dwqkv, &c);
 	ring_reduce_scatter(m, b->rs_out, rb_dxqkv, &c);
