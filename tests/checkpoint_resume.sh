@@ -66,26 +66,8 @@ for layout in "2 1" "3 1" "4 2"; do
     grep -q "loaded step 4 " "$d.log"; check "4-rank checkpoint loads on $n ranks ($rep replicas) (exit 0)" $?
   metric "$d/metrics.jsonl" 5 8 > "$d.l"
   close "$d.l" "$tmp/f.l"; check "$n ranks ($rep replicas): steps 5-8 loss and grad_norm within 1e-5 of the 4-rank run" $?
-  $PY - "$tmp/f.samples" "$tmp/s.samples" "$d.samples" "$rep" <<'PY'
-import collections, glob, sys
-def read(prefix, keep):
-    out = collections.defaultdict(list)
-    for f in glob.glob(prefix + ".rank-*"):
-        for line in open(f):
-            s, x = map(int, line.split())
-            if keep(s): out[s].append(x)
-    return out
-full = read(sys.argv[1], lambda s: True)
-rep = int(sys.argv[4])
-got = read(sys.argv[2], lambda s: s <= 4)
-for s, xs in read(sys.argv[3], lambda s: s > 4).items():
-    got[s] += xs
-# replicas train on different samples: every sample once, each step the same set
-allx = [x for s in got for x in got[s]]
-ok = sorted(got) == list(range(1, 9)) and len(allx) == len(set(allx)) == 96
-ok = ok and all(sorted(got[s]) == sorted(full[s]) for s in full)
-sys.exit(0 if ok else 1)
-PY
+  # replicas train on different samples: every sample once, each step the same set
+  samples_once "$tmp/f.samples" "$tmp/s.samples" "$d.samples" 4 8 96
   check "$n ranks ($rep replicas): every sample of steps 1-8 seen exactly once, as uninterrupted" $?
 done
 

@@ -35,28 +35,6 @@ train() { # N TP DUMP_FOLDER args...: its exit status; the log's tail on a failu
     --parallelism.tensor_parallel_degree="$tp" --job.dump_folder="$dir" \
     --debug.sample_log="$dir.samples" "$@"
 }
-samples_once() { # SAVED_RUN RESUMED_RUN: steps 1-3 of one, 4-6 of the other, as uninterrupted
-  $PY - "$tmp/f.samples" "$1.samples" "$2.samples" <<'PY'
-import collections, glob, sys
-def read(prefix, keep):
-    out = collections.defaultdict(list)
-    for f in glob.glob(prefix + ".rank-*"):
-        for line in open(f):
-            s, x = map(int, line.split())
-            if keep(s): out[s].append(x)
-    return out
-full = read(sys.argv[1], lambda s: True)
-got = read(sys.argv[2], lambda s: s <= 3)
-for s, xs in read(sys.argv[3], lambda s: s > 3).items():
-    got[s] += xs
-allx = [x for s in got for x in got[s]]
-ok = sorted(got) == list(range(1, 7)) and len(allx) == len(set(allx)) == 24
-ok = ok and sorted(full) == list(range(1, 7)) and all(sorted(got[s]) == sorted(full[s]) for s in full)
-if not ok:
-    print("  samples:", dict(got), "uninterrupted:", dict(full), file=sys.stderr)
-sys.exit(0 if ok else 1)
-PY
-}
 resume() { # NAME SAVED_RUN N TP: resume a copy of SAVED_RUN's step-3 checkpoint
   local name=$1 src=$2 n=$3 tp=$4 d="$tmp/$1"
   mkdir -p "$d/checkpoint" && cp -r "$src/checkpoint/step-00000003" "$d/checkpoint/"
@@ -64,7 +42,7 @@ resume() { # NAME SAVED_RUN N TP: resume a copy of SAVED_RUN's step-3 checkpoint
   check "$name: resumed from step 3 (exit 0)" $?
   metric "$d/metrics.jsonl" 4 6 > "$d.l"
   close "$d.l" "$tmp/f.l"; check "$name: steps 4-6 loss and grad_norm within 1e-5 of the uninterrupted run" $?
-  samples_once "$src" "$d"; check "$name: every sample of steps 1-6 trained exactly once" $?
+  samples_once "$tmp/f.samples" "$src.samples" "$d.samples" 3 6 24; check "$name: every sample of steps 1-6 trained exactly once" $?
 }
 
 train 4 2 "$tmp/f" --checkpoint.interval=100

@@ -27,6 +27,9 @@ finish() {
 #             fields, each value within TOL (default 1e-5) relative to B's
 #   same A B  A and B are byte-identical and not empty
 #   run LOG CMD...    CMD with stdout+stderr to LOG (appended); its status, LOG's tail on failure
+#   samples_once FULL SAVED RESUMED CUT STEPS COUNT   from --debug.sample_log prefixes: steps
+#             1..CUT of SAVED and CUT+1..STEPS of RESUMED together trained COUNT samples, each
+#             once, every step the same set as in the uninterrupted run FULL (steps 1..STEPS)
 #   token_shards DIR SEED P MUL ADD NAME=COUNT...   token shards (CTTOKENS, vocabulary 509) in
 #             a new folder DIR, NAME.bin of COUNT tokens each, from one random.Random(SEED)
 #             stream: each token is (previous * MUL + ADD) % 509 with probability P (starting
@@ -88,5 +91,29 @@ for spec in sys.argv[6:]:
         toks.append(cur)
     with open(f"{d}/{name}.bin", "wb") as f:
         f.write(b"CTTOKENS" + struct.pack("<IIQ", 1, 2, n) + struct.pack(f"<{n}H", *toks))
+PY
+}
+samples_once() {
+  /usr/bin/python3 - "$@" <<'PY'
+import collections, glob, sys
+def read(prefix, keep):
+    out = collections.defaultdict(list)
+    for f in glob.glob(prefix + ".rank-*"):
+        for line in open(f):
+            s, x = map(int, line.split())
+            if keep(s): out[s].append(x)
+    return out
+cut, steps, count = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+full = read(sys.argv[1], lambda s: True)
+got = read(sys.argv[2], lambda s: s <= cut)
+for s, xs in read(sys.argv[3], lambda s: s > cut).items():
+    got[s] += xs
+allx = [x for s in got for x in got[s]]
+want = list(range(1, steps + 1))
+ok = sorted(got) == want and len(allx) == len(set(allx)) == count
+ok = ok and sorted(full) == want and all(sorted(got[s]) == sorted(full[s]) for s in full)
+if not ok:
+    print("  samples:", dict(got), "uninterrupted:", dict(full), file=sys.stderr)
+sys.exit(0 if ok else 1)
 PY
 }
