@@ -502,8 +502,8 @@ static struct wkeep wkeep_at(const struct llama_model *m, int u)
 	float *p = m->wkeep + (int64_t)(u - m->unit_lo) * wkeep_floats(m);
 	float **slot[] = {&k.dout2, &k.gate, &k.dh1, &k.dh3, &k.xn2, &k.dout1,
 	                  &k.att,   &k.dq,   &k.dk,  &k.dv,  &k.xn1};
-	const int64_t n[] = {N * C, N * F, N * F, N * F, N * C, N * C, N * HD, N * HD,
-	                     N * KVD, N * KVD, N * C};
+	const int64_t n[] = {N * C,  N * F,  N * F,   N * F,   N * C, N * C,
+	                     N * HD, N * HD, N * KVD, N * KVD, N * C};
 	for (size_t i = 0; i < sizeof(n) / sizeof(n[0]); i++) {
 		*slot[i] = p;
 		p += n[i];
@@ -577,8 +577,10 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 			return CT_ERR_USAGE;
 		}
 		int n = (m->unit_hi < L + 1 ? m->unit_hi : L + 1) - m->unit_lo; /* not the head */
-		m->wkeep_bytes = (int64_t)(n > 0 ? n : 0) * wkeep_floats(m) * (int64_t)sizeof(float);
-		m->wkeep = m->wkeep_bytes ? mem_alloc(MEM_ACTIVATIONS, (size_t)m->wkeep_bytes) : NULL;
+		m->wkeep_bytes =
+		    (int64_t)(n > 0 ? n : 0) * wkeep_floats(m) * (int64_t)sizeof(float);
+		m->wkeep =
+		    m->wkeep_bytes ? mem_alloc(MEM_ACTIVATIONS, (size_t)m->wkeep_bytes) : NULL;
 	}
 	return CT_OK;
 }
@@ -885,6 +887,42 @@ bool llama_unit_needs_recompute(const struct llama_model *m, int u)
 {
 	return (m->ac == MODEL_AC_SELECTIVE || m->ac == MODEL_AC_FULL) && u > 0 &&
 	       u <= m->cfg.n_layers;
+}
+
+void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out)
+{
+	if (m->tp) {
+		llama_tp_unit_prog(m, u, p, out);
+		return;
+	}
+	memset(out, 0, sizeof(*out));
+}
+
+double llama_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
+                     int64_t *n_valid, bool *ran)
+{
+	if (ran)
+		*ran = false;
+	if (n_valid)
+		*n_valid = 0;
+	if (!m->tp) {
+		CHECK(op == 0, "unit %d: op %d of a one-segment program", u, op);
+		if (p == MODEL_PASS_FWD)
+			return llama_unit_forward(m, u, n_valid);
+		if (p == MODEL_PASS_BWD)
+			llama_unit_backward(m, u, dscale);
+		else
+			llama_unit_recompute(m, u);
+		return 0.0;
+	}
+	bool r = llama_tp_unit_op(m, u, p, op, dscale);
+	if (ran)
+		*ran = r;
+	struct model_prog g;
+	llama_tp_unit_prog(m, u, p, &g);
+	if (p == MODEL_PASS_FWD && u == m->table.n_units - 1 && op == 2 * g.n)
+		return llama_tp_unit_loss(m, n_valid);
+	return 0.0;
 }
 
 void llama_backward(struct llama_model *m, double dscale)

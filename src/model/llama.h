@@ -17,6 +17,7 @@
 #include <stdint.h>
 
 #include "model/model_ac.h"
+#include "model/model_prog.h"
 #include "model/param_table.h"
 
 struct comm_group;
@@ -215,6 +216,14 @@ void llama_unit_recompute(struct llama_model *m, int u);
 void llama_unit_backward_weight(struct llama_model *m, int u);
 /* Whether unit u's backward needs llama_unit_recompute first (SELECTIVE and FULL blocks). */
 bool llama_unit_needs_recompute(const struct llama_model *m, int u);
+/* Unit u's pass as a program (model/model_prog.h): under tensor parallelism, compute
+ * segments with the TP collectives between them; otherwise one segment (n = 0). */
+void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out);
+/* Op `op` of that program (segment op / 2 or collective op / 2); *ran (may be NULL) says
+ * whether a collective ran. Returns the loss sum after the head's last forward op (else 0),
+ * with its valid targets in *n_valid (may be NULL). Ops in order are the unit's pass. */
+double llama_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
+                     int64_t *n_valid, bool *ran);
 
 /* Whole-model conveniences built from the units. */
 double llama_forward(struct llama_model *m, int64_t *n_valid);

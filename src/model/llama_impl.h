@@ -4,6 +4,7 @@
 #define CT_MODEL_LLAMA_IMPL_H
 
 #include "model/llama.h"
+#include "model/model_prog.h"
 
 /* Table indices: 0 tok_embeddings, llama_param_index(l, k) the block tensors (llama.h),
  * then norm, output. */
@@ -32,5 +33,11 @@ double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid);
 void llama_tp_unit_backward(struct llama_model *m, int u, double dscale);
 /* MODEL_AC_FULL: the unit's forward again (bitwise: the collectives are deterministic). */
 void llama_tp_unit_recompute(struct llama_model *m, int u);
+/* The units as programs (model/model_prog.h): the three above run every op in order. */
+void llama_tp_unit_prog(const struct llama_model *m, int u, enum model_pass p,
+                        struct model_prog *out);
+bool llama_tp_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale);
+/* After the head's forward program: its loss sum and valid targets. */
+double llama_tp_unit_loss(const struct llama_model *m, int64_t *n_valid);
 
 #endif

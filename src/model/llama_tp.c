@@ -22,282 +22,15 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "base/log.h"
-#include "base/mem.h"
 #include "base/timer.h"
 #include "comm/comm.h"
-#include "comm/p2p.h"
 #include "kernels/kernels.h"
-#include "model/llama_impl.h"
+#include "model/llama_tp_impl.h"
+#include "model/model_prog.h"
 
-struct llama_tp_bufs {
-	float *xg;         /* (Np, C) gathered norm output */
-	float *part;       /* (Np, C) partial sums to reduce-scatter / gathered gradient */
-	float *rs_scratch; /* 2 * Ns * C */
-	float *rs_out;     /* (Ns, C) */
-	float *dnorm;      /* (tp, C): a norm weight's gradient from every rank */
-	float *stat;       /* 3 * ce_chunk: row max, sum of exponentials, target logit */
-	float *ring;       /* async: 3 * Ns * C (two partial sums in flight, one received) */
-	size_t bytes;
-	double comm_s; /* time in TP collectives (all on the compute path: exposed) */
-	/* async TP: ring steps instead of the block's all-gathers and reduce-scatters */
-	bool async;
-	double sim_bytes_per_s, sim_latency_s; /* simulated link (0: off) */
-	double timeout_s;
-};
-
-double llama_tp_comm_seconds(const struct llama_model *m)
-{
-	return m->tpb ? m->tpb->comm_s : 0.0;
-}
-
-void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts)
-{
-	int64_t C = m->cfg.dim, Np = m->Np, Ns = m->Ns, S = m->tp->size;
-	int64_t n = 2 * Np * C + 2 * Ns * C + Ns * C + S * C + 3 * m->ce_chunk;
-	if (opts->tp_async)
-		n += 3 * Ns * C;
-	struct llama_tp_bufs *b = xcalloc(1, sizeof(*b));
-	b->bytes = (size_t)n * sizeof(float);
-	float *p = mem_alloc(MEM_ACTIVATIONS, b->bytes);
-	memset(p, 0, b->bytes);
-	b->xg = p;
-	b->part = b->xg + Np * C;
-	b->rs_scratch = b->part + Np * C;
-	b->rs_out = b->rs_scratch + 2 * Ns * C;
-	b->dnorm = b->rs_out + Ns * C;
-	b->stat = b->dnorm + S * C;
-	b->ring = opts->tp_async ? b->stat + 3 * m->ce_chunk : NULL;
-	b->async = opts->tp_async;
-	b->sim_bytes_per_s = opts->tp_sim_gbps > 0 ? opts->tp_sim_gbps * 1e9 / 8.0 : 0.0;
-	b->sim_latency_s = b->sim_bytes_per_s > 0 ? opts->tp_sim_latency_us * 1e-6 : 0.0;
-	b->timeout_s = opts->tp_timeout_s;
-	m->tpb = b;
-}
-
-void llama_tp_free(struct llama_model *m)
-{
-	if (!m->tpb)
-		return;
-	mem_free(MEM_ACTIVATIONS, m->tpb->xg, m->tpb->bytes);
-	free(m->tpb);
-	m->tpb = NULL;
-}
-
-/* ---------------------------------------------------------------- collectives */
-
-static void add_rows(float *out, const float *a, const float *b, int64_t n)
-{
-#pragma omp parallel for simd schedule(static)
-	for (int64_t i = 0; i < n; i++)
-		out[i] = a[i] + b[i];
-}
-
-/* Sleep until timer_now() reaches `until` (a simulated transfer's arrival). */
-static void wait_until(double until)
-{
-	double left = until - timer_now();
-	if (left > 0) {
-		struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
-		nanosleep(&ts, NULL);
-	}
-	while (timer_now() < until)
-		;
-}
-
-/* A simulated link (comm.simulate_*): a TP collective that moved `wire` bytes in `hops`
- * ring steps lasts at least hops x latency + wire / bandwidth from t0 (spent waiting). */
-static void sim_stretch(const struct llama_tp_bufs *b, double t0, int64_t wire, int64_t hops)
-{
-	if (b->sim_bytes_per_s <= 0)
-		return;
-	wait_until(t0 + (double)hops * b->sim_latency_s + (double)wire / b->sim_bytes_per_s);
-}
-
-/* full(Np, C) = the token shards of every rank, in rank order. */
-static void sp_gather(struct llama_model *m, const float *shard, float *full)
-{
-	int64_t bytes = m->Ns * m->cfg.dim * (int64_t)sizeof(float), S = m->tp->size;
-	double t0 = timer_now();
-	comm_all_gather(m->tp, shard, full, bytes);
-	sim_stretch(m->tpb, t0, (S - 1) * bytes, S - 1);
-	m->tpb->comm_s += timer_now() - t0;
-}
-
-/* out(Ns, C) = this rank's token rows of the sum over ranks of part(Np, C). Rows N..Np of
- * part (padding) are zeroed first. */
-static void sp_reduce_scatter(struct llama_model *m, float *part, float *out)
-{
-	int64_t C = m->cfg.dim;
-	memset(part + m->N * C, 0, (size_t)((m->Np - m->N) * C) * sizeof(float));
-	int64_t S = m->tp->size;
-	double t0 = timer_now();
-	comm_reduce_scatter_f32(m->tp, part, out, m->Ns * C, m->tpb->rs_scratch);
-	sim_stretch(m->tpb, t0, (S - 1) * m->Ns * C * (int64_t)sizeof(float), S - 1);
-	m->tpb->comm_s += timer_now() - t0;
-}
-
-/* ---------------------------------------------------------------- async TP: ring steps
- *
- * All-gather + matmul: S steps; in step k rank r holds token block (r - k) mod S of the
- * gathered buffer, sends it to rank r + 1 and receives block (r - k - 1) from rank r - 1
- * while it multiplies the block it has. Matmul + reduce-scatter: in step k rank r computes its
- * partial sum of block (r - k - 1) mod S while the running sum of that block travels from
- * rank r - 1; it adds the two and passes the sum on; after S steps it holds the sum of its
- * own block. Only the time spent waiting for a transfer is TP communication on the compute
- * path (exposed); with a simulated link a transfer arrives no earlier than latency +
- * bytes / bandwidth after it was posted. */
-
-/* Rows [r0, r0 + n) of the micro-batch's N tokens that token block `blk` covers (n <= 0:
- * only padding). */
-static int64_t block_rows(const struct llama_model *m, int64_t blk, int64_t *r0)
-{
-	*r0 = blk * m->Ns;
-	int64_t n = m->N - *r0;
-	return n < m->Ns ? n : m->Ns;
-}
-
-typedef void (*ring_fn)(struct llama_model *m, const void *ctx, int64_t r0, int64_t n,
-                        float *out);
-
-static void ring_wait(struct llama_model *m, struct comm_p2p *req, double arrive,
-                      const char *what)
-{
-	double t0 = timer_now();
-	comm_p2p_wait(req, m->tpb->timeout_s, what);
-	if (arrive > 0)
-		wait_until(arrive);
-	m->tpb->comm_s += timer_now() - t0;
-}
-
-static double ring_arrival(const struct llama_model *m, int64_t bytes)
-{
-	const struct llama_tp_bufs *b = m->tpb;
-	return b->sim_bytes_per_s > 0
-	           ? timer_now() + b->sim_latency_s + (double)bytes / b->sim_bytes_per_s
-	           : 0.0;
-}
-
-#define RING_TAG 0x5470 /* the TP group's point-to-point tags: RING_TAG + step */
-
-/* full(Np, C) = every rank's shard (as sp_gather); fn(m, ctx, r0, n, NULL) runs on each
- * block of real rows as soon as it is here. */
-static void ring_gather(struct llama_model *m, const float *shard, float *full, ring_fn fn,
-                        const void *ctx)
-{
-	int64_t C = m->cfg.dim, S = m->tp->size, R = m->tp->rank, blk = m->Ns * C;
-	int64_t bytes = blk * (int64_t)sizeof(float);
-	int right = (int)((R + 1) % S), left = (int)((R + S - 1) % S);
-	memcpy(full + R * blk, shard, (size_t)bytes);
-	for (int64_t k = 0; k < S; k++) {
-		int64_t have = (R - k + S) % S, next = (R - k - 1 + S) % S, r0;
-		struct comm_p2p sreq = {0}, rreq = {0};
-		double arrive = 0.0;
-		if (k < S - 1) {
-			comm_p2p_irecv(m->tp, left, RING_TAG + (int)k, full + next * blk, bytes, &rreq);
-			comm_p2p_isend(m->tp, right, RING_TAG + (int)k, full + have * blk, bytes,
-			               &sreq);
-			arrive = ring_arrival(m, bytes);
-		}
-		int64_t n = block_rows(m, have, &r0);
-		if (fn && n > 0)
-			fn(m, ctx, r0, n, NULL);
-		if (k < S - 1) {
-			ring_wait(m, &rreq, arrive, "async TP all-gather (receive)");
-			ring_wait(m, &sreq, 0.0, "async TP all-gather (send)");
-		}
-	}
-}
-
-/* out(Ns, C) = this rank's block of the sum over ranks of the partial sums that
- * fn(m, ctx, r0, n, dst) writes for rows [r0, r0 + n) into dst (n x C, zeroed first). */
-static void ring_reduce_scatter(struct llama_model *m, float *out, ring_fn fn, const void *ctx)
-{
-	int64_t C = m->cfg.dim, S = m->tp->size, R = m->tp->rank, blk = m->Ns * C;
-	int64_t bytes = blk * (int64_t)sizeof(float);
-	int right = (int)((R + 1) % S), left = (int)((R + S - 1) % S);
-	float *buf[2] = {m->tpb->ring, m->tpb->ring + blk}, *rin = m->tpb->ring + 2 * blk;
-	struct comm_p2p sreq[2] = {{0}, {0}}, rreq = {0};
-	double arrive = 0.0;
-	for (int64_t k = 0; k < S; k++) {
-		int64_t b = (R - k - 1 + S) % S, r0;
-		float *acc = k == S - 1 ? out : buf[k & 1];
-		if (k >= 2)
-			ring_wait(m, &sreq[k & 1], 0.0, "async TP reduce-scatter (send)");
-		memset(acc, 0, (size_t)bytes);
-		int64_t n = block_rows(m, b, &r0);
-		if (n > 0)
-			fn(m, ctx, r0, n, acc);
-		if (k > 0) {
-			ring_wait(m, &rreq, arrive, "async TP reduce-scatter (receive)");
-			add_rows(acc, acc, rin, blk);
-		}
-		if (k < S - 1) {
-			comm_p2p_irecv(m->tp, left, RING_TAG + (int)k, rin, bytes, &rreq);
-			comm_p2p_isend(m->tp, right, RING_TAG + (int)k, acc, bytes, &sreq[k & 1]);
-			arrive = ring_arrival(m, bytes);
-		}
-	}
-	for (int i = 0; i < 2; i++)
-		ring_wait(m, &sreq[i], 0.0, "async TP reduce-scatter (send)");
-}
-
-/* RMSNorm backward on the token shard; the weight's gradient is partial over the shards, so
- * it is summed over the group in rank order (identical on every rank) before accumulating. */
-static void tp_norm_backward(struct llama_model *m, float *dx, float *dw, const float *dout,
-                             const float *x, const float *w, const float *rstd)
-{
-	int64_t C = m->cfg.dim, S = m->tp->size;
-	float *mine = m->tpb->rs_scratch; /* free between collectives */
-	memset(mine, 0, (size_t)C * sizeof(float));
-	rmsnorm_backward_f32(dx, mine, dout, x, w, rstd, m->Ns, C);
-	double t0 = timer_now();
-	comm_all_gather(m->tp, mine, m->tpb->dnorm, C * (int64_t)sizeof(float));
-	m->tpb->comm_s += timer_now() - t0;
-	for (int64_t r = 0; r < S; r++)
-		for (int64_t j = 0; j < C; j++)
-			dw[j] += m->tpb->dnorm[r * C + j];
-}
-
-/* ---------------------------------------------------------------- embedding */
-
-static void tp_embedding_forward(struct llama_model *m)
-{
-	const struct param_entry *p = &m->table.p[PARAM_TOK_EMB];
-	const float *emb = llama_tensor_at(m, m->unit_w, PARAM_TOK_EMB);
-	int64_t C = m->cfg.dim, v0 = p->tp_start, vn = p->tp_valid;
-	float *part = m->tpb->part;
-	memset(part, 0, (size_t)(m->N * C) * sizeof(float));
-#pragma omp parallel for schedule(static)
-	for (int64_t i = 0; i < m->N; i++) {
-		int64_t t = (int64_t)m->tokens[i] - v0;
-		if (t >= 0 && t < vn)
-			memcpy(part + i * C, emb + t * C, (size_t)C * sizeof(float));
-	}
-	sp_reduce_scatter(m, part, m->cfg.n_layers > 0 ? m->acts[0].x : m->x_final);
-}
-
-static void tp_embedding_backward(struct llama_model *m)
-{
-	const struct param_entry *p = &m->table.p[PARAM_TOK_EMB];
-	float *demb = llama_tensor_at(m, m->unit_dw, PARAM_TOK_EMB);
-	int64_t C = m->cfg.dim, v0 = p->tp_start, vn = p->tp_valid;
-	float *g = m->tpb->part;
-	sp_gather(m, m->dres, g);
-	for (int64_t i = 0; i < m->N; i++) { /* serial: a fixed summation order per row */
-		int64_t t = (int64_t)m->tokens[i] - v0;
-		if (t < 0 || t >= vn)
-			continue;
-		float *d = demb + t * C;
-		const float *s = g + i * C;
-		for (int64_t j = 0; j < C; j++)
-			d[j] += s[j];
-	}
-}
-
-/* ---------------------------------------------------------------- blocks */
+/* ---------------------------------------------------------------- dimensions */
 
 struct tp_dims {
 	int64_t B, T, N, Ns, C, D, H, KV, HD, KVD, F;
@@ -307,268 +40,18 @@ static struct tp_dims tp_dims(const struct llama_model *m)
 {
 	const struct llama_config *c = &m->cfg;
 	int64_t S = m->tp->size;
-	struct tp_dims d = {.B = m->B, .T = m->T, .N = m->N, .Ns = m->Ns, .C = c->dim,
-	                    .D = c->head_dim, .H = c->n_heads / S, .KV = c->n_kv_heads / S,
+	struct tp_dims d = {.B = m->B,
+	                    .T = m->T,
+	                    .N = m->N,
+	                    .Ns = m->Ns,
+	                    .C = c->dim,
+	                    .D = c->head_dim,
+	                    .H = c->n_heads / S,
+	                    .KV = c->n_kv_heads / S,
 	                    .F = c->ffn_hidden / S};
 	d.HD = d.H * d.D;
 	d.KVD = d.KV * d.D;
 	return d;
-}
-
-/* h = x + RS(wo(attn(rope(wq AG(xn)), ...))),  xn = rmsnorm(x) on the token shard;
- * out = h + RS(w2(silu(w1 AG(hn)) * w3 AG(hn))). */
-static void tp_block_forward(struct llama_model *m, int l)
-{
-	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
-	struct llama_block_acts *a = &m->acts[l];
-	struct llama_tp_bufs *b = m->tpb;
-	const struct tp_dims d = tp_dims(m);
-	float *out = llama_block_output(m, l);
-
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, c->norm_eps);
-	sp_gather(m, m->xn, b->xg);
-	matmul_forward_f32(a->q, b->xg, w.wq, d.N, d.C, d.HD, 0);
-	matmul_forward_f32(a->k, b->xg, w.wk, d.N, d.C, d.KVD, 0);
-	matmul_forward_f32(a->v, b->xg, w.wv, d.N, d.C, d.KVD, 0);
-	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
-	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
-	attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
-	matmul_forward_f32(b->part, a->att, w.wo, d.N, d.HD, d.C, 0);
-	sp_reduce_scatter(m, b->part, b->rs_out);
-	add_rows(a->xmid, a->x, b->rs_out, d.Ns * d.C);
-
-	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, c->norm_eps);
-	sp_gather(m, m->xn, b->xg);
-	float *h1 = m->recompute_ffn ? m->h1s : a->h1, *h3 = m->recompute_ffn ? m->h3s : a->h3;
-	matmul_forward_f32(h1, b->xg, w.w1, d.N, d.C, d.F, 0);
-	matmul_forward_f32(h3, b->xg, w.w3, d.N, d.C, d.F, 0);
-	swiglu_forward_f32(m->gate, h1, h3, d.N * d.F);
-	matmul_forward_f32(b->part, m->gate, w.w2, d.N, d.F, d.C, 0);
-	sp_reduce_scatter(m, b->part, b->rs_out);
-	add_rows(out, a->xmid, b->rs_out, d.Ns * d.C);
-}
-
-/* Mirrors tp_block_forward. On entry m->dres = dL/d(out) on the token shard; on exit
- * dL/d(x). */
-static void tp_block_backward(struct llama_model *m, int l)
-{
-	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
-	const struct llama_block_ptrs dw = llama_block_ptrs_of(m, m->unit_dw, l);
-	struct llama_block_acts *a = &m->acts[l];
-	struct llama_tp_bufs *b = m->tpb;
-	const struct tp_dims d = tp_dims(m);
-	size_t npc = (size_t)(m->Np * d.C) * sizeof(float);
-
-	/* feed-forward */
-	sp_gather(m, m->dres, b->part); /* dL/d(w2 output), all tokens */
-	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, c->norm_eps);
-	sp_gather(m, m->xn, b->xg);
-	const float *h1 = a->h1, *h3 = a->h3;
-	if (m->recompute_ffn) { /* activation_checkpoint.mode = ffn: the up-projections again */
-		matmul_forward_f32(m->h1s, b->xg, w.w1, d.N, d.C, d.F, 0);
-		matmul_forward_f32(m->h3s, b->xg, w.w3, d.N, d.C, d.F, 0);
-		h1 = m->h1s;
-		h3 = m->h3s;
-	}
-	swiglu_forward_f32(m->gate, h1, h3, d.N * d.F);
-	matmul_backward_f32(NULL, dw.w2, b->part, m->gate, w.w2, d.N, d.F, d.C);
-	/* first writes overwrite (beta 0): no zeroing pass */
-	matmul_backward_set_f32(m->gate, NULL, b->part, NULL, w.w2, d.N, d.F, d.C); /* d(gate) */
-	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, d.N * d.F);
-	matmul_backward_set_f32(b->part, dw.w1, m->dh1, b->xg, w.w1, d.N, d.C, d.F);
-	matmul_backward_f32(b->part, dw.w3, m->dh3, b->xg, w.w3, d.N, d.C, d.F);
-	sp_reduce_scatter(m, b->part, b->rs_out);
-	tp_norm_backward(m, m->dres, dw.ffn_norm, b->rs_out, a->xmid, w.ffn_norm, a->rstd2);
-
-	/* attention */
-	sp_gather(m, m->dres, b->part);
-	matmul_backward_set_f32(m->datt, dw.wo, b->part, a->att, w.wo, d.N, d.HD, d.C);
-	llama_attention_backward(m, a, d.B, d.T, d.H, d.KV, d.D);
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, c->norm_eps);
-	sp_gather(m, m->xn, b->xg);
-	memset(b->part, 0, npc);
-	matmul_backward_f32(b->part, dw.wq, m->dq, b->xg, w.wq, d.N, d.C, d.HD);
-	matmul_backward_f32(b->part, dw.wk, m->dk, b->xg, w.wk, d.N, d.C, d.KVD);
-	matmul_backward_f32(b->part, dw.wv, m->dv, b->xg, w.wv, d.N, d.C, d.KVD);
-	sp_reduce_scatter(m, b->part, b->rs_out);
-	tp_norm_backward(m, m->dres, dw.attn_norm, b->rs_out, a->x, w.attn_norm, a->rstd1);
-}
-
-/* ---------------------------------------------------------------- async TP blocks */
-
-/* The block's operands, for the ring callbacks. */
-struct ring_ctx {
-	const struct llama_block_ptrs *w, *dw;
-	struct llama_block_acts *a;
-	struct tp_dims d;
-	float *h1, *h3; /* the up-projections: saved, or scratch under ffn checkpointing */
-};
-
-/* rows of q, k, v from the gathered norm output */
-static void rf_qkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	const float *x = m->tpb->xg + r0 * c->d.C;
-	(void)out;
-	matmul_forward_f32(c->a->q + r0 * c->d.HD, x, c->w->wq, n, c->d.C, c->d.HD, 0);
-	matmul_forward_f32(c->a->k + r0 * c->d.KVD, x, c->w->wk, n, c->d.C, c->d.KVD, 0);
-	matmul_forward_f32(c->a->v + r0 * c->d.KVD, x, c->w->wv, n, c->d.C, c->d.KVD, 0);
-}
-
-static void rf_w13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	const float *x = m->tpb->xg + r0 * c->d.C;
-	(void)out;
-	matmul_forward_f32(c->h1 + r0 * c->d.F, x, c->w->w1, n, c->d.C, c->d.F, 0);
-	matmul_forward_f32(c->h3 + r0 * c->d.F, x, c->w->w3, n, c->d.C, c->d.F, 0);
-}
-
-static void rf_wo(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	(void)m;
-	matmul_forward_f32(out, c->a->att + r0 * c->d.HD, c->w->wo, n, c->d.HD, c->d.C, 0);
-}
-
-static void rf_w2(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	matmul_forward_f32(out, m->gate + r0 * c->d.F, c->w->w2, n, c->d.F, c->d.C, 0);
-}
-
-static void tp_block_forward_async(struct llama_model *m, int l)
-{
-	const struct llama_config *cf = &m->cfg;
-	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
-	struct llama_block_acts *a = &m->acts[l];
-	struct llama_tp_bufs *b = m->tpb;
-	const struct ring_ctx c = {.w = &w,
-	                           .a = a,
-	                           .d = tp_dims(m),
-	                           .h1 = m->recompute_ffn ? m->h1s : a->h1,
-	                           .h3 = m->recompute_ffn ? m->h3s : a->h3};
-	const struct tp_dims d = c.d;
-	float *out = llama_block_output(m, l);
-
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, cf->norm_eps);
-	ring_gather(m, m->xn, b->xg, rf_qkv, &c);
-	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
-	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
-	attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
-	ring_reduce_scatter(m, b->rs_out, rf_wo, &c);
-	add_rows(a->xmid, a->x, b->rs_out, d.Ns * d.C);
-
-	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, cf->norm_eps);
-	ring_gather(m, m->xn, b->xg, rf_w13, &c);
-	swiglu_forward_f32(m->gate, c.h1, c.h3, d.N * d.F);
-	ring_reduce_scatter(m, b->rs_out, rf_w2, &c);
-	add_rows(out, a->xmid, b->rs_out, d.Ns * d.C);
-}
-
-/* the gathered output gradient (in tpb->part) through w2: dW2 from the saved gate rows, then
- * those rows become d(gate) */
-static void rb_w2(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	const float *g = m->tpb->part + r0 * c->d.C;
-	float *gate = m->gate + r0 * c->d.F;
-	(void)out;
-	matmul_backward_f32(NULL, c->dw->w2, g, gate, c->w->w2, n, c->d.F, c->d.C);
-	memset(gate, 0, (size_t)(n * c->d.F) * sizeof(float));
-	matmul_backward_f32(gate, NULL, g, NULL, c->w->w2, n, c->d.F, c->d.C);
-}
-
-static void rb_wo(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	const float *g = m->tpb->part + r0 * c->d.C;
-	(void)out;
-	matmul_backward_f32(m->datt + r0 * c->d.HD, c->dw->wo, g, c->a->att + r0 * c->d.HD,
-	                    c->w->wo, n, c->d.HD, c->d.C);
-}
-
-/* weight gradients of w1, w3 from the gathered norm output */
-static void rb_dw13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	const float *x = m->tpb->xg + r0 * c->d.C;
-	(void)out;
-	matmul_backward_f32(NULL, c->dw->w1, m->dh1 + r0 * c->d.F, x, c->w->w1, n, c->d.C, c->d.F);
-	matmul_backward_f32(NULL, c->dw->w3, m->dh3 + r0 * c->d.F, x, c->w->w3, n, c->d.C, c->d.F);
-}
-
-static void rb_dx13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	matmul_backward_f32(out, NULL, m->dh1 + r0 * c->d.F, NULL, c->w->w1, n, c->d.C, c->d.F);
-	matmul_backward_f32(out, NULL, m->dh3 + r0 * c->d.F, NULL, c->w->w3, n, c->d.C, c->d.F);
-}
-
-static void rb_dwqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	const struct tp_dims *d = &c->d;
-	const float *x = m->tpb->xg + r0 * d->C;
-	(void)out;
-	matmul_backward_f32(NULL, c->dw->wq, m->dq + r0 * d->HD, x, c->w->wq, n, d->C, d->HD);
-	matmul_backward_f32(NULL, c->dw->wk, m->dk + r0 * d->KVD, x, c->w->wk, n, d->C, d->KVD);
-	matmul_backward_f32(NULL, c->dw->wv, m->dv + r0 * d->KVD, x, c->w->wv, n, d->C, d->KVD);
-}
-
-static void rb_dxqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
-{
-	const struct ring_ctx *c = ctx;
-	const struct tp_dims *d = &c->d;
-	matmul_backward_f32(out, NULL, m->dq + r0 * d->HD, NULL, c->w->wq, n, d->C, d->HD);
-	matmul_backward_f32(out, NULL, m->dk + r0 * d->KVD, NULL, c->w->wk, n, d->C, d->KVD);
-	matmul_backward_f32(out, NULL, m->dv + r0 * d->KVD, NULL, c->w->wv, n, d->C, d->KVD);
-}
-
-/* Mirrors tp_block_backward with the same ring steps as the forward. */
-static void tp_block_backward_async(struct llama_model *m, int l)
-{
-	const struct llama_config *cf = &m->cfg;
-	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
-	const struct llama_block_ptrs dw = llama_block_ptrs_of(m, m->unit_dw, l);
-	struct llama_block_acts *a = &m->acts[l];
-	struct llama_tp_bufs *b = m->tpb;
-	const struct ring_ctx c = {.w = &w,
-	                           .dw = &dw,
-	                           .a = a,
-	                           .d = tp_dims(m),
-	                           .h1 = m->recompute_ffn ? m->h1s : a->h1,
-	                           .h3 = m->recompute_ffn ? m->h3s : a->h3};
-	const struct tp_dims d = c.d;
-
-	/* feed-forward (ffn checkpointing: the norm output is gathered first, recomputing the
-	 * up-projections on the way, and then serves the weight gradients as it is) */
-	if (m->recompute_ffn) {
-		rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, cf->norm_eps);
-		ring_gather(m, m->xn, b->xg, rf_w13, &c);
-	}
-	swiglu_forward_f32(m->gate, c.h1, c.h3, d.N * d.F);
-	ring_gather(m, m->dres, b->part, rb_w2, &c);
-	swiglu_backward_f32(m->dh1, m->dh3, m->gate, c.h1, c.h3, d.N * d.F); /* overwrites */
-	if (m->recompute_ffn) {
-		rb_dw13(m, &c, 0, d.N, NULL);
-	} else {
-		rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, cf->norm_eps);
-		ring_gather(m, m->xn, b->xg, rb_dw13, &c);
-	}
-	ring_reduce_scatter(m, b->rs_out, rb_dx13, &c);
-	tp_norm_backward(m, m->dres, dw.ffn_norm, b->rs_out, a->xmid, w.ffn_norm, a->rstd2);
-
-	/* attention */
-	memset(m->datt, 0, (size_t)(d.N * d.HD) * sizeof(float));
-	ring_gather(m, m->dres, b->part, rb_wo, &c);
-	llama_attention_backward(m, a, d.B, d.T, d.H, d.KV, d.D);
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, cf->norm_eps);
-	ring_gather(m, m->xn, b->xg, rb_dwqkv, &c);
-	ring_reduce_scatter(m, b->rs_out, rb_dxqkv, &c);
-	tp_norm_backward(m, m->dres, dw.attn_norm, b->rs_out, a->x, w.attn_norm, a->rstd1);
 }
 
 /* ---------------------------------------------------------------- head: loss parallelism */
@@ -652,114 +135,782 @@ static double tp_cross_entropy(struct llama_model *m, float *dx, float *dw, doub
 	return loss_sum;
 }
 
-/* Final norm on the token shard, all-gather, then the fused vocabulary-parallel output and
- * loss (with its gradient when the step's scale is known, reduce-scattered into m->dxn). */
-static double tp_head_forward(struct llama_model *m, int64_t *n_valid)
+/* ---------------------------------------------------------------- programs
+ *
+ * Every pass of a unit is a program (model/model_prog.h): compute segments with the TP
+ * collectives between them, so a schedule runs the collectives as nodes of their own. Ops
+ * at even indices are segments (fn may be NULL: nothing to compute there), at odd indices
+ * collectives; a collective returns whether it ran (the loss gradient's reduce-scatter runs
+ * on one side of the fused loss only). Segment functions hand state to the next op through
+ * the model's buffers, exactly as the straight-line code did, so the ops in order compute
+ * the same thing bitwise.
+ */
+
+/* What a collective moves: the (Ns, C) activation shard, or one norm weight's (C) partial
+ * gradient. */
+enum tp_size { TP_ACT, TP_NORM };
+
+struct tp_op {
+	void (*seg)(struct llama_model *m, int l);
+	bool (*coll)(struct llama_model *m, int l);
+	enum model_coll kind;
+	enum tp_size size;
+	bool ring;                 /* async TP ring steps with the matmul beside it */
+	enum model_coll_when when; /* MODEL_COLL_ALWAYS unless the loss gradient's */
+	int ring_mm;               /* ring: which matmul hides it (enum tp_ring_mm) */
+};
+
+/* the matmuls async TP hides ring steps behind, per block pass (for the cost model) */
+enum tp_ring_mm { MM_NONE, MM_QKV, MM_WO, MM_W13, MM_W2 };
+
+#define SEG(f)                                                                                     \
+	{                                                                                          \
+		.seg = (f)                                                                         \
+	}
+#define AG(f)                                                                                      \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_ALL_GATHER, .size = TP_ACT                         \
+	}
+#define RS(f)                                                                                      \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_REDUCE_SCATTER, .size = TP_ACT                     \
+	}
+#define AGN(f)                                                                                     \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_ALL_GATHER, .size = TP_NORM                        \
+	}
+#define RAG(f, mm)                                                                                 \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_ALL_GATHER, .size = TP_ACT, .ring = true,          \
+		.ring_mm = (mm)                                                                    \
+	}
+#define RRS(f, mm)                                                                                 \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_REDUCE_SCATTER, .size = TP_ACT, .ring = true,      \
+		.ring_mm = (mm)                                                                    \
+	}
+
+/* ---- a block's operands */
+
+struct tp_blk {
+	struct llama_block_ptrs w, dw;
+	struct llama_block_acts *a;
+	struct tp_dims d;
+	float *h1, *h3; /* the up-projections: saved, or scratch under ffn checkpointing */
+};
+
+static struct tp_blk tp_blk_of(struct llama_model *m, int l)
 {
-	const struct llama_config *c = &m->cfg;
-	bool grads = m->loss_dscale > 0.0;
-	rmsnorm_forward_f32(m->xn, m->rstd_f, m->x_final,
-	                    llama_tensor_at(m, m->unit_w, PARAM_NORM(m)), m->Ns, c->dim,
-	                    c->norm_eps);
-	sp_gather(m, m->xn, m->xn_final);
-	if (grads)
-		memset(m->tpb->part, 0, (size_t)(m->Np * c->dim) * sizeof(float));
-	double loss = tp_cross_entropy(m, grads ? m->tpb->part : NULL,
-	                               grads ? llama_tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)) : NULL,
-	                               m->loss_dscale, n_valid);
-	if (grads)
-		sp_reduce_scatter(m, m->tpb->part, m->dxn);
-	m->head_grads_ready = grads;
-	return loss;
+	struct llama_block_acts *a = &m->acts[l];
+	return (struct tp_blk){.w = llama_block_ptrs_of(m, m->unit_w, l),
+	                       .dw = llama_block_ptrs_of(m, m->unit_dw, l),
+	                       .a = a,
+	                       .d = tp_dims(m),
+	                       .h1 = m->recompute_ffn ? m->h1s : a->h1,
+	                       .h3 = m->recompute_ffn ? m->h3s : a->h3};
 }
 
-static void tp_head_backward(struct llama_model *m, double dscale)
+/* ---- plain collectives on the model's buffers */
+
+static bool c_ag_xn(struct llama_model *m, int l) /* the norm output, along the tokens */
 {
-	const struct llama_config *c = &m->cfg;
-	if (!m->head_grads_ready || m->loss_dscale != dscale) {
-		CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
-		      m->loss_dscale, dscale);
-		memset(m->tpb->part, 0, (size_t)(m->Np * c->dim) * sizeof(float));
-		tp_cross_entropy(m, m->tpb->part, llama_tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)),
-		                 dscale, NULL);
-		sp_reduce_scatter(m, m->tpb->part, m->dxn);
-	}
-	m->head_grads_ready = false;
-	memset(m->dres, 0, (size_t)(m->Ns * c->dim) * sizeof(float));
-	tp_norm_backward(m, m->dres, llama_tensor_at(m, m->unit_dw, PARAM_NORM(m)), m->dxn,
-	                 m->x_final, llama_tensor_at(m, m->unit_w, PARAM_NORM(m)), m->rstd_f);
+	(void)l;
+	llama_tp_gather(m, m->xn, m->tpb->xg);
+	return true;
 }
+
+static bool c_ag_dres(struct llama_model *m, int l) /* the residual gradient */
+{
+	(void)l;
+	llama_tp_gather(m, m->dres, m->tpb->part);
+	return true;
+}
+
+static bool c_rs_part(struct llama_model *m, int l) /* row-parallel partial sums */
+{
+	(void)l;
+	llama_tp_reduce_scatter(m, m->tpb->part, m->tpb->rs_out);
+	return true;
+}
+
+/* A norm weight's gradient is partial over the token shards: every rank's, in rank order. */
+static bool c_ag_dnorm(struct llama_model *m, int l)
+{
+	(void)l;
+	double t0 = timer_now();
+	comm_all_gather(m->tp, m->tpb->rs_scratch, m->tpb->dnorm,
+	                m->cfg.dim * (int64_t)sizeof(float));
+	m->tpb->comm_s += timer_now() - t0;
+	return true;
+}
+
+/* RMSNorm backward on the token shard into dx; the weight's partial gradient into
+ * tpb->rs_scratch (free between collectives) for c_ag_dnorm. */
+static void norm_partial(struct llama_model *m, float *dx, const float *dout, const float *x,
+                         const float *w, const float *rstd)
+{
+	float *mine = m->tpb->rs_scratch;
+	memset(mine, 0, (size_t)m->cfg.dim * sizeof(float));
+	rmsnorm_backward_f32(dx, mine, dout, x, w, rstd, m->Ns, m->cfg.dim);
+}
+
+/* Sum the gathered partial gradients in rank order (identical on every rank) into dw. */
+static void norm_sum(struct llama_model *m, float *dw)
+{
+	int64_t C = m->cfg.dim, S = m->tp->size;
+	for (int64_t r = 0; r < S; r++)
+		for (int64_t j = 0; j < C; j++)
+			dw[j] += m->tpb->dnorm[r * C + j];
+}
+
+/* ---- embedding (vocabulary-parallel rows) */
+
+static void e_fill(struct llama_model *m, int l)
+{
+	(void)l;
+	const struct param_entry *p = &m->table.p[PARAM_TOK_EMB];
+	const float *emb = llama_tensor_at(m, m->unit_w, PARAM_TOK_EMB);
+	int64_t C = m->cfg.dim, v0 = p->tp_start, vn = p->tp_valid;
+	float *part = m->tpb->part;
+	memset(part, 0, (size_t)(m->N * C) * sizeof(float));
+#pragma omp parallel for schedule(static)
+	for (int64_t i = 0; i < m->N; i++) {
+		int64_t t = (int64_t)m->tokens[i] - v0;
+		if (t >= 0 && t < vn)
+			memcpy(part + i * C, emb + t * C, (size_t)C * sizeof(float));
+	}
+}
+
+/* the reduce-scatter both sums the ranks' rows and shards them along the tokens */
+static bool c_rs_embed(struct llama_model *m, int l)
+{
+	(void)l;
+	llama_tp_reduce_scatter(m, m->tpb->part, m->cfg.n_layers > 0 ? m->acts[0].x : m->x_final);
+	return true;
+}
+
+static void e_accumulate(struct llama_model *m, int l)
+{
+	(void)l;
+	const struct param_entry *p = &m->table.p[PARAM_TOK_EMB];
+	float *demb = llama_tensor_at(m, m->unit_dw, PARAM_TOK_EMB);
+	int64_t C = m->cfg.dim, v0 = p->tp_start, vn = p->tp_valid;
+	const float *g = m->tpb->part;
+	for (int64_t i = 0; i < m->N; i++) { /* serial: a fixed summation order per row */
+		int64_t t = (int64_t)m->tokens[i] - v0;
+		if (t < 0 || t >= vn)
+			continue;
+		float *d = demb + t * C;
+		const float *s = g + i * C;
+		for (int64_t j = 0; j < C; j++)
+			d[j] += s[j];
+	}
+}
+
+static const struct tp_op embed_fwd[] = {SEG(e_fill), RS(c_rs_embed), SEG(NULL)};
+static const struct tp_op embed_bwd[] = {SEG(NULL), AG(c_ag_dres), SEG(e_accumulate)};
+
+/* ---- block forward: h = x + RS(wo(attn(rope(wq AG(xn)), ...))), xn = rmsnorm(x) on the
+ * token shard; out = h + RS(w2(silu(w1 AG(hn)) * w3 AG(hn))) */
+
+static void f_norm1(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	rmsnorm_forward_f32(m->xn, c.a->rstd1, c.a->x, c.w.attn_norm, c.d.Ns, c.d.C,
+	                    m->cfg.norm_eps);
+}
+
+static void f_rope_attention(struct llama_model *m, const struct tp_blk *c)
+{
+	const struct tp_dims d = c->d;
+	struct llama_block_acts *a = c->a;
+	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
+	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+	attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
+}
+
+static void f_attn(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	const struct tp_dims d = c.d;
+	const float *xg = m->tpb->xg;
+	matmul_forward_f32(c.a->q, xg, c.w.wq, d.N, d.C, d.HD, 0);
+	matmul_forward_f32(c.a->k, xg, c.w.wk, d.N, d.C, d.KVD, 0);
+	matmul_forward_f32(c.a->v, xg, c.w.wv, d.N, d.C, d.KVD, 0);
+	f_rope_attention(m, &c);
+	matmul_forward_f32(m->tpb->part, c.a->att, c.w.wo, d.N, d.HD, d.C, 0);
+}
+
+static void f_attn_core(struct llama_model *m, int l) /* async: the matmuls ride the rings */
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	f_rope_attention(m, &c);
+}
+
+static void f_mid(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	llama_tp_add_rows(c.a->xmid, c.a->x, m->tpb->rs_out, c.d.Ns * c.d.C);
+	rmsnorm_forward_f32(m->xn, c.a->rstd2, c.a->xmid, c.w.ffn_norm, c.d.Ns, c.d.C,
+	                    m->cfg.norm_eps);
+}
+
+static void f_ffn(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	const struct tp_dims d = c.d;
+	const float *xg = m->tpb->xg;
+	matmul_forward_f32(c.h1, xg, c.w.w1, d.N, d.C, d.F, 0);
+	matmul_forward_f32(c.h3, xg, c.w.w3, d.N, d.C, d.F, 0);
+	swiglu_forward_f32(m->gate, c.h1, c.h3, d.N * d.F);
+	matmul_forward_f32(m->tpb->part, m->gate, c.w.w2, d.N, d.F, d.C, 0);
+}
+
+static void f_swiglu(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	swiglu_forward_f32(m->gate, c.h1, c.h3, c.d.N * c.d.F);
+}
+
+static void f_out(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	llama_tp_add_rows(llama_block_output(m, l), c.a->xmid, m->tpb->rs_out, c.d.Ns * c.d.C);
+}
+
+/* ---- async TP ring callbacks: the matmul rows of one token block */
+
+static void rf_qkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	const float *x = m->tpb->xg + r0 * c->d.C;
+	(void)out;
+	matmul_forward_f32(c->a->q + r0 * c->d.HD, x, c->w.wq, n, c->d.C, c->d.HD, 0);
+	matmul_forward_f32(c->a->k + r0 * c->d.KVD, x, c->w.wk, n, c->d.C, c->d.KVD, 0);
+	matmul_forward_f32(c->a->v + r0 * c->d.KVD, x, c->w.wv, n, c->d.C, c->d.KVD, 0);
+}
+
+static void rf_w13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	const float *x = m->tpb->xg + r0 * c->d.C;
+	(void)out;
+	matmul_forward_f32(c->h1 + r0 * c->d.F, x, c->w.w1, n, c->d.C, c->d.F, 0);
+	matmul_forward_f32(c->h3 + r0 * c->d.F, x, c->w.w3, n, c->d.C, c->d.F, 0);
+}
+
+static void rf_wo(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	(void)m;
+	matmul_forward_f32(out, c->a->att + r0 * c->d.HD, c->w.wo, n, c->d.HD, c->d.C, 0);
+}
+
+static void rf_w2(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	matmul_forward_f32(out, m->gate + r0 * c->d.F, c->w.w2, n, c->d.F, c->d.C, 0);
+}
+
+/* the gathered output gradient (in tpb->part) through w2: dW2 from the saved gate rows, then
+ * those rows become d(gate) */
+static void rb_w2(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	const float *g = m->tpb->part + r0 * c->d.C;
+	float *gate = m->gate + r0 * c->d.F;
+	(void)out;
+	matmul_backward_f32(NULL, c->dw.w2, g, gate, c->w.w2, n, c->d.F, c->d.C);
+	memset(gate, 0, (size_t)(n * c->d.F) * sizeof(float));
+	matmul_backward_f32(gate, NULL, g, NULL, c->w.w2, n, c->d.F, c->d.C);
+}
+
+static void rb_wo(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	const float *g = m->tpb->part + r0 * c->d.C;
+	(void)out;
+	matmul_backward_f32(m->datt + r0 * c->d.HD, c->dw.wo, g, c->a->att + r0 * c->d.HD, c->w.wo,
+	                    n, c->d.HD, c->d.C);
+}
+
+/* weight gradients of w1, w3 from the gathered norm output */
+static void rb_dw13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	const float *x = m->tpb->xg + r0 * c->d.C;
+	(void)out;
+	matmul_backward_f32(NULL, c->dw.w1, m->dh1 + r0 * c->d.F, x, c->w.w1, n, c->d.C, c->d.F);
+	matmul_backward_f32(NULL, c->dw.w3, m->dh3 + r0 * c->d.F, x, c->w.w3, n, c->d.C, c->d.F);
+}
+
+static void rb_dx13(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	matmul_backward_f32(out, NULL, m->dh1 + r0 * c->d.F, NULL, c->w.w1, n, c->d.C, c->d.F);
+	matmul_backward_f32(out, NULL, m->dh3 + r0 * c->d.F, NULL, c->w.w3, n, c->d.C, c->d.F);
+}
+
+static void rb_dwqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	const struct tp_dims *d = &c->d;
+	const float *x = m->tpb->xg + r0 * d->C;
+	(void)out;
+	matmul_backward_f32(NULL, c->dw.wq, m->dq + r0 * d->HD, x, c->w.wq, n, d->C, d->HD);
+	matmul_backward_f32(NULL, c->dw.wk, m->dk + r0 * d->KVD, x, c->w.wk, n, d->C, d->KVD);
+	matmul_backward_f32(NULL, c->dw.wv, m->dv + r0 * d->KVD, x, c->w.wv, n, d->C, d->KVD);
+}
+
+static void rb_dxqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t n, float *out)
+{
+	const struct tp_blk *c = ctx;
+	const struct tp_dims *d = &c->d;
+	matmul_backward_f32(out, NULL, m->dq + r0 * d->HD, NULL, c->w.wq, n, d->C, d->HD);
+	matmul_backward_f32(out, NULL, m->dk + r0 * d->KVD, NULL, c->w.wk, n, d->C, d->KVD);
+	matmul_backward_f32(out, NULL, m->dv + r0 * d->KVD, NULL, c->w.wv, n, d->C, d->KVD);
+}
+
+/* ---- async TP ring collectives */
+
+#define RING_GATHER(name, src, dst, fn)                                                            \
+	static bool name(struct llama_model *m, int l)                                             \
+	{                                                                                          \
+		struct tp_blk c = tp_blk_of(m, l);                                                 \
+		llama_tp_ring_gather(m, src, dst, fn, &c);                                         \
+		return true;                                                                       \
+	}
+#define RING_REDUCE_SCATTER(name, fn)                                                              \
+	static bool name(struct llama_model *m, int l)                                             \
+	{                                                                                          \
+		struct tp_blk c = tp_blk_of(m, l);                                                 \
+		llama_tp_ring_reduce_scatter(m, m->tpb->rs_out, fn, &c);                           \
+		return true;                                                                       \
+	}
+
+RING_GATHER(r_ag_qkv, m->xn, m->tpb->xg, rf_qkv)
+RING_REDUCE_SCATTER(r_rs_wo, rf_wo)
+RING_GATHER(r_ag_w13, m->xn, m->tpb->xg, rf_w13)
+RING_REDUCE_SCATTER(r_rs_w2, rf_w2)
+RING_GATHER(r_ag_dres_w2, m->dres, m->tpb->part, rb_w2)
+RING_GATHER(r_ag_dw13, m->xn, m->tpb->xg, rb_dw13)
+RING_REDUCE_SCATTER(r_rs_dx13, rb_dx13)
+RING_GATHER(r_ag_dwqkv, m->xn, m->tpb->xg, rb_dwqkv)
+RING_REDUCE_SCATTER(r_rs_dxqkv, rb_dxqkv)
+
+/* wo's input gradient accumulates over the ring's blocks: zero it first */
+static bool r_ag_dres_wo(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	memset(m->datt, 0, (size_t)(c.d.N * c.d.HD) * sizeof(float));
+	llama_tp_ring_gather(m, m->dres, m->tpb->part, rb_wo, &c);
+	return true;
+}
+
+static const struct tp_op block_fwd[] = {SEG(f_norm1),  AG(c_ag_xn),   SEG(f_attn),
+                                         RS(c_rs_part), SEG(f_mid),    AG(c_ag_xn),
+                                         SEG(f_ffn),    RS(c_rs_part), SEG(f_out)};
+static const struct tp_op block_fwd_async[] = {
+    SEG(f_norm1), RAG(r_ag_qkv, MM_QKV), SEG(f_attn_core), RRS(r_rs_wo, MM_WO),
+    SEG(f_mid),   RAG(r_ag_w13, MM_W13), SEG(f_swiglu),    RRS(r_rs_w2, MM_W2),
+    SEG(f_out)};
+
+/* ---- block backward (mirrors the forward; on entry m->dres = dL/d(out) on the token
+ * shard, on exit dL/d(x)) */
+
+static void b_norm2(struct llama_model *m, int l) /* the FFN norm's output again */
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	rmsnorm_forward_f32(m->xn, c.a->rstd2, c.a->xmid, c.w.ffn_norm, c.d.Ns, c.d.C,
+	                    m->cfg.norm_eps);
+}
+
+static void b_ffn(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	const struct tp_dims d = c.d;
+	float *part = m->tpb->part, *xg = m->tpb->xg;
+	const float *h1 = c.a->h1, *h3 = c.a->h3;
+	if (m->recompute_ffn) { /* activation_checkpoint.mode = ffn: the up-projections again */
+		matmul_forward_f32(m->h1s, xg, c.w.w1, d.N, d.C, d.F, 0);
+		matmul_forward_f32(m->h3s, xg, c.w.w3, d.N, d.C, d.F, 0);
+		h1 = m->h1s;
+		h3 = m->h3s;
+	}
+	swiglu_forward_f32(m->gate, h1, h3, d.N * d.F);
+	matmul_backward_f32(NULL, c.dw.w2, part, m->gate, c.w.w2, d.N, d.F, d.C);
+	/* first writes overwrite (beta 0): no zeroing pass */
+	matmul_backward_set_f32(m->gate, NULL, part, NULL, c.w.w2, d.N, d.F, d.C); /* d(gate) */
+	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, d.N * d.F);
+	matmul_backward_set_f32(part, c.dw.w1, m->dh1, xg, c.w.w1, d.N, d.C, d.F);
+	matmul_backward_f32(part, c.dw.w3, m->dh3, xg, c.w.w3, d.N, d.C, d.F);
+}
+
+static void b_ffn_norm_partial(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	norm_partial(m, m->dres, m->tpb->rs_out, c.a->xmid, c.w.ffn_norm, c.a->rstd2);
+}
+
+static void b_ffn_norm_sum(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	norm_sum(m, c.dw.ffn_norm);
+}
+
+static void b_attn_norm1(struct llama_model *m, const struct tp_blk *c)
+{
+	llama_attention_backward(m, c->a, c->d.B, c->d.T, c->d.H, c->d.KV, c->d.D);
+	rmsnorm_forward_f32(m->xn, c->a->rstd1, c->a->x, c->w.attn_norm, c->d.Ns, c->d.C,
+	                    m->cfg.norm_eps);
+}
+
+static void b_attn(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	const struct tp_dims d = c.d;
+	matmul_backward_set_f32(m->datt, c.dw.wo, m->tpb->part, c.a->att, c.w.wo, d.N, d.HD, d.C);
+	b_attn_norm1(m, &c);
+}
+
+static void b_qkv(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	const struct tp_dims d = c.d;
+	float *part = m->tpb->part, *xg = m->tpb->xg;
+	memset(part, 0, (size_t)(m->Np * d.C) * sizeof(float));
+	matmul_backward_f32(part, c.dw.wq, m->dq, xg, c.w.wq, d.N, d.C, d.HD);
+	matmul_backward_f32(part, c.dw.wk, m->dk, xg, c.w.wk, d.N, d.C, d.KVD);
+	matmul_backward_f32(part, c.dw.wv, m->dv, xg, c.w.wv, d.N, d.C, d.KVD);
+}
+
+static void b_attn_norm_partial(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	norm_partial(m, m->dres, m->tpb->rs_out, c.a->x, c.w.attn_norm, c.a->rstd1);
+}
+
+static void b_attn_norm_sum(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	norm_sum(m, c.dw.attn_norm);
+}
+
+static const struct tp_op block_bwd[] = {SEG(NULL),
+                                         AG(c_ag_dres),
+                                         SEG(b_norm2),
+                                         AG(c_ag_xn),
+                                         SEG(b_ffn),
+                                         RS(c_rs_part),
+                                         SEG(b_ffn_norm_partial),
+                                         AGN(c_ag_dnorm),
+                                         SEG(b_ffn_norm_sum),
+                                         AG(c_ag_dres),
+                                         SEG(b_attn),
+                                         AG(c_ag_xn),
+                                         SEG(b_qkv),
+                                         RS(c_rs_part),
+                                         SEG(b_attn_norm_partial),
+                                         AGN(c_ag_dnorm),
+                                         SEG(b_attn_norm_sum)};
+
+/* Async backward: the same collectives as rings. Under ffn checkpointing the norm output is
+ * gathered first, recomputing the up-projections on the way, and then serves the weight
+ * gradients as it is; otherwise the output gradient comes first. */
+
+static void ba_0(struct llama_model *m, int l)
+{
+	if (m->recompute_ffn) {
+		b_norm2(m, l);
+	} else {
+		struct tp_blk c = tp_blk_of(m, l);
+		swiglu_forward_f32(m->gate, c.h1, c.h3, c.d.N * c.d.F);
+	}
+}
+
+static bool ba_c0(struct llama_model *m, int l)
+{
+	return m->recompute_ffn ? r_ag_w13(m, l) : r_ag_dres_w2(m, l);
+}
+
+static void ba_1(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	if (m->recompute_ffn) {
+		swiglu_forward_f32(m->gate, c.h1, c.h3, c.d.N * c.d.F);
+	} else {
+		swiglu_backward_f32(m->dh1, m->dh3, m->gate, c.h1, c.h3, c.d.N * c.d.F);
+		b_norm2(m, l);
+	}
+}
+
+static bool ba_c1(struct llama_model *m, int l)
+{
+	return m->recompute_ffn ? r_ag_dres_w2(m, l) : r_ag_dw13(m, l);
+}
+
+static void ba_2(struct llama_model *m, int l)
+{
+	if (!m->recompute_ffn)
+		return;
+	struct tp_blk c = tp_blk_of(m, l);
+	swiglu_backward_f32(m->dh1, m->dh3, m->gate, c.h1, c.h3, c.d.N * c.d.F);
+	rb_dw13(m, &c, 0, c.d.N, NULL);
+}
+
+static void ba_attn(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	b_attn_norm1(m, &c);
+}
+
+static const struct tp_op block_bwd_async[] = {SEG(ba_0),
+                                               RAG(ba_c0, MM_W2),
+                                               SEG(ba_1),
+                                               RAG(ba_c1, MM_W13),
+                                               SEG(ba_2),
+                                               RRS(r_rs_dx13, MM_W13),
+                                               SEG(b_ffn_norm_partial),
+                                               AGN(c_ag_dnorm),
+                                               SEG(b_ffn_norm_sum),
+                                               RAG(r_ag_dres_wo, MM_WO),
+                                               SEG(ba_attn),
+                                               RAG(r_ag_dwqkv, MM_QKV),
+                                               SEG(NULL),
+                                               RRS(r_rs_dxqkv, MM_QKV),
+                                               SEG(b_attn_norm_partial),
+                                               AGN(c_ag_dnorm),
+                                               SEG(b_attn_norm_sum)};
+
+/* ---- SELECTIVE recompute under TP: what the per-op policy dropped (k, the residual after
+ * attention, h3 and both norms' statistics) from the saved x and attention output, as the
+ * forward makes them: the norm outputs are gathered again and wo's partial sums
+ * reduce-scattered again (plain collectives, also under async TP) */
+
+static void s_k_wo(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	const struct tp_dims d = c.d;
+	matmul_forward_f32(c.a->k, m->tpb->xg, c.w.wk, d.N, d.C, d.KVD, 0);
+	rope_forward_f32(c.a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+	matmul_forward_f32(m->tpb->part, c.a->att, c.w.wo, d.N, d.HD, d.C, 0);
+}
+
+static void s_w3(struct llama_model *m, int l)
+{
+	struct tp_blk c = tp_blk_of(m, l);
+	matmul_forward_f32(c.a->h3, m->tpb->xg, c.w.w3, c.d.N, c.d.C, c.d.F, 0);
+}
+
+static const struct tp_op block_rec_selective[] = {
+    SEG(f_norm1), AG(c_ag_xn), SEG(s_k_wo), RS(c_rs_part), SEG(f_mid), AG(c_ag_xn), SEG(s_w3)};
+
+/* ---- head: final norm on the token shard, all-gather, then the fused vocabulary-parallel
+ * output and loss; its gradient (when the step's scale is known) reduce-scattered into
+ * m->dxn in forward, else in backward */
+
+static void h_norm(struct llama_model *m, int l)
+{
+	(void)l;
+	rmsnorm_forward_f32(m->xn, m->rstd_f, m->x_final,
+	                    llama_tensor_at(m, m->unit_w, PARAM_NORM(m)), m->Ns, m->cfg.dim,
+	                    m->cfg.norm_eps);
+}
+
+static bool c_ag_final(struct llama_model *m, int l)
+{
+	(void)l;
+	llama_tp_gather(m, m->xn, m->xn_final);
+	return true;
+}
+
+static void h_loss(struct llama_model *m, int l)
+{
+	(void)l;
+	bool grads = m->loss_dscale > 0.0;
+	if (grads)
+		memset(m->tpb->part, 0, (size_t)(m->Np * m->cfg.dim) * sizeof(float));
+	m->tpb->loss =
+	    tp_cross_entropy(m, grads ? m->tpb->part : NULL,
+	                     grads ? llama_tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)) : NULL,
+	                     m->loss_dscale, &m->tpb->valid);
+	m->head_grads_ready = grads;
+}
+
+static bool c_rs_loss_fused(struct llama_model *m, int l)
+{
+	(void)l;
+	if (!m->head_grads_ready)
+		return false;
+	llama_tp_reduce_scatter(m, m->tpb->part, m->dxn);
+	return true;
+}
+
+static void hb_loss(struct llama_model *m, int l)
+{
+	(void)l;
+	double dscale = m->tpb->dscale;
+	m->tpb->rs_pending = !m->head_grads_ready || m->loss_dscale != dscale;
+	if (!m->tpb->rs_pending)
+		return;
+	CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
+	      m->loss_dscale, dscale);
+	memset(m->tpb->part, 0, (size_t)(m->Np * m->cfg.dim) * sizeof(float));
+	tp_cross_entropy(m, m->tpb->part, llama_tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)), dscale,
+	                 NULL);
+}
+
+static bool c_rs_loss_unfused(struct llama_model *m, int l)
+{
+	(void)l;
+	if (!m->tpb->rs_pending)
+		return false;
+	llama_tp_reduce_scatter(m, m->tpb->part, m->dxn);
+	return true;
+}
+
+static void hb_norm_partial(struct llama_model *m, int l)
+{
+	(void)l;
+	m->head_grads_ready = false;
+	memset(m->dres, 0, (size_t)(m->Ns * m->cfg.dim) * sizeof(float));
+	norm_partial(m, m->dres, m->dxn, m->x_final, llama_tensor_at(m, m->unit_w, PARAM_NORM(m)),
+	             m->rstd_f);
+}
+
+static void hb_norm_sum(struct llama_model *m, int l)
+{
+	(void)l;
+	norm_sum(m, llama_tensor_at(m, m->unit_dw, PARAM_NORM(m)));
+}
+
+static const struct tp_op head_fwd[] = {SEG(h_norm),
+                                        AG(c_ag_final),
+                                        SEG(h_loss),
+                                        {.coll = c_rs_loss_fused,
+                                         .kind = MODEL_COLL_REDUCE_SCATTER,
+                                         .size = TP_ACT,
+                                         .when = MODEL_COLL_IF_FUSED},
+                                        SEG(NULL)};
+static const struct tp_op head_bwd[] = {SEG(hb_loss),
+                                        {.coll = c_rs_loss_unfused,
+                                         .kind = MODEL_COLL_REDUCE_SCATTER,
+                                         .size = TP_ACT,
+                                         .when = MODEL_COLL_IF_NOT_FUSED},
+                                        SEG(hb_norm_partial),
+                                        AGN(c_ag_dnorm),
+                                        SEG(hb_norm_sum)};
+static const struct tp_op head_rec[] = {SEG(h_norm), AG(c_ag_final), SEG(NULL)};
 
 /* ---------------------------------------------------------------- units */
 
-double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
+#define PROG(a) ((struct tp_prog){(int)(sizeof(a) / sizeof(a[0])), a})
+
+struct tp_prog {
+	int n_ops;
+	const struct tp_op *ops;
+};
+
+static struct tp_prog tp_program(const struct llama_model *m, int u, enum model_pass p)
 {
 	int L = (int)m->cfg.n_layers;
-	if (u == 0) {
-		tp_embedding_forward(m);
-		return 0.0;
-	}
-	if (u <= L) {
-		if (m->tpb->async)
-			tp_block_forward_async(m, u - 1);
-		else
-			tp_block_forward(m, u - 1);
-		return 0.0;
-	}
-	return tp_head_forward(m, n_valid);
+	bool async = m->tpb->async;
+	if (u == 0)
+		return p == MODEL_PASS_BWD ? PROG(embed_bwd) : PROG(embed_fwd);
+	if (u > L)
+		return p == MODEL_PASS_FWD   ? PROG(head_fwd)
+		       : p == MODEL_PASS_BWD ? PROG(head_bwd)
+		                             : PROG(head_rec);
+	if (p == MODEL_PASS_BWD)
+		return async ? PROG(block_bwd_async) : PROG(block_bwd);
+	if (p == MODEL_PASS_REC && m->ac == MODEL_AC_SELECTIVE)
+		return PROG(block_rec_selective);
+	return async ? PROG(block_fwd_async) : PROG(block_fwd);
 }
 
-/* SELECTIVE under TP: what the per-op policy dropped (k, the residual after attention, h3 and
- * both norms' statistics) from the saved x and attention output, as tp_block_forward makes
- * them: the norm outputs are gathered again and wo's partial sums reduce-scattered again. */
-static void tp_block_recompute_selective(struct llama_model *m, int l)
+/* FLOPs of the matmul a ring hides behind, on this rank, for one micro-batch: forward as
+ * 2 x rows x in x out; backward ring steps carry one of the two gradient matmuls. */
+static double ring_flops(const struct llama_model *m, enum tp_ring_mm mm)
 {
-	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
-	struct llama_block_acts *a = &m->acts[l];
-	struct llama_tp_bufs *b = m->tpb;
 	const struct tp_dims d = tp_dims(m);
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w.attn_norm, d.Ns, d.C, c->norm_eps);
-	sp_gather(m, m->xn, b->xg);
-	matmul_forward_f32(a->k, b->xg, w.wk, d.N, d.C, d.KVD, 0);
-	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
-	matmul_forward_f32(b->part, a->att, w.wo, d.N, d.HD, d.C, 0);
-	sp_reduce_scatter(m, b->part, b->rs_out);
-	add_rows(a->xmid, a->x, b->rs_out, d.Ns * d.C);
-	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w.ffn_norm, d.Ns, d.C, c->norm_eps);
-	sp_gather(m, m->xn, b->xg);
-	matmul_forward_f32(a->h3, b->xg, w.w3, d.N, d.C, d.F, 0);
+	double N2 = 2.0 * (double)d.N;
+	switch (mm) {
+	case MM_QKV:
+		return N2 * (double)d.C * (double)(d.HD + 2 * d.KVD);
+	case MM_WO:
+		return N2 * (double)d.HD * (double)d.C;
+	case MM_W13:
+		return N2 * (double)d.C * (double)(2 * d.F);
+	case MM_W2:
+		return N2 * (double)d.F * (double)d.C;
+	default:
+		return 0.0;
+	}
+}
+
+void llama_tp_unit_prog(const struct llama_model *m, int u, enum model_pass p,
+                        struct model_prog *out)
+{
+	struct tp_prog g = tp_program(m, u, p);
+	int S = m->tp->size;
+	memset(out, 0, sizeof(*out));
+	for (int i = 1; i < g.n_ops; i += 2) {
+		const struct tp_op *o = &g.ops[i];
+		CHECK(out->n < MODEL_PROG_MAX, "TP program of unit %d: too many collectives", u);
+		int64_t blk =
+		    (o->size == TP_NORM ? 1 : m->Ns) * m->cfg.dim * (int64_t)sizeof(float);
+		out->c[out->n++] = (struct model_coll_desc){
+		    .kind = o->kind,
+		    .when = o->when,
+		    .bytes = (int64_t)(S - 1) * blk,
+		    .group = S,
+		    .ring = o->ring,
+		    .ring_flops = o->ring ? ring_flops(m, (enum tp_ring_mm)o->ring_mm) : 0.0};
+	}
+}
+
+bool llama_tp_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale)
+{
+	struct tp_prog g = tp_program(m, u, p);
+	CHECK(op >= 0 && op < g.n_ops, "TP unit %d: op %d of %d", u, op, g.n_ops);
+	const struct tp_op *o = &g.ops[op];
+	int l = u - 1;
+	m->tpb->dscale = dscale;
+	if (op % 2)
+		return o->coll(m, l);
+	if (o->seg)
+		o->seg(m, l);
+	return false;
+}
+
+double llama_tp_unit_loss(const struct llama_model *m, int64_t *n_valid)
+{
+	if (n_valid)
+		*n_valid = m->tpb->valid;
+	return m->tpb->loss;
+}
+
+static void run_program(struct llama_model *m, int u, enum model_pass p, double dscale)
+{
+	struct tp_prog g = tp_program(m, u, p);
+	for (int op = 0; op < g.n_ops; op++)
+		llama_tp_unit_op(m, u, p, op, dscale);
+}
+
+double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
+{
+	run_program(m, u, MODEL_PASS_FWD, 0.0);
+	if (u <= m->cfg.n_layers)
+		return 0.0;
+	return llama_tp_unit_loss(m, n_valid);
 }
 
 void llama_tp_unit_recompute(struct llama_model *m, int u)
 {
-	int L = (int)m->cfg.n_layers;
-	if (u == 0) {
-		tp_embedding_forward(m);
-	} else if (u <= L && m->ac == MODEL_AC_SELECTIVE) {
-		tp_block_recompute_selective(m, u - 1);
-	} else if (u <= L) {
-		if (m->tpb->async)
-			tp_block_forward_async(m, u - 1);
-		else
-			tp_block_forward(m, u - 1);
-	} else {
-		rmsnorm_forward_f32(m->xn, m->rstd_f, m->x_final,
-		                    llama_tensor_at(m, m->unit_w, PARAM_NORM(m)), m->Ns, m->cfg.dim,
-		                    m->cfg.norm_eps);
-		sp_gather(m, m->xn, m->xn_final);
-	}
+	run_program(m, u, MODEL_PASS_REC, 0.0);
 }
 
 void llama_tp_unit_backward(struct llama_model *m, int u, double dscale)
 {
-	int L = (int)m->cfg.n_layers;
-	if (u == L + 1)
-		tp_head_backward(m, dscale);
-	else if (u >= 1 && m->tpb->async)
-		tp_block_backward_async(m, u - 1);
-	else if (u >= 1)
-		tp_block_backward(m, u - 1);
-	else
-		tp_embedding_backward(m);
+	run_program(m, u, MODEL_PASS_BWD, dscale);
 }

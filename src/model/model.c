@@ -95,6 +95,15 @@ static bool llama_op_needs_recompute(const void *impl, int u)
 {
 	return llama_unit_needs_recompute(impl, u);
 }
+static void llama_op_prog(const void *impl, int u, enum model_pass p, struct model_prog *out)
+{
+	llama_unit_prog(impl, u, p, out);
+}
+static double llama_op_unit_op(void *impl, int u, enum model_pass p, int op, double dscale,
+                               bool *ran)
+{
+	return llama_unit_op(impl, u, p, op, dscale, NULL, ran);
+}
 static void llama_op_dscale(void *impl, double dscale)
 {
 	((struct llama_model *)impl)->loss_dscale = dscale;
@@ -120,6 +129,8 @@ static const struct model_ops llama_ops = {
     .unit_backward_weight = llama_op_backward_weight,
     .unit_recompute = llama_op_recompute,
     .unit_needs_recompute = llama_op_needs_recompute,
+    .unit_prog = llama_op_prog,
+    .unit_op = llama_op_unit_op,
     .set_loss_dscale = llama_op_dscale,
     .logits = llama_op_logits,
     .flops_per_token = llama_op_flops,
@@ -333,4 +344,29 @@ void model_describe(const struct model *m, char *buf, size_t n)
 		         (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
 		         (long long)c->ffn_hidden, (long long)c->vocab_size);
 	}
+}
+
+void model_unit_prog(const struct model *m, int u, enum model_pass p, struct model_prog *out)
+{
+	if (m->ops->unit_prog) {
+		m->ops->unit_prog(m->impl, u, p, out);
+		return;
+	}
+	memset(out, 0, sizeof(*out));
+}
+
+double model_unit_op(struct model *m, int u, enum model_pass p, int op, double dscale, bool *ran)
+{
+	if (m->ops->unit_op)
+		return m->ops->unit_op(m->impl, u, p, op, dscale, ran);
+	CHECK(op == 0, "unit %d: op %d of a one-segment program", u, op);
+	if (ran)
+		*ran = false;
+	if (p == MODEL_PASS_FWD)
+		return model_unit_forward(m, u, NULL);
+	if (p == MODEL_PASS_BWD)
+		model_unit_backward(m, u, dscale);
+	else
+		model_unit_recompute(m, u);
+	return 0.0;
 }

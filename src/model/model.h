@@ -64,6 +64,10 @@ struct model_ops {
 	 * backward, when unit_needs_recompute says so */
 	void (*unit_recompute)(void *impl, int u);
 	bool (*unit_needs_recompute)(const void *impl, int u);
+	/* a unit's pass as a program (model/model_prog.h) and one op of it (NULL: every pass is
+	 * one segment, run by the three calls above) */
+	void (*unit_prog)(const void *impl, int u, enum model_pass p, struct model_prog *out);
+	double (*unit_op)(void *impl, int u, enum model_pass p, int op, double dscale, bool *ran);
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this */
 	void (*set_loss_dscale)(void *impl, double dscale);
 	void (*logits)(void *impl, float *logits);
@@ -125,6 +129,13 @@ static inline bool model_unit_needs_recompute(const struct model *m, int u)
 {
 	return m->ops->unit_needs_recompute(m->impl, u);
 }
+/* Unit u's pass p as a program: n collectives between n + 1 compute segments (n = 0 without
+ * tensor parallelism). */
+void model_unit_prog(const struct model *m, int u, enum model_pass p, struct model_prog *out);
+/* Op `op` of it: segment op / 2 or collective op / 2 (*ran: whether the collective ran; may
+ * be NULL). Returns the loss sum after the last op of the head's forward, else 0. Ops 0..2n
+ * in order are model_unit_forward / _backward(dscale) / _recompute. */
+double model_unit_op(struct model *m, int u, enum model_pass p, int op, double dscale, bool *ran);
 static inline void model_set_loss_dscale(struct model *m, double dscale)
 {
 	m->ops->set_loss_dscale(m->impl, dscale);

@@ -1,0 +1,42 @@
+/* model/model_prog: a unit's pass as a program of compute segments and the collectives of a
+ * tensor-parallel group between them, so that a schedule carries those collectives as nodes
+ * of their own (schedule/schedule.h, SCHED_TP_*): the cost model prices them, the trace shows
+ * them, and the passes place the FSDP collectives around them.
+ *
+ * Pass p of unit u is: segment 0, collective 0, segment 1, ..., collective n-1, segment n.
+ * Op 2k is segment k and op 2k+1 collective k; running ops 0..2n in order is the pass. A unit
+ * without tensor parallelism is one segment (n = 0). The program depends only on how the
+ * model was built (tp degree, async TP, activation checkpointing), never on the data, so it
+ * is the same on every rank and at every step.
+ */
+#ifndef CT_MODEL_MODEL_PROG_H
+#define CT_MODEL_MODEL_PROG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum model_pass { MODEL_PASS_FWD, MODEL_PASS_BWD, MODEL_PASS_REC, MODEL_PASS_COUNT };
+enum model_coll { MODEL_COLL_ALL_GATHER, MODEL_COLL_REDUCE_SCATTER };
+
+/* When a collective runs: always, or only on one side of the fused loss gradient (the head's
+ * reduce-scatter of d(norm output) runs in forward when the step's loss scale is known before
+ * the forward, as in a training step, and in backward otherwise; the other is a no-op). */
+enum model_coll_when { MODEL_COLL_ALWAYS, MODEL_COLL_IF_FUSED, MODEL_COLL_IF_NOT_FUSED };
+
+#define MODEL_PROG_MAX 8 /* collectives of one pass (a TP block's backward has 8) */
+
+struct model_coll_desc {
+	enum model_coll kind;
+	enum model_coll_when when;
+	int64_t bytes;     /* what this rank sends: (group - 1) blocks of `bytes / (group - 1)` */
+	int group;         /* ranks in the group */
+	bool ring;         /* async TP: group ring steps fused with the matmul beside it */
+	double ring_flops; /* ring: FLOPs of that matmul on this rank (what hides the steps) */
+};
+
+struct model_prog {
+	int n; /* collectives; the pass has n + 1 segments */
+	struct model_coll_desc c[MODEL_PROG_MAX];
+};
+
+#endif
