@@ -59,6 +59,36 @@ struct run {
 	int64_t persistent_bytes, act_bytes;
 };
 
+/* The step ran its TP collectives as schedule nodes (lowered), as many as Megatron-SP's plan
+ * has, each moving (tp - 1) blocks: per micro-batch the embedding's reduce-scatter and its
+ * gradient's all-gather; per block 4 in forward (norm output gathered, partial sums
+ * reduce-scattered, twice), 6 in backward (output gradient and norm output gathered, input
+ * gradient reduce-scattered, twice) plus the 2 norm weights' partial gradients, and the
+ * recomputed forward's under checkpointing (selective: 3); the head's norm output gathered
+ * and its loss gradient reduce-scattered (fused into the forward: the backward's is a no-op),
+ * and its norm weight's gradient. Counted from the executor's records of the last step. */
+static void check_tp_nodes(const struct fsdp *f, const struct llama_config *c, int accum)
+{
+	int64_t S = mesh.tp, L = c->n_layers, Ns = (B * T + S - 1) / S;
+	int64_t rec = ac == MODEL_AC_FULL ? 4 : ac == MODEL_AC_SELECTIVE ? 3 : 0;
+	int64_t act = accum * (2 + L * (4 + 6 + rec) + 2), norm = accum * (2 * L + 1);
+	int64_t want = (act * Ns * c->dim + norm * c->dim) * (S - 1) * (int64_t)sizeof(float);
+	int64_t nodes = 0, ran = 0, bytes = 0;
+	for (int i = 0; i < f->sched.n_nodes; i++) {
+		enum sched_kind k = f->sched.nodes[i].kind;
+		if (k != SCHED_TP_ALL_GATHER && k != SCHED_TP_REDUCE_SCATTER)
+			continue;
+		nodes++;
+		ran += f->rec[i].bytes > 0;
+		bytes += f->rec[i].bytes;
+	}
+	EXPECT(f->sched.lowered, "the schedule was not lowered");
+	EXPECT(ran == act + norm && nodes == ran + accum && bytes == want,
+	       "TP nodes: %lld (%lld ran, %lld bytes), want %lld + %lld no-ops (%lld bytes)",
+	       (long long)nodes, (long long)ran, (long long)bytes, (long long)(act + norm),
+	       (long long)accum, (long long)want);
+}
+
 /* FSDP (+ TP when tp_group has more than one rank) on mesh `ms`, `accum` micro-batches per
  * data-parallel rank. */
 static void run_sharded(struct run *out, const struct mesh *ms, int accum, bool use_bf16,
@@ -96,6 +126,8 @@ static void run_sharded(struct run *out, const struct mesh *ms, int accum, bool 
 		out->losses[s] = r.loss;
 		out->norms[s] = r.grad_norm;
 	}
+	if (ms->tp > 1)
+		check_tp_nodes(&f, &c.llama, accum);
 	float *local = malloc((size_t)m.table->numel * sizeof(float));
 	fsdp_gather_full(&f, local);
 	struct param_table g;
@@ -207,8 +239,8 @@ TEST_CASE(test_tp_equivalence)
 		EXPECT(a.persistent_bytes <= ideal * 1.05 + 16.0 * 64 * 1024,
 		       "persistent %lld bytes, ideal %.0f", (long long)a.persistent_bytes, ideal);
 		double ar = (double)a.act_bytes / (double)ref.act_bytes;
-		fprintf(stderr, "  saved activations per rank: %.3f of 1 rank's (1/tp = %.3f)\n", ar,
-		        1.0 / mesh.tp);
+		fprintf(stderr, "  saved activations per rank: %.3f of 1 rank's (1/tp = %.3f)\n",
+		        ar, 1.0 / mesh.tp);
 		if (ac == MODEL_AC_NONE) /* the 1-rank reference saves everything */
 			EXPECT(ar < 1.15 / mesh.tp, "activations %.3f of 1 rank's with tp %d", ar,
 			       mesh.tp);

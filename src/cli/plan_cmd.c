@@ -52,40 +52,49 @@ static double gib(int64_t b)
 	return (double)b / (double)(1ll << 30);
 }
 
-/* Tensor-parallel collectives of one step (sequence parallelism, TorchTitan's plan): per
- * block and micro-batch, forward all-gathers the norm output before attention and the FFN
- * and reduce-scatters after wo and w2 (4 collectives of the (B*T, dim) activation); backward
- * the same 4 in reverse; full activation checkpointing repeats the forward's. Embedding and
- * output add 2 each way. Plain TP runs them on the compute path (all exposed). Async TP
- * splits each into tp ring steps behind the matmul next to it (the block's matmul time over
- * its 4 collectives): only the first step and what the matmul does not cover are exposed. */
-struct plan_tp {
-	int64_t n;
-	double comm_s, plain_exposed_s, async_exposed_s;
-};
-
-static void plan_tp_comm(struct plan_tp *o, const struct ct_config *c,
-                         const struct sched_cost_model *cm, const struct llama_config *lc,
-                         int64_t B, int64_t T, int accum, enum model_ac ac, int64_t elem)
+/* Tensor parallelism: every unit pass's TP collectives (llama_tp_prog, as the run's model
+ * makes them: per block and micro-batch forward all-gathers the norm output before attention
+ * and the FFN and reduce-scatters after wo and w2; backward gathers the output gradient and
+ * the norm output again before each half, reduce-scatters the input gradient and gathers the
+ * norm weights' partial gradients; recomputation repeats the forward's), plain or async. */
+static void plan_tp_units(struct sched_unit *units, int n_units, const struct llama_config *mc,
+                          int64_t tp, bool async, enum model_ac ac, int64_t B, int64_t T,
+                          int64_t elem)
 {
-	int64_t tp = c->parallelism.tensor_parallel_degree;
-	double bytes = (double)(B * T * lc->dim * elem) * (double)(tp - 1) / (double)tp;
-	double t1 = c->comm.latency_us * 1e-6 + bytes / (c->parallelism.tp_bandwidth_gbps * 1e9 / 8);
-	double passes = ac == MODEL_AC_FULL ? 3.0 : 2.0; /* forward, backward, recompute */
-	double per_block = 4.0 * passes, blocks = (double)lc->n_layers;
-	o->n = (int64_t)((per_block * blocks + 4.0) * accum);
-	o->comm_s = (double)o->n * t1;
-	o->plain_exposed_s = o->comm_s;
-	/* async: the matmul beside each collective (one TP rank's block FLOPs over 4) */
-	double mm_fwd = cm->work[SCHED_WORK_FWD][SCHED_TERM_MATMUL][1] / cm->matmul_flops / 4.0;
-	double first = t1 / (double)tp, rest = t1 - first;
-	double exp_fwd = first + (rest > mm_fwd ? rest - mm_fwd : 0.0);
-	double exp_bwd = first + (rest > 2 * mm_fwd ? rest - 2 * mm_fwd : 0.0);
-	o->async_exposed_s = ((passes - 1.0) * 4.0 * blocks * exp_fwd + 4.0 * blocks * exp_bwd +
-	                      4.0 * t1) *
-	                     accum;
+	for (int u = 0; u < n_units; u++)
+		for (int p = 0; p < MODEL_PASS_COUNT; p++)
+			llama_tp_prog(mc, (int)tp, async, ac, B, T, elem, u, (enum model_pass)p,
+			              &units[u].prog[p]);
 }
 
+/* The step of the lowered schedule s with plain (async false) or async TP programs. */
+struct plan_tp {
+	struct sched_prediction p;
+	int64_t n;     /* TP collectives per step */
+	double comm_s; /* their time on the wire */
+};
+
+static void plan_tp_variant(const struct sched *s, const struct sched_cost_model *cm,
+                            const struct llama_config *mc, int64_t tp, bool async, enum model_ac ac,
+                            int64_t B, int64_t T, int64_t elem, struct plan_tp *o)
+{
+	struct sched v;
+	sched_copy(&v, s);
+	plan_tp_units(v.units, v.n_units, mc, tp, async, ac, B, T, elem);
+	sched_predict(&v, cm, &o->p, NULL);
+	o->n = 0;
+	o->comm_s = 0.0;
+	for (int i = 0; i < v.n_nodes; i++) {
+		const struct sched_node *n = &v.nodes[i];
+		if (n->kind != SCHED_TP_ALL_GATHER && n->kind != SCHED_TP_REDUCE_SCATTER)
+			continue;
+		double c;
+		sched_cost_tp_s(cm, SCHED_WORK_FWD, &sched_node_prog(&v, n)->c[n->seg], &c);
+		o->n += c > 0;
+		o->comm_s += c;
+	}
+	sched_free(&v);
+}
 
 /* Bytes of memory traffic per element of one dynamic fp8 cast: read the operand for its amax,
  * read it again and write it as fp8 (torchao's tensorwise dynamic scaling; bf16 operands). */
@@ -118,7 +127,8 @@ static double *plan_float8(const struct ct_config *c, const struct param_table *
 				continue;
 			f8 += (double)e->numel;
 			/* weight (out, in) as torch.nn.Linear: x is (M, in), dy (M, out) */
-			double x = (double)M * (double)e->shape[1], dy = (double)M * (double)e->shape[0];
+			double x = (double)M * (double)e->shape[1],
+			       dy = (double)M * (double)e->shape[0];
 			double w = (double)e->numel;
 			cast_fwd += x + w;
 			cast_bwd += dy + w + (gw_hp ? 0.0 : x);
@@ -145,8 +155,8 @@ static double *plan_float8(const struct ct_config *c, const struct param_table *
 		double *el = xcalloc((size_t)t->n_units, sizeof(double));
 		for (int i = 0; i < t->count; i++) {
 			const struct param_entry *e = &t->p[i];
-			double chunk = (double)((e->shape[0] + shard - 1) / shard *
-			                        (e->numel / e->shape[0]));
+			double chunk =
+			    (double)((e->shape[0] + shard - 1) / shard * (e->numel / e->shape[0]));
 			esz[e->unit] += chunk * (model_fp8_linear(e) ? 1.0 : bf16 ? 2.0 : 4.0);
 			el[e->unit] += chunk;
 		}
@@ -160,7 +170,8 @@ static double *plan_float8(const struct ct_config *c, const struct param_table *
 	         "GB forward, %.2f GB backward per block and micro-batch (%.0f B per element); "
 	         "all-gather %s\n",
 	         c->float8.recipe_name, 100.0 * frac,
-	         fp8_peak > 0 ? "plan.fp8_peak_tflops" : "the bf16 rate (emulated: no fp8 peak given)",
+	         fp8_peak > 0 ? "plan.fp8_peak_tflops"
+	                      : "the bf16 rate (emulated: no fp8 peak given)",
 	         PLAN_FP8_CAST_BYTES * cast_fwd / 1e9, PLAN_FP8_CAST_BYTES * cast_bwd / 1e9,
 	         PLAN_FP8_CAST_BYTES, esz ? "fp8 for float8 weights" : "in the param dtype");
 	fp8_linear_configure(false, r, "");
@@ -172,9 +183,10 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	const struct ct_config *c = cfg;
 	int64_t tp = c->parallelism.tensor_parallel_degree;
 	if (c->comm.bandwidth_gbps <= 0) {
-		LOG_ERROR("ctitan plan needs the target's link: comm.bandwidth_gbps (e.g. "
-		          "--metrics.peak_tflops=989 --comm.bandwidth_gbps=400 for H100s on 400 Gb/s "
-		          "InfiniBand)");
+		LOG_ERROR(
+		    "ctitan plan needs the target's link: comm.bandwidth_gbps (e.g. "
+		    "--metrics.peak_tflops=989 --comm.bandwidth_gbps=400 for H100s on 400 Gb/s "
+		    "InfiniBand)");
 		return CT_ERR_USAGE;
 	}
 	if (c->parallelism.pipeline_parallel_degree > 1)
@@ -224,11 +236,15 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	rc = fsdp_reshard_parse(c->parallelism.fsdp_reshard_after_forward, &reshard);
 	if (rc)
 		goto out_table;
-	struct sched naive, s;
-	sched_build(&naive, units, t.n_units, accum, (enum sched_reshard)reshard);
 	bool bf16 = compute_bf16(c);
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
+	if (tp > 1)
+		plan_tp_units(units, t.n_units, &mc, tp,
+		              c->parallelism.enable_async_tensor_parallel, ac, Bm, T,
+		              act16 ? 2 : 4);
+	struct sched naive, s;
+	sched_build(&naive, units, t.n_units, accum, (enum sched_reshard)reshard);
 	struct sched_cost_model cm;
 	sched_cost_init(&cm, &lc, Bm, T, &naive, shard, bf16, ac, act16 ? 2 : 4);
 	if (tp > 1) /* sequence parallelism: the residual stream is sharded too */
@@ -244,6 +260,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	                                  : NULL;
 	cm.ag_bytes_s = cm.rs_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
 	cm.ag_latency_s = cm.rs_latency_s = c->comm.latency_us * 1e-6;
+	cm.tp_latency_s = c->comm.latency_us * 1e-6;
+	cm.tp_bytes_s = c->parallelism.tp_bandwidth_gbps * 1e9 / 8.0;
 	cm.full_elem_bytes = act16 ? 2 : 4;
 	cm.full_twin_bytes = 0; /* the target keeps gathered weights in one dtype */
 	cm.overlap = true;
@@ -272,9 +290,11 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	double fpt = llama_flops_per_token(&mc, &gt, T);
 	param_table_free(&gt);
 	double tokens = (double)(Bm * T * accum) / (double)tp; /* per rank: TP shares tokens */
-	struct plan_tp ptp = {0};
+	struct plan_tp tpv[2];                                 /* plain, async */
 	if (tp > 1)
-		plan_tp_comm(&ptp, c, &cm, &lc, Bm, T, accum, ac, act16 ? 2 : 4);
+		for (int v = 0; v < 2; v++)
+			plan_tp_variant(&s, &cm, &mc, tp, v == 1, ac, Bm, T, act16 ? 2 : 4,
+			                &tpv[v]);
 	printf("model llama3 %s: %.3g parameters (%lld layers, dim %lld); batch %lld x seq %lld "
 	       "x %d micro-batches per rank\n",
 	       mc.flavor, (double)t.numel, (long long)mc.n_layers, (long long)mc.dim, (long long)Bm,
@@ -311,27 +331,31 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	printf("exposed communication    %.3f s  (%.1f%% of the step)\n", p.exposed_s,
 	       100.0 * p.exposed_s / p.step_s);
 	if (tp > 1) {
-		double plain = p.step_s + ptp.plain_exposed_s, async = p.step_s + ptp.async_exposed_s;
-		printf("tensor parallelism       %lld collectives per step over %.0f Gbit/s "
-		       "(parallelism.tp_bandwidth_gbps), %.3f s; exposed %.3f s plain, %.3f s "
-		       "async\n",
-		       (long long)ptp.n, c->parallelism.tp_bandwidth_gbps, ptp.comm_s,
-		       ptp.plain_exposed_s, ptp.async_exposed_s);
-		printf("throughput, plain TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
-		       tokens / plain, 100.0 * fpt * tokens / plain / peak, plain,
-		       c->parallelism.enable_async_tensor_parallel ? "" : "  <- this config");
-		printf("throughput, async TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
-		       tokens / async, 100.0 * fpt * tokens / async / peak, async,
-		       c->parallelism.enable_async_tensor_parallel ? "  <- this config" : "");
+		double plain = tpv[0].p.step_s, async = tpv[1].p.step_s;
+		printf(
+		    "tensor parallelism       %lld collectives per step (TP nodes of the "
+		    "schedule) over %.0f Gbit/s (parallelism.tp_bandwidth_gbps), %.3f s; exposed "
+		    "%.3f s plain, %.3f s async\n",
+		    (long long)tpv[0].n, c->parallelism.tp_bandwidth_gbps, tpv[0].comm_s,
+		    tpv[0].p.tp_s, tpv[1].p.tp_s);
+		printf(
+		    "throughput, plain TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
+		    tokens / plain, 100.0 * fpt * tokens / plain / peak, plain,
+		    c->parallelism.enable_async_tensor_parallel ? "" : "  <- this config");
+		printf(
+		    "throughput, async TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
+		    tokens / async, 100.0 * fpt * tokens / async / peak, async,
+		    c->parallelism.enable_async_tensor_parallel ? "  <- this config" : "");
 		printf("  (model FLOPs %.3g per token)\n", fpt);
 	} else {
 		printf("throughput               %.0f tokens/s per rank, MFU %.1f%% (model FLOPs "
 		       "%.3g per token)\n",
 		       tokens / p.step_s, 100.0 * fpt * tokens / p.step_s / peak, fpt);
 	}
-	printf("all-gather bytes         %.1f MiB per step sent by each rank (%lld-byte elements%s)\n",
-	       (double)p.ag_wire_bytes / 1048576.0, (long long)cm.ag_elem_bytes,
-	       f8esz ? "; float8 weights 1 byte" : "");
+	printf(
+	    "all-gather bytes         %.1f MiB per step sent by each rank (%lld-byte elements%s)\n",
+	    (double)p.ag_wire_bytes / 1048576.0, (long long)cm.ag_elem_bytes,
+	    f8esz ? "; float8 weights 1 byte" : "");
 	if (f8note[0])
 		printf("%s", f8note);
 	printf("memory per rank          %.2f GiB peak\n", gib(p.peak_bytes));

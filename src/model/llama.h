@@ -219,6 +219,11 @@ bool llama_unit_needs_recompute(const struct llama_model *m, int u);
 /* Unit u's pass as a program (model/model_prog.h): under tensor parallelism, compute
  * segments with the TP collectives between them; otherwise one segment (n = 0). */
 void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out);
+/* The same from the shapes alone (for planning): tp ranks, async TP, the model's activation
+ * checkpointing, micro-batches of (B, T), activations of elem_bytes (4 here: the CPU computes
+ * in fp32; 2 for a bf16 target). */
+void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_ac ac, int64_t B,
+                   int64_t T, int64_t elem_bytes, int u, enum model_pass p, struct model_prog *out);
 /* Op `op` of that program (segment op / 2 or collective op / 2); *ran (may be NULL) says
  * whether a collective ran. Returns the loss sum after the head's last forward op (else 0),
  * with its valid targets in *n_valid (may be NULL). Ops in order are the unit's pass. */

@@ -811,10 +811,8 @@ struct tp_prog {
 	const struct tp_op *ops;
 };
 
-static struct tp_prog tp_program(const struct llama_model *m, int u, enum model_pass p)
+static struct tp_prog tp_program_of(int L, bool async, enum model_ac ac, int u, enum model_pass p)
 {
-	int L = (int)m->cfg.n_layers;
-	bool async = m->tpb->async;
 	if (u == 0)
 		return p == MODEL_PASS_BWD ? PROG(embed_bwd) : PROG(embed_fwd);
 	if (u > L)
@@ -823,50 +821,66 @@ static struct tp_prog tp_program(const struct llama_model *m, int u, enum model_
 		                             : PROG(head_rec);
 	if (p == MODEL_PASS_BWD)
 		return async ? PROG(block_bwd_async) : PROG(block_bwd);
-	if (p == MODEL_PASS_REC && m->ac == MODEL_AC_SELECTIVE)
+	if (p == MODEL_PASS_REC && ac == MODEL_AC_SELECTIVE)
 		return PROG(block_rec_selective);
 	return async ? PROG(block_fwd_async) : PROG(block_fwd);
 }
 
-/* FLOPs of the matmul a ring hides behind, on this rank, for one micro-batch: forward as
- * 2 x rows x in x out; backward ring steps carry one of the two gradient matmuls. */
-static double ring_flops(const struct llama_model *m, enum tp_ring_mm mm)
+static struct tp_prog tp_program(const struct llama_model *m, int u, enum model_pass p)
 {
-	const struct tp_dims d = tp_dims(m);
-	double N2 = 2.0 * (double)d.N;
+	return tp_program_of((int)m->cfg.n_layers, m->tpb->async, m->ac, u, p);
+}
+
+/* FLOPs of the matmul a ring hides behind, on one rank (its heads and FFN columns), for N
+ * tokens: 2 x rows x in x out. A backward ring carries both gradient matmuls of w2 and wo
+ * (the input gradient and the weight gradient, block by block) and one of the others'. */
+static double ring_flops(const struct llama_config *c, int S, int64_t N, enum model_pass p,
+                         enum tp_ring_mm mm)
+{
+	double N2 = 2.0 * (double)N, C = (double)c->dim, D = (double)c->head_dim;
+	double HD = (double)(c->n_heads / S) * D, KVD = (double)(c->n_kv_heads / S) * D;
+	double F = (double)(c->ffn_hidden / S), both = p == MODEL_PASS_BWD ? 2.0 : 1.0;
 	switch (mm) {
 	case MM_QKV:
-		return N2 * (double)d.C * (double)(d.HD + 2 * d.KVD);
+		return N2 * C * (HD + 2 * KVD);
 	case MM_WO:
-		return N2 * (double)d.HD * (double)d.C;
+		return both * N2 * HD * C;
 	case MM_W13:
-		return N2 * (double)d.C * (double)(2 * d.F);
+		return N2 * C * 2 * F;
 	case MM_W2:
-		return N2 * (double)d.F * (double)d.C;
+		return both * N2 * F * C;
 	default:
 		return 0.0;
+	}
+}
+
+void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_ac ac, int64_t B,
+                   int64_t T, int64_t elem_bytes, int u, enum model_pass p, struct model_prog *out)
+{
+	struct tp_prog g = tp_program_of((int)c->n_layers, async, ac, u, p);
+	int64_t N = B * T, Ns = (N + tp - 1) / tp;
+	memset(out, 0, sizeof(*out));
+	for (int i = 1; i < g.n_ops; i += 2) {
+		const struct tp_op *o = &g.ops[i];
+		CHECK(out->n < MODEL_PROG_MAX, "TP program of unit %d: too many collectives", u);
+		int64_t blk =
+		    (o->size == TP_NORM ? (int64_t)sizeof(float) : Ns * elem_bytes) * c->dim;
+		out->c[out->n++] = (struct model_coll_desc){
+		    .kind = o->kind,
+		    .when = o->when,
+		    .bytes = (int64_t)(tp - 1) * blk,
+		    .group = tp,
+		    .ring = o->ring,
+		    .ring_flops =
+		        o->ring ? ring_flops(c, tp, N, p, (enum tp_ring_mm)o->ring_mm) : 0.0};
 	}
 }
 
 void llama_tp_unit_prog(const struct llama_model *m, int u, enum model_pass p,
                         struct model_prog *out)
 {
-	struct tp_prog g = tp_program(m, u, p);
-	int S = m->tp->size;
-	memset(out, 0, sizeof(*out));
-	for (int i = 1; i < g.n_ops; i += 2) {
-		const struct tp_op *o = &g.ops[i];
-		CHECK(out->n < MODEL_PROG_MAX, "TP program of unit %d: too many collectives", u);
-		int64_t blk =
-		    (o->size == TP_NORM ? 1 : m->Ns) * m->cfg.dim * (int64_t)sizeof(float);
-		out->c[out->n++] = (struct model_coll_desc){
-		    .kind = o->kind,
-		    .when = o->when,
-		    .bytes = (int64_t)(S - 1) * blk,
-		    .group = S,
-		    .ring = o->ring,
-		    .ring_flops = o->ring ? ring_flops(m, (enum tp_ring_mm)o->ring_mm) : 0.0};
-	}
+	llama_tp_prog(&m->cfg, m->tp->size, m->tpb->async, m->ac, m->B, m->T, sizeof(float), u, p,
+	              out);
 }
 
 bool llama_tp_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale)

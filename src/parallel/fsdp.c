@@ -167,9 +167,9 @@ static void fsdp_fp8_scales(struct fsdp *f)
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
 		if (p->fp8)
-			f->fp8_amax[k++] = fp8_amax(f->shard_w + f->u[t->p[i].unit].shard_base +
-			                                p->shard_off,
-			                            p->my_rows * p->cols);
+			f->fp8_amax[k++] =
+			    fp8_amax(f->shard_w + f->u[t->p[i].unit].shard_base + p->shard_off,
+			             p->my_rows * p->cols);
 	}
 	comm_label("fp8 all-gather scales: amax of %d weights", f->n_fp8);
 	comm_all_reduce_max_f32(&f->mesh->dp_shard_group, f->fp8_amax, f->n_fp8);
@@ -220,10 +220,13 @@ void fsdp_init_params(struct fsdp *f, uint64_t seed)
 
 void fsdp_sched_units(const struct fsdp *f, struct sched_unit *out)
 {
-	for (int u = 0; u < f->n_units; u++)
+	for (int u = 0; u < f->n_units; u++) {
 		out[u] = (struct sched_unit){.full_numel = f->u[u].full_numel,
 		                             .shard_numel = f->u[u].shard_numel,
 		                             .is_block = u > 0 && u < f->n_units - 1};
+		for (int p = 0; p < MODEL_PASS_COUNT; p++) /* TP collectives (none without TP) */
+			model_unit_prog(f->model, u, (enum model_pass)p, &out[u].prog[p]);
+	}
 }
 
 void fsdp_naive_schedule(const struct fsdp *f, int accum, struct sched *s)
@@ -255,9 +258,10 @@ int fsdp_set_schedule(struct fsdp *f, const struct sched *s)
 	}
 	fsdp_release_pools(f);
 	sched_free(&f->sched);
-	sched_copy(&f->sched, s);
+	sched_lower_tp(s, &f->sched); /* the TP collectives as nodes (a copy if none) */
+	CHECK(sched_validate(&f->sched, why, sizeof(why)), "lowered schedule: %s", why);
 	free(f->rec), free(f->bs);
-	f->rec = xcalloc((size_t)s->n_nodes, sizeof(*f->rec));
+	f->rec = xcalloc((size_t)f->sched.n_nodes, sizeof(*f->rec));
 	f->bs = xcalloc((size_t)s->n_buckets, sizeof(*f->bs));
 	int64_t max_full = 0, max_shard = 0, N = f->mesh->dp_shard;
 	for (int b = 0; b < s->n_buckets; b++) {
@@ -343,8 +347,10 @@ static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool 
 				const char *src = (const char *)recv + q * S + ubase + p->wire_off;
 				float *dst = ufull + p->full_off + q * p->chunk_rows * p->cols;
 				if (p->fp8) {
-					/* the fp8 values themselves: the scale goes with the weight */
-					fp8_dequantize(dst, (const uint8_t *)src, n, 1.0f, FP8_E4M3);
+					/* the fp8 values themselves: the scale goes with the weight
+					 */
+					fp8_dequantize(dst, (const uint8_t *)src, n, 1.0f,
+					               FP8_E4M3);
 				} else if (bf16) {
 					const uint16_t *h = (const uint16_t *)src;
 #pragma omp parallel for simd schedule(static)
@@ -442,8 +448,8 @@ static void be_all_gather_done(void *ctx, int b)
 		const struct fsdp_unit *un = &f->u[u];
 		for (int i = un->first_param; i < un->first_param + un->n_params; i++)
 			if (f->p[i].fp8)
-				fp8_linear_set_prepared(w + unit_full_off(f, b, u) + f->p[i].full_off,
-				                        f->fp8_scale[i]);
+				fp8_linear_set_prepared(
+				    w + unit_full_off(f, b, u) + f->p[i].full_off, f->fp8_scale[i]);
 	}
 }
 
@@ -527,25 +533,43 @@ static void be_batch(void *ctx, int a)
 	memcpy(m->targets, f->step.targets + a * m->N, (size_t)m->N * sizeof(int32_t));
 }
 
-static void be_forward(void *ctx, int u)
+static void be_forward(void *ctx, int u, int op)
 {
 	struct fsdp *f = ctx;
 	if (u == f->n_units - 1)
 		bucket_grads(f, sched_bucket_of(&f->sched, u)); /* the fused loss writes grads */
-	f->step.loss_sum += model_unit_forward(f->model, u, NULL);
+	f->step.loss_sum += op < 0 ? model_unit_forward(f->model, u, NULL)
+	                           : model_unit_op(f->model, u, MODEL_PASS_FWD, op, 0.0, NULL);
 }
 
-static void be_recompute(void *ctx, int u)
+static void be_recompute(void *ctx, int u, int op)
 {
 	struct fsdp *f = ctx;
-	model_unit_recompute(f->model, u);
+	if (op < 0)
+		model_unit_recompute(f->model, u);
+	else
+		model_unit_op(f->model, u, MODEL_PASS_REC, op, 0.0, NULL);
 }
 
-static void be_backward(void *ctx, int u)
+static void be_backward(void *ctx, int u, int op)
 {
 	struct fsdp *f = ctx;
 	bucket_grads(f, sched_bucket_of(&f->sched, u));
-	model_unit_backward(f->model, u, f->step.dscale);
+	if (op < 0)
+		model_unit_backward(f->model, u, f->step.dscale);
+	else
+		model_unit_op(f->model, u, MODEL_PASS_BWD, op, f->step.dscale, NULL);
+}
+
+/* A TP collective between two segments of unit u's pass: the bytes it sent (0: a no-op) */
+static int64_t be_tp_collective(void *ctx, int u, enum model_pass p, int op)
+{
+	struct fsdp *f = ctx;
+	if (p == MODEL_PASS_BWD)
+		bucket_grads(f, sched_bucket_of(&f->sched, u));
+	bool ran = false;
+	model_unit_op(f->model, u, p, op, f->step.dscale, &ran);
+	return ran ? f->sched.units[u].prog[p].c[op / 2].bytes : 0;
 }
 
 /* ---------------------------------------------------------------- tail */
@@ -619,6 +643,7 @@ static const struct sched_backend fsdp_backend_ops = {
     .forward = be_forward,
     .backward = be_backward,
     .recompute = be_recompute,
+    .tp_collective = be_tp_collective,
     .clip = be_clip,
     .optim = be_optim,
 };

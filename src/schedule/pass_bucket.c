@@ -129,10 +129,10 @@ void sched_pass_bucket(const struct sched *in, const struct sched_bucket *bucket
 	sched_free(&mid);
 }
 
-int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buckets,
-                   int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
-                   const struct sched_cost_model *cm, struct sched *out,
-                   struct sched_auto_report *report)
+static int pipeline_passes(const struct sched *naive, enum model_ac ac, const char *buckets,
+                           int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
+                           const struct sched_cost_model *cm, struct sched *out,
+                           struct sched_auto_report *report)
 {
 	struct sched ck, bk;
 	sched_pass_checkpoint(naive, ac, &ck);
@@ -185,5 +185,19 @@ int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buck
 			return CT_ERR_USAGE;
 		}
 	}
+	return CT_OK;
+}
+
+int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buckets,
+                   int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
+                   const struct sched_cost_model *cm, struct sched *out,
+                   struct sched_auto_report *report)
+{
+	struct sched passed;
+	int rc = pipeline_passes(naive, ac, buckets, bucket_cap_bytes, o, cm, &passed, report);
+	if (rc)
+		return rc;
+	sched_lower_tp(&passed, out); /* last: the passes move whole units */
+	sched_free(&passed);
 	return CT_OK;
 }

@@ -18,6 +18,8 @@ enum row {
 	ROW_RS_ISSUE,
 	ROW_AG_WAIT,
 	ROW_RS_WAIT,
+	ROW_TP_AG,
+	ROW_TP_RS,
 	ROW_TAIL_CLIP,
 	ROW_TAIL_OPTIM,
 	ROW_OTHER,
@@ -25,12 +27,23 @@ enum row {
 	ROW_COUNT
 };
 
-static const char *const row_name[ROW_COUNT] = {
-    "FWD embedding",   "FWD blocks",          "FWD norm+output+loss",
-    "BWD embedding",   "BWD blocks",          "BWD final norm",
-    "RECOMPUTE",       "all-gather issue",    "reduce-scatter issue",
-    "WAIT all-gather", "WAIT reduce-scatter", "CLIP",
-    "OPTIM",           "BATCH, FREE",         "outside the schedule"};
+static const char *const row_name[ROW_COUNT] = {"FWD embedding",
+                                                "FWD blocks",
+                                                "FWD norm+output+loss",
+                                                "BWD embedding",
+                                                "BWD blocks",
+                                                "BWD final norm",
+                                                "RECOMPUTE",
+                                                "all-gather issue",
+                                                "reduce-scatter issue",
+                                                "WAIT all-gather",
+                                                "WAIT reduce-scatter",
+                                                "TP all-gather",
+                                                "TP reduce-scatter",
+                                                "CLIP",
+                                                "OPTIM",
+                                                "BATCH, FREE",
+                                                "outside the schedule"};
 
 static enum row row_of(const struct sched *s, const struct sched_node *n)
 {
@@ -49,6 +62,10 @@ static enum row row_of(const struct sched *s, const struct sched_node *n)
 		return ROW_RS_ISSUE;
 	case SCHED_WAIT:
 		return n->wait_kind == SCHED_ALL_GATHER ? ROW_AG_WAIT : ROW_RS_WAIT;
+	case SCHED_TP_ALL_GATHER:
+		return ROW_TP_AG;
+	case SCHED_TP_REDUCE_SCATTER:
+		return ROW_TP_RS;
 	case SCHED_CLIP:
 		return ROW_TAIL_CLIP;
 	case SCHED_OPTIM:

@@ -155,6 +155,48 @@ double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, i
 	return sum;
 }
 
+double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
+                       const struct model_coll_desc *c, double *comm_s)
+{
+	if (comm_s)
+		*comm_s = 0.0;
+	if (cm->tp_bytes_s <= 0 || c->when == MODEL_COLL_IF_NOT_FUSED || c->group < 2)
+		return 0.0; /* a training step fuses the loss gradient into the forward */
+	double t = cm->tp_latency_s + (double)c->bytes / cm->tp_bytes_s;
+	if (comm_s)
+		*comm_s = t;
+	if (!c->ring)
+		return t;
+	/* ring: the first of group steps is exposed; the matmul beside it covers the rest */
+	double r = cm->rate[work][SCHED_TERM_MATMUL] > 0 ? cm->rate[work][SCHED_TERM_MATMUL]
+	                                                 : cm->matmul_flops;
+	double first = t / (double)c->group, rest = t - first;
+	double mm = r > 0 ? c->ring_flops / r : 0.0;
+	return first + (rest > mm ? rest - mm : 0.0);
+}
+
+/* A unit pass's compute under cm: a lowered schedule's segment carries its share (the pass
+ * over its segments, evenly), an unlowered node the whole pass plus its TP collectives. */
+static double pass_compute_s(const struct sched *s, const struct sched_cost_model *cm,
+                             const struct sched_node *n, enum sched_work k, double *tp_s)
+{
+	const struct model_prog *g = sched_node_prog(s, n);
+	double dt = sched_cost_node_s(cm, k, n->unit, NULL);
+	*tp_s = 0.0;
+	if (s->lowered)
+		return dt / (double)(g->n + 1);
+	for (int j = 0; j < g->n; j++)
+		*tp_s += sched_cost_tp_s(cm, k, &g->c[j], NULL);
+	return dt;
+}
+
+static enum sched_work work_of(enum model_pass p)
+{
+	return p == MODEL_PASS_FWD   ? SCHED_WORK_FWD
+	       : p == MODEL_PASS_BWD ? SCHED_WORK_BWD
+	                             : SCHED_WORK_REC;
+}
+
 /* ---------------------------------------------------------------- timeline and memory */
 
 struct pool_count {
@@ -206,8 +248,9 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		int b = n->bucket;
 		double S = b >= 0 ? (double)sched_bucket_shard(s, b) : 0.0;
 		double full = b >= 0 ? (double)sched_bucket_full(s, b) : 0.0;
-		bool no_comm = cm->single && (n->kind == SCHED_ALL_GATHER ||
-		                              n->kind == SCHED_REDUCE_SCATTER || n->kind == SCHED_WAIT);
+		bool no_comm =
+		    cm->single && (n->kind == SCHED_ALL_GATHER || n->kind == SCHED_REDUCE_SCATTER ||
+		                   n->kind == SCHED_WAIT);
 		switch (no_comm ? SCHED_KIND_COUNT : n->kind) {
 		case SCHED_ALL_GATHER:
 		case SCHED_REDUCE_SCATTER: {
@@ -219,7 +262,8 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 				const struct sched_bucket *bk = &s->buckets[b];
 				ag_b = 0;
 				for (int u = bk->unit0; u < bk->unit0 + bk->n_units; u++)
-					ag_b += (double)s->units[u].shard_numel * cm->ag_unit_esz[u];
+					ag_b +=
+					    (double)s->units[u].shard_numel * cm->ag_unit_esz[u];
 			}
 			if (ag)
 				ag_bytes += (int64_t)ag_b;
@@ -268,16 +312,22 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		case SCHED_FREE:
 			take(&pw, -1);
 			break;
+		case SCHED_TP_ALL_GATHER:
+		case SCHED_TP_REDUCE_SCATTER: {
+			double c, dt = sched_cost_tp_s(cm, work_of(n->pass),
+			                               &sched_node_prog(s, n)->c[n->seg], &c);
+			p->tp_s += dt;
+			t += dt; /* blocking, on the compute thread */
+			break;
+		}
 		case SCHED_FWD:
 		case SCHED_BWD:
 		case SCHED_RECOMPUTE: {
 			int u = n->unit;
-			enum sched_work k = n->kind == SCHED_FWD   ? SCHED_WORK_FWD
-			                    : n->kind == SCHED_BWD ? SCHED_WORK_BWD
-			                                           : SCHED_WORK_REC;
-			double dt = sched_cost_node_s(cm, k, u, NULL);
+			double tp, dt = pass_compute_s(s, cm, n, work_of(sched_node_pass(n)), &tp);
 			p->compute_s += dt;
-			t += stretch(cm, t, cf, dt);
+			p->tp_s += tp;
+			t += stretch(cm, t, cf, dt) + tp;
 			int gb = sched_bucket_of(s, u);
 			if ((n->kind == SCHED_BWD ||
 			     (n->kind == SCHED_FWD && u == s->n_units - 1)) &&

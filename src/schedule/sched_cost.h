@@ -54,6 +54,10 @@ struct sched_cost_model {
 	double interference;  /* compute slows by this fraction while the comm stream runs */
 	double ag_latency_s, ag_bytes_s; /* all-gather: time = latency + wire bytes / rate */
 	double rs_latency_s, rs_bytes_s;
+	/* tensor-parallel collectives (TP_* nodes, on the compute thread): time = latency + wire
+	 * bytes / rate; an async-TP ring exposes one step of it plus what its matmul (at the
+	 * matmul rate) does not cover. tp_bytes_s = 0: priced at nothing (no TP link known). */
+	double tp_latency_s, tp_bytes_s;
 	bool overlap; /* collectives progress during compute (comm.progress = thread) */
 	bool single;  /* one process without FSDP (train_step): its schedule's collectives and
 	                 their copies in and out cost nothing, only compute, norm and AdamW */
@@ -75,11 +79,18 @@ struct sched_cost_model {
 
 struct sched_prediction {
 	double step_s, compute_s, comm_s, exposed_s;
+	double tp_s; /* tensor-parallel collectives on the compute thread (exposed: in step_s,
+	                not in exposed_s, which is the FSDP collectives') */
 	int64_t peak_bytes; /* persistent + pools */
 	int64_t full_params_bytes, full_grads_bytes, comm_bytes;
 	int64_t n_collectives;
 	int64_t ag_wire_bytes; /* what this rank's all-gathers of the step send (its shards) */
 };
+
+/* One tensor-parallel collective's time on the compute thread, and what it moves on the
+ * wire (*comm_s, may be NULL). `work` picks the matmul rate that hides a ring. */
+double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
+                       const struct model_coll_desc *c, double *comm_s);
 
 /* One node's time under cm, and its terms (terms may be NULL). */
 double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, int unit,

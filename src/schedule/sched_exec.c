@@ -7,6 +7,12 @@
 #include "base/log.h"
 #include "base/timer.h"
 
+/* A compute node's op: its segment of a lowered program, or -1 for the whole pass. */
+static int unit_op(const struct sched *s, const struct sched_node *n)
+{
+	return s->lowered && sched_node_prog(s, n)->n > 0 ? 2 * n->seg : -1;
+}
+
 int sched_exec_run(const struct sched *s, const struct sched_backend *be,
                    struct comm_stream *stream, struct sched_record *rec)
 {
@@ -60,13 +66,17 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 			be->free_params(be->ctx, n->bucket);
 			break;
 		case SCHED_FWD:
-			be->forward(be->ctx, n->unit);
+			be->forward(be->ctx, n->unit, unit_op(s, n));
 			break;
 		case SCHED_BWD:
-			be->backward(be->ctx, n->unit);
+			be->backward(be->ctx, n->unit, unit_op(s, n));
 			break;
 		case SCHED_RECOMPUTE:
-			be->recompute(be->ctx, n->unit);
+			be->recompute(be->ctx, n->unit, unit_op(s, n));
+			break;
+		case SCHED_TP_ALL_GATHER:
+		case SCHED_TP_REDUCE_SCATTER:
+			bytes = be->tp_collective(be->ctx, n->unit, n->pass, 2 * n->seg + 1);
 			break;
 		case SCHED_CLIP:
 			rc = be->clip(be->ctx);
@@ -80,6 +90,8 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 		if (rec) {
 			rec[i].t0 = t0;
 			rec[i].t1 = timer_now();
+			if (n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER)
+				rec[i].bytes = bytes;
 			if (n->kind == SCHED_ALL_GATHER || n->kind == SCHED_REDUCE_SCATTER) {
 				rec[i].bytes = bytes;
 				rec[i].ticket = ticket;

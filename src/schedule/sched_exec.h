@@ -1,6 +1,7 @@
 /* schedule/sched_exec: the executor — runs a schedule's nodes in order.
  *
- * Compute nodes run on the calling thread; collectives are issued to the comm stream and
+ * Compute nodes run on the calling thread, and so do tensor-parallel collectives (TP_*: the
+ * activations they move are needed at once); FSDP collectives are issued to the comm stream and
  * completed by their WAIT node, which blocks on the stream's ticket and then lets the backend
  * finish the collective (copy-out of gathered parameters, accumulation of reduced gradients).
  * What a node *does* belongs to the backend (parallel/fsdp provides one); the executor owns
@@ -29,9 +30,14 @@ struct sched_backend {
 	void (*all_gather_done)(void *ctx, int bucket);
 	void (*reduce_scatter_done)(void *ctx, int bucket);
 	void (*free_params)(void *ctx, int bucket);
-	void (*forward)(void *ctx, int unit);
-	void (*backward)(void *ctx, int unit);
-	void (*recompute)(void *ctx, int unit);
+	/* A unit's pass: op -1 runs all of it; op 2k (lowered schedules) its segment k. */
+	void (*forward)(void *ctx, int unit, int op);
+	void (*backward)(void *ctx, int unit, int op);
+	void (*recompute)(void *ctx, int unit, int op);
+	/* Op 2k+1 of the unit's pass program: its tensor-parallel collective k, blocking on the
+	 * calling thread; returns the bytes this rank sent (0: the collective had nothing to do
+	 * in this step, as the loss gradient's reduce-scatter on one side of the fused loss). */
+	int64_t (*tp_collective)(void *ctx, int unit, enum model_pass pass, int op);
 	int (*clip)(void *ctx);  /* ct_err code */
 	int (*optim)(void *ctx); /* ct_err code */
 };

@@ -10,7 +10,7 @@
  *  - pass_reorder.c: reordering — prefetch all-gathers, defer reduce-scatter waits, within a
  *    memory budget.
  *
- * The pipeline is checkpoint → bucket → reorder (sched_pipeline runs it from the config
+ * The pipeline is checkpoint → bucket → reorder → lower (sched_pipeline runs it from the config
  * strings). No pass changes any value a step computes: they only move and merge collectives
  * and choose what to recompute.
  */
@@ -98,7 +98,8 @@ void sched_plan_string(const struct sched_bucket *b, int n_buckets, int n_units,
 void sched_auto_report_print(const struct sched_auto_report *r, int n_units, FILE *f,
                              const char *indent);
 
-/* checkpoint(ac) → bucket(spec: "per_block", "auto" or groups) → reorder(o). CT_ERR_USAGE
+/* checkpoint(ac) → bucket(spec: "per_block", "auto" or groups) → reorder(o) → lower the
+ * tensor-parallel collectives into nodes (sched_lower_tp). CT_ERR_USAGE
  * (message logged, naming comm.buckets or comm.memory_budget_gb) on a bad spec or when no
  * plan fits the budget. With "auto", report (may be NULL) receives the plans compared
  * (sched_auto_report_free); with a manual plan it is zeroed. */

@@ -56,7 +56,13 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
 			snprintf(args + strlen(args), sizeof(args) - strlen(args),
 			         ",\"bytes\":%lld,\"ticket\":%lld", (long long)r->bytes,
 			         (long long)r->ticket);
+		bool tp = n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER;
+		if (tp) /* on the compute thread: it blocks it */
+			snprintf(args + strlen(args), sizeof(args) - strlen(args),
+			         ",\"unit\":%d,\"bytes\":%lld%s", n->unit, (long long)r->bytes,
+			         sched_node_prog(s, n)->c[n->seg].ring ? ",\"ring\":true" : "");
 		const char *cat = coll                    ? "issue"
+		                  : tp                    ? "tp"
 		                  : n->kind == SCHED_WAIT ? "wait"
 		                  : n->kind == SCHED_FREE ? "free"
 		                                          : "compute";

@@ -6,8 +6,9 @@
 
 #include "base/log.h"
 
-static const char *const sched_kind_names[] = {"BATCH", "AG",  "RS",        "WAIT", "FREE",
-                                               "FWD",   "BWD", "RECOMPUTE", "CLIP", "OPTIM"};
+static const char *const sched_kind_names[] = {"BATCH", "AG",    "RS",    "WAIT",
+                                               "FREE",  "FWD",   "BWD",   "RECOMPUTE",
+                                               "CLIP",  "OPTIM", "TP-AG", "TP-RS"};
 _Static_assert(sizeof(sched_kind_names) / sizeof(sched_kind_names[0]) == SCHED_KIND_COUNT,
                "one name per node kind");
 
@@ -56,6 +57,7 @@ void sched_init_like(struct sched *dst, const struct sched *src)
 	dst->reshard = src->reshard;
 	dst->ac = src->ac;
 	dst->prefetch = src->prefetch;
+	dst->lowered = src->lowered;
 	dst->units = xcalloc((size_t)src->n_units, sizeof(*dst->units));
 	memcpy(dst->units, src->units, (size_t)src->n_units * sizeof(*dst->units));
 	dst->n_buckets = src->n_buckets;
@@ -114,12 +116,63 @@ int sched_bucket_of(const struct sched *s, int u)
 static struct sched_node node(enum sched_kind k, int unit, int bucket, int micro,
                               enum sched_phase ph)
 {
-	return (struct sched_node){.kind = k,
-	                           .wait_kind = SCHED_ALL_GATHER,
-	                           .unit = unit,
-	                           .bucket = bucket,
-	                           .micro = micro,
-	                           .phase = ph};
+	struct sched_node n = {.kind = k,
+	                       .wait_kind = SCHED_ALL_GATHER,
+	                       .unit = unit,
+	                       .bucket = bucket,
+	                       .micro = micro,
+	                       .phase = ph};
+	n.pass = sched_node_pass(&n);
+	return n;
+}
+
+enum model_pass sched_node_pass(const struct sched_node *n)
+{
+	switch (n->kind) {
+	case SCHED_BWD:
+		return MODEL_PASS_BWD;
+	case SCHED_RECOMPUTE:
+		return MODEL_PASS_REC;
+	case SCHED_TP_ALL_GATHER:
+	case SCHED_TP_REDUCE_SCATTER:
+		return n->pass;
+	default:
+		return MODEL_PASS_FWD;
+	}
+}
+
+const struct model_prog *sched_node_prog(const struct sched *s, const struct sched_node *n)
+{
+	return &s->units[n->unit].prog[sched_node_pass(n)];
+}
+
+void sched_lower_tp(const struct sched *in, struct sched *out)
+{
+	sched_init_like(out, in);
+	out->lowered = true;
+	for (int i = 0; i < in->n_nodes; i++) {
+		struct sched_node n = in->nodes[i];
+		bool compute =
+		    n.kind == SCHED_FWD || n.kind == SCHED_BWD || n.kind == SCHED_RECOMPUTE;
+		const struct model_prog *g = compute ? sched_node_prog(in, &n) : NULL;
+		if (in->lowered || !g || g->n == 0) {
+			sched_push(out, n);
+			continue;
+		}
+		for (int k = 0; k <= g->n; k++) {
+			struct sched_node c = n;
+			c.seg = k;
+			sched_push(out, c);
+			if (k == g->n)
+				break;
+			struct sched_node t = n;
+			t.kind = g->c[k].kind == MODEL_COLL_ALL_GATHER ? SCHED_TP_ALL_GATHER
+			                                               : SCHED_TP_REDUCE_SCATTER;
+			t.pass = sched_node_pass(&n);
+			t.seg = k;
+			sched_push(out, t);
+		}
+	}
 }
 
 static bool reshard_after_forward(const struct sched *s, int b)
@@ -229,6 +282,9 @@ bool sched_validate(const struct sched *s, char *why, size_t why_size)
 	int *fwd_done = xcalloc((size_t)U, sizeof(int)),
 	    *bwd_done = xcalloc((size_t)U, sizeof(int));
 	int cur_micro = -1, next_bwd = -1;
+	/* lowered: the unit pass whose program is under way, and the op it expects next */
+	int open_u = -1, open_op = 0;
+	enum model_pass open_pass = MODEL_PASS_FWD;
 	/* buckets tile the units in order */
 	for (int b = 0, u = 0; b < B; u += s->buckets[b].n_units, b++)
 		if (s->buckets[b].unit0 != u || s->buckets[b].n_units < 1 ||
@@ -244,9 +300,43 @@ bool sched_validate(const struct sched *s, char *why, size_t why_size)
 			if (b < 0 || b >= B)
 				FAIL("node %d (%s): bad bucket", i, lab);
 		}
-		if (n->kind == SCHED_FWD || n->kind == SCHED_BWD || n->kind == SCHED_RECOMPUTE) {
-			if (u < 0 || u >= U)
-				FAIL("node %d (%s): bad unit", i, lab);
+		bool compute =
+		    n->kind == SCHED_FWD || n->kind == SCHED_BWD || n->kind == SCHED_RECOMPUTE;
+		bool tp = n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER;
+		if ((compute || tp) && (u < 0 || u >= U))
+			FAIL("node %d (%s): bad unit", i, lab);
+		if (tp && !s->lowered)
+			FAIL("node %d (%s): a TP collective in a schedule not lowered", i, lab);
+		if (s->lowered && (compute || tp)) {
+			const struct model_prog *g = sched_node_prog(s, n);
+			int op = compute ? 2 * n->seg : 2 * n->seg + 1;
+			bool starts = compute && n->seg == 0;
+			if (starts && open_u >= 0)
+				FAIL("node %d (%s): unit %d's program is not finished", i, lab,
+				     open_u);
+			if (!starts &&
+			    (open_u != u || open_pass != sched_node_pass(n) || open_op != op))
+				FAIL("node %d (%s): out of its unit's program", i, lab);
+			if (n->seg < 0 || n->seg > g->n || (tp && n->seg >= g->n))
+				FAIL("node %d (%s): the program has %d collectives", i, lab, g->n);
+			if (tp && (n->kind == SCHED_TP_ALL_GATHER) !=
+			              (g->c[n->seg].kind == MODEL_COLL_ALL_GATHER))
+				FAIL("node %d (%s): the program's collective %d is of another kind",
+				     i, lab, n->seg);
+			open_u = op == 2 * g->n ? -1 : u;
+			open_pass = sched_node_pass(n);
+			open_op = op + 1;
+			if (tp || n->seg > 0) { /* the unit's order was checked at segment 0 */
+				if (!res[sched_bucket_of(s, u)])
+					FAIL("node %d (%s): parameters freed inside the unit", i,
+					     lab);
+				continue;
+			}
+		} else if (open_u >= 0 && (n->kind == SCHED_BATCH || n->kind == SCHED_CLIP ||
+		                           n->kind == SCHED_OPTIM)) {
+			FAIL("node %d (%s): unit %d's program is not finished", i, lab, open_u);
+		}
+		if (compute) {
 			if (!res[sched_bucket_of(s, u)])
 				FAIL("node %d (%s): parameters not gathered", i, lab);
 			if (cur_micro < 0)
@@ -355,8 +445,18 @@ void sched_node_label(const struct sched *s, int i, char *buf, size_t size)
 	case SCHED_FWD:
 	case SCHED_BWD:
 	case SCHED_RECOMPUTE:
-		snprintf(buf, size, "%s u%d", sched_kind_name(n->kind), n->unit);
+		if (s->lowered && sched_node_prog(s, n)->n > 0)
+			snprintf(buf, size, "%s u%d.%d", sched_kind_name(n->kind), n->unit, n->seg);
+		else
+			snprintf(buf, size, "%s u%d", sched_kind_name(n->kind), n->unit);
 		break;
+	case SCHED_TP_ALL_GATHER:
+	case SCHED_TP_REDUCE_SCATTER: {
+		static const char *const pass[] = {"fwd", "bwd", "rec"};
+		snprintf(buf, size, "%s u%d %s.%d", sched_kind_name(n->kind), n->unit,
+		         pass[n->pass], n->seg);
+		break;
+	}
 	case SCHED_ALL_GATHER:
 	case SCHED_REDUCE_SCATTER:
 	case SCHED_FREE:

@@ -14,8 +14,9 @@
  *
  * A WAIT names the collective it completes by (kind, bucket): at most one all-gather and one
  * reduce-scatter per bucket are in flight at any time (sched_validate checks this, and every
- * other rule the executor relies on). New parallelisms add node kinds (tensor-parallel
- * collectives inside a unit, pipeline SEND/RECV of activations per micro-batch) and passes.
+ * other rule the executor relies on). Tensor parallelism adds its collectives inside a unit
+ * as nodes (SCHED_TP_*, by lowering the unit's pass program after the passes); pipeline
+ * parallelism has its own action lists (schedule/pp_schedule.h).
  */
 #ifndef CT_SCHEDULE_SCHEDULE_H
 #define CT_SCHEDULE_SCHEDULE_H
@@ -25,6 +26,7 @@
 #include <stdio.h>
 
 #include "model/model_ac.h"
+#include "model/model_prog.h"
 
 enum sched_kind {
 	SCHED_BATCH,          /* load micro-batch `micro` into the model */
@@ -37,6 +39,10 @@ enum sched_kind {
 	SCHED_RECOMPUTE,      /* re-derive `unit`'s dropped activations before its backward */
 	SCHED_CLIP,           /* reduce loss and gradient norm, compute the clip coefficient */
 	SCHED_OPTIM,          /* AdamW on the shards */
+	/* tensor parallelism (after sched_lower_tp): collective `seg` of `unit`'s pass, between
+	 * its compute segments `seg` and `seg + 1`, on the TP group and the compute thread */
+	SCHED_TP_ALL_GATHER,
+	SCHED_TP_REDUCE_SCATTER,
 	SCHED_KIND_COUNT
 };
 
@@ -51,12 +57,18 @@ struct sched_node {
 	enum sched_phase phase;
 	bool recompute; /* ALL_GATHER in backward that re-gathers what forward freed (reshard
 	                   after forward = "the all-gather is recomputed in backward") */
+	/* lowered schedules: FWD, BWD, RECOMPUTE run segment `seg` of the unit's pass program
+	 * (model/model_prog.h), TP_* its collective `seg`; `pass` names the program */
+	int seg;
+	enum model_pass pass;
 };
 
 struct sched_unit {
 	int64_t full_numel;  /* parameters of the unit */
 	int64_t shard_numel; /* this rank's (padded) shard of them; every rank's is the same size */
 	bool is_block;       /* a transformer block (activation checkpointing applies) */
+	/* per pass (MODEL_PASS_*): its tensor-parallel collectives (n = 0: none) */
+	struct model_prog prog[MODEL_PASS_COUNT];
 };
 
 struct sched_bucket {
@@ -73,6 +85,7 @@ struct sched {
 	enum sched_reshard reshard;
 	enum model_ac ac; /* set by the activation-checkpointing pass */
 	int prefetch;     /* set by the reordering pass (for printing) */
+	bool lowered;     /* sched_lower_tp ran: TP units' passes are segments and TP nodes */
 	int n_nodes, cap;
 	struct sched_node *nodes;
 };
@@ -90,6 +103,17 @@ void sched_free(struct sched *s);
  * `never`, and before CLIP otherwise. Passes that change buckets or compute call it; the
  * reordering pass runs after them. */
 void sched_place_gathers(const struct sched *in, struct sched *out);
+/* Lowering, after every pass: each FWD, BWD and RECOMPUTE of a unit whose pass has tensor-
+ * parallel collectives becomes its program — segment 0, TP collective 0, segment 1, ... —
+ * so the executor runs the collectives as nodes, the trace shows them and the cost model
+ * times them on the compute thread. Units without collectives keep one node. Lowering a
+ * lowered schedule copies it. */
+void sched_lower_tp(const struct sched *in, struct sched *out);
+/* The program pass a compute node runs. */
+enum model_pass sched_node_pass(const struct sched_node *n);
+/* The unit's program for node n's pass (n: FWD, BWD, RECOMPUTE or TP_*). */
+const struct model_prog *sched_node_prog(const struct sched *s, const struct sched_node *n);
+
 /* An empty schedule with s's units and buckets, for a pass to append nodes to. */
 void sched_init_like(struct sched *dst, const struct sched *src);
 void sched_copy(struct sched *dst, const struct sched *src);
