@@ -299,10 +299,145 @@ TEST_CASE(test_single_process)
 	       expect);
 	EXPECT(one.comm_s == 0 && one.exposed_s == 0 && one.full_params_bytes == 0 &&
 	           one.compute_s == fsdp.compute_s && fsdp.step_s > one.step_s,
-	       "1 process: comm %g s, exposed %g s, gathered %lld bytes", one.comm_s,
-	       one.exposed_s, (long long)one.full_params_bytes);
+	       "1 process: comm %g s, exposed %g s, gathered %lld bytes", one.comm_s, one.exposed_s,
+	       (long long)one.full_params_bytes);
 	sched_cost_free(&cm);
 	sched_free(&naive);
+}
+
+/* Tensor parallelism: lowering turns every TP unit pass into its program (segments and TP
+ * collectives in order), the validator rejects a program broken in any of four ways, and the
+ * cost model prices a lowered schedule as the unlowered one (same step, TP time counted once
+ * per collective; async rings below plain, above one ring step each). */
+static void tp_units(struct sched_unit *u, int n, const struct llama_config *c, bool async,
+                     int64_t B, int64_t T)
+{
+	for (int i = 0; i < n; i++)
+		for (int p = 0; p < MODEL_PASS_COUNT; p++)
+			llama_tp_prog(c, 2, async, MODEL_AC_FULL, B, T, 4, i, (enum model_pass)p,
+			              &u[i].prog[p]);
+}
+
+static bool broken(const struct sched *lo, int at, int how, const char *want)
+{
+	struct sched b;
+	sched_init_like(&b, lo);
+	for (int i = 0; i < lo->n_nodes; i++) {
+		struct sched_node n = lo->nodes[i];
+		if (i == at && how == 0) /* drop it */
+			continue;
+		if (i == at && how == 2) /* the other collective */
+			n.kind = n.kind == SCHED_TP_ALL_GATHER ? SCHED_TP_REDUCE_SCATTER
+			                                       : SCHED_TP_ALL_GATHER;
+		sched_push(&b, n);
+		if (i == at && how == 1) { /* free the unit's parameters inside it */
+			struct sched_node f = {.kind = SCHED_FREE,
+			                       .unit = -1,
+			                       .bucket = sched_bucket_of(lo, n.unit),
+			                       .micro = n.micro,
+			                       .phase = n.phase};
+			sched_push(&b, f);
+		}
+	}
+	if (how == 3) { /* a TP node in a schedule that says it is not lowered */
+		b.lowered = false;
+	}
+	char why[256] = "";
+	bool ok = sched_validate(&b, why, sizeof(why));
+	sched_free(&b);
+	EXPECT(!ok && strstr(why, want), "break %d at node %d: validate says %s (want '%s')", how,
+	       at, ok ? "ok" : why, want);
+	return !ok;
+}
+
+TEST_CASE(test_tp_lowering)
+{
+	struct setup x = setups[0];
+	x.ac = MODEL_AC_FULL;
+	struct llama_config c;
+	CHECK(llama_config_preset(&c, x.flavor) == CT_OK, "preset");
+	llama_config_finish(&c);
+	struct param_table t;
+	llama_table_build_tp(&t, &c, 2, 0);
+	int U = t.n_units, M = 2;
+	int64_t L = c.n_layers;
+	struct sched_unit *u = calloc((size_t)U, sizeof(*u));
+	sched_units_from_table(&t, x.dp, u);
+	tp_units(u, U, &c, false, x.B, x.T);
+	struct sched naive, ck, lo, again;
+	sched_build(&naive, u, U, M, x.reshard);
+	sched_pass_checkpoint(&naive, MODEL_AC_FULL, &ck);
+	sched_lower_tp(&ck, &lo);
+	sched_lower_tp(&lo, &again);
+	char why[256] = "";
+	EXPECT(sched_validate(&ck, why, sizeof(why)), "unlowered: %s", why);
+	EXPECT(sched_validate(&lo, why, sizeof(why)), "lowered: %s", why);
+	int64_t tp_nodes = 0;
+	int first = -1;
+	for (int i = 0; i < lo.n_nodes; i++) {
+		enum sched_kind k = lo.nodes[i].kind;
+		tp_nodes += k == SCHED_TP_ALL_GATHER || k == SCHED_TP_REDUCE_SCATTER;
+		if (first < 0 && k == SCHED_FWD && lo.nodes[i].unit == 1)
+			first = i;
+	}
+	/* per micro-batch: embedding 1 + 1, blocks 4 forward + 8 backward + 4 recomputed,
+	 * head 2 + 2 */
+	int64_t want = M * (2 + L * 16 + 4);
+	EXPECT(tp_nodes == want && lo.n_nodes == ck.n_nodes + 2 * tp_nodes &&
+	           again.n_nodes == lo.n_nodes,
+	       "%lld TP nodes (want %lld), %d nodes lowered from %d, %d lowered twice",
+	       (long long)tp_nodes, (long long)want, lo.n_nodes, ck.n_nodes, again.n_nodes);
+	static const char *const seq[] = {"FWD u1.0",       "TP-AG u1 fwd.0", "FWD u1.1",
+	                                  "TP-RS u1 fwd.1", "FWD u1.2",       "TP-AG u1 fwd.2",
+	                                  "FWD u1.3",       "TP-RS u1 fwd.3", "FWD u1.4"};
+	for (int k = 0; k < 9 && first >= 0; k++) {
+		char lab[64];
+		sched_node_label(&lo, first + k, lab, sizeof(lab));
+		EXPECT(strcmp(lab, seq[k]) == 0, "node %d: %s, want %s", first + k, lab, seq[k]);
+	}
+	/* every way to break a program is caught */
+	broken(&lo, first + 1, 0, "out of its unit's program");
+	broken(&lo, first + 2, 1, "parameters freed inside the unit");
+	broken(&lo, first + 3, 2, "another kind");
+	broken(&lo, first + 1, 3, "not lowered");
+	/* the cost model: the same step lowered or not; each collective priced once */
+	struct sched_cost_model cm;
+	sched_cost_init(&cm, &c, x.B, x.T, &naive, x.dp, false, MODEL_AC_FULL, 4);
+	cm.matmul_flops = x.flops;
+	cm.attn_flops = x.flops / 3;
+	cm.mem_bytes_s = 2e10;
+	cm.ag_latency_s = cm.rs_latency_s = x.lat_s;
+	cm.ag_bytes_s = cm.rs_bytes_s = x.bytes_s;
+	cm.overlap = false;
+	cm.tp_latency_s = 20e-6;
+	cm.tp_bytes_s = 1e9;
+	struct sched_prediction pu, pl, pa;
+	sched_predict(&ck, &cm, &pu, NULL);
+	sched_predict(&lo, &cm, &pl, NULL);
+	double sum = 0;
+	for (int i = 0; i < lo.n_nodes; i++) {
+		const struct sched_node *n = &lo.nodes[i];
+		if (n->kind != SCHED_TP_ALL_GATHER && n->kind != SCHED_TP_REDUCE_SCATTER)
+			continue;
+		const struct model_coll_desc *d = &sched_node_prog(&lo, n)->c[n->seg];
+		if (d->when != MODEL_COLL_IF_NOT_FUSED)
+			sum += cm.tp_latency_s + (double)d->bytes / cm.tp_bytes_s;
+	}
+	fprintf(stderr, "  TP: step %.6f s unlowered, %.6f s lowered; TP %.6f s (sum %.6f s)\n",
+	        pu.step_s, pl.step_s, pl.tp_s, sum);
+	EXPECT(fabs(pu.step_s - pl.step_s) < 1e-9 * pu.step_s && pl.tp_s > 0 &&
+	           fabs(pl.tp_s - sum) < 1e-9 * sum && fabs(pu.tp_s - sum) < 1e-9 * sum,
+	       "TP pricing: step %.9f vs %.9f s, TP %.9f / %.9f s, sum %.9f s", pu.step_s,
+	       pl.step_s, pu.tp_s, pl.tp_s, sum);
+	tp_units(lo.units, U, &c, true, x.B, x.T); /* the same nodes, async programs */
+	sched_predict(&lo, &cm, &pa, NULL);
+	EXPECT(pa.tp_s < pl.tp_s && pa.tp_s >= sum / 2 - 1e-12,
+	       "async TP %.6f s: not between one ring step each (%.6f) and plain (%.6f)", pa.tp_s,
+	       sum / 2, pl.tp_s);
+	sched_cost_free(&cm);
+	sched_free(&naive), sched_free(&ck), sched_free(&lo), sched_free(&again);
+	free(u);
+	param_table_free(&t);
 }
 
 int main(void)
@@ -311,5 +446,6 @@ int main(void)
 	RUN(test_auto_beats_every_manual_plan);
 	RUN(test_auto_memory_budget);
 	RUN(test_single_process);
+	RUN(test_tp_lowering);
 	return test_summary();
 }
