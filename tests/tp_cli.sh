@@ -30,6 +30,33 @@ for x, y in zip(a, b):
 PY
 check "tp=2 losses and grad norms equal 1 rank's within 1e-5" $?
 [ -s "$tmp/tp/profile_trace/iteration_3/rank1_trace.json" ]; check "tp=2 writes traces" $?
+# The TP collectives are schedule nodes: on the compute track of every rank's trace, each with
+# its bytes (the loss gradient's reduce-scatter in backward is a no-op: the forward fused it),
+# async ones marked as rings; the cost model compares them with what the step measured.
+"$L" 2 "$CTITAN" "${common[@]}" --parallelism.tensor_parallel_degree=2 \
+  --parallelism.enable_async_tensor_parallel=true --job.dump_folder="$tmp/tpa" \
+  --profiling.enable_profiling=true --profiling.profile_freq=3 > "$tmp/tpa.log" 2>&1
+check "2 ranks as async tp=2 train" $?
+/usr/bin/python3 - "$tmp/tp/profile_trace/iteration_3" "$tmp/tpa/profile_trace/iteration_3" <<'PY'
+import json, os, sys
+for d, ring in zip(sys.argv[1:], (False, True)):
+    for r in range(2):
+        ev = json.load(open(os.path.join(d, f"rank{r}_trace.json")))["traceEvents"]
+        tp = [e for e in ev if e.get("cat") == "tp"]
+        kinds = {e["name"].split()[0] for e in tp}
+        ran = [e for e in tp if e["args"]["bytes"] > 0]
+        rings = [e for e in tp if e["args"].get("ring")]
+        # per block 4 forward + 8 backward (debug: 6 blocks), embedding 2, head 4 (1 no-op)
+        print(f"  {'async' if ring else 'plain'} rank {r}: {len(tp)} TP nodes, {len(ran)} moved "
+              f"bytes, {len(rings)} rings, kinds {sorted(kinds)}")
+        assert all(e["tid"] == 1 for e in tp), "TP nodes off the compute track"
+        assert len(tp) == 6 * 12 + 2 + 4 and len(ran) == len(tp) - 1, len(tp)
+        assert kinds == {"TP-AG", "TP-RS"}, kinds
+        assert (len(rings) == 6 * 10) if ring else not rings, len(rings)
+PY
+check "TP collectives are trace nodes with bytes, async ones as rings" $?
+grep -q "TP all-gather " "$tmp/tp.log" && grep -q "TP reduce-scatter " "$tmp/tp.log"
+check "the profiled step's cost-model table has the TP rows" $?
 
 bad() { # name, ranks, expected message, args...
   local name=$1 n=$2 msg=$3

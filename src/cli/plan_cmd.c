@@ -225,11 +225,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	if (rc)
 		return rc;
 	/* The cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary. */
-	struct llama_config lc = mc;
-	lc.n_heads /= tp;
-	lc.n_kv_heads /= tp;
-	lc.ffn_hidden /= tp;
-	lc.vocab_size = (mc.vocab_size + tp - 1) / tp;
+	struct llama_config lc = llama_config_tp_slice(&mc, tp);
 	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
 	sched_units_from_table(&t, shard, units);
 	enum fsdp_reshard reshard;

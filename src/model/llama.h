@@ -219,6 +219,10 @@ bool llama_unit_needs_recompute(const struct llama_model *m, int u);
 /* Unit u's pass as a program (model/model_prog.h): under tensor parallelism, compute
  * segments with the TP collectives between them; otherwise one segment (n = 0). */
 void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out);
+/* The shapes one of tp tensor-parallel ranks computes (its heads, FFN columns and
+ * vocabulary piece), for the cost model: c with n_heads, n_kv_heads and ffn_hidden over tp
+ * and vocab_size rounded up over tp. */
+struct llama_config llama_config_tp_slice(const struct llama_config *c, int64_t tp);
 /* The same from the shapes alone (for planning): tp ranks, async TP, the model's activation
  * checkpointing, micro-batches of (B, T), activations of elem_bytes (4 here: the CPU computes
  * in fp32; 2 for a bf16 target). */

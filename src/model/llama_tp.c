@@ -876,6 +876,16 @@ void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_
 	}
 }
 
+struct llama_config llama_config_tp_slice(const struct llama_config *c, int64_t tp)
+{
+	struct llama_config r = *c;
+	r.n_heads /= tp;
+	r.n_kv_heads /= tp;
+	r.ffn_hidden /= tp;
+	r.vocab_size = (c->vocab_size + tp - 1) / tp;
+	return r;
+}
+
 void llama_tp_unit_prog(const struct llama_model *m, int u, enum model_pass p,
                         struct model_prog *out)
 {

@@ -365,3 +365,49 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 		cm->ag_bytes_s = cm->rs_bytes_s = 1e30;
 	}
 }
+
+void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_group *tp,
+                             const struct comm_group *world, double sim_gbps, double sim_latency_us)
+{
+	if (sim_gbps > 0) { /* the model stretches every TP collective to the simulated link */
+		cm->tp_bytes_s = sim_gbps * 1e9 / 8.0;
+		cm->tp_latency_s = sim_latency_us * 1e-6;
+		return;
+	}
+	/* blocking all-gathers on the group, as the TP nodes run them: best of 3 per size */
+	enum { N_SIZES = 4 };
+	static const int64_t sizes[N_SIZES] = {16 << 10, 256 << 10, 2 << 20, 8 << 20};
+	int64_t n = tp->size;
+	double vals[2 * N_SIZES] = {0};
+	char *send = calloc((size_t)sizes[N_SIZES - 1], 1),
+	     *recv = calloc((size_t)(n * sizes[N_SIZES - 1]), 1);
+	CHECK(send && recv, "out of memory");
+	for (int i = 0; i < N_SIZES; i++) {
+		double best = 1e30;
+		for (int r = 0; r < 3; r++) {
+			comm_barrier(tp);
+			double t0 = timer_now();
+			comm_all_gather(tp, send, recv, sizes[i]);
+			double dt = timer_now() - t0;
+			best = dt < best ? dt : best;
+		}
+		vals[2 * i] = (double)((n - 1) * sizes[i]);
+		vals[2 * i + 1] = best;
+	}
+	free(send), free(recv);
+	int W = world->size;
+	double *all = calloc((size_t)(2 * N_SIZES * W), sizeof(double)),
+	       *col = calloc((size_t)W, sizeof(double));
+	CHECK(all && col, "out of memory");
+	comm_all_gather(world, vals, all, 2 * N_SIZES * (int64_t)sizeof(double));
+	for (int k = 0; k < 2 * N_SIZES; k++) {
+		for (int r = 0; r < W; r++)
+			col[r] = all[r * 2 * N_SIZES + k];
+		vals[k] = median(col, W);
+	}
+	free(all), free(col);
+	double xb[N_SIZES], ty[N_SIZES];
+	for (int i = 0; i < N_SIZES; i++)
+		xb[i] = vals[2 * i], ty[i] = vals[2 * i + 1];
+	fit_line(xb, ty, N_SIZES, &cm->tp_latency_s, &cm->tp_bytes_s);
+}

@@ -121,6 +121,13 @@ void sched_cost_free(struct sched_cost_model *cm);
 int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
                                     enum model_ac ac, int64_t elem_bytes);
 
+/* The tensor-parallel link (cm->tp_*): the simulated one when sim_gbps > 0 (the model
+ * stretches its TP collectives to it), else blocking all-gathers on `tp` fitted over 4
+ * sizes, the median over `world`. Collective on tp and world: all ranks call it. */
+void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_group *tp,
+                             const struct comm_group *world, double sim_gbps,
+                             double sim_latency_us);
+
 /* Measure every rate here at the model's shapes (sched_calib.c), collective latency and
  * bandwidth on `stream` over `group` (5 sizes), and, when `overlap` (a progress thread), the
  * interference; then take the median over `world` so every rank holds the same model.

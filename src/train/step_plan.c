@@ -44,13 +44,18 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 		         "peak %.2f GiB",
 		         p.step_s, p.compute_s, (double)p.peak_bytes / (1 << 30));
 	else
-		LOG_INFO("cost model: step %.3f s (compute %.3f s, comm %.3f s, exposed %.3f s), "
-		         "peak %.2f GiB/rank; all-gather %.0f us + %.2f GB/s, reduce-scatter %.0f us "
-		         "+ %.2f GB/s, compute slowed %.0f%% beside a collective",
-		         p.step_s, p.compute_s, p.comm_s, p.exposed_s,
-		         (double)p.peak_bytes / (1 << 30), cm->ag_latency_s * 1e6,
-		         cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6, cm->rs_bytes_s / 1e9,
-		         100.0 * (cm->overlap ? cm->interference : 0.0));
+		LOG_INFO(
+		    "cost model: step %.3f s (compute %.3f s, comm %.3f s, exposed %.3f s), "
+		    "peak %.2f GiB/rank; all-gather %.0f us + %.2f GB/s, reduce-scatter %.0f us "
+		    "+ %.2f GB/s, compute slowed %.0f%% beside a collective",
+		    p.step_s, p.compute_s, p.comm_s, p.exposed_s, (double)p.peak_bytes / (1 << 30),
+		    cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
+		    cm->rs_bytes_s / 1e9, 100.0 * (cm->overlap ? cm->interference : 0.0));
+	if (cm->tp_bytes_s > 0)
+		LOG_INFO(
+		    "cost model: tensor-parallel collectives %.3f s of the step on the compute "
+		    "thread (schedule nodes), link %.0f us + %.2f GB/s",
+		    p.tp_s, cm->tp_latency_s * 1e6, cm->tp_bytes_s / 1e9);
 	const double(*r)[SCHED_TERM_COUNT] = cm->rate;
 	LOG_INFO(
 	    "cost model rates: matmul fwd %.1f bwd %.1f GFLOP/s, attention fwd %.1f bwd "
@@ -149,16 +154,25 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 	if (*have_cm) {
 		struct model *m = f->model;
 		bool bf16 = compute_bf16(cfg);
-		sched_cost_init(cm, &m->cfg.llama, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac,
-		                4);
+		/* a TP rank computes its slice of the shapes (sequence-parallel norms: 1/tp) */
+		int64_t tp = f->mesh->tp;
+		struct llama_config lc = llama_config_tp_slice(&m->cfg.llama, tp);
+		sched_cost_init(cm, &lc, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac, 4);
+		if (tp > 1)
+			cm->act_bytes =
+			    sched_cost_activation_bytes(&m->cfg.llama, m->B, m->T, ac, 4) / tp;
 		bool overlap = strcmp(cfg->comm.progress, "thread") == 0;
-		sched_cost_calibrate(cm, &m->cfg.llama, m->B, m->T, stream,
-		                     &f->mesh->dp_shard_group, &f->mesh->world_group, overlap);
+		sched_cost_calibrate(cm, &lc, m->B, m->T, stream, &f->mesh->dp_shard_group,
+		                     &f->mesh->world_group, overlap);
 		if (cfg->comm.bandwidth_gbps > 0) {
 			cm->ag_bytes_s = cm->rs_bytes_s = cfg->comm.bandwidth_gbps * 1e9 / 8;
 			cm->ag_latency_s = cm->rs_latency_s = cfg->comm.latency_us * 1e-6;
 		}
 		cm->overlap = overlap;
+		if (f->mesh->tp > 1)
+			sched_cost_calibrate_tp(cm, &f->mesh->tp_group, &f->mesh->world_group,
+			                        cfg->comm.simulate_bandwidth_gbps,
+			                        cfg->comm.simulate_latency_us);
 	}
 	struct sched_auto_report rep;
 	rc = sched_pipeline(&naive, ac, cfg->comm.buckets,
