@@ -46,9 +46,8 @@ static int64_t dry_total, dry_calls, dry_bad;
 static void note_count(int64_t n)
 {
 	int64_t cur = __atomic_load_n(&max_count, __ATOMIC_RELAXED);
-	while (n > cur &&
-	       !__atomic_compare_exchange_n(&max_count, &cur, n, false, __ATOMIC_RELAXED,
-	                                    __ATOMIC_RELAXED))
+	while (n > cur && !__atomic_compare_exchange_n(&max_count, &cur, n, false, __ATOMIC_RELAXED,
+	                                               __ATOMIC_RELAXED))
 		;
 }
 
@@ -173,7 +172,8 @@ TEST_CASE(test_chunked_reduce_scatter)
 {
 	int64_t n = 50, W = mesh.world;
 	comm_set_max_count(7);
-	float *send = xcalloc((size_t)(n * W), sizeof(float)), *recv = xcalloc((size_t)n, sizeof(float));
+	float *send = xcalloc((size_t)(n * W), sizeof(float)),
+	      *recv = xcalloc((size_t)n, sizeof(float));
 	float *scratch = xcalloc((size_t)(2 * n), sizeof(float));
 	for (int64_t i = 0; i < n * W; i++)
 		send[i] = (float)val(mesh.rank, i, 5);
@@ -235,8 +235,8 @@ TEST_CASE(test_reduce_scatter_tree_order)
 /* Address space only: pages are never touched, so no memory is used. */
 static void *reserve(size_t bytes)
 {
-	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-	               -1, 0);
+	void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
+	               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	return p == MAP_FAILED ? NULL : p;
 }
 
@@ -252,7 +252,8 @@ TEST_CASE(test_count_only_beyond_int)
 		dry = false;
 		EXPECT(dry_bad == 0 && dry_total == n && dry_calls == 3,
 		       "all-reduce of %lld floats: %lld pieces (%lld bad) covering %lld elements",
-		       (long long)n, (long long)dry_calls, (long long)dry_bad, (long long)dry_total);
+		       (long long)n, (long long)dry_calls, (long long)dry_bad,
+		       (long long)dry_total);
 		munmap(buf, (size_t)n * sizeof(float));
 	}
 	char *send = reserve((size_t)n), *recv = reserve((size_t)n * (size_t)mesh.world);
@@ -264,7 +265,8 @@ TEST_CASE(test_count_only_beyond_int)
 		dry = false;
 		EXPECT(dry_bad == 0 && dry_total == n && dry_calls == 3,
 		       "all-gather of %lld bytes per rank: %lld pieces (%lld bad) covering %lld",
-		       (long long)n, (long long)dry_calls, (long long)dry_bad, (long long)dry_total);
+		       (long long)n, (long long)dry_calls, (long long)dry_bad,
+		       (long long)dry_total);
 	}
 	if (send)
 		munmap(send, (size_t)n);
@@ -280,7 +282,13 @@ static int64_t enqueue_gather(struct comm_stream *s, int b, const void *send, vo
 {
 	static char what[64];
 	snprintf(what, sizeof(what), "all-gather of bucket %d", b);
-	struct comm_op op = {COMM_ALL_GATHER, &mesh.world_group, send, recv, 4, NULL, what};
+	struct comm_op op = {.kind = COMM_ALL_GATHER,
+	                     .group = &mesh.world_group,
+	                     .send = send,
+	                     .recv = recv,
+	                     .count = 4,
+	                     .scratch = NULL,
+	                     .what = what};
 	int64_t t = comm_stream_enqueue(s, &op);
 	memset(what, 'x', sizeof(what) - 1);
 	return t;
@@ -351,9 +359,16 @@ TEST_CASE(test_comm_thread_quiet)
 {
 	struct comm_stream *s = comm_stream_create(STREAM_THREAD, 60);
 	int64_t n = 4096, W = mesh.world;
-	float *send = xcalloc((size_t)(n * W), sizeof(float)), *recv = xcalloc((size_t)n, sizeof(float));
+	float *send = xcalloc((size_t)(n * W), sizeof(float)),
+	      *recv = xcalloc((size_t)n, sizeof(float));
 	float *scratch = xcalloc((size_t)(2 * n), sizeof(float));
-	struct comm_op op = {COMM_REDUCE_SCATTER, &mesh.world_group, send, recv, n, scratch, "rs"};
+	struct comm_op op = {.kind = COMM_REDUCE_SCATTER,
+	                     .group = &mesh.world_group,
+	                     .send = send,
+	                     .recv = recv,
+	                     .count = n,
+	                     .scratch = scratch,
+	                     .what = "rs"};
 	comm_stream_wait(s, comm_stream_enqueue(s, &op)); /* its sum loop is an omp parallel for */
 	unsigned long long mask = 0;
 	int k = threads_named("ct-comm", &mask);
@@ -400,7 +415,13 @@ TEST_CASE(test_counters_concurrent)
 	struct comm_stream *s = comm_stream_create(STREAM_THREAD, 60);
 	comm_reset_bytes();
 	int32_t mine = mesh.rank, *all = xcalloc((size_t)mesh.world, sizeof(int32_t));
-	struct comm_op op = {COMM_ALL_GATHER, &mesh.world_group, &mine, all, 4, NULL, "counter"};
+	struct comm_op op = {.kind = COMM_ALL_GATHER,
+	                     .group = &mesh.world_group,
+	                     .send = &mine,
+	                     .recv = all,
+	                     .count = 4,
+	                     .scratch = NULL,
+	                     .what = "counter"};
 	int64_t last = 0, backwards = 0;
 	for (int i = 0; i < 200; i++) {
 		comm_stream_enqueue(s, &op);
@@ -429,7 +450,13 @@ TEST_CASE(test_watchdog_quiet)
 	struct comm_group dup;
 	comm_group_dup(&mesh.world_group, &dup); /* the main thread's collectives go here */
 	int32_t mine = mesh.rank, *all = xcalloc((size_t)mesh.world, sizeof(int32_t));
-	struct comm_op op = {COMM_ALL_GATHER, &mesh.world_group, &mine, all, 4, NULL, "quiet"};
+	struct comm_op op = {.kind = COMM_ALL_GATHER,
+	                     .group = &mesh.world_group,
+	                     .send = &mine,
+	                     .recv = all,
+	                     .count = 4,
+	                     .scratch = NULL,
+	                     .what = "quiet"};
 	int64_t bad = 0;
 	for (int i = 0; i < 100; i++) {
 		comm_watchdog_set_step(i);

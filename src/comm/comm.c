@@ -92,7 +92,8 @@ static void group_from(struct comm_group *g, MPI_Comm c, const char *name)
 	g->handle = (void *)(intptr_t)c;
 	MPI_Comm_rank(c, &g->rank);
 	MPI_Comm_size(c, &g->size);
-	int *mine = xcalloc((size_t)g->size, sizeof(int)), *world = xcalloc((size_t)g->size, sizeof(int));
+	int *mine = xcalloc((size_t)g->size, sizeof(int)),
+	    *world = xcalloc((size_t)g->size, sizeof(int));
 	MPI_Group cg, wg;
 	MPI_Comm_group(c, &cg);
 	MPI_Comm_group(MPI_COMM_WORLD, &wg);
@@ -349,8 +350,8 @@ static void all_reduce(const struct comm_group *g, void *buf, int64_t count, siz
 		return;
 	int slot = wd_enter("all-reduce", unit, g->handle, count);
 	for (int64_t off = 0; off < count; off += comm_max_count_)
-		MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * elem, (int)piece(count - off),
-		              type, MPI_SUM, mpi_comm(g));
+		MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * elem,
+		              (int)piece(count - off), type, MPI_SUM, mpi_comm(g));
 	wd_leave(slot);
 }
 

@@ -25,7 +25,13 @@ struct comm_group {
 	int rank, size;
 };
 
-enum comm_kind { COMM_ALL_GATHER, COMM_REDUCE_SCATTER, COMM_ALL_REDUCE, COMM_KIND_COUNT };
+enum comm_kind {
+	COMM_ALL_GATHER,
+	COMM_REDUCE_SCATTER,
+	COMM_ALL_REDUCE,
+	COMM_SENDRECV, /* one ring step: send to one peer, receive from another (comm/stream.h) */
+	COMM_KIND_COUNT
+};
 
 /* MPI_Init_thread with MPI_THREAD_MULTIPLE (fails clearly with less); sets the log rank, the
  * abort hook (MPI_Abort so one failing rank takes the job down), and OpenMP threads per rank

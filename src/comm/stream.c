@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/thread.h"
 #include "base/timer.h"
+#include "comm/p2p.h"
 #include "comm/watchdog.h"
 
 #define STREAM_CAP   256
@@ -31,7 +32,7 @@ struct comm_stream {
 	pthread_cond_t cv_work, cv_done;
 	struct comm_op q[STREAM_CAP];
 	char what[STREAM_CAP][STREAM_LABEL]; /* copies of q[i].what: callers pass stack buffers */
-	int64_t enqueued, done; /* tickets: op k occupies q[(k-1) % CAP] */
+	int64_t enqueued, done;              /* tickets: op k occupies q[(k-1) % CAP] */
 	bool stop;
 	double wait_s;
 	double sim_bytes_per_s, sim_latency_s;       /* simulated link; 0: off */
@@ -54,6 +55,8 @@ int stream_mode_parse(const char *name, enum stream_mode *mode)
 
 int64_t comm_op_wire_bytes(const struct comm_op *op)
 {
+	if (op->kind == COMM_SENDRECV) /* one hop */
+		return op->count;
 	int64_t per_rank = op->kind == COMM_REDUCE_SCATTER ? op->count * 4 : op->count;
 	return (int64_t)(op->group->size - 1) * per_rank;
 }
@@ -95,6 +98,14 @@ static void op_run(const struct comm_op *op)
 		comm_reduce_scatter_f32(op->group, (float *)op->send, op->recv, op->count,
 		                        op->scratch);
 		break;
+	case COMM_SENDRECV: { /* the stream's wait timeout bounds it (no timeout here) */
+		struct comm_p2p sr = {0}, rr = {0};
+		comm_p2p_irecv(op->group, op->from, op->tag, op->recv, op->count, &rr);
+		comm_p2p_isend(op->group, op->to, op->tag, op->send, op->count, &sr);
+		comm_p2p_wait(&rr, 0.0, op->what ? op->what : "sendrecv");
+		comm_p2p_wait(&sr, 0.0, op->what ? op->what : "sendrecv");
+		break;
+	}
 	default:
 		CHECK(false, "comm stream: unsupported op kind %d", op->kind);
 	}

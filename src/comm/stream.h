@@ -28,13 +28,15 @@
 enum stream_mode { STREAM_THREAD, STREAM_INLINE, STREAM_MODE_COUNT };
 
 struct comm_op {
-	enum comm_kind kind; /* COMM_ALL_GATHER or COMM_REDUCE_SCATTER */
+	enum comm_kind kind; /* COMM_ALL_GATHER, COMM_REDUCE_SCATTER or COMM_SENDRECV */
 	const struct comm_group *group;
 	const void *send; /* reduce-scatter: overwritten (the collective's working buffer) */
 	void *recv;
-	int64_t count;    /* all-gather: bytes per rank; reduce-scatter: floats per rank */
-	float *scratch;   /* reduce-scatter: 2*count floats */
-	const char *what; /* label for errors and traces, e.g. "all-gather unit 3" */
+	int64_t count;     /* all-gather, sendrecv: bytes (per rank); reduce-scatter: floats */
+	float *scratch;    /* reduce-scatter: 2*count floats */
+	const char *what;  /* label for errors and traces, e.g. "all-gather unit 3" */
+	int to, from, tag; /* sendrecv: send `count` bytes to rank `to` of the group, receive as
+	                      many from `from`, point-to-point with this tag (async TP's rings) */
 };
 
 struct comm_stream;

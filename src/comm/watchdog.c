@@ -29,8 +29,8 @@ struct wd_group {
 	void *comm;
 	char name[32];
 	int size;
-	int *world; /* members' world ranks */
-	uint64_t key; /* the same on every member: name and members */
+	int *world;      /* members' world ranks */
+	uint64_t key;    /* the same on every member: name and members */
 	int64_t entered; /* collectives entered on this communicator */
 };
 
@@ -164,8 +164,7 @@ int wd_enter(const char *kind, const char *unit, void *comm, int64_t count)
 	sl->group = g;
 	sl->peer = -1;
 	sl->seq = g >= 0 ? ++wd_groups[g].entered : 0;
-	int n = snprintf(sl->what, sizeof(sl->what), "%s of %lld %s", kind, (long long)count,
-	                 unit);
+	int n = snprintf(sl->what, sizeof(sl->what), "%s of %lld %s", kind, (long long)count, unit);
 	if (wd_label_next[0] && n < (int)sizeof(sl->what))
 		n += snprintf(sl->what + n, sizeof(sl->what) - (size_t)n, " (%s)", wd_label_next);
 	if (wd_context_now[0] && n < (int)sizeof(sl->what))
@@ -295,9 +294,10 @@ static _Noreturn void wd_fire(const struct wd_slot *sl, const struct wd_group *g
 		if (g->world[i] == me)
 			continue;
 		if (!answered[i])
-			len += snprintf(missing + len, sizeof(missing) - (size_t)len,
-			                "%srank %d (no answer within %.0f s: stopped, hung or cut off)",
-			                count++ ? ", " : "", g->world[i], WD_ASK_SECONDS);
+			len += snprintf(
+			    missing + len, sizeof(missing) - (size_t)len,
+			    "%srank %d (no answer within %.0f s: stopped, hung or cut off)",
+			    count++ ? ", " : "", g->world[i], WD_ASK_SECONDS);
 		else if (got[i].entered < sl->seq)
 			len += snprintf(missing + len, sizeof(missing) - (size_t)len,
 			                "%srank %d (at step %lld, %s)", count++ ? ", " : "",

@@ -240,6 +240,11 @@ void llama_backward(struct llama_model *m, double dscale);
 /* logits (N,V) for the current batch (inference / tests); runs the forward. */
 void llama_logits(struct llama_model *m, float *logits);
 
+/* Async TP: run the ring steps' transfers on this comm stream (one with a progress thread,
+ * so they move while the ring multiplies); without one they are non-blocking point-to-point
+ * transfers that MPI advances inside the waits. No effect without async TP. */
+struct comm_stream;
+void llama_tp_use_stream(struct llama_model *m, struct comm_stream *stream);
 /* Seconds this model has spent in tensor-parallel collectives (0 without TP). */
 double llama_tp_comm_seconds(const struct llama_model *m);
 

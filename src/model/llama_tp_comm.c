@@ -10,6 +10,7 @@
 #include "base/timer.h"
 #include "comm/comm.h"
 #include "comm/p2p.h"
+#include "comm/stream.h"
 #include "model/llama_tp_impl.h"
 
 double llama_tp_comm_seconds(const struct llama_model *m)
@@ -123,24 +124,63 @@ static int64_t block_rows(const struct llama_model *m, int64_t blk, int64_t *r0)
 	return n < m->Ns ? n : m->Ns;
 }
 
-static void ring_wait(struct llama_model *m, struct comm_p2p *req, double arrive, const char *what)
-{
-	double t0 = timer_now();
-	comm_p2p_wait(req, m->tpb->timeout_s, what);
-	if (arrive > 0)
-		wait_until(arrive);
-	m->tpb->comm_s += timer_now() - t0;
-}
-
-static double ring_arrival(const struct llama_model *m, int64_t bytes)
-{
-	const struct llama_tp_bufs *b = m->tpb;
-	return b->sim_bytes_per_s > 0
-	           ? timer_now() + b->sim_latency_s + (double)bytes / b->sim_bytes_per_s
-	           : 0.0;
-}
+/* One ring step's transfer: on the comm stream when the model has one (its thread moves the
+ * block while this thread multiplies), else non-blocking point-to-point transfers that MPI
+ * advances inside the wait. The simulated link stretches either: the stream's own, or here
+ * (a transfer arrives no earlier than latency + bytes / bandwidth after it was posted). */
+struct ring_xfer {
+	struct comm_p2p send, recv;
+	int64_t ticket;
+	double arrive;
+	bool open;
+};
 
 #define RING_TAG 0x5470 /* the TP group's point-to-point tags: RING_TAG + step */
+
+static void xfer_post(struct llama_model *m, struct ring_xfer *x, const void *send, void *recv,
+                      int64_t bytes, int step, const char *what)
+{
+	struct llama_tp_bufs *b = m->tpb;
+	int S = m->tp->size, R = m->tp->rank, right = (R + 1) % S, left = (R + S - 1) % S;
+	memset(x, 0, sizeof(*x));
+	x->open = true;
+	if (b->stream) {
+		struct comm_op op = {.kind = COMM_SENDRECV,
+		                     .group = m->tp,
+		                     .send = send,
+		                     .recv = recv,
+		                     .count = bytes,
+		                     .what = what,
+		                     .to = right,
+		                     .from = left,
+		                     .tag = RING_TAG + step};
+		x->ticket = comm_stream_enqueue(b->stream, &op);
+		return;
+	}
+	comm_p2p_irecv(m->tp, left, RING_TAG + step, recv, bytes, &x->recv);
+	comm_p2p_isend(m->tp, right, RING_TAG + step, send, bytes, &x->send);
+	if (b->sim_bytes_per_s > 0)
+		x->arrive = timer_now() + b->sim_latency_s + (double)bytes / b->sim_bytes_per_s;
+}
+
+/* Block until the step's block has arrived and its own is sent; the wait is TP
+ * communication on the compute path (exposed). */
+static void xfer_wait(struct llama_model *m, struct ring_xfer *x, const char *what)
+{
+	if (!x->open)
+		return;
+	double t0 = timer_now();
+	if (x->ticket) {
+		comm_stream_wait(m->tpb->stream, x->ticket);
+	} else {
+		comm_p2p_wait(&x->recv, m->tpb->timeout_s, what);
+		comm_p2p_wait(&x->send, m->tpb->timeout_s, what);
+		if (x->arrive > 0)
+			wait_until(x->arrive);
+	}
+	x->open = false;
+	m->tpb->comm_s += timer_now() - t0;
+}
 
 /* full(Np, C) = every rank's shard (as sp_gather); fn(m, ctx, r0, n, NULL) runs on each
  * block of real rows as soon as it is here. */
@@ -149,59 +189,49 @@ void llama_tp_ring_gather(struct llama_model *m, const float *shard, float *full
 {
 	int64_t C = m->cfg.dim, S = m->tp->size, R = m->tp->rank, blk = m->Ns * C;
 	int64_t bytes = blk * (int64_t)sizeof(float);
-	int right = (int)((R + 1) % S), left = (int)((R + S - 1) % S);
 	memcpy(full + R * blk, shard, (size_t)bytes);
 	for (int64_t k = 0; k < S; k++) {
 		int64_t have = (R - k + S) % S, next = (R - k - 1 + S) % S, r0;
-		struct comm_p2p sreq = {0}, rreq = {0};
-		double arrive = 0.0;
-		if (k < S - 1) {
-			comm_p2p_irecv(m->tp, left, RING_TAG + (int)k, full + next * blk, bytes,
-			               &rreq);
-			comm_p2p_isend(m->tp, right, RING_TAG + (int)k, full + have * blk, bytes,
-			               &sreq);
-			arrive = ring_arrival(m, bytes);
-		}
+		struct ring_xfer x = {0};
+		if (k < S - 1)
+			xfer_post(m, &x, full + have * blk, full + next * blk, bytes, (int)k,
+			          "async TP all-gather ring step");
 		int64_t n = block_rows(m, have, &r0);
 		if (fn && n > 0)
 			fn(m, ctx, r0, n, NULL);
-		if (k < S - 1) {
-			ring_wait(m, &rreq, arrive, "async TP all-gather (receive)");
-			ring_wait(m, &sreq, 0.0, "async TP all-gather (send)");
-		}
+		xfer_wait(m, &x, "async TP all-gather ring step");
 	}
 }
 
 /* out(Ns, C) = this rank's block of the sum over ranks of the partial sums that
- * fn(m, ctx, r0, n, dst) writes for rows [r0, r0 + n) into dst (n x C, zeroed first). */
+ * fn(m, ctx, r0, n, dst) writes for rows [r0, r0 + n) into dst (n x C, zeroed first). Two
+ * sum buffers alternate: one travels while the next is computed. */
 void llama_tp_ring_reduce_scatter(struct llama_model *m, float *out, llama_tp_ring_fn fn,
                                   const void *ctx)
 {
 	int64_t C = m->cfg.dim, S = m->tp->size, R = m->tp->rank, blk = m->Ns * C;
 	int64_t bytes = blk * (int64_t)sizeof(float);
-	int right = (int)((R + 1) % S), left = (int)((R + S - 1) % S);
 	float *buf[2] = {m->tpb->ring, m->tpb->ring + blk}, *rin = m->tpb->ring + 2 * blk;
-	struct comm_p2p sreq[2] = {{0}, {0}}, rreq = {0};
-	double arrive = 0.0;
+	struct ring_xfer x = {0};
 	for (int64_t k = 0; k < S; k++) {
 		int64_t b = (R - k - 1 + S) % S, r0;
 		float *acc = k == S - 1 ? out : buf[k & 1];
-		if (k >= 2)
-			ring_wait(m, &sreq[k & 1], 0.0, "async TP reduce-scatter (send)");
 		memset(acc, 0, (size_t)bytes);
 		int64_t n = block_rows(m, b, &r0);
 		if (n > 0)
 			fn(m, ctx, r0, n, acc);
 		if (k > 0) {
-			ring_wait(m, &rreq, arrive, "async TP reduce-scatter (receive)");
+			xfer_wait(m, &x, "async TP reduce-scatter ring step");
 			llama_tp_add_rows(acc, acc, rin, blk);
 		}
-		if (k < S - 1) {
-			comm_p2p_irecv(m->tp, left, RING_TAG + (int)k, rin, bytes, &rreq);
-			comm_p2p_isend(m->tp, right, RING_TAG + (int)k, acc, bytes, &sreq[k & 1]);
-			arrive = ring_arrival(m, bytes);
-		}
+		if (k < S - 1)
+			xfer_post(m, &x, acc, rin, bytes, (int)k,
+			          "async TP reduce-scatter ring step");
 	}
-	for (int i = 0; i < 2; i++)
-		ring_wait(m, &sreq[i], 0.0, "async TP reduce-scatter (send)");
+}
+
+void llama_tp_use_stream(struct llama_model *m, struct comm_stream *stream)
+{
+	if (m->tpb && m->tpb->async)
+		m->tpb->stream = stream;
 }

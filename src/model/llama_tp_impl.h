@@ -25,6 +25,7 @@ struct llama_tp_bufs {
 	bool async;
 	double sim_bytes_per_s, sim_latency_s; /* simulated link (0: off) */
 	double timeout_s;
+	struct comm_stream *stream; /* async TP: ring steps on this stream (NULL: point-to-point) */
 };
 
 void llama_tp_add_rows(float *out, const float *a, const float *b, int64_t n);

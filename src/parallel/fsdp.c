@@ -414,13 +414,13 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 	CHECK(f->fp8_ag || *bytes == S * (f->bf16 ? 2 : 4), "wire layout");
 	char what[64];
 	snprintf(what, sizeof(what), "all-gather of bucket %d", b);
-	struct comm_op op = {COMM_ALL_GATHER,
-	                     &f->mesh->dp_shard_group,
-	                     send,
-	                     f->ag_recv.buf[st->ag_recv],
-	                     *bytes,
-	                     NULL,
-	                     what};
+	struct comm_op op = {.kind = COMM_ALL_GATHER,
+	                     .group = &f->mesh->dp_shard_group,
+	                     .send = send,
+	                     .recv = f->ag_recv.buf[st->ag_recv],
+	                     .count = *bytes,
+	                     .scratch = NULL,
+	                     .what = what};
 	return comm_stream_enqueue(f->stream, &op);
 }
 
@@ -499,8 +499,13 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 	char what[64];
 	snprintf(what, sizeof(what), "reduce-scatter of bucket %d", b);
 	float *recv = f->rs_recv.buf[st->rs_recv];
-	struct comm_op op = {
-	    COMM_REDUCE_SCATTER, &f->mesh->dp_shard_group, send, recv, S, recv + S, what};
+	struct comm_op op = {.kind = COMM_REDUCE_SCATTER,
+	                     .group = &f->mesh->dp_shard_group,
+	                     .send = send,
+	                     .recv = recv,
+	                     .count = S,
+	                     .scratch = recv + S,
+	                     .what = what};
 	return comm_stream_enqueue(f->stream, &op);
 }
 

@@ -274,11 +274,21 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 	float *scr = calloc((size_t)(3 * big), 1);
 	CHECK(send && recv && scr, "out of memory");
 	for (int i = 0; i < CAL_SIZES && n > 1; i++) {
-		struct comm_op ag = {COMM_ALL_GATHER,         group, send, recv, sizes[i], NULL,
-		                     "calibration all-gather"};
+		struct comm_op ag = {.kind = COMM_ALL_GATHER,
+		                     .group = group,
+		                     .send = send,
+		                     .recv = recv,
+		                     .count = sizes[i],
+		                     .scratch = NULL,
+		                     .what = "calibration all-gather"};
 		int64_t cnt = sizes[i] / 4 / n;
-		struct comm_op rs = {COMM_REDUCE_SCATTER,         group, recv, scr, cnt, scr + cnt,
-		                     "calibration reduce-scatter"};
+		struct comm_op rs = {.kind = COMM_REDUCE_SCATTER,
+		                     .group = group,
+		                     .send = recv,
+		                     .recv = scr,
+		                     .count = cnt,
+		                     .scratch = scr + cnt,
+		                     .what = "calibration reduce-scatter"};
 		vals[V_COMM + 4 * i] = (double)comm_op_wire_bytes(&ag);
 		vals[V_COMM + 4 * i + 1] = time_op(stream, &ag);
 		vals[V_COMM + 4 * i + 2] = (double)comm_op_wire_bytes(&rs);
@@ -289,13 +299,13 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 	 * time they overlapped, median of the pairs */
 	if (n > 1 && overlap) {
 		double frac[3];
-		struct comm_op ag = {COMM_ALL_GATHER,
-		                     group,
-		                     send,
-		                     recv,
-		                     big,
-		                     NULL,
-		                     "calibration all-gather beside compute"};
+		struct comm_op ag = {.kind = COMM_ALL_GATHER,
+		                     .group = group,
+		                     .send = send,
+		                     .recv = recv,
+		                     .count = big,
+		                     .scratch = NULL,
+		                     .what = "calibration all-gather beside compute"};
 		for (int r = 0; r < 3; r++) {
 			double t0 = timer_now();
 			cal_run(&c, CAL_FWD_MM, optim_n);

@@ -302,6 +302,9 @@ static int trainer_setup(struct trainer *tr)
 	rc = trainer_build_model(tr);
 	if (rc)
 		return rc;
+	/* async TP's ring steps on the comm stream when it has a thread to move them */
+	if (mode == STREAM_THREAD && tr->mesh.tp > 1 && tr->model.cfg.kind == MODEL_LLAMA)
+		llama_tp_use_stream(tr->model.impl, tr->stream);
 	rc = lr_schedule_init(&tr->lr, cfg->optimizer.lr, cfg->lr_scheduler.warmup_steps,
 	                      cfg->lr_scheduler.decay_ratio, cfg->lr_scheduler.decay_type,
 	                      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
