@@ -67,8 +67,15 @@ def main():
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--global-batch", type=int, default=4)
     ap.add_argument("--sim-gbps", type=float, default=10.0)
+    ap.add_argument("--async-only", action="store_true", help="only the async vs plain rows")
     args = ap.parse_args()
     env = dict(os.environ, **MPI_ENV)
+    if not args.async_only:
+        layouts(args, env)
+    async_rows(args, env)
+
+
+def layouts(args, env):
     rows = [("1 rank", 1, 1), ("2 ranks, dp_shard=2 (FSDP)", 2, 1),
             ("2 ranks, tp=2 (TP + SP + loss parallel)", 2, 2)]
     res = [(name, bench(args, n, tp, env)) for name, n, tp in rows]
@@ -86,9 +93,18 @@ def main():
               + cells)
     print("exposed: seconds per step blocked on communication (FSDP waits + TP collectives);"
           " memory: MiB peak on rank 0 (ratio to 1 rank)")
+
+
+def async_rows(args, env):
+    # async TP's ring transfers: non-blocking point-to-point under comm.progress = inline (MPI
+    # advances them inside the waits), ops on the comm stream's thread under "thread"
     sim = [f"--comm.simulate_bandwidth_gbps={args.sim_gbps}"]
-    ares = [(name, bench(args, 2, 2, env, sim + [f"--parallelism.enable_async_tensor_parallel={a}"]))
-            for name, a in (("tp=2 plain", "false"), ("tp=2 async", "true"))]
+    ares = [(name, bench(args, 2, 2, env,
+                         sim + [f"--parallelism.enable_async_tensor_parallel={a}",
+                                f"--comm.progress={prog}"]))
+            for name, a, prog in (("tp=2 plain", "false", "inline"),
+                                  ("tp=2 async, point-to-point (inline)", "true", "inline"),
+                                  ("tp=2 async, on the comm stream (thread)", "true", "thread"))]
     print(f"\nasync vs plain TP over a simulated {args.sim_gbps:g} Gbit/s link; load average "
           f"{os.getloadavg()[0]:.1f}")
     print(f"{'layout':42s} {'tok/s/rank':>10s} {'step s':>7s} {'exposed TP comm s':>18s} "
@@ -96,9 +112,10 @@ def main():
     for name, r in ares:
         print(f"{name:42s} {r['tps']:10.1f} {r['step_s']:7.2f} {r['comm']:18.3f} "
               f"{r['loss']:10.6f}")
-    p, a = ares[0][1], ares[1][1]
-    print(f"async exposes {a['comm'] / p['comm'] if p['comm'] else 0:.2f} of plain TP's "
-          f"communication; step time ratio {a['step_s'] / p['step_s']:.2f}")
+    p = ares[0][1]
+    for name, a in ares[1:]:
+        print(f"{name}: exposes {a['comm'] / p['comm'] if p['comm'] else 0:.2f} of plain TP's "
+              f"communication; step time ratio {a['step_s'] / p['step_s']:.2f}")
 
 
 if __name__ == "__main__":
