@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+import ctbench
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -69,6 +71,7 @@ def main():
                 text = p.stdout.decode(errors="replace")
                 if p.returncode != 0:
                     sys.exit(f"bench: {' '.join(cmd)} failed:\n{text[-3000:]}")
+                ctbench.engine_line(text)
                 recs = [json.loads(l) for l in open(os.path.join(dump, "metrics.jsonl"))]
                 tail = recs[1:] if len(recs) > 1 else recs
                 meas = sum(r["step_s"] for r in tail) / len(tail)

@@ -30,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 
+import ctbench
+
 from ompi_env import ompi_env  # noqa: E402  (bench/ompi_env.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -58,6 +60,7 @@ def run(cmd, env):
         text = out.read().decode(errors="replace")
     if p.returncode != 0:
         sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{text[-4000:]}")
+    ctbench.engine_line(text)
     return text
 
 

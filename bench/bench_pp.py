@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 
+import ctbench
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -40,13 +42,6 @@ def run(cmd, env):
     if p.returncode != 0:
         sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{text[-4000:]}")
     return text
-
-
-def cpu_name():
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "?"
 
 
 def load():
@@ -64,20 +59,6 @@ def idle_fractions(trace_dir):
     return out
 
 
-ENGINE = []
-
-
-def engine_line(text):
-    """Print ctitan's CPU / engine / ISA line once."""
-    if ENGINE:
-        return
-    for line in text.splitlines():
-        if "compute:" in line:
-            ENGINE.append(line.split("compute:", 1)[1].strip())
-            print(f"engine: {ENGINE[0]}")
-            return
-
-
 def bubbles(args, env):
     print(f"\n1. measured bubble, debug model, pp=2 (2 ranks), seq {args.seq}, micro-batches of 1")
     print(f"{'schedule':<16} {'m':>3} {'theory':>7} {'rank 0':>7} {'rank 1':>7}   load")
@@ -93,7 +74,7 @@ def bubbles(args, env):
                        "--profiling.enable_profiling=true", f"--profiling.profile_freq={steps}",
                        f"--job.dump_folder={d}", "--metrics.peak_tflops=0.1"]
                 text = run(cmd, env)
-                engine_line(text)
+                ctbench.engine_line(text)
                 idle = idle_fractions(os.path.join(d, "profile_trace", f"iteration_{steps}"))
             theory = 1.0 / (v * m + 1)
             print(f"{sched:<16} {m:>3} {theory:>7.3f} {idle[0]:>7.3f} {idle[1]:>7.3f}   {load()}",
@@ -111,7 +92,7 @@ def tps(args, env, pp, gbps):
                     "--parallelism.pipeline_parallel_schedule=1F1B"]
         if gbps:
             cmd += [f"--comm.simulate_bandwidth_gbps={gbps}", "--comm.simulate_latency_us=50"]
-        engine_line(run(cmd, env))
+        ctbench.engine_line(run(cmd, env))
         recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))][1:]
     step = sum(r["step_s"] for r in recs) / len(recs)
     return args.global_batch * args.seq / step / 2, step  # tokens/s per rank (2 ranks)
@@ -138,7 +119,7 @@ def main():
     ap.add_argument("--skip-125m", action="store_true")
     args = ap.parse_args()
     env = dict(os.environ, **MPI_ENV)
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores; load average {load()}")
+    print(f"CPU: {ctbench.cpu_name()}, {os.cpu_count()} cores; load average {load()}")
     if not args.skip_bubbles:
         bubbles(args, env)
     if not args.skip_125m:

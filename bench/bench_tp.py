@@ -26,6 +26,8 @@ import subprocess
 import sys
 import tempfile
 
+import ctbench
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -46,9 +48,11 @@ def bench(args, ranks, tp, env, extra=()):
                "--activation_checkpoint.mode=none", *extra]
         with tempfile.TemporaryFile() as out:
             p = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+            out.seek(0)
+            text = out.read().decode(errors="replace")
             if p.returncode != 0:
-                out.seek(0)
-                sys.exit(f"bench: {' '.join(cmd)} failed:\n{out.read().decode()[-3000:]}")
+                sys.exit(f"bench: {' '.join(cmd)} failed:\n{text[-3000:]}")
+            ctbench.engine_line(text)
         recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
     timed = recs[args.warmup:]
     step_s = sorted(r["step_s"] for r in timed)[len(timed) // 2]
