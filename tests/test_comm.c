@@ -355,6 +355,53 @@ static bool blocks(unsigned long long mask, int sig)
 }
 
 /* The comm thread runs alone (no OpenMP team beside the compute team) and takes no signal. */
+/* A ring of SENDRECV ops on the stream (async TP's ring steps): in both modes, after
+ * world - 1 steps every rank holds every rank's block, each moved one hop per step, while the
+ * caller writes into other memory meanwhile; with a simulated link each step lasts at least
+ * its bytes over it. */
+TEST_CASE(test_stream_sendrecv_ring)
+{
+	int W = mesh.world, R = mesh.rank;
+	const int64_t n = 4096; /* floats per block */
+	float *full = calloc((size_t)(W * n), sizeof(float));
+	for (int mode = 0; mode < STREAM_MODE_COUNT; mode++) {
+		struct comm_stream *s = comm_stream_create((enum stream_mode)mode, 60);
+		comm_stream_simulate(s, 1.0, 0.0); /* 1 Gbit/s: 16 KiB takes >= 131 us */
+		memset(full, 0, (size_t)(W * n) * sizeof(float));
+		for (int64_t j = 0; j < n; j++)
+			full[R * n + j] = (float)(R * 100000 + j);
+		double slowest = 1e30;
+		for (int k = 0; k < W - 1; k++) {
+			int have = (R - k + W) % W, next = (R - k - 1 + W) % W;
+			struct comm_op op = {.kind = COMM_SENDRECV,
+			                     .group = &mesh.world_group,
+			                     .send = full + have * n,
+			                     .recv = full + next * n,
+			                     .count = n * (int64_t)sizeof(float),
+			                     .what = "ring step",
+			                     .to = (R + 1) % W,
+			                     .from = (R + W - 1) % W,
+			                     .tag = 0x5470 + k};
+			int64_t t = comm_stream_enqueue(s, &op);
+			comm_stream_wait(s, t);
+			double t0, t1;
+			comm_stream_op_times(s, t, &t0, &t1);
+			slowest = t1 - t0 < slowest ? t1 - t0 : slowest;
+		}
+		int64_t bad = 0;
+		for (int r = 0; r < W; r++)
+			for (int64_t j = 0; j < n; j++)
+				bad += full[r * n + j] != (float)(r * 100000 + j);
+		EXPECT(bad == 0, "mode %d: %lld elements wrong after the ring", mode,
+		       (long long)bad);
+		EXPECT(W < 2 || slowest >= 0.9 * (double)(n * 4) * 8 / 1e9,
+		       "mode %d: a ring step of %lld bytes took %.1f us on a 1 Gbit/s link", mode,
+		       (long long)(n * 4), slowest * 1e6);
+		comm_stream_destroy(s);
+	}
+	free(full);
+}
+
 TEST_CASE(test_comm_thread_quiet)
 {
 	struct comm_stream *s = comm_stream_create(STREAM_THREAD, 60);
@@ -526,6 +573,7 @@ int main(int argc, char **argv)
 	RUN(test_reduce_scatter_tree_order);
 	RUN(test_count_only_beyond_int);
 	RUN(test_label_outlives_caller);
+	RUN(test_stream_sendrecv_ring);
 	RUN(test_comm_thread_quiet);
 	RUN(test_thread_start_masks);
 	RUN(test_counters_concurrent);
