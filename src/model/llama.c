@@ -901,28 +901,8 @@ void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, stru
 double llama_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
                      int64_t *n_valid, bool *ran)
 {
-	if (ran)
-		*ran = false;
-	if (n_valid)
-		*n_valid = 0;
-	if (!m->tp) {
-		CHECK(op == 0, "unit %d: op %d of a one-segment program", u, op);
-		if (p == MODEL_PASS_FWD)
-			return llama_unit_forward(m, u, n_valid);
-		if (p == MODEL_PASS_BWD)
-			llama_unit_backward(m, u, dscale);
-		else
-			llama_unit_recompute(m, u);
-		return 0.0;
-	}
-	bool r = llama_tp_unit_op(m, u, p, op, dscale);
-	if (ran)
-		*ran = r;
-	struct model_prog g;
-	llama_tp_unit_prog(m, u, p, &g);
-	if (p == MODEL_PASS_FWD && u == m->table.n_units - 1 && op == 2 * g.n)
-		return llama_tp_unit_loss(m, n_valid);
-	return 0.0;
+	CHECK(m->tp, "llama_unit_op: unit %d is one segment without tensor parallelism", u);
+	return llama_tp_unit_op(m, u, p, op, dscale, n_valid, ran);
 }
 
 void llama_backward(struct llama_model *m, double dscale)

@@ -228,7 +228,8 @@ struct llama_config llama_config_tp_slice(const struct llama_config *c, int64_t 
  * in fp32; 2 for a bf16 target). */
 void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_ac ac, int64_t B,
                    int64_t T, int64_t elem_bytes, int u, enum model_pass p, struct model_prog *out);
-/* Op `op` of that program (segment op / 2 or collective op / 2); *ran (may be NULL) says
+/* Under tensor parallelism (a pass without it is one segment: the three calls above run
+ * it), op `op` of that program (segment op / 2 or collective op / 2); *ran (may be NULL) says
  * whether a collective ran. Returns the loss sum after the head's last forward op (else 0),
  * with its valid targets in *n_valid (may be NULL). Ops in order are the unit's pass. */
 double llama_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,

@@ -36,8 +36,7 @@ void llama_tp_unit_recompute(struct llama_model *m, int u);
 /* The units as programs (model/model_prog.h): the three above run every op in order. */
 void llama_tp_unit_prog(const struct llama_model *m, int u, enum model_pass p,
                         struct model_prog *out);
-bool llama_tp_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale);
-/* After the head's forward program: its loss sum and valid targets. */
-double llama_tp_unit_loss(const struct llama_model *m, int64_t *n_valid);
+double llama_tp_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
+                        int64_t *n_valid, bool *ran);
 
 #endif

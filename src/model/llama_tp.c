@@ -893,48 +893,51 @@ void llama_tp_unit_prog(const struct llama_model *m, int u, enum model_pass p,
 	              out);
 }
 
-bool llama_tp_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale)
+double llama_tp_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
+                        int64_t *n_valid, bool *ran)
 {
 	struct tp_prog g = tp_program(m, u, p);
 	CHECK(op >= 0 && op < g.n_ops, "TP unit %d: op %d of %d", u, op, g.n_ops);
 	const struct tp_op *o = &g.ops[op];
 	int l = u - 1;
+	bool r = false;
 	m->tpb->dscale = dscale;
 	if (op % 2)
-		return o->coll(m, l);
-	if (o->seg)
+		r = o->coll(m, l);
+	else if (o->seg)
 		o->seg(m, l);
-	return false;
-}
-
-double llama_tp_unit_loss(const struct llama_model *m, int64_t *n_valid)
-{
+	if (ran)
+		*ran = r;
 	if (n_valid)
+		*n_valid = 0;
+	if (p != MODEL_PASS_FWD || u <= m->cfg.n_layers || op != g.n_ops - 1)
+		return 0.0;
+	if (n_valid) /* the head's forward is done: its loss (h_loss left it here) */
 		*n_valid = m->tpb->valid;
 	return m->tpb->loss;
 }
 
-static void run_program(struct llama_model *m, int u, enum model_pass p, double dscale)
+static double run_program(struct llama_model *m, int u, enum model_pass p, double dscale,
+                          int64_t *n_valid)
 {
 	struct tp_prog g = tp_program(m, u, p);
+	double loss = 0.0;
 	for (int op = 0; op < g.n_ops; op++)
-		llama_tp_unit_op(m, u, p, op, dscale);
+		loss = llama_tp_unit_op(m, u, p, op, dscale, n_valid, NULL);
+	return loss;
 }
 
 double llama_tp_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 {
-	run_program(m, u, MODEL_PASS_FWD, 0.0);
-	if (u <= m->cfg.n_layers)
-		return 0.0;
-	return llama_tp_unit_loss(m, n_valid);
+	return run_program(m, u, MODEL_PASS_FWD, 0.0, n_valid);
 }
 
 void llama_tp_unit_recompute(struct llama_model *m, int u)
 {
-	run_program(m, u, MODEL_PASS_REC, 0.0);
+	run_program(m, u, MODEL_PASS_REC, 0.0, NULL);
 }
 
 void llama_tp_unit_backward(struct llama_model *m, int u, double dscale)
 {
-	run_program(m, u, MODEL_PASS_BWD, dscale);
+	run_program(m, u, MODEL_PASS_BWD, dscale, NULL);
 }

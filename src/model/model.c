@@ -99,9 +99,14 @@ static void llama_op_prog(const void *impl, int u, enum model_pass p, struct mod
 {
 	llama_unit_prog(impl, u, p, out);
 }
+static double unit_pass(const struct model_ops *ops, void *impl, int u, enum model_pass p, int op,
+                        double dscale, bool *ran);
+static const struct model_ops llama_ops;
 static double llama_op_unit_op(void *impl, int u, enum model_pass p, int op, double dscale,
                                bool *ran)
 {
+	if (!((struct llama_model *)impl)->tp) /* one segment per pass */
+		return unit_pass(&llama_ops, impl, u, p, op, dscale, ran);
 	return llama_unit_op(impl, u, p, op, dscale, NULL, ran);
 }
 static void llama_op_dscale(void *impl, double dscale)
@@ -355,18 +360,25 @@ void model_unit_prog(const struct model *m, int u, enum model_pass p, struct mod
 	memset(out, 0, sizeof(*out));
 }
 
-double model_unit_op(struct model *m, int u, enum model_pass p, int op, double dscale, bool *ran)
+/* A one-segment program: op 0 is the whole pass. */
+static double unit_pass(const struct model_ops *ops, void *impl, int u, enum model_pass p, int op,
+                        double dscale, bool *ran)
 {
-	if (m->ops->unit_op)
-		return m->ops->unit_op(m->impl, u, p, op, dscale, ran);
 	CHECK(op == 0, "unit %d: op %d of a one-segment program", u, op);
 	if (ran)
 		*ran = false;
 	if (p == MODEL_PASS_FWD)
-		return model_unit_forward(m, u, NULL);
+		return ops->unit_forward(impl, u, NULL);
 	if (p == MODEL_PASS_BWD)
-		model_unit_backward(m, u, dscale);
+		ops->unit_backward(impl, u, dscale);
 	else
-		model_unit_recompute(m, u);
+		ops->unit_recompute(impl, u);
 	return 0.0;
+}
+
+double model_unit_op(struct model *m, int u, enum model_pass p, int op, double dscale, bool *ran)
+{
+	if (m->ops->unit_op)
+		return m->ops->unit_op(m->impl, u, p, op, dscale, ran);
+	return unit_pass(m->ops, m->impl, u, p, op, dscale, ran);
 }
