@@ -455,6 +455,17 @@ TEST_CASE(test_thread_start_masks)
 	pthread_join(t, NULL);
 }
 
+/* An all-gather of every rank's 4-byte id over the world. */
+static struct comm_op gather_ranks(const int32_t *mine, int32_t *all, const char *what)
+{
+	return (struct comm_op){.kind = COMM_ALL_GATHER,
+	                        .group = &mesh.world_group,
+	                        .send = mine,
+	                        .recv = all,
+	                        .count = 4,
+	                        .what = what};
+}
+
 /* The trainer reads and resets the counters while the comm thread adds to them (run under
  * ThreadSanitizer by `make tsan`). */
 TEST_CASE(test_counters_concurrent)
@@ -462,13 +473,7 @@ TEST_CASE(test_counters_concurrent)
 	struct comm_stream *s = comm_stream_create(STREAM_THREAD, 60);
 	comm_reset_bytes();
 	int32_t mine = mesh.rank, *all = xcalloc((size_t)mesh.world, sizeof(int32_t));
-	struct comm_op op = {.kind = COMM_ALL_GATHER,
-	                     .group = &mesh.world_group,
-	                     .send = &mine,
-	                     .recv = all,
-	                     .count = 4,
-	                     .scratch = NULL,
-	                     .what = "counter"};
+	struct comm_op op = gather_ranks(&mine, all, "counter");
 	int64_t last = 0, backwards = 0;
 	for (int i = 0; i < 200; i++) {
 		comm_stream_enqueue(s, &op);
@@ -497,13 +502,7 @@ TEST_CASE(test_watchdog_quiet)
 	struct comm_group dup;
 	comm_group_dup(&mesh.world_group, &dup); /* the main thread's collectives go here */
 	int32_t mine = mesh.rank, *all = xcalloc((size_t)mesh.world, sizeof(int32_t));
-	struct comm_op op = {.kind = COMM_ALL_GATHER,
-	                     .group = &mesh.world_group,
-	                     .send = &mine,
-	                     .recv = all,
-	                     .count = 4,
-	                     .scratch = NULL,
-	                     .what = "quiet"};
+	struct comm_op op = gather_ranks(&mine, all, "quiet");
 	int64_t bad = 0;
 	for (int i = 0; i < 100; i++) {
 		comm_watchdog_set_step(i);
