@@ -569,9 +569,7 @@ static void be_backward(void *ctx, int u, int op)
 /* A TP collective between two segments of unit u's pass: the bytes it sent (0: a no-op) */
 static int64_t be_tp_collective(void *ctx, int u, enum model_pass p, int op)
 {
-	struct fsdp *f = ctx;
-	if (p == MODEL_PASS_BWD)
-		bucket_grads(f, sched_bucket_of(&f->sched, u));
+	struct fsdp *f = ctx; /* the unit's segment 0 (be_backward) bound its gradients */
 	bool ran = false;
 	model_unit_op(f->model, u, p, op, f->step.dscale, &ran);
 	return ran ? f->sched.units[u].prog[p].c[op / 2].bytes : 0;
