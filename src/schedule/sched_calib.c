@@ -244,6 +244,22 @@ static double time_op(struct comm_stream *st, struct comm_op *op)
 	return median(t, 3);
 }
 
+/* vals[0..n) = the median over the ranks of `world` of each rank's vals (collective). */
+static void median_over_ranks(const struct comm_group *world, double *vals, int n)
+{
+	int W = world->size;
+	double *all = calloc((size_t)(n * W), sizeof(double)),
+	       *col = calloc((size_t)W, sizeof(double));
+	CHECK(all && col, "out of memory");
+	comm_all_gather(world, vals, all, n * (int64_t)sizeof(double));
+	for (int k = 0; k < n; k++) {
+		for (int r = 0; r < W; r++)
+			col[r] = all[r * n + k];
+		vals[k] = median(col, W);
+	}
+	free(all), free(col);
+}
+
 /* Indices into the measurement vector shared across ranks. */
 enum { V_PARTS = 0, V_COMM = CAL_PARTS, V_INTERF = CAL_PARTS + 4 * CAL_SIZES, V_COUNT };
 
@@ -326,18 +342,7 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 	free(send), free(recv), free(scr);
 	free(c.all), free(c.tok), free(c.big);
 
-	/* every rank: the median over ranks of every measurement */
-	int W = world->size;
-	double *all = calloc((size_t)(V_COUNT * W), sizeof(double)),
-	       *col = calloc((size_t)W, sizeof(double));
-	CHECK(all && col, "out of memory");
-	comm_all_gather(world, vals, all, V_COUNT * (int64_t)sizeof(double));
-	for (int k = 0; k < V_COUNT; k++) {
-		for (int r = 0; r < W; r++)
-			col[r] = all[r * V_COUNT + k];
-		vals[k] = median(col, W);
-	}
-	free(all), free(col);
+	median_over_ranks(world, vals, V_COUNT); /* every rank holds the same model */
 
 	/* rates: the work sched_cost_init counts for these shapes over the measured time */
 	struct sched_cost_work w;
@@ -405,17 +410,7 @@ void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_grou
 		vals[2 * i + 1] = best;
 	}
 	free(send), free(recv);
-	int W = world->size;
-	double *all = calloc((size_t)(2 * N_SIZES * W), sizeof(double)),
-	       *col = calloc((size_t)W, sizeof(double));
-	CHECK(all && col, "out of memory");
-	comm_all_gather(world, vals, all, 2 * N_SIZES * (int64_t)sizeof(double));
-	for (int k = 0; k < 2 * N_SIZES; k++) {
-		for (int r = 0; r < W; r++)
-			col[r] = all[r * 2 * N_SIZES + k];
-		vals[k] = median(col, W);
-	}
-	free(all), free(col);
+	median_over_ranks(world, vals, 2 * N_SIZES);
 	double xb[N_SIZES], ty[N_SIZES];
 	for (int i = 0; i < N_SIZES; i++)
 		xb[i] = vals[2 * i], ty[i] = vals[2 * i + 1];

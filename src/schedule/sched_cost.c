@@ -314,8 +314,8 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			break;
 		case SCHED_TP_ALL_GATHER:
 		case SCHED_TP_REDUCE_SCATTER: {
-			double c, dt = sched_cost_tp_s(cm, work_of(n->pass),
-			                               &sched_node_prog(s, n)->c[n->seg], &c);
+			double dt = sched_cost_tp_s(cm, work_of(n->pass),
+			                            &sched_node_prog(s, n)->c[n->seg], NULL);
 			p->tp_s += dt;
 			t += dt; /* blocking, on the compute thread */
 			break;
