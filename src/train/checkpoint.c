@@ -40,6 +40,15 @@ static int fsync_path(const char *path)
 	return CT_OK;
 }
 
+static int rename_in_place(const char *from, const char *to)
+{
+	if (rename(from, to) != 0) {
+		LOG_ERROR("checkpoint: cannot rename '%s' to '%s': %s", from, to, strerror(errno));
+		return CT_ERR_RUNTIME;
+	}
+	return CT_OK;
+}
+
 static int write_text_durable(const char *path, const char *text)
 {
 	char tmp[1100];
@@ -338,29 +347,45 @@ static int save_on(const struct comm_group *g, const char *root, const struct mo
 	if (mesh->rank == 0 && !rc)
 		rc = save_extras(tmp, extra, n_extra, extra_sums);
 	if (mesh->rank == 0 && !rc) {
+		/* The manifest is what makes a folder a checkpoint. It is written under a
+		 * pending name, so a save killed before the folder's rename leaves no .tmp folder
+		 * that looks complete, and gets its name in the final folder. */
 		char *text =
 		    manifest_text(cfg, mesh, t, n, st, sums, box, extra, extra_sums, n_extra);
-		snprintf(path, sizeof(path), "%s/manifest.json", tmp);
-		rc = write_text_durable(path, text);
+		char pending[1200];
+		snprintf(pending, sizeof(pending), "%s/manifest.pending", tmp);
+		rc = write_text_durable(pending, text);
 		free(text);
-		if (!rc)
-			rc = fsync_path(tmp);
-		if (!rc && access(final, F_OK) == 0) {
+		bool exchange = !rc && access(final, F_OK) == 0;
+		if (exchange) {
 			/* an older save of the same step (e.g. one that failed to load): swap
 			 * the two atomically, so the step never goes missing, then drop it */
-			if (renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
+			snprintf(path, sizeof(path), "%s/manifest.json", tmp);
+			rc = rename_in_place(pending, path);
+			if (!rc)
+				rc = fsync_path(tmp);
+			if (!rc &&
+			    renameat2(AT_FDCWD, tmp, AT_FDCWD, final, RENAME_EXCHANGE) != 0) {
 				LOG_ERROR("checkpoint: cannot replace '%s': %s", final,
 				          strerror(errno));
 				rc = CT_ERR_RUNTIME;
-			} else {
+			} else if (!rc) {
 				remove_tree(tmp);
 			}
 		} else if (!rc) {
-			if (rename(tmp, final) != 0) {
+			rc = fsync_path(tmp);
+			if (!rc && rename(tmp, final) != 0) {
 				LOG_ERROR("checkpoint: cannot rename '%s' to '%s': %s", tmp, final,
 				          strerror(errno));
 				rc = CT_ERR_RUNTIME;
 			}
+			char from[1200];
+			snprintf(from, sizeof(from), "%s/manifest.pending", final);
+			snprintf(path, sizeof(path), "%s/manifest.json", final);
+			if (!rc)
+				rc = rename_in_place(from, path);
+			if (!rc)
+				rc = fsync_path(final);
 		}
 		if (!rc)
 			rc = fsync_path(root);
@@ -717,7 +742,8 @@ static int load_tensor(const struct ckpt_tensor *t, const struct ckpt_mtensor *m
 		const struct ckpt_piece *pc = &mt->pieces[i];
 		int64_t a = pc->row0, b = pc->row1, pcols = pc->col1 - pc->col0;
 		int64_t x0 = a > lo ? a : lo, x1 = b < hi ? b : hi;
-		int64_t y0 = pc->col0 > c_lo ? pc->col0 : c_lo, y1 = pc->col1 < c_hi ? pc->col1 : c_hi;
+		int64_t y0 = pc->col0 > c_lo ? pc->col0 : c_lo,
+		        y1 = pc->col1 < c_hi ? pc->col1 : c_hi;
 		if (x0 >= x1 || y0 >= y1)
 			continue;
 		const char *fname = m->files[pc->file].name;
