@@ -5,22 +5,27 @@
  * lazy (the baseline measured in the same run) at the largest L.
  *
  * Flash runs every position. The quadratic modes run every position up to 2^full_max; above,
- * they are timed on sampled windows: `windows` runs of `steps` consecutive positions, at
- * evenly spaced points of 0..L (the last window ends at L, so the max is the end's), each
- * entered with hgen_seek and one untimed step that warms the caches. The cost of a step depends
- * only on its position (lazy: the prefix length, eager: the suffix length, recompute: the prefix's
- * FFT size), not on the values, so the windows time real steps exactly; the mean over evenly spaced
- * windows estimates the mean over all positions (per-step cost is linear in the position for lazy
- * and eager). The table says which rows are sampled ("~"). Where a quadratic mode is measured in
- * full (L > windows x steps, L <= 2^full_max), the sampled estimate is measured too and printed
- * beside it with est/full: the check of the estimate. The speed-ups at 2^lmax are printed as
- * measured and, when that row is an estimate, divided by the est/full ratio at the largest L
+ * they are timed on sampled windows: `windows` runs of `steps` consecutive positions, one at a
+ * random place (fixed seed) inside each of `windows` equal strata of 0..L (stratified sampling:
+ * the expected mean position is L/2 and every position is equally likely), each entered with
+ * hgen_seek and one untimed step that warms the caches; a sampled row's max is the max over its
+ * windows. Two earlier placements were biased: windows ending at (w + 1) L / windows sit at
+ * 0.56 L on average (+12.5% for lazy's linear cost, -12.5% for eager's), and any placement
+ * locked to L / windows lands on multiples of 1024, where two of every 1024 lazy steps cost
+ * ~25x the others (positions 1024 k - 5 and - 4, measured; the cause is not investigated): at
+ * L = 2^14 such windows read 1.6-2x the fully measured mean. The cost of a step depends only on
+ * its position (lazy: the prefix length, eager: the suffix length, recompute: the prefix's FFT
+ * size), not on the values, so the windows time real steps exactly and their mean estimates the
+ * mean over all positions. The table says which rows are sampled ("~"). Where a quadratic mode is
+ * measured in full (L > windows x steps, L <= 2^full_max), the sampled estimate is measured too and
+ * printed beside it with est/full: the check of the estimate. The speed-ups at 2^lmax are printed
+ * as measured and, when that row is an estimate, divided by the est/full ratio at the largest L
  * where both exist. Flash's worst per-token latency (and where it falls) is printed beside its
  * mean: it is what a user streaming tokens sees. The baseline is the quadratic direct sum (lazy).
  *
  * usage: flash_inference [--layers 4] [--dim 128] [--order 2] [--vocab 256] [--lmin 10]
  *        [--lmax 17] [--thr 32] [--modes lazy,eager,recompute,flash] [--full-max 12]
- *        [--recompute-max 15] [--windows 8] [--steps 16] [--batch 1] [--measure]
+ *        [--recompute-max 15] [--windows 32] [--steps 16] [--batch 1] [--measure]
  */
 #include <fftw3.h>
 #include <math.h>
@@ -43,7 +48,7 @@ struct args {
 
 struct row {
 	bool done, sampled;
-	int64_t timed, max_pos; /* max_pos: the position of the slowest step */
+	int64_t timed, max_pos;     /* max_pos: the position of the slowest step */
 	double est_mean, est_mixer; /* the sampled estimate beside a full measurement, or 0 */
 	double mean, p99, max, mixer, nonmixer, mb, setup;
 };
@@ -66,7 +71,7 @@ static int parse(int argc, char **argv, struct args *a)
 	                   .thr = 32,
 	                   .full_max = 12,
 	                   .recompute_max = 15,
-	                   .windows = 8,
+	                   .windows = 32,
 	                   .steps = 16,
 	                   .batch = 1};
 	for (int m = 0; m < OC_MODE_COUNT; m++)
@@ -126,6 +131,15 @@ static int cmp_double(const void *x, const void *y)
 	return (u > v) - (u < v);
 }
 
+/* A uniform draw in [0, 1) (splitmix64), for the windows' places. */
+static double window_uniform(uint64_t *state)
+{
+	uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+	z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+	z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+	return (double)((z ^ (z >> 31)) >> 11) * 0x1.0p-53;
+}
+
 /* Times one (L, mode): every position, or the sampled windows. */
 static void run_one(const struct args *a, const struct hyena_config *c, const struct param_table *t,
                     const float *params, int64_t L, enum oc_mode mode, bool sample, struct row *r)
@@ -146,13 +160,19 @@ static void run_one(const struct args *a, const struct hyena_config *c, const st
 	const float *lg = NULL;
 	r->sampled = sample;
 	int64_t W = r->sampled ? a->windows : 1, K = r->sampled ? a->steps : L;
+	uint64_t seed = 0x5EED0F1A5Bull; /* the same windows in every run and mode */
 	double *st = malloc((size_t)(W * K) * sizeof(double)); /* each step's wall time */
 	int64_t ns = 0;
 	double mix = 0, tot = 0, mx = 0;
 	for (int64_t w = 0; w < W; w++) {
 		/* a sampled window starts one step early: that step warms the caches after the
 		 * jump and is not timed */
-		int64_t warm = r->sampled ? 1 : 0, start = r->sampled ? (w + 1) * L / W - K - 1 : 0;
+		int64_t warm = r->sampled ? 1 : 0, start = 0;
+		if (r->sampled) {
+			int64_t lo = w * L / W, span = (w + 1) * L / W - lo - K - warm;
+			start =
+			    lo + (span > 0 ? (int64_t)(window_uniform(&seed) * (double)span) : 0);
+		}
 		if (start > 0)
 			hgen_seek_f32(g, start);
 		for (int64_t s = 0; s < K + warm; s++) {
@@ -228,7 +248,8 @@ int main(int argc, char **argv)
 	       (long long)c.ffn_hidden, (long long)a.batch, omp_get_max_threads(), (long long)a.thr,
 	       a.measure ? "MEASURE" : "ESTIMATE");
 	printf("# quadratic modes above L=2^%lld: %lld windows of %lld steps (exact per-step cost, "
-	       "mean estimated over evenly spaced windows); recompute = mixer-only FFT recompute, "
+	       "mean estimated over stratified random windows, fixed seed); recompute = mixer-only "
+	       "FFT recompute, "
 	       "run up to L=2^%lld\n",
 	       (long long)a.full_max, (long long)a.windows, (long long)a.steps,
 	       (long long)a.recompute_max);
@@ -247,7 +268,8 @@ int main(int argc, char **argv)
 			bool samplable = m != OC_FLASH && a.windows * a.steps < L;
 			bool full = !samplable || a.lmin + i <= a.full_max;
 			run_one(&a, &c, &t, params, L, (enum oc_mode)m, !full, r);
-			if (full && samplable) { /* check the estimate where the full value exists */
+			if (full &&
+			    samplable) { /* check the estimate where the full value exists */
 				struct row e = {0};
 				run_one(&a, &c, &t, params, L, (enum oc_mode)m, true, &e);
 				r->est_mean = e.mean, r->est_mixer = e.mixer;
@@ -260,11 +282,12 @@ int main(int argc, char **argv)
 			       r->p99 * 1e3, r->max * 1e3, r->mixer * 1e3, r->nonmixer * 1e3, r->mb,
 			       r->setup);
 			if (r->est_mean > 0)
-				printf("%-8s %-10s %-9s %11.4f %11s %11s %11.4f %11s   est/full: mean "
-				       "%.3f, mixer %.3f\n",
-				       "", "  estimate", "~sampled", r->est_mean * 1e3, "", "",
-				       r->est_mixer * 1e3, "", r->est_mean / r->mean,
-				       r->est_mixer / r->mixer);
+				printf(
+				    "%-8s %-10s %-9s %11.4f %11s %11s %11.4f %11s   est/full: mean "
+				    "%.3f, mixer %.3f\n",
+				    "", "  estimate", "~sampled", r->est_mean * 1e3, "", "",
+				    r->est_mixer * 1e3, "", r->est_mean / r->mean,
+				    r->est_mixer / r->mixer);
 			fflush(stdout);
 		}
 	}
@@ -298,7 +321,8 @@ int main(int argc, char **argv)
 			continue;
 		printf("%-10s mixer %8.1fx   end-to-end %8.1fx%s\n", oc_mode_name((enum oc_mode)m),
 		       r->mixer / fl->mixer, r->mean / fl->mean,
-		       r->sampled ? "   (the mode's time is the sampled estimate)" : "   (measured)");
+		       r->sampled ? "   (the mode's time is the sampled estimate)"
+		                  : "   (measured)");
 		if (!r->sampled)
 			continue;
 		/* the estimate's bias where it was checked: the largest L with both */
@@ -315,10 +339,11 @@ int main(int argc, char **argv)
 		}
 	}
 	if (fl->done)
-		printf("flash per token at L=2^%lld: mean %.4f ms, worst %.4f ms (at position %lld), "
-		       "p99 %.4f ms\n",
-		       (long long)a.lmax, fl->mean * 1e3, fl->max * 1e3, (long long)fl->max_pos,
-		       fl->p99 * 1e3);
+		printf(
+		    "flash per token at L=2^%lld: mean %.4f ms, worst %.4f ms (at position %lld), "
+		    "p99 %.4f ms\n",
+		    (long long)a.lmax, fl->mean * 1e3, fl->max * 1e3, (long long)fl->max_pos,
+		    fl->p99 * 1e3);
 	free(rows), free(params);
 	param_table_free(&t);
 	return 0;

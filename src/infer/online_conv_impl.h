@@ -429,6 +429,17 @@ void OC_S(oc_seek)(struct OC_S(oc_engine) * e, int64_t r)
 {
 	CHECK(r >= 0 && r <= e->G, "online_conv: seek to %lld outside 0..%lld", (long long)r,
 	      (long long)e->G);
+	/* Positions e->r..r-1 were never written, so their pages were never touched: a real run
+	 * would have written them. Write them (with the zeros they hold) so the timed steps read
+	 * committed memory, as after real steps, not the kernel's shared zero page. */
+	if (r > e->r) {
+		int64_t rows = e->cfg.nconv * e->cfg.B * e->cfg.C;
+		size_t n = (size_t)(r - e->r) * sizeof(OC_S(oc_real));
+		for (int64_t row = 0; row < rows; row++) {
+			memset(e->y + row * e->G + e->r, 0, n);
+			memset(e->acc + row * e->G + e->r, 0, n);
+		}
+	}
 	e->r = r;
 	memset(e->red_done, 0, (size_t)e->cfg.nconv);
 	memset(e->prompt_done, 1, (size_t)e->cfg.nconv);
