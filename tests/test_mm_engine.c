@@ -22,8 +22,8 @@ static float rnd_bf16(float x, bool bf)
 
 /* Returns max over elements of |C - ref| / bound, and the relative L2 distance of C from the
  * unrounded float64 product. */
-static double check_case(enum mm_engine e, enum mm_dtype dt, bool ta, bool tb, int64_t M,
-                         int64_t N, int64_t K, float beta, double *dist_unrounded)
+static double check_case(enum mm_engine e, enum mm_dtype dt, bool ta, bool tb, int64_t M, int64_t N,
+                         int64_t K, float beta, double *dist_unrounded)
 {
 	bool bf = dt == MM_BF16;
 	int64_t lda = ta ? M : K, ldb = tb ? K : N;
@@ -61,20 +61,22 @@ static double check_case(enum mm_engine e, enum mm_dtype dt, bool ta, bool tb, i
 
 TEST_CASE(test_engines_against_reference)
 {
-	static const int64_t shapes[][3] = {{37, 53, 71}, {128, 96, 256}, {1, 300, 64},
-	                                    {200, 1, 129}};
+	static const int64_t shapes[][3] = {
+	    {37, 53, 71}, {128, 96, 256}, {1, 300, 64}, {200, 1, 129}};
 	for (int e = MM_ENGINE_AUTO; e < MM_ENGINE_COUNT; e++)
 		for (int dt = 0; dt < MM_DTYPE_COUNT; dt++)
 			for (int t = 0; t < 3; t++) /* NT (forward), NN, TN (backward) */
 				for (int s = 0; s < 4; s++)
 					for (int b = 0; b < 2; b++) {
 						bool ta = t == 2, tb = t == 0;
-						double dist, w = check_case(
-						    (enum mm_engine)e, (enum mm_dtype)dt, ta, tb,
-						    shapes[s][0], shapes[s][1], shapes[s][2],
-						    (float)b, &dist);
+						double dist,
+						    w = check_case((enum mm_engine)e,
+						                   (enum mm_dtype)dt, ta, tb,
+						                   shapes[s][0], shapes[s][1],
+						                   shapes[s][2], (float)b, &dist);
 						EXPECT(w <= 1.0,
-						       "%s %s %c%c %lldx%lldx%lld beta %d: error %.2f x "
+						       "%s %s %c%c %lldx%lldx%lld beta %d: error "
+						       "%.2f x "
 						       "the bound",
 						       mm_engine_name((enum mm_engine)e),
 						       dt ? "bf16" : "fp32", ta ? 'T' : 'N',
@@ -84,10 +86,11 @@ TEST_CASE(test_engines_against_reference)
 						/* bf16 rounding moves a random product by ~2^-9
 						 * relative; fp32 by ~2^-24 */
 						if (dt == MM_BF16)
-							EXPECT(dist > 1e-4,
-							       "bf16 result %.2e from the unrounded "
-							       "product: operands not rounded",
-							       dist);
+							EXPECT(
+							    dist > 1e-4,
+							    "bf16 result %.2e from the unrounded "
+							    "product: operands not rounded",
+							    dist);
 						else
 							EXPECT(dist < 1e-5,
 							       "fp32 result %.2e from the product",
@@ -130,6 +133,57 @@ TEST_CASE(test_bf16_twin)
 	       bad, (long long)(M * N));
 	free(A), free(W), free(W16), free(C1), free(C2), free(C3);
 	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+}
+
+/* auto on a transposed copy of B (CT_MATMUL_FORCE_BT=1 makes auto take it wherever it applies):
+ * NN and TN products with a strided B (leading dimension N + 5), beta 0 and 1, against the
+ * float64 product with the fp32 bound; the shapes are new to the engine, so they are tuned
+ * (and the copy taken) here. */
+TEST_CASE(test_transposed_b)
+{
+	setenv("CT_MATMUL_FORCE_BT", "1", 1);
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+	int before = mm_engine_bt_shapes();
+	static const int64_t shapes[][3] = {{41, 67, 45}, {33, 35, 97}};
+	for (int si = 0; si < 2; si++)
+		for (int ta = 0; ta < 2; ta++)
+			for (int beta = 0; beta < 2; beta++) {
+				int64_t M = shapes[si][0], N = shapes[si][1], K = shapes[si][2];
+				int64_t lda = ta ? M : K, ldb = N + 5;
+				float *A = malloc((size_t)(M * K) * 4),
+				      *B = malloc((size_t)(K * ldb) * 4);
+				float *C = malloc((size_t)(M * N) * 4),
+				      *C0 = malloc((size_t)(M * N) * 4);
+				test_fill_f32(A, M * K, -1, 1);
+				test_fill_f32(B, K * ldb, -1, 1);
+				test_fill_f32(C0, M * N, -1, 1);
+				memcpy(C, C0, (size_t)(M * N) * 4);
+				mm_gemm(ta, false, M, N, K, A, lda, B, ldb, (float)beta, C, N);
+				double worst = 0;
+				for (int64_t i = 0; i < M; i++)
+					for (int64_t j = 0; j < N; j++) {
+						double r = beta * (double)C0[i * N + j],
+						       sa = fabs(r);
+						for (int64_t k = 0; k < K; k++) {
+							double p = (double)(ta ? A[k * lda + i]
+							                       : A[i * lda + k]) *
+							           B[k * ldb + j];
+							r += p, sa += fabs(p);
+						}
+						double e = fabs(C[i * N + j] - r) /
+						           ((double)(K + 2) * 0x1p-23 * sa);
+						worst = e > worst ? e : worst;
+					}
+				EXPECT(worst <= 1.0,
+				       "%cN %lldx%lldx%lld beta %d on B transposed: error %.2f x "
+				       "the bound",
+				       ta ? 'T' : 'N', (long long)M, (long long)N, (long long)K,
+				       beta, worst);
+				free(A), free(B), free(C), free(C0);
+			}
+	EXPECT(mm_engine_bt_shapes() - before == 4, "%d shapes ran on a transposed B, expected 4",
+	       mm_engine_bt_shapes() - before);
+	unsetenv("CT_MATMUL_FORCE_BT");
 }
 
 TEST_CASE(test_parse)
@@ -177,5 +231,6 @@ int main(void)
 	RUN(test_openblas_guard_choice);
 	RUN(test_engines_against_reference);
 	RUN(test_bf16_twin);
+	RUN(test_transposed_b);
 	return test_summary();
 }

@@ -23,13 +23,16 @@ _Static_assert(sizeof(mm_engine_names) / sizeof(mm_engine_names[0]) == MM_ENGINE
                "engine names");
 
 #define MM_SHAPES 256
+#define MM_BT_MAX (4 << 20) /* largest B transposed into scratch, in floats (16 MiB) */
 
 struct mm_shape {
 	int64_t M, N, K;
 	int ta, tb, dt, used;
 	enum mm_engine chosen;
+	bool bt;                         /* auto: oneDNN on a transposed copy of B (see mm_run) */
 	double tuned_s[MM_ENGINE_COUNT]; /* auto: best time of each engine on this shape */
-	double flops, seconds;          /* all calls */
+	double tuned_bt_s;               /* auto: oneDNN with B transposed (copy included) */
+	double flops, seconds;           /* all calls */
 	int64_t calls;
 };
 
@@ -40,9 +43,10 @@ static int g_env_checked;
 static struct mm_shape g_shapes[MM_SHAPES];
 static double g_flops, g_seconds;
 static bool g_warned_bf16;
-/* Grow-only scratch for rounded operands (bf16 or bf16-valued floats). */
-static void *g_scr[2];
-static size_t g_scr_bytes[2];
+/* Grow-only scratch: rounded operands (bf16 or bf16-valued floats) in 0 and 1, a transposed
+ * B in 2. */
+static void *g_scr[3];
+static size_t g_scr_bytes[3];
 
 int mm_engine_parse(const char *name, enum mm_engine *out)
 {
@@ -134,6 +138,22 @@ static void *mm_round(int slot, const float *X, int64_t rows, int64_t cols, int6
 	return out;
 }
 
+/* B (K x N, leading dimension ldb) transposed into packed scratch (N x K), in 32 x 32 blocks. */
+static const float *mm_transpose_b(const float *B, int64_t K, int64_t N, int64_t ldb)
+{
+	float *bt = mm_scratch(2, (size_t)(K * N) * sizeof(float));
+	const int64_t T = 32;
+#pragma omp parallel for schedule(static)
+	for (int64_t n0 = 0; n0 < N; n0 += T)
+		for (int64_t k0 = 0; k0 < K; k0 += T) {
+			int64_t n1 = n0 + T < N ? n0 + T : N, k1 = k0 + T < K ? k0 + T : K;
+			for (int64_t n = n0; n < n1; n++)
+				for (int64_t k = k0; k < k1; k++)
+					bt[n * K + k] = B[k * ldb + n];
+		}
+	return bt;
+}
+
 /* bf16 twins: float buffers with a bf16 copy of the same layout (mm_bf16_twin_add). Read and
  * changed with g_lock held (mm_run runs under it). */
 #define MM_TWINS 64
@@ -181,8 +201,11 @@ static const uint16_t *mm_twin_of(const float *X, int64_t rows, int64_t cols, in
 }
 
 /* One call on one engine, the engine mutex held. bf16 operands: rounded here, or taken from
- * their bf16 twin (the same values: a twin holds the operand rounded once). */
-static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+ * their bf16 twin (the same values: a twin holds the operand rounded once). bt (fp32, oneDNN,
+ * B not transposed): B is copied transposed and oneDNN runs the B-transposed product, whose
+ * kernel is faster at some backward shapes (dx = dy W) by more than the copy costs; auto
+ * times it per shape (mm_tune). */
+static void mm_run(enum mm_engine e, bool bt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                    int64_t ldc)
 {
@@ -191,18 +214,21 @@ static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int
 		if (e == MM_ENGINE_ONEDNN) {
 			const uint16_t *ta16 = mm_twin_of(A, ar, ac, lda);
 			const uint16_t *tb16 = mm_twin_of(B, br, bc, ldb);
-			const void *a = ta16 ? (const void *)ta16 : mm_round(0, A, ar, ac, lda, true);
-			const void *b = tb16 ? (const void *)tb16 : mm_round(1, B, br, bc, ldb, true);
+			const void *a =
+			    ta16 ? (const void *)ta16 : mm_round(0, A, ar, ac, lda, true);
+			const void *b =
+			    tb16 ? (const void *)tb16 : mm_round(1, B, br, bc, ldb, true);
 			int rc = mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ta16 ? lda : ac, b,
 			                        tb16 ? ldb : bc, beta, C, ldc);
 			if (rc == 0)
 				return;
 			if (rc == -1 && !g_warned_bf16) {
 				g_warned_bf16 = true;
-				LOG_WARN("oneDNN cannot run bf16 matmuls on this CPU (%s): bf16 compute "
-				         "runs as bf16-rounded operands through fp32 kernels (same "
-				         "numerics, fp32 speed)",
-				         mm_onednn_isa());
+				LOG_WARN(
+				    "oneDNN cannot run bf16 matmuls on this CPU (%s): bf16 compute "
+				    "runs as bf16-rounded operands through fp32 kernels (same "
+				    "numerics, fp32 speed)",
+				    mm_onednn_isa());
 			}
 		}
 		A = mm_round(0, A, ar, ac, lda, false);
@@ -210,6 +236,10 @@ static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int
 		lda = ac;
 		ldb = bc;
 	}
+	if (e == MM_ENGINE_ONEDNN && bt && !tb && g_dtype == MM_F32 &&
+	    mm_onednn_gemm(MM_F32, ta, true, M, N, K, A, lda, mm_transpose_b(B, K, N, ldb), K, beta,
+	                   C, ldc) == 0)
+		return;
 	if (e == MM_ENGINE_ONEDNN &&
 	    mm_onednn_gemm(MM_F32, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
 		return;
@@ -217,30 +247,58 @@ static void mm_run(enum mm_engine e, bool ta, bool tb, int64_t M, int64_t N, int
 	            (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
 }
 
-/* auto: time both engines on this shape (into scratch output) and keep the faster. */
+/* auto: time the candidates on this shape (into scratch output) and keep the fastest: oneDNN,
+ * oneDNN on a transposed B (fp32 with B not transposed only; kept when >= 5% faster than plain
+ * oneDNN) and OpenBLAS (kept when >= 15% faster than the better oneDNN one), so that the
+ * choice is stable between runs. Candidate MM_ENGINE_COUNT stands for oneDNN with bt. */
 static void mm_tune(struct mm_shape *s, const float *A, int64_t lda, const float *B, int64_t ldb)
 {
 	int64_t M = s->M, N = s->N;
 	size_t bytes = (size_t)(M * N) * sizeof(float);
 	float *tmp = mem_alloc(MEM_OTHER, bytes);
-	for (int e = MM_ENGINE_ONEDNN; e < MM_ENGINE_COUNT; e++) {
-		s->tuned_s[e] = 1e30;
-		mm_run((enum mm_engine)e, s->ta, s->tb, M, N, s->K, A, lda, B, ldb, 0.0f, tmp, N);
+	bool try_bt = !s->tb && g_dtype == MM_F32 && s->K * N <= MM_BT_MAX;
+	int last = try_bt ? MM_ENGINE_COUNT : MM_ENGINE_COUNT - 1;
+	double best[MM_ENGINE_COUNT + 1];
+	for (int e = MM_ENGINE_ONEDNN; e <= last; e++) {
+		best[e] = 1e30;
+		bool bt = e == MM_ENGINE_COUNT;
+		mm_run(bt ? MM_ENGINE_ONEDNN : (enum mm_engine)e, bt, s->ta, s->tb, M, N, s->K, A,
+		       lda, B, ldb, 0.0f, tmp, N);
 	}
 	double budget = timer_now() + 0.2;
 	for (int r = 0; r < 5 && (r < 1 || timer_now() < budget); r++)
-		for (int e = MM_ENGINE_ONEDNN; e < MM_ENGINE_COUNT; e++) {
+		for (int e = MM_ENGINE_ONEDNN; e <= last; e++) {
+			bool bt = e == MM_ENGINE_COUNT;
 			double t = timer_now();
-			mm_run((enum mm_engine)e, s->ta, s->tb, M, N, s->K, A, lda, B, ldb, 0.0f, tmp,
-			       N);
+			mm_run(bt ? MM_ENGINE_ONEDNN : (enum mm_engine)e, bt, s->ta, s->tb, M, N,
+			       s->K, A, lda, B, ldb, 0.0f, tmp, N);
 			t = timer_now() - t;
-			if (t < s->tuned_s[e])
-				s->tuned_s[e] = t;
+			if (t < best[e])
+				best[e] = t;
 		}
 	mem_free(MEM_OTHER, tmp, bytes);
-	s->chosen = s->tuned_s[MM_ENGINE_OPENBLAS] * 1.15 < s->tuned_s[MM_ENGINE_ONEDNN]
-	                ? MM_ENGINE_OPENBLAS
-	                : MM_ENGINE_ONEDNN;
+	for (int e = MM_ENGINE_ONEDNN; e < MM_ENGINE_COUNT; e++)
+		s->tuned_s[e] = best[e];
+	s->tuned_bt_s = try_bt ? best[MM_ENGINE_COUNT] : 0;
+	s->bt = try_bt && best[MM_ENGINE_COUNT] * 1.05 < best[MM_ENGINE_ONEDNN];
+	double onednn = s->bt ? best[MM_ENGINE_COUNT] : best[MM_ENGINE_ONEDNN];
+	s->chosen =
+	    best[MM_ENGINE_OPENBLAS] * 1.15 < onednn ? MM_ENGINE_OPENBLAS : MM_ENGINE_ONEDNN;
+	if (s->chosen != MM_ENGINE_ONEDNN)
+		s->bt = false;
+	const char *force = getenv("CT_MATMUL_FORCE_BT"); /* tests: the bt path on every shape */
+	if (try_bt && force && strcmp(force, "1") == 0)
+		s->chosen = MM_ENGINE_ONEDNN, s->bt = true;
+}
+
+int mm_engine_bt_shapes(void)
+{
+	pthread_mutex_lock(&g_lock);
+	int n = 0;
+	for (int64_t i = 0; i < MM_SHAPES; i++)
+		n += g_shapes[i].used && g_shapes[i].bt;
+	pthread_mutex_unlock(&g_lock);
+	return n;
 }
 
 static struct mm_shape *mm_shape_find(bool ta, bool tb, int64_t M, int64_t N, int64_t K)
@@ -250,8 +308,14 @@ static struct mm_shape *mm_shape_find(bool ta, bool tb, int64_t M, int64_t N, in
 	for (int64_t i = 0; i < MM_SHAPES; i++) {
 		struct mm_shape *s = &g_shapes[(h + (uint64_t)i) % MM_SHAPES];
 		if (!s->used) {
-			*s = (struct mm_shape){.M = M, .N = N, .K = K, .ta = ta, .tb = tb,
-			                       .dt = g_dtype, .used = 1, .chosen = MM_ENGINE_COUNT};
+			*s = (struct mm_shape){.M = M,
+			                       .N = N,
+			                       .K = K,
+			                       .ta = ta,
+			                       .tb = tb,
+			                       .dt = g_dtype,
+			                       .used = 1,
+			                       .chosen = MM_ENGINE_COUNT};
 			return s;
 		}
 		if (s->M == M && s->N == N && s->K == K && s->ta == ta && s->tb == tb &&
@@ -276,6 +340,7 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
 		else
 			s->chosen = e == MM_ENGINE_AUTO ? MM_ENGINE_ONEDNN : e;
 	}
+	bool bt = e == MM_ENGINE_AUTO && s && s->bt;
 	if (e == MM_ENGINE_AUTO)
 		e = s ? s->chosen : MM_ENGINE_ONEDNN;
 	double t = timer_now();
@@ -284,7 +349,7 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
 			for (int64_t i = 0; i < M; i++)
 				memset(C + i * ldc, 0, (size_t)N * sizeof(float));
 	} else {
-		mm_run(e, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+		mm_run(e, bt, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 	}
 	t = timer_now() - t;
 	double fl = 2.0 * (double)M * (double)N * (double)K;
@@ -320,16 +385,21 @@ void mm_engine_log_summary(void)
 		if (!s->used || s->chosen == MM_ENGINE_COUNT || s->K <= 0)
 			continue;
 		double fl = 2.0 * (double)s->M * (double)s->N * (double)s->K;
-		char tuned[96] = "";
+		char tuned[128] = "", bt[48] = "";
+		if (g_engine == MM_ENGINE_AUTO && s->tuned_bt_s > 0)
+			snprintf(bt, sizeof(bt), ", onednn on B transposed %.1f",
+			         fl / s->tuned_bt_s / 1e9);
 		if (g_engine == MM_ENGINE_AUTO)
-			snprintf(tuned, sizeof(tuned), " (tuned: onednn %.1f, openblas %.1f GFLOP/s)",
-			         fl / s->tuned_s[MM_ENGINE_ONEDNN] / 1e9,
+			snprintf(tuned, sizeof(tuned),
+			         " (tuned: onednn %.1f%s, openblas %.1f GFLOP/s)",
+			         fl / s->tuned_s[MM_ENGINE_ONEDNN] / 1e9, bt,
 			         fl / s->tuned_s[MM_ENGINE_OPENBLAS] / 1e9);
-		LOG_INFO("  %c%c M=%lld N=%lld K=%lld %s: %s, %.1f GFLOP/s over %lld calls%s",
+		LOG_INFO("  %c%c M=%lld N=%lld K=%lld %s: %s%s, %.1f GFLOP/s over %lld calls%s",
 		         s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', (long long)s->M, (long long)s->N,
 		         (long long)s->K, s->dt == MM_BF16 ? "bf16" : "fp32",
-		         mm_engine_name(s->chosen), s->seconds > 0 ? s->flops / s->seconds / 1e9 : 0.0,
-		         (long long)s->calls, tuned);
+		         mm_engine_name(s->chosen), s->bt ? " on B transposed" : "",
+		         s->seconds > 0 ? s->flops / s->seconds / 1e9 : 0.0, (long long)s->calls,
+		         tuned);
 	}
 	pthread_mutex_unlock(&g_lock);
 }
@@ -387,8 +457,10 @@ __attribute__((constructor)) static void mm_openblas_guard(int argc, char **argv
 		return;
 	setenv("OPENBLAS_CORETYPE", want, 1);
 	setenv("CT_OPENBLAS_GUARD_DONE", core, 1); /* never loop; says what OpenBLAS picked */
-	fprintf(stderr, "ctitan: OpenBLAS chose its generic '%s' kernel on this CPU; restarting "
-	                "with OPENBLAS_CORETYPE=%s\n", core, want);
+	fprintf(stderr,
+	        "ctitan: OpenBLAS chose its generic '%s' kernel on this CPU; restarting "
+	        "with OPENBLAS_CORETYPE=%s\n",
+	        core, want);
 	execv("/proc/self/exe", argv);
 	/* exec failed: carry on with the generic kernel */
 	unsetenv("OPENBLAS_CORETYPE");

@@ -12,7 +12,11 @@
  *     product is exact in fp32, so the numerics are the same, only slower (warned once).
  *   - auto: the first call of each shape (transposes, M, N, K, dtype) times both engines on
  *     that shape and keeps the faster; oneDNN is kept unless OpenBLAS is >= 15% faster, so the
- *     choice is stable between runs. Use a forced engine for bitwise-reproducible reruns.
+ *     choice is stable between runs. For fp32 products whose B is not transposed (the
+ *     backward's dx = dy W and dW = dy^T x) it also times oneDNN on a transposed copy of B
+ *     (the forward's layout, whose kernel is up to ~25% faster at dx = dy W1 of the 125M
+ *     model, copy included; B up to 16 MiB) and keeps it when >= 5% faster. Use a forced
+ *     engine for bitwise-reproducible reruns.
  * The environment variable CT_MATMUL_ENGINE (auto | onednn | openblas) overrides the config
  * (tests use it to force each engine in turn).
  *
@@ -46,6 +50,10 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
  * gathered bucket). Remove it before w's buffer is freed or reused; at most 64 at once. */
 void mm_bf16_twin_add(const float *w, const uint16_t *w16, int64_t n);
 void mm_bf16_twin_remove(const float *w);
+
+/* Shapes auto runs as oneDNN on a transposed copy of B (for logs and tests; the environment
+ * variable CT_MATMUL_FORCE_BT=1 makes auto choose it wherever it applies, for tests). */
+int mm_engine_bt_shapes(void);
 
 /* FLOPs and seconds of every mm_gemm call so far (the engine's rate at the model's shapes). */
 void mm_engine_totals(double *flops, double *seconds);
