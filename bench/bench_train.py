@@ -3,6 +3,7 @@
 
   /usr/bin/python3 bench/bench_train.py [--ctitan build/ctitan] [--threads 2] [--steps 6]
                                        [--warmup 2] [--only debug|125m|125m-noac ...]
+                                       [--rounds 1]
 
 For each case (TorchTitan's debug model at seq 256 x batch 8, the 125M-class model at seq 512 x
 batch 4) it runs `ctitan train` and bench/torch_train.py as child processes, one at a time, and
@@ -10,7 +11,10 @@ prints tokens/s, MFU and peak RSS of both and the ratios. Peak RSS is the child'
 (os.wait4). The bf16 cases (training.mixed_precision_param = bfloat16) compare against PyTorch
 with torch.autocast("cpu", bfloat16). Every row names the CPU, the matmul engine and the ISA it
 ran on. MFU is against the theoretical peak ctitan derives from the CPU's features (fp32 for fp32
-rows, bf16 for bf16 rows).
+rows, bf16 for bf16 rows). With --rounds N the two sides alternate N times per case (ctitan,
+PyTorch, ctitan, ...), each round is printed, and the rows report each side's median round and
+the ratio of the medians, with the range of the per-round ratios: on a shared machine the
+speed drifts between runs minutes apart by more than the gaps being measured.
 """
 
 import argparse
@@ -70,7 +74,9 @@ def ctitan_engine(text):
                   r"([^)]*)\), OpenBLAS kernel (\S+);", text)
     if not m:
         return "?"
-    kept = set(re.findall(r"^\s+[NT][NT] M=.*?: (onednn|openblas),", text, re.M))
+    kept = set(re.findall(r"^\s+[NT][NT] M=.*?: (onednn|openblas)( on B transposed)?,", text,
+                          re.M))
+    kept = {e + ("-bt" if bt else "") for e, bt in kept}
     isa = m.group(4) if m.group(2) == "bf16" else m.group(3)
     return f"{m.group(1)}({'+'.join(sorted(kept)) or '-'}) {isa}; OpenBLAS {m.group(5)}"
 
@@ -131,6 +137,9 @@ def main():
                     help="run PyTorch with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (some "
                          "machines set them for old OpenBLAS builds; unset, OpenBLAS picks its "
                          "own kernel for this CPU)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="alternate ctitan and PyTorch this many times per case; the rows "
+                         "report each side's median round")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     torch_env = dict(env)
@@ -149,17 +158,30 @@ def main():
         if args.only and name not in args.only:
             continue
         peak = peaks[bool(case.get("bf16"))][0]
-        c = bench_ctitan(args.ctitan, case, args.steps, args.warmup, peak, env)
-        key = (case["flavor"], case["seq"], case["batch"], bool(case.get("bf16")))
-        if key not in torch_runs:  # one PyTorch run per shape
-            torch_runs[key] = bench_torch(case, args.steps, args.warmup, args.threads, peak,
-                                          torch_env)
-        t = torch_runs[key]
+        cs, ts = [], []
+        for rnd in range(args.rounds):
+            c = bench_ctitan(args.ctitan, case, args.steps, args.warmup, peak, env)
+            key = (case["flavor"], case["seq"], case["batch"], bool(case.get("bf16")), rnd)
+            if key not in torch_runs:  # one PyTorch run per shape and round
+                torch_runs[key] = bench_torch(case, args.steps, args.warmup, args.threads, peak,
+                                              torch_env)
+            t = torch_runs[key]
+            cs.append(c)
+            ts.append(t)
+            if args.rounds > 1:
+                print(f"  {name} round {rnd + 1}: ctitan {c['tps']:.0f}, PyTorch {t['tps']:.0f} "
+                      f"tokens/s, {c['tps'] / t['tps']:.2f}x (load {os.getloadavg()[0]:.2f})")
+                sys.stdout.flush()
+        c = sorted(cs, key=lambda r: r["tps"])[(len(cs) - 1) // 2]
+        t = sorted(ts, key=lambda r: r["tps"])[(len(ts) - 1) // 2]
         for r in (c, t):
             print(f"{name:<11}{r['impl']:<9}{r['tps']:>10.0f}{r['mfu']:>8.1f}"
                   f"{r['peak_rss_bytes'] / 2**30:>14.2f}{r['final_loss']:>12.4f}  {r['engine']}")
+        rounds = [a["tps"] / b["tps"] for a, b in zip(cs, ts)]
+        spread = (f"  (median of {len(cs)} rounds each; per-round ratios "
+                  f"{min(rounds):.2f}-{max(rounds):.2f}x)" if len(cs) > 1 else "")
         print(f"{name:<11}{'ratio':<9}{c['tps'] / t['tps']:>9.2f}x{'':>8}"
-              f"{c['peak_rss_bytes'] / t['peak_rss_bytes']:>13.2f}x")
+              f"{c['peak_rss_bytes'] / t['peak_rss_bytes']:>13.2f}x{spread}")
         sys.stdout.flush()
 
 
