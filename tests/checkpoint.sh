@@ -25,6 +25,19 @@ run "$tmp/b2.log" "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --jo
   --checkpoint.enable=true && grep -q "loaded step 3" "$tmp/b2.log"; check "resume loads step 3 (exit 0)" $?
 metric "$tmp/a/metrics.jsonl" 4 6 > "$tmp/a.l"; metric "$tmp/b/metrics.jsonl" 4 6 > "$tmp/b.l"
 same "$tmp/a.l" "$tmp/b.l"; check "resumed steps 4-6: loss and grad_norm bitwise equal the uninterrupted run" $?
+# killed right after step 3's checkpoint is committed (nothing else of step 3 done): step 3's
+# metrics record is there, so the resumed run (from step 3) continues a complete loss curve
+CT_TEST_KILL_AFTER_SAVE=3 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" \
+  --job.dump_folder="$tmp/k" --checkpoint.enable=true > "$tmp/k1.log" 2>&1
+rc=$?
+[ $rc -eq 137 ] && [ -f "$tmp/k/checkpoint/step-00000003/manifest.json" ] &&
+  metric "$tmp/k/metrics.jsonl" 3 3 > /dev/null
+check "killed right after the step-3 checkpoint (exit $rc): step 3's record is in metrics.jsonl" $?
+run "$tmp/k2.log" "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/k" \
+  --checkpoint.enable=true && grep -q "loaded step 3" "$tmp/k2.log" &&
+  metric "$tmp/a/metrics.jsonl" 1 6 > "$tmp/a16.l" && metric "$tmp/k/metrics.jsonl" 1 6 > "$tmp/k.l" &&
+  same "$tmp/a16.l" "$tmp/k.l"
+check "resumed from step 3: steps 1-6 all recorded, bitwise equal to the uninterrupted run" $?
 
 # generation from the checkpoint alone (it carries config.toml) equals generation via the config
 [ -f "$tmp/b/checkpoint/step-00000006/config.toml" ]; check "checkpoint carries its config" $?

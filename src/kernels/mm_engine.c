@@ -24,6 +24,9 @@ _Static_assert(sizeof(mm_engine_names) / sizeof(mm_engine_names[0]) == MM_ENGINE
 
 #define MM_SHAPES 256
 #define MM_BT_MAX (4 << 20) /* largest B transposed into scratch, in floats (16 MiB) */
+/* Smallest product that tries it: below a few ms the timing is too noisy to keep a choice
+ * stable between runs (a resumed run would then round differently from the run it resumes) */
+#define MM_BT_MIN_FLOPS 1e9
 
 struct mm_shape {
 	int64_t M, N, K;
@@ -248,15 +251,19 @@ static void mm_run(enum mm_engine e, bool bt, bool ta, bool tb, int64_t M, int64
 }
 
 /* auto: time the candidates on this shape (into scratch output) and keep the fastest: oneDNN,
- * oneDNN on a transposed B (fp32 with B not transposed only; kept when >= 5% faster than plain
- * oneDNN) and OpenBLAS (kept when >= 15% faster than the better oneDNN one), so that the
- * choice is stable between runs. Candidate MM_ENGINE_COUNT stands for oneDNN with bt. */
+ * oneDNN on a transposed B (fp32 products of >= 1 GFLOP with B not transposed only; kept when
+ * >= 10% faster than plain oneDNN) and OpenBLAS (kept when >= 15% faster than the better oneDNN
+ * one), so that the choice is stable between runs. Candidate MM_ENGINE_COUNT stands for oneDNN with
+ * bt. */
 static void mm_tune(struct mm_shape *s, const float *A, int64_t lda, const float *B, int64_t ldb)
 {
 	int64_t M = s->M, N = s->N;
 	size_t bytes = (size_t)(M * N) * sizeof(float);
 	float *tmp = mem_alloc(MEM_OTHER, bytes);
-	bool try_bt = !s->tb && g_dtype == MM_F32 && s->K * N <= MM_BT_MAX;
+	const char *force = getenv("CT_MATMUL_FORCE_BT"); /* tests: the bt path on every shape */
+	bool forced = force && strcmp(force, "1") == 0;
+	bool try_bt = !s->tb && g_dtype == MM_F32 && s->K * N <= MM_BT_MAX &&
+	              (forced || 2.0 * (double)M * (double)N * (double)s->K >= MM_BT_MIN_FLOPS);
 	int last = try_bt ? MM_ENGINE_COUNT : MM_ENGINE_COUNT - 1;
 	double best[MM_ENGINE_COUNT + 1];
 	for (int e = MM_ENGINE_ONEDNN; e <= last; e++) {
@@ -280,14 +287,13 @@ static void mm_tune(struct mm_shape *s, const float *A, int64_t lda, const float
 	for (int e = MM_ENGINE_ONEDNN; e < MM_ENGINE_COUNT; e++)
 		s->tuned_s[e] = best[e];
 	s->tuned_bt_s = try_bt ? best[MM_ENGINE_COUNT] : 0;
-	s->bt = try_bt && best[MM_ENGINE_COUNT] * 1.05 < best[MM_ENGINE_ONEDNN];
+	s->bt = try_bt && best[MM_ENGINE_COUNT] * 1.10 < best[MM_ENGINE_ONEDNN];
 	double onednn = s->bt ? best[MM_ENGINE_COUNT] : best[MM_ENGINE_ONEDNN];
 	s->chosen =
 	    best[MM_ENGINE_OPENBLAS] * 1.15 < onednn ? MM_ENGINE_OPENBLAS : MM_ENGINE_ONEDNN;
 	if (s->chosen != MM_ENGINE_ONEDNN)
 		s->bt = false;
-	const char *force = getenv("CT_MATMUL_FORCE_BT"); /* tests: the bt path on every shape */
-	if (try_bt && force && strcmp(force, "1") == 0)
+	if (try_bt && forced)
 		s->chosen = MM_ENGINE_ONEDNN, s->bt = true;
 }
 

@@ -15,8 +15,8 @@
  *     choice is stable between runs. For fp32 products whose B is not transposed (the
  *     backward's dx = dy W and dW = dy^T x) it also times oneDNN on a transposed copy of B
  *     (the forward's layout, whose kernel is up to ~25% faster at dx = dy W1 of the 125M
- *     model, copy included; B up to 16 MiB) and keeps it when >= 5% faster. Use a forced
- *     engine for bitwise-reproducible reruns.
+ *     model, copy included; products of >= 1 GFLOP, B up to 16 MiB) and keeps it when >= 10%
+ *     faster. Use a forced engine for bitwise-reproducible reruns.
  * The environment variable CT_MATMUL_ENGINE (auto | onednn | openblas) overrides the config
  * (tests use it to force each engine in turn).
  *

@@ -97,6 +97,15 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	    s->tflops, s->mfu, s->mfu_engine, s->data_s, s->comm_wait_s);
 	if (s->val_loss >= 0)
 		LOG_INFO("step: %5lld  validation loss: %8.4f", (long long)s->step, s->val_loss);
+	metrics_write_record(mt, s);
+}
+
+void metrics_write_record(struct metrics *mt, const struct step_metrics *s)
+{
+	const double gib = 1024.0 * 1024.0 * 1024.0;
+	int64_t rss_peak = mem_rss_peak_bytes(), machine = mem_machine_bytes();
+	double rss_gib = (double)rss_peak / gib;
+	double rss_pct = machine > 0 ? 100.0 * (double)rss_peak / (double)machine : 0.0;
 	if (!mt->jsonl)
 		return;
 	cJSON *o = cJSON_CreateObject();

@@ -42,6 +42,9 @@ void metrics_close(struct metrics *mt);
 void metrics_progress(const struct metrics *mt, int64_t step, int64_t total, double step_s);
 /* Fills tps/tflops/mfu from tokens and time, prints the console line, writes the record. */
 void metrics_log_step(struct metrics *mt, struct step_metrics *s);
+/* The step's metrics.jsonl record alone (no console line), e.g. again after a checkpoint save
+ * with its checkpoint_s: a step may have several records, and the last one counts. */
+void metrics_write_record(struct metrics *mt, const struct step_metrics *s);
 /* mkdir -p */
 int metrics_mkdirs(const char *path);
 

@@ -894,16 +894,29 @@ int trainer_run(const struct ct_config *cfg)
 				break;
 		}
 		bool stop = trainer_should_stop(&tr);
+		bool log = (step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps ||
+		           sm.val_loss >= 0;
 		sm.checkpoint_s = 0;
+		/* The step's record goes out before its checkpoint can be committed, so a job
+		 * killed after the commit (and resumed after this step) still has the record; a
+		 * save then writes the record again with its checkpoint_s (readers keep a step's
+		 * last). */
+		if (log)
+			metrics_log_step(&tr.metrics, &sm);
 		if (cfg->checkpoint.enable &&
 		    ((step + 1) % cfg->checkpoint.interval == 0 || step + 1 == steps || stop)) {
 			double t0 = timer_now();
 			rc = trainer_save(&tr, step + 1, &sm);
 			sm.checkpoint_s = timer_now() - t0;
+			/* tests: die between this step's committed checkpoint and anything after */
+			const char *kill_at = getenv("CT_TEST_KILL_AFTER_SAVE");
+			if (kill_at && atoll(kill_at) == step + 1) {
+				ckpt_async_wait(tr.ckpt_async);
+				raise(SIGKILL);
+			}
+			if (log)
+				metrics_write_record(&tr.metrics, &sm);
 		}
-		if ((step + 1) % cfg->metrics.log_freq == 0 || step + 1 == steps ||
-		    sm.val_loss >= 0)
-			metrics_log_step(&tr.metrics, &sm);
 		if (stop) {
 			LOG_INFO("stopping after step %lld on signal %d", (long long)step + 1,
 			         (int)trainer_signal);
