@@ -61,8 +61,9 @@ supervise() {
     "$bin" "${TRAIN[@]}" --job.dump_folder="$1" > "$1/job.log" 2>&1 &
   sup=$!
 }
-steps_done() { cat "$1/metrics.jsonl" 2>/dev/null | wc -l; }
-wait_steps() { # DIR N [SECONDS]: until metrics.jsonl has N lines
+# steps with a record in DIR's metrics.jsonl (a step saved to a checkpoint has two records)
+steps_done() { grep -o '"step": *[0-9]*' "$1/metrics.jsonl" 2>/dev/null | sort -u | wc -l; }
+wait_steps() { # DIR N [SECONDS]: until metrics.jsonl has records of N steps
   local n=0
   until [ "$(steps_done "$1")" -ge "$2" ] || [ $n -ge $((${3:-120} * 10)) ]; do
     sleep 0.1
