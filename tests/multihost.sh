@@ -54,9 +54,11 @@ check "2 hosts x 2 ranks (TCP) trains" $rc
 # 3. bitwise: every step's loss and gradient norm, every checkpoint file's checksum
 python3 - "$tmp/one" "$tmp/two" <<'PY'
 import json, sys, glob, os
-def steps(d):
-    return [(r["step"], repr(r["loss"]), repr(r["grad_norm"]))
-            for r in map(json.loads, open(os.path.join(d, "metrics.jsonl")))]
+def steps(d):  # a step's last record (a step saved to a checkpoint has two)
+    last = {}
+    for r in map(json.loads, open(os.path.join(d, "metrics.jsonl"))):
+        last[r["step"]] = (r["step"], repr(r["loss"]), repr(r["grad_norm"]))
+    return [last[s] for s in sorted(last)]
 def sums(d):
     out = {}
     for m in sorted(glob.glob(os.path.join(d, "checkpoint", "step-*", "manifest.json"))):
