@@ -165,15 +165,17 @@ static double *plan_float8(const struct ct_config *c, const struct param_table *
 		free(el);
 		cm->ag_unit_esz = esz;
 	}
-	snprintf(note, len,
-	         "float8 linears (%s): %.1f%% of a block's linear FLOPs in fp8, at %s; casts %.2f "
-	         "GB forward, %.2f GB backward per block and micro-batch (%.0f B per element); "
-	         "all-gather %s\n",
-	         c->float8.recipe_name, 100.0 * frac,
-	         fp8_peak > 0 ? "plan.fp8_peak_tflops"
-	                      : "the bf16 rate (emulated: no fp8 peak given)",
-	         PLAN_FP8_CAST_BYTES * cast_fwd / 1e9, PLAN_FP8_CAST_BYTES * cast_bwd / 1e9,
-	         PLAN_FP8_CAST_BYTES, esz ? "fp8 for float8 weights" : "in the param dtype");
+	int n = snprintf(
+	    note, len,
+	    "float8 linears (%s): %.1f%% of a block's linear FLOPs in fp8, at %s; casts %.2f "
+	    "GB forward, %.2f GB backward per block and micro-batch (%.0f B per element); "
+	    "all-gather %s\n",
+	    c->float8.recipe_name, 100.0 * frac,
+	    fp8_peak > 0 ? "plan.fp8_peak_tflops" : "the bf16 rate (emulated: no fp8 peak given)",
+	    PLAN_FP8_CAST_BYTES * cast_fwd / 1e9, PLAN_FP8_CAST_BYTES * cast_bwd / 1e9,
+	    PLAN_FP8_CAST_BYTES, esz ? "fp8 for float8 weights" : "in the param dtype");
+	if (n >= (int)len && len > 1) /* a long recipe name: the note is cut, still one line */
+		note[len - 2] = '\n';
 	fp8_linear_configure(false, r, "");
 	return esz;
 }
