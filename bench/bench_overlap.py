@@ -122,6 +122,13 @@ def one_link(a, gbps, env, tmp):
           f"the step (predicted comm {res[1]['pcomm']:.3f} s vs step {res[1]['pstep']:.3f} s)")
     print(f"auto vs best manual: {auto['step'] / best_manual:.3f}x the measured step (target "
           f"<= 1.0), {auto['pstep'] / min(r['pstep'] for r in res[1:3]):.3f}x predicted")
+    # paired: each round's auto against the better manual row of the same round (the rows of a
+    # round run minutes apart at most, so machine drift between rounds cancels)
+    paired = sorted(rounds[3][k]["step"] / min(rounds[1][k]["step"], rounds[2][k]["step"])
+                    for k in range(len(rounds[3])))
+    print(f"auto vs best manual, paired by round: median {paired[len(paired) // 2]:.3f}x, "
+          f"rounds {' '.join(f'{x:.3f}' for x in paired)}; auto's plan per round: "
+          f"{'; '.join(r['buckets'] for r in rounds[3])}")
     print(f"prediction error: worst {max(abs(r['pstep'] / r['step'] - 1) for r in res) * 100:.1f}% "
           f"(target 10%)")
     print(f"uptime: {os.popen('uptime').read().strip()}")

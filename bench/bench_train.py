@@ -3,7 +3,7 @@
 
   /usr/bin/python3 bench/bench_train.py [--ctitan build/ctitan] [--threads 2] [--steps 6]
                                        [--warmup 2] [--only debug|125m|125m-noac ...]
-                                       [--rounds 1]
+                                       [--rounds 1] [--own-blas-kernel]
 
 For each case (TorchTitan's debug model at seq 256 x batch 8, the 125M-class model at seq 512 x
 batch 4) it runs `ctitan train` and bench/torch_train.py as child processes, one at a time, and
@@ -137,11 +137,17 @@ def main():
                     help="run PyTorch with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (some "
                          "machines set them for old OpenBLAS builds; unset, OpenBLAS picks its "
                          "own kernel for this CPU)")
+    ap.add_argument("--own-blas-kernel", action="store_true",
+                    help="the same for both sides: ctitan's OpenBLAS engine (one of auto's "
+                         "candidates) then runs OpenBLAS's own kernel choice too, like for like")
     ap.add_argument("--rounds", type=int, default=1,
                     help="alternate ctitan and PyTorch this many times per case; the rows "
                          "report each side's median round")
     args = ap.parse_args()
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+    if args.own_blas_kernel:
+        for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+            env.pop(k, None)
     torch_env = dict(env)
     if args.torch_own_blas_kernel:
         torch_env.pop("OPENBLAS_CORETYPE", None)
