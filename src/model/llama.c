@@ -306,6 +306,12 @@ void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
 }
 
 /* Rotation angles t*f_i with Llama 3.1 frequency scaling as an option. */
+int64_t llama_ce_chunk(int64_t V, int64_t N)
+{
+	int64_t rows = LLAMA_CE_CHUNK_BYTES / (4 * V);
+	return rows < 1 ? 1 : (rows > N ? N : rows);
+}
+
 void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab)
 {
 	int64_t half = c->head_dim / 2;
@@ -541,9 +547,7 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 		          m->unit_hi, L + 2);
 		return CT_ERR_USAGE;
 	}
-	/* Logit chunk: ~4 MiB of scratch, at least one row. */
-	m->ce_chunk = (4 << 20) / (4 * local_dims(m).V);
-	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);
+	m->ce_chunk = llama_ce_chunk(local_dims(m).V, m->N);
 
 	m->unit_w = xcalloc((size_t)m->table.n_units, sizeof(float *));
 	m->unit_dw = xcalloc((size_t)m->table.n_units, sizeof(float *));
