@@ -305,13 +305,13 @@ void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
 	m->unit_dw[u] = grads;
 }
 
-/* Rotation angles t*f_i with Llama 3.1 frequency scaling as an option. */
 int64_t llama_ce_chunk(int64_t V, int64_t N)
 {
 	int64_t rows = LLAMA_CE_CHUNK_BYTES / (4 * V);
 	return rows < 1 ? 1 : (rows > N ? N : rows);
 }
 
+/* Rotation angles t*f_i with Llama 3.1 frequency scaling as an option. */
 void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab)
 {
 	int64_t half = c->head_dim / 2;
