@@ -186,6 +186,94 @@ TEST_CASE(test_transposed_b)
 	unsetenv("CT_MATMUL_FORCE_BT");
 }
 
+/* oneDNN's second implementation (kernels/mm_onednn.c): it is another implementation than
+ * the first (by oneDNN's name), even once a primitive of the first exists (oneDNN 2.6's
+ * iterator then lists the first twice); and auto forced onto it (CT_MATMUL_FORCE_IMPL=1) gives
+ * the float64 product within the fp32 bound for NT, NN and TN products, beta 0 and 1, on
+ * every shape where oneDNN offers a second implementation. A CPU where oneDNN offers one
+ * implementation only checks the fallback. */
+TEST_CASE(test_second_impl)
+{
+	int64_t M = 48, N = 40, K = 56;
+	float *A = malloc((size_t)(M * K) * 4), *B = malloc((size_t)(K * N) * 4),
+	      *C = malloc((size_t)(M * N) * 4);
+	test_fill_f32(A, M * K, -1, 1);
+	test_fill_f32(B, K * N, -1, 1);
+	mm_engine_configure(MM_ENGINE_ONEDNN, MM_F32);
+	char first[48];
+	EXPECT(mm_onednn_gemm(MM_F32, 0, false, false, M, N, K, A, K, B, N, 0.0f, C, N) == 0,
+	       "oneDNN runs an fp32 matmul");
+	snprintf(first, sizeof(first), "%s", mm_onednn_last_impl());
+	bool has_second =
+	    mm_onednn_gemm(MM_F32, 1, false, false, M, N, K, A, K, B, N, 0.0f, C, N) == 0;
+	if (has_second)
+		EXPECT(strcmp(first, mm_onednn_last_impl()) != 0,
+		       "oneDNN's second implementation is its first again (%s)", first);
+	fprintf(stderr, "  oneDNN implementations here: %s, then %s\n", first,
+	        has_second ? mm_onednn_last_impl() : "none");
+	free(A), free(B), free(C);
+
+	setenv("CT_MATMUL_FORCE_IMPL", "1", 1);
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+	int before = mm_engine_alt_impl_shapes(), offered = 0;
+	static const int64_t shapes[][3] = {{43, 69, 47}, {35, 37, 99}};
+	for (int si = 0; si < 2; si++)
+		for (int t = 0; t < 3; t++) /* NT, NN, TN */
+			for (int beta = 0; beta < 2; beta++) {
+				bool ta = t == 2, tb = t == 0;
+				int64_t m = shapes[si][0] + t, n = shapes[si][1], k = shapes[si][2];
+				/* dense operands: given a strided one, oneDNN 2.6 takes gemm:jit
+				 * first and offers no second */
+				int64_t lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+				float *a = malloc((size_t)((ta ? k : m) * lda) * 4),
+				      *b = malloc((size_t)((tb ? n : k) * ldb) * 4);
+				float *c = malloc((size_t)(m * ldc) * 4),
+				      *c0 = malloc((size_t)(m * ldc) * 4);
+				test_fill_f32(a, (ta ? k : m) * lda, -1, 1);
+				test_fill_f32(b, (tb ? n : k) * ldb, -1, 1);
+				test_fill_f32(c0, m * ldc, -1, 1);
+				memcpy(c, c0, (size_t)(m * ldc) * 4);
+				if (beta == 0) /* does oneDNN offer a second implementation here? */
+					offered += mm_onednn_gemm(MM_F32, 1, ta, tb, m, n, k, a,
+					                          lda, b, ldb, 0.0f, c, ldc) == 0;
+				memcpy(c, c0, (size_t)(m * ldc) * 4);
+				mm_gemm(ta, tb, m, n, k, a, lda, b, ldb, (float)beta, c, ldc);
+				double worst = 0;
+				for (int64_t i = 0; i < m; i++)
+					for (int64_t j = 0; j < n; j++) {
+						double r = beta * (double)c0[i * ldc + j],
+						       sa = fabs(r);
+						for (int64_t q = 0; q < k; q++) {
+							double p =
+							    (double)(ta ? a[q * lda + i]
+							                : a[i * lda + q]) *
+							    (tb ? b[j * ldb + q] : b[q * ldb + j]);
+							r += p, sa += fabs(p);
+						}
+						double e = fabs(c[i * ldc + j] - r) /
+						           ((double)(k + 2) * 0x1p-23 * sa);
+						worst = e > worst ? e : worst;
+					}
+				EXPECT(worst <= 1.0,
+				       "%c%c %lldx%lldx%lld beta %d on oneDNN's second "
+				       "implementation: error %.2f x the bound",
+				       ta ? 'T' : 'N', tb ? 'T' : 'N', (long long)m, (long long)n,
+				       (long long)k, beta, worst);
+				free(a), free(b), free(c), free(c0);
+			}
+	int alt = mm_engine_alt_impl_shapes() - before;
+	/* a shape is tuned once: beta 0 and 1 of a product share it */
+	EXPECT(alt == offered, "%d shapes ran on oneDNN's second implementation, %d offer one", alt,
+	       offered);
+	EXPECT(!has_second || offered > 0,
+	       "oneDNN offered a second implementation at %lldx%lldx%lld "
+	       "but at none of the test's shapes",
+	       (long long)M, (long long)N, (long long)K);
+	fprintf(stderr, "  %d of 6 shapes ran on oneDNN's second implementation\n", alt);
+	unsetenv("CT_MATMUL_FORCE_IMPL");
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+}
+
 TEST_CASE(test_parse)
 {
 	enum mm_engine e;
@@ -232,5 +320,6 @@ int main(void)
 	RUN(test_engines_against_reference);
 	RUN(test_bf16_twin);
 	RUN(test_transposed_b);
+	RUN(test_second_impl);
 	return test_summary();
 }

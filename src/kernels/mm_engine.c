@@ -33,8 +33,11 @@ struct mm_shape {
 	int ta, tb, dt, used;
 	enum mm_engine chosen;
 	bool bt;                         /* auto: oneDNN on a transposed copy of B (see mm_run) */
+	int impl;                        /* auto: oneDNN's implementation (mm_onednn.c), 0 or 1 */
 	double tuned_s[MM_ENGINE_COUNT]; /* auto: best time of each engine on this shape */
 	double tuned_bt_s;               /* auto: oneDNN with B transposed (copy included) */
+	double tuned_alt_s;              /* auto: oneDNN's second implementation; 0: none */
+	char impl_name[2][24];           /* auto: oneDNN's names of implementations 0 and 1 */
 	double flops, seconds;           /* all calls */
 	int64_t calls;
 };
@@ -206,11 +209,13 @@ static const uint16_t *mm_twin_of(const float *X, int64_t rows, int64_t cols, in
 /* One call on one engine, the engine mutex held. bf16 operands: rounded here, or taken from
  * their bf16 twin (the same values: a twin holds the operand rounded once). bt (fp32, oneDNN,
  * B not transposed): B is copied transposed and oneDNN runs the B-transposed product, whose
- * kernel is faster at some backward shapes (dx = dy W) by more than the copy costs; auto
- * times it per shape (mm_tune). */
-static void mm_run(enum mm_engine e, bool bt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                   const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
-                   int64_t ldc)
+ * kernel is faster at some backward shapes (dx = dy W) by more than the copy costs; impl:
+ * oneDNN's implementation (0: its own first choice, 1: the next one, mm_onednn.c). Auto times
+ * both per shape (mm_tune). Returns false when the oneDNN variant asked for could not run here
+ * and another path computed the product (the same result, up to rounding). */
+static bool mm_run(enum mm_engine e, bool bt, int impl, bool ta, bool tb, int64_t M, int64_t N,
+                   int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                   float *C, int64_t ldc)
 {
 	int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
 	if (g_dtype == MM_BF16) {
@@ -221,10 +226,14 @@ static void mm_run(enum mm_engine e, bool bt, bool ta, bool tb, int64_t M, int64
 			    ta16 ? (const void *)ta16 : mm_round(0, A, ar, ac, lda, true);
 			const void *b =
 			    tb16 ? (const void *)tb16 : mm_round(1, B, br, bc, ldb, true);
-			int rc = mm_onednn_gemm(MM_BF16, ta, tb, M, N, K, a, ta16 ? lda : ac, b,
-			                        tb16 ? ldb : bc, beta, C, ldc);
+			int64_t la = ta16 ? lda : ac, lb = tb16 ? ldb : bc;
+			if (impl > 0 && mm_onednn_gemm(MM_BF16, impl, ta, tb, M, N, K, a, la, b, lb,
+			                               beta, C, ldc) == 0)
+				return true;
+			int rc =
+			    mm_onednn_gemm(MM_BF16, 0, ta, tb, M, N, K, a, la, b, lb, beta, C, ldc);
 			if (rc == 0)
-				return;
+				return impl == 0;
 			if (rc == -1 && !g_warned_bf16) {
 				g_warned_bf16 = true;
 				LOG_WARN(
@@ -240,61 +249,95 @@ static void mm_run(enum mm_engine e, bool bt, bool ta, bool tb, int64_t M, int64
 		ldb = bc;
 	}
 	if (e == MM_ENGINE_ONEDNN && bt && !tb && g_dtype == MM_F32 &&
-	    mm_onednn_gemm(MM_F32, ta, true, M, N, K, A, lda, mm_transpose_b(B, K, N, ldb), K, beta,
-	                   C, ldc) == 0)
-		return;
+	    mm_onednn_gemm(MM_F32, 0, ta, true, M, N, K, A, lda, mm_transpose_b(B, K, N, ldb), K,
+	                   beta, C, ldc) == 0)
+		return true;
+	if (e == MM_ENGINE_ONEDNN && impl > 0 &&
+	    mm_onednn_gemm(MM_F32, impl, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+		return true;
 	if (e == MM_ENGINE_ONEDNN &&
-	    mm_onednn_gemm(MM_F32, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
-		return;
+	    mm_onednn_gemm(MM_F32, 0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+		return !bt && impl == 0;
 	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
 	            (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+	return e == MM_ENGINE_OPENBLAS;
 }
 
-/* auto: time the candidates on this shape (into scratch output) and keep the fastest: oneDNN,
- * oneDNN on a transposed B (fp32 products of >= 1 GFLOP with B not transposed only; kept when
- * >= 10% faster than plain oneDNN) and OpenBLAS (kept when >= 15% faster than the better oneDNN
- * one), so that the choice is stable between runs. Candidate MM_ENGINE_COUNT stands for oneDNN with
- * bt. */
+/* auto's candidates on a shape: oneDNN's first and second implementation, oneDNN on a
+ * transposed B, OpenBLAS. */
+enum { CAND_ONEDNN, CAND_ONEDNN_ALT, CAND_ONEDNN_BT, CAND_OPENBLAS, CAND_COUNT };
+
+static bool mm_cand_run(int c, const struct mm_shape *s, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float *out)
+{
+	return mm_run(c == CAND_OPENBLAS ? MM_ENGINE_OPENBLAS : MM_ENGINE_ONEDNN,
+	              c == CAND_ONEDNN_BT, c == CAND_ONEDNN_ALT, s->ta, s->tb, s->M, s->N, s->K, A,
+	              lda, B, ldb, 0.0f, out, s->N);
+}
+
+static bool mm_env_is(const char *name)
+{
+	const char *v = getenv(name);
+	return v && strcmp(v, "1") == 0;
+}
+
+/* auto: time the candidates on this shape (into scratch output) and keep the fastest. oneDNN's
+ * second implementation and oneDNN on a transposed B (fp32 products of >= 1 GFLOP with B not
+ * transposed only) are kept when >= 10% faster than oneDNN's first choice, and OpenBLAS when
+ * >= 15% faster than the best oneDNN variant, so that the choice is stable between runs. */
 static void mm_tune(struct mm_shape *s, const float *A, int64_t lda, const float *B, int64_t ldb)
 {
 	int64_t M = s->M, N = s->N;
 	size_t bytes = (size_t)(M * N) * sizeof(float);
 	float *tmp = mem_alloc(MEM_OTHER, bytes);
-	const char *force = getenv("CT_MATMUL_FORCE_BT"); /* tests: the bt path on every shape */
-	bool forced = force && strcmp(force, "1") == 0;
-	bool try_bt = !s->tb && g_dtype == MM_F32 && s->K * N <= MM_BT_MAX &&
-	              (forced || 2.0 * (double)M * (double)N * (double)s->K >= MM_BT_MIN_FLOPS);
-	int last = try_bt ? MM_ENGINE_COUNT : MM_ENGINE_COUNT - 1;
-	double best[MM_ENGINE_COUNT + 1];
-	for (int e = MM_ENGINE_ONEDNN; e <= last; e++) {
-		best[e] = 1e30;
-		bool bt = e == MM_ENGINE_COUNT;
-		mm_run(bt ? MM_ENGINE_ONEDNN : (enum mm_engine)e, bt, s->ta, s->tb, M, N, s->K, A,
-		       lda, B, ldb, 0.0f, tmp, N);
+	/* tests: the bt path, or oneDNN's second implementation, on every shape that has it */
+	bool force_bt = mm_env_is("CT_MATMUL_FORCE_BT"),
+	     force_alt = mm_env_is("CT_MATMUL_FORCE_IMPL");
+	bool on[CAND_COUNT] = {true, true, false, true};
+	on[CAND_ONEDNN_BT] =
+	    !s->tb && g_dtype == MM_F32 && s->K * N <= MM_BT_MAX &&
+	    (force_bt || 2.0 * (double)M * (double)N * (double)s->K >= MM_BT_MIN_FLOPS);
+	double best[CAND_COUNT];
+	for (int c = 0; c < CAND_COUNT; c++) {
+		best[c] = 1e30;
+		if (!on[c])
+			continue;
+		bool ran = mm_cand_run(c, s, A, lda, B, ldb, tmp); /* builds the primitive */
+		if (c <= CAND_ONEDNN_ALT && ran)
+			snprintf(s->impl_name[c], sizeof(s->impl_name[c]), "%s",
+			         mm_onednn_last_impl());
+		if (c == CAND_ONEDNN_ALT)
+			on[c] = ran; /* oneDNN offers one implementation only */
 	}
 	double budget = timer_now() + 0.2;
 	for (int r = 0; r < 5 && (r < 1 || timer_now() < budget); r++)
-		for (int e = MM_ENGINE_ONEDNN; e <= last; e++) {
-			bool bt = e == MM_ENGINE_COUNT;
+		for (int c = 0; c < CAND_COUNT; c++) {
+			if (!on[c])
+				continue;
 			double t = timer_now();
-			mm_run(bt ? MM_ENGINE_ONEDNN : (enum mm_engine)e, bt, s->ta, s->tb, M, N,
-			       s->K, A, lda, B, ldb, 0.0f, tmp, N);
+			mm_cand_run(c, s, A, lda, B, ldb, tmp);
 			t = timer_now() - t;
-			if (t < best[e])
-				best[e] = t;
+			if (t < best[c])
+				best[c] = t;
 		}
 	mem_free(MEM_OTHER, tmp, bytes);
-	for (int e = MM_ENGINE_ONEDNN; e < MM_ENGINE_COUNT; e++)
-		s->tuned_s[e] = best[e];
-	s->tuned_bt_s = try_bt ? best[MM_ENGINE_COUNT] : 0;
-	s->bt = try_bt && best[MM_ENGINE_COUNT] * 1.10 < best[MM_ENGINE_ONEDNN];
-	double onednn = s->bt ? best[MM_ENGINE_COUNT] : best[MM_ENGINE_ONEDNN];
-	s->chosen =
-	    best[MM_ENGINE_OPENBLAS] * 1.15 < onednn ? MM_ENGINE_OPENBLAS : MM_ENGINE_ONEDNN;
+	s->tuned_s[MM_ENGINE_ONEDNN] = best[CAND_ONEDNN];
+	s->tuned_s[MM_ENGINE_OPENBLAS] = best[CAND_OPENBLAS];
+	s->tuned_bt_s = on[CAND_ONEDNN_BT] ? best[CAND_ONEDNN_BT] : 0;
+	s->tuned_alt_s = on[CAND_ONEDNN_ALT] ? best[CAND_ONEDNN_ALT] : 0;
+	int pick = CAND_ONEDNN;
+	for (int c = CAND_ONEDNN_ALT; c <= CAND_ONEDNN_BT; c++)
+		if (on[c] && best[c] * 1.10 < best[CAND_ONEDNN] && best[c] < best[pick])
+			pick = c;
+	s->bt = pick == CAND_ONEDNN_BT;
+	s->impl = pick == CAND_ONEDNN_ALT;
+	s->chosen = best[CAND_OPENBLAS] * 1.15 < best[pick] ? MM_ENGINE_OPENBLAS : MM_ENGINE_ONEDNN;
 	if (s->chosen != MM_ENGINE_ONEDNN)
-		s->bt = false;
-	if (try_bt && forced)
-		s->chosen = MM_ENGINE_ONEDNN, s->bt = true;
+		s->bt = false, s->impl = 0;
+	if (on[CAND_ONEDNN_BT] && force_bt)
+		s->chosen = MM_ENGINE_ONEDNN, s->bt = true, s->impl = 0;
+	if (on[CAND_ONEDNN_ALT] && force_alt)
+		s->chosen = MM_ENGINE_ONEDNN, s->bt = false, s->impl = 1;
 }
 
 int mm_engine_bt_shapes(void)
@@ -303,6 +346,16 @@ int mm_engine_bt_shapes(void)
 	int n = 0;
 	for (int64_t i = 0; i < MM_SHAPES; i++)
 		n += g_shapes[i].used && g_shapes[i].bt;
+	pthread_mutex_unlock(&g_lock);
+	return n;
+}
+
+int mm_engine_alt_impl_shapes(void)
+{
+	pthread_mutex_lock(&g_lock);
+	int n = 0;
+	for (int64_t i = 0; i < MM_SHAPES; i++)
+		n += g_shapes[i].used && g_shapes[i].impl > 0;
 	pthread_mutex_unlock(&g_lock);
 	return n;
 }
@@ -347,6 +400,7 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
 			s->chosen = e == MM_ENGINE_AUTO ? MM_ENGINE_ONEDNN : e;
 	}
 	bool bt = e == MM_ENGINE_AUTO && s && s->bt;
+	int impl = e == MM_ENGINE_AUTO && s ? s->impl : 0;
 	if (e == MM_ENGINE_AUTO)
 		e = s ? s->chosen : MM_ENGINE_ONEDNN;
 	double t = timer_now();
@@ -355,7 +409,7 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
 			for (int64_t i = 0; i < M; i++)
 				memset(C + i * ldc, 0, (size_t)N * sizeof(float));
 	} else {
-		mm_run(e, bt, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+		mm_run(e, bt, impl, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 	}
 	t = timer_now() - t;
 	double fl = 2.0 * (double)M * (double)N * (double)K;
@@ -391,19 +445,26 @@ void mm_engine_log_summary(void)
 		if (!s->used || s->chosen == MM_ENGINE_COUNT || s->K <= 0)
 			continue;
 		double fl = 2.0 * (double)s->M * (double)s->N * (double)s->K;
-		char tuned[128] = "", bt[48] = "";
+		char tuned[192] = "", bt[48] = "", alt[64] = "", chosen[48];
 		if (g_engine == MM_ENGINE_AUTO && s->tuned_bt_s > 0)
-			snprintf(bt, sizeof(bt), ", onednn on B transposed %.1f",
+			snprintf(bt, sizeof(bt), ", on B transposed %.1f",
 			         fl / s->tuned_bt_s / 1e9);
+		if (g_engine == MM_ENGINE_AUTO && s->tuned_alt_s > 0)
+			snprintf(alt, sizeof(alt), ", %s %.1f", s->impl_name[1],
+			         fl / s->tuned_alt_s / 1e9);
 		if (g_engine == MM_ENGINE_AUTO)
 			snprintf(tuned, sizeof(tuned),
-			         " (tuned: onednn %.1f%s, openblas %.1f GFLOP/s)",
-			         fl / s->tuned_s[MM_ENGINE_ONEDNN] / 1e9, bt,
+			         " (tuned: onednn %s %.1f%s%s, openblas %.1f GFLOP/s)",
+			         s->impl_name[0], fl / s->tuned_s[MM_ENGINE_ONEDNN] / 1e9, alt, bt,
 			         fl / s->tuned_s[MM_ENGINE_OPENBLAS] / 1e9);
-		LOG_INFO("  %c%c M=%lld N=%lld K=%lld %s: %s%s, %.1f GFLOP/s over %lld calls%s",
+		snprintf(chosen, sizeof(chosen), "%s%s%s", mm_engine_name(s->chosen),
+		         s->impl > 0 ? " "
+		         : s->bt     ? " on B transposed"
+		                     : "",
+		         s->impl > 0 ? s->impl_name[1] : "");
+		LOG_INFO("  %c%c M=%lld N=%lld K=%lld %s: %s, %.1f GFLOP/s over %lld calls%s",
 		         s->ta ? 'T' : 'N', s->tb ? 'T' : 'N', (long long)s->M, (long long)s->N,
-		         (long long)s->K, s->dt == MM_BF16 ? "bf16" : "fp32",
-		         mm_engine_name(s->chosen), s->bt ? " on B transposed" : "",
+		         (long long)s->K, s->dt == MM_BF16 ? "bf16" : "fp32", chosen,
 		         s->seconds > 0 ? s->flops / s->seconds / 1e9 : 0.0, (long long)s->calls,
 		         tuned);
 	}

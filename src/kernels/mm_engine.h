@@ -16,7 +16,11 @@
  *     backward's dx = dy W and dW = dy^T x) it also times oneDNN on a transposed copy of B
  *     (the forward's layout, whose kernel is up to ~25% faster at dx = dy W1 of the 125M
  *     model, copy included; products of >= 1 GFLOP, B up to 16 MiB) and keeps it when >= 10%
- *     faster. Use a forced engine for bitwise-reproducible reruns.
+ *     faster. It also times oneDNN's second implementation of the product (oneDNN 2.6 on
+ *     AVX-512 prefers its brgemm matmul; its jit sgemm, next in line, is 10-30% faster at
+ *     several backward shapes of the 125M model here) and keeps it when >= 10% faster than
+ *     oneDNN's first choice. Use a forced engine (always oneDNN's first choice) for
+ *     bitwise-reproducible reruns.
  * The environment variable CT_MATMUL_ENGINE (auto | onednn | openblas) overrides the config
  * (tests use it to force each engine in turn).
  *
@@ -54,6 +58,9 @@ void mm_bf16_twin_remove(const float *w);
 /* Shapes auto runs as oneDNN on a transposed copy of B (for logs and tests; the environment
  * variable CT_MATMUL_FORCE_BT=1 makes auto choose it wherever it applies, for tests). */
 int mm_engine_bt_shapes(void);
+/* Shapes auto runs on oneDNN's second implementation (CT_MATMUL_FORCE_IMPL=1 makes auto choose
+ * it wherever oneDNN offers one, for tests). */
+int mm_engine_alt_impl_shapes(void);
 
 /* FLOPs and seconds of every mm_gemm call so far (the engine's rate at the model's shapes). */
 void mm_engine_totals(double *flops, double *seconds);
@@ -63,6 +70,8 @@ void mm_engine_log_summary(void);
  * its implementation name ("brg:avx512_core_amx") or "none (bf16-rounded fp32)". */
 const char *mm_onednn_isa(void);
 const char *mm_onednn_bf16_impl(void);
+/* oneDNN's name of the implementation the last mm_onednn_gemm call ran ("gemm:jit", ...). */
+const char *mm_onednn_last_impl(void);
 /* The OpenBLAS kernel in use ("Haswell", "Cooperlake", ...). */
 const char *mm_openblas_core(void);
 /* The CPU-table guard's decision (run before main, see mm_engine.c): the kernel to force when
@@ -70,10 +79,12 @@ const char *mm_openblas_core(void);
 struct cpu_info;
 const char *mm_openblas_wanted_core(const struct cpu_info *c, const char *current);
 
-/* Lower level, for the engine layer and its tests. Return 0; -1 when oneDNN cannot run this
- * dtype here, -2 when its primitive cache is full (the caller falls back to OpenBLAS). A and B
- * must already be bf16 for MM_BF16. */
-int mm_onednn_gemm(enum mm_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+/* Lower level, for the engine layer and its tests. impl: 0 for oneDNN's own first choice of
+ * implementation, k >= 1 for the k-th other non-reference one it offers. Return 0; -1 when
+ * oneDNN cannot run this dtype (or has no such implementation) here, -2 when its primitive
+ * cache is full (the caller falls back to OpenBLAS). A and B must already be bf16 for
+ * MM_BF16. */
+int mm_onednn_gemm(enum mm_dtype dt, int impl, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                    const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
                    int64_t ldc);
 
