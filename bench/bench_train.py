@@ -74,9 +74,12 @@ def ctitan_engine(text):
                   r"([^)]*)\), OpenBLAS kernel (\S+);", text)
     if not m:
         return "?"
-    kept = set(re.findall(r"^\s+[NT][NT] M=.*?: (onednn|openblas)( on B transposed)?,", text,
-                          re.M))
-    kept = {e + ("-bt" if bt else "") for e, bt in kept}
+    # "onednn", "onednn on B transposed" (-bt), "onednn gemm:jit" (oneDNN's second
+    # implementation), "openblas"
+    kept = set(re.findall(r"^\s+[NT][NT] M=.*?: (onednn|openblas)( on B transposed| [^ ,]+)?,",
+                          text, re.M))
+    kept = {e + ("-bt" if v == " on B transposed" else "-" + v.strip() if v else "")
+            for e, v in kept}
     isa = m.group(4) if m.group(2) == "bf16" else m.group(3)
     return f"{m.group(1)}({'+'.join(sorted(kept)) or '-'}) {isa}; OpenBLAS {m.group(5)}"
 
