@@ -43,7 +43,9 @@ float fp8_scale_from_amax(double amax, enum fp8_fmt f, bool pow2)
 float fp8_amax(const float *x, int64_t n)
 {
 	float m = 0.0f;
-#pragma omp parallel for simd reduction(max : m) schedule(static)
+	/* no `simd`: clang cannot vectorise this reduction as asked and warns
+	 * (-Wpass-failed); the loop is memory-bound */
+#pragma omp parallel for reduction(max : m) schedule(static)
 	for (int64_t i = 0; i < n; i++)
 		m = fmaxf(m, fabsf(x[i]));
 	return m;
