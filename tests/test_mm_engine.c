@@ -135,6 +135,28 @@ TEST_CASE(test_bf16_twin)
 	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
 }
 
+/* max over C's elements of |C - ref| / bound, ref = beta C0 + op(A) op(B) in float64 (op(X) =
+ * X^T when tX; row-major, leading dimensions lda, ldb, ldc for C and C0) and bound the fp32
+ * accumulation bound (K + 2) 2^-23 sum |terms|. */
+static double worst_vs_f64(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, int beta, const float *C0,
+                           const float *C, int64_t ldc)
+{
+	double worst = 0;
+	for (int64_t i = 0; i < M; i++)
+		for (int64_t j = 0; j < N; j++) {
+			double r = beta * (double)C0[i * ldc + j], sa = fabs(r);
+			for (int64_t k = 0; k < K; k++) {
+				double p = (double)(ta ? A[k * lda + i] : A[i * lda + k]) *
+				           (tb ? B[j * ldb + k] : B[k * ldb + j]);
+				r += p, sa += fabs(p);
+			}
+			double e = fabs(C[i * ldc + j] - r) / ((double)(K + 2) * 0x1p-23 * sa);
+			worst = e > worst ? e : worst;
+		}
+	return worst;
+}
+
 /* auto on a transposed copy of B (CT_MATMUL_FORCE_BT=1 makes auto take it wherever it applies):
  * NN and TN products with a strided B (leading dimension N + 5), beta 0 and 1, against the
  * float64 product with the fp32 bound; the shapes are new to the engine, so they are tuned
@@ -159,21 +181,8 @@ TEST_CASE(test_transposed_b)
 				test_fill_f32(C0, M * N, -1, 1);
 				memcpy(C, C0, (size_t)(M * N) * 4);
 				mm_gemm(ta, false, M, N, K, A, lda, B, ldb, (float)beta, C, N);
-				double worst = 0;
-				for (int64_t i = 0; i < M; i++)
-					for (int64_t j = 0; j < N; j++) {
-						double r = beta * (double)C0[i * N + j],
-						       sa = fabs(r);
-						for (int64_t k = 0; k < K; k++) {
-							double p = (double)(ta ? A[k * lda + i]
-							                       : A[i * lda + k]) *
-							           B[k * ldb + j];
-							r += p, sa += fabs(p);
-						}
-						double e = fabs(C[i * N + j] - r) /
-						           ((double)(K + 2) * 0x1p-23 * sa);
-						worst = e > worst ? e : worst;
-					}
+				double worst = worst_vs_f64(ta, false, M, N, K, A, lda, B, ldb,
+				                            beta, C0, C, N);
 				EXPECT(worst <= 1.0,
 				       "%cN %lldx%lldx%lld beta %d on B transposed: error %.2f x "
 				       "the bound",
@@ -232,28 +241,13 @@ TEST_CASE(test_second_impl)
 				test_fill_f32(a, (ta ? k : m) * lda, -1, 1);
 				test_fill_f32(b, (tb ? n : k) * ldb, -1, 1);
 				test_fill_f32(c0, m * ldc, -1, 1);
-				memcpy(c, c0, (size_t)(m * ldc) * 4);
 				if (beta == 0) /* does oneDNN offer a second implementation here? */
 					offered += mm_onednn_gemm(MM_F32, 1, ta, tb, m, n, k, a,
 					                          lda, b, ldb, 0.0f, c, ldc) == 0;
 				memcpy(c, c0, (size_t)(m * ldc) * 4);
 				mm_gemm(ta, tb, m, n, k, a, lda, b, ldb, (float)beta, c, ldc);
-				double worst = 0;
-				for (int64_t i = 0; i < m; i++)
-					for (int64_t j = 0; j < n; j++) {
-						double r = beta * (double)c0[i * ldc + j],
-						       sa = fabs(r);
-						for (int64_t q = 0; q < k; q++) {
-							double p =
-							    (double)(ta ? a[q * lda + i]
-							                : a[i * lda + q]) *
-							    (tb ? b[j * ldb + q] : b[q * ldb + j]);
-							r += p, sa += fabs(p);
-						}
-						double e = fabs(c[i * ldc + j] - r) /
-						           ((double)(k + 2) * 0x1p-23 * sa);
-						worst = e > worst ? e : worst;
-					}
+				double worst =
+				    worst_vs_f64(ta, tb, m, n, k, a, lda, b, ldb, beta, c0, c, ldc);
 				EXPECT(worst <= 1.0,
 				       "%c%c %lldx%lldx%lld beta %d on oneDNN's second "
 				       "implementation: error %.2f x the bound",
