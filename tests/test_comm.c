@@ -385,7 +385,7 @@ TEST_CASE(test_stream_sendrecv_ring)
 			int64_t t = comm_stream_enqueue(s, &op);
 			comm_stream_wait(s, t);
 			double t0, t1;
-			comm_stream_op_times(s, t, &t0, &t1);
+			comm_stream_op_times(s, t, &t0, &t1, NULL);
 			slowest = t1 - t0 < slowest ? t1 - t0 : slowest;
 		}
 		int64_t bad = 0;
@@ -400,6 +400,46 @@ TEST_CASE(test_stream_sendrecv_ring)
 		comm_stream_destroy(s);
 	}
 	free(full);
+}
+
+/* A collective whose peer is late: the comm thread sleeps until the group has arrived
+ * (comm_arrive) instead of busy-polling inside MPI on a core compute needs. The last rank
+ * enqueues 300 ms late; the others' comm threads must spend well under that in CPU (a thread
+ * polling in MPI spends all of it), and the gathered data must be right. */
+TEST_CASE(test_late_peer_costs_no_cpu)
+{
+	struct comm_stream *s = comm_stream_create(STREAM_THREAD, 60);
+	int64_t W = mesh.world, n = 1 << 16;
+	int32_t *send = xcalloc((size_t)n, sizeof(int32_t)),
+	        *recv = xcalloc((size_t)(n * W), sizeof(int32_t));
+	for (int64_t i = 0; i < n; i++)
+		send[i] = (int32_t)(mesh.rank * 1000003 + i);
+	struct comm_op op = {.kind = COMM_ALL_GATHER,
+	                     .group = &mesh.world_group,
+	                     .send = send,
+	                     .recv = recv,
+	                     .count = n * 4,
+	                     .scratch = NULL,
+	                     .what = "all-gather beside a late peer"};
+	comm_barrier(&mesh.world_group);
+	if (mesh.rank == W - 1)
+		usleep(300000);
+	int64_t t = comm_stream_enqueue(s, &op);
+	comm_stream_wait(s, t);
+	double t0, t1, cpu;
+	comm_stream_op_times(s, t, &t0, &t1, &cpu);
+	if (mesh.rank != W - 1)
+		EXPECT(cpu < 0.1 && t1 - t0 > 0.2,
+		       "rank %d's comm thread spent %.3f s of CPU in %.3f s waiting for a peer "
+		       "300 ms late (polling instead of sleeping?)",
+		       mesh.rank, cpu, t1 - t0);
+	int bad = 0;
+	for (int64_t r = 0; r < W; r++)
+		for (int64_t i = 0; i < n; i++)
+			bad += recv[r * n + i] != (int32_t)(r * 1000003 + i);
+	EXPECT(bad == 0, "%d gathered values wrong", bad);
+	comm_stream_destroy(s);
+	free(send), free(recv);
 }
 
 TEST_CASE(test_comm_thread_quiet)
@@ -573,6 +613,7 @@ int main(int argc, char **argv)
 	RUN(test_count_only_beyond_int);
 	RUN(test_label_outlives_caller);
 	RUN(test_stream_sendrecv_ring);
+	RUN(test_late_peer_costs_no_cpu);
 	RUN(test_comm_thread_quiet);
 	RUN(test_thread_start_masks);
 	RUN(test_counters_concurrent);

@@ -28,6 +28,8 @@ struct setup {
 	bool overlap;
 	const char *what;
 	enum sched_reshard reshard;
+	double cpu_bytes_s; /* > 0: the comm thread spends CPU per wire byte at this rate, all of
+	                       it taken from compute (a core shared with compute) */
 };
 
 static void build(const struct setup *x, struct sched *naive, struct sched_cost_model *cm)
@@ -47,6 +49,11 @@ static void build(const struct setup *x, struct sched *naive, struct sched_cost_
 	cm->ag_latency_s = cm->rs_latency_s = x->lat_s;
 	cm->ag_bytes_s = cm->rs_bytes_s = x->bytes_s;
 	cm->overlap = x->overlap;
+	if (x->cpu_bytes_s > 0) {
+		cm->ag_cpu_bytes_s = cm->rs_cpu_bytes_s = x->cpu_bytes_s;
+		cm->ag_cpu_latency_s = cm->rs_cpu_latency_s = 2e-5;
+		cm->interference = 1.0;
+	}
 	free(u);
 	param_table_free(&t);
 }
@@ -218,19 +225,21 @@ static int check_setup(const struct setup *x, int P, int D, int64_t budget, bool
 
 static const struct setup setups[] = {
     {"debugmodel", 2, 256, 4, MODEL_AC_NONE, 5e10, 5e-3, 1e9, true,
-     "debug, slow link + 5 ms latency", SCHED_RESHARD_DEFAULT},
+     "debug, slow link + 5 ms latency", SCHED_RESHARD_DEFAULT, 0},
     {"debugmodel", 2, 256, 4, MODEL_AC_SELECTIVE, 5e10, 0, 2e8, true,
-     "debug, selective AC, 1.6 Gb/s no latency", SCHED_RESHARD_DEFAULT},
+     "debug, selective AC, 1.6 Gb/s no latency", SCHED_RESHARD_DEFAULT, 0},
     {"125M", 2, 256, 2, MODEL_AC_NONE, 2e11, 2e-3, 1.25e9, true,
-     "125M, 10 Gb/s + 2 ms (merging pays)", SCHED_RESHARD_DEFAULT},
+     "125M, 10 Gb/s + 2 ms (merging pays)", SCHED_RESHARD_DEFAULT, 0},
     {"125M", 2, 256, 2, MODEL_AC_NONE, 2e11, 0, 1e11, true,
-     "125M, 800 Gb/s, no latency, no reshard (it does not)", SCHED_RESHARD_NEVER},
+     "125M, 800 Gb/s, no latency, no reshard (it does not)", SCHED_RESHARD_NEVER, 0},
     {"125M", 2, 256, 2, MODEL_AC_FULL, 2e11, 0, 1e11, true, "125M, full AC, 800 Gb/s",
-     SCHED_RESHARD_DEFAULT},
+     SCHED_RESHARD_DEFAULT, 0},
     {"125M", 2, 256, 4, MODEL_AC_NONE, 2e11, 1e-3, 1e9, false, "125M, no overlap, 1 ms",
-     SCHED_RESHARD_DEFAULT},
+     SCHED_RESHARD_DEFAULT, 0},
     {"1B", 1, 1024, 8, MODEL_AC_SELECTIVE, 1e12, 5e-4, 5e9, true, "1B, 40 Gb/s + 0.5 ms",
-     SCHED_RESHARD_DEFAULT},
+     SCHED_RESHARD_DEFAULT, 0},
+    {"125M", 2, 256, 2, MODEL_AC_FFN, 2e11, 5e-5, 4e9, true,
+     "125M, shared memory, comm thread on compute's core", SCHED_RESHARD_DEFAULT, 4e9},
 };
 
 TEST_CASE(test_auto_beats_every_manual_plan)
@@ -267,6 +276,60 @@ TEST_CASE(test_auto_memory_budget)
 	        (long long)lo, (long long)hi);
 	check_setup(x, 1, 1, lo + (hi - lo) / 4, true, NULL);
 	check_setup(x, 1, 1, lo - 1, false, NULL);
+}
+
+/* The comm thread's CPU time (shared memory: it copies and sums; the cores are compute's):
+ * with interference 1 compute repays all of it but what a WAIT's stall covered, and the step
+ * grows by exactly what it repaid; with interference 0.5 half; 0 or no progress thread (the collective's time is already on the compute thread):
+ * nothing. Checked on the per-block reordered 125M schedule over a fast link. */
+TEST_CASE(test_comm_cpu_repaid)
+{
+	struct setup x = setups[4]; /* 125M, 800 Gb/s: no stalls */
+	x.reshard = SCHED_RESHARD_DEFAULT;
+	struct sched naive, s;
+	struct sched_cost_model cm;
+	build(&x, &naive, &cm);
+	struct sched_reorder_opts o = {1, 1, 0};
+	CHECK(sched_pipeline(&naive, x.ac, "per_block", INT64_MAX / 4, &o, &cm, &s, NULL) == CT_OK,
+	      "per-block schedule");
+	struct sched_prediction p0, p1, ph, pz, pi;
+	sched_predict(&s, &cm, &p0, NULL);
+	cm.ag_cpu_bytes_s = cm.rs_cpu_bytes_s = 1e9; /* wire bytes at 1 GB/s of CPU */
+	cm.ag_cpu_latency_s = cm.rs_cpu_latency_s = 1e-4;
+	cm.interference = 1.0;
+	sched_predict(&s, &cm, &p1, NULL);
+	cm.interference = 0.5;
+	sched_predict(&s, &cm, &ph, NULL);
+	cm.interference = 0.0;
+	sched_predict(&s, &cm, &pz, NULL);
+	cm.interference = 1.0;
+	cm.overlap = false;
+	struct sched_prediction pi0;
+	sched_predict(&s, &cm, &pi, NULL);
+	cm.ag_cpu_bytes_s = cm.rs_cpu_bytes_s = 0;
+	sched_predict(&s, &cm, &pi0, NULL);
+	fprintf(stderr,
+	        "  comm thread CPU %.4f s: step %.4f s without it, %.4f s (repaid %.4f s) at "
+	        "interference 1, %.4f s (%.4f s) at 0.5\n",
+	        p1.comm_cpu_s, p0.step_s, p1.step_s, p1.comm_cpu_paid_s, ph.step_s,
+	        ph.comm_cpu_paid_s);
+	EXPECT(p0.comm_cpu_s == 0 && p1.comm_cpu_s > 0.05 * p0.step_s,
+	       "comm thread CPU %.4f s without rates, %.4f s with", p0.comm_cpu_s, p1.comm_cpu_s);
+	EXPECT(p1.comm_cpu_paid_s <= p1.comm_cpu_s && p1.comm_cpu_paid_s > 0.99 * p1.comm_cpu_s &&
+	           fabs(p1.step_s - (p0.step_s + p1.comm_cpu_paid_s)) < 1e-9,
+	       "interference 1: step %.6f s, expected %.6f + %.6f s repaid of %.6f s", p1.step_s,
+	       p0.step_s, p1.comm_cpu_paid_s, p1.comm_cpu_s);
+	EXPECT(ph.comm_cpu_paid_s <= 0.5 * ph.comm_cpu_s &&
+	           ph.comm_cpu_paid_s > 0.99 * 0.5 * ph.comm_cpu_s &&
+	           fabs(ph.step_s - (p0.step_s + ph.comm_cpu_paid_s)) < 1e-9,
+	       "interference 0.5: step %.6f s, repaid %.6f s of %.6f s", ph.step_s,
+	       ph.comm_cpu_paid_s, ph.comm_cpu_s);
+	EXPECT(pz.step_s == p0.step_s && pi.step_s == pi0.step_s && pi.comm_cpu_paid_s == 0,
+	       "interference 0 (%.6f vs %.6f s) or inline (%.6f vs %.6f s) must not repay",
+	       pz.step_s, p0.step_s, pi.step_s, pi0.step_s);
+	sched_cost_free(&cm);
+	sched_free(&s);
+	sched_free(&naive);
 }
 
 /* One process (train_step, no FSDP): the prediction is compute plus zeroing the gradients,
@@ -446,6 +509,7 @@ int main(void)
 	RUN(test_auto_beats_every_manual_plan);
 	RUN(test_auto_memory_budget);
 	RUN(test_single_process);
+	RUN(test_comm_cpu_repaid);
 	RUN(test_tp_lowering);
 	return test_summary();
 }

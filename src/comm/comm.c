@@ -4,6 +4,7 @@
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -384,6 +385,25 @@ void comm_barrier(const struct comm_group *g)
 		return;
 	int slot = wd_enter("barrier", "ranks", g->handle, g->size);
 	MPI_Barrier(mpi_comm(g));
+	wd_leave(slot);
+}
+
+void comm_arrive(const struct comm_group *g)
+{
+	if (g->size == 1)
+		return;
+	int slot = wd_enter("arrival barrier", "ranks", g->handle, g->size);
+	MPI_Request req;
+	MPI_Ibarrier(mpi_comm(g), &req);
+	long ns = 5000; /* sleeps 5, 10, 20 .. 80 us between tests */
+	for (int done = 0;;) {
+		MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+		if (done)
+			break;
+		struct timespec ts = {0, ns};
+		nanosleep(&ts, NULL);
+		ns = ns < 80000 ? 2 * ns : ns;
+	}
 	wd_leave(slot);
 }
 

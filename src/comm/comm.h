@@ -80,6 +80,12 @@ void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count
 /* Element-wise maximum (tensor parallelism's vocabulary-parallel softmax). */
 void comm_all_reduce_max_f32(const struct comm_group *g, float *buf, int64_t count);
 void comm_barrier(const struct comm_group *g);
+/* Return once every rank of g has called it, sleeping (not spinning) while it waits: MPI's
+ * blocking calls busy-poll, so a collective whose peers are late burns a core for as long as
+ * they are. The comm thread calls this before each collective, so the core it shares with
+ * compute is not taken while a peer catches up (a short sleep between tests bounds the added
+ * latency to ~0.1 ms). */
+void comm_arrive(const struct comm_group *g);
 
 /* Largest element count one MPI call carries (default 2^30; 1 .. INT_MAX). Tests lower it to
  * check the chunking on small buffers. Not thread-safe: set it before collectives run. */

@@ -37,6 +37,7 @@ struct comm_stream {
 	double wait_s;
 	double sim_bytes_per_s, sim_latency_s;       /* simulated link; 0: off */
 	double op_t0[STREAM_CAP], op_t1[STREAM_CAP]; /* by ticket % CAP, once done */
+	double op_cpu[STREAM_CAP];                   /* CPU seconds the op's thread spent in it */
 };
 
 static const char *const stream_mode_names[] = {"thread", "inline"};
@@ -85,10 +86,24 @@ static void op_simulate(const struct comm_stream *s, const struct comm_op *op, d
 		;
 }
 
-static void op_run(const struct comm_op *op)
+static double thread_cpu_s(void)
 {
+	struct timespec ts;
+	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Run op; on the comm thread (arrive), first wait for the group's other ranks without
+ * spinning (comm_arrive): MPI's blocking collectives busy-poll, and a comm thread polling for a
+ * late peer takes the core compute shares with it. Returns the CPU seconds this thread spent
+ * (the simulated link's sleep comes after and is not counted). */
+static double op_run(const struct comm_op *op, bool arrive)
+{
+	double cpu0 = thread_cpu_s();
 	if (op->what)
 		comm_label("%s", op->what);
+	if (arrive && op->kind != COMM_SENDRECV)
+		comm_arrive(op->group);
 	switch (op->kind) {
 	case COMM_ALL_GATHER:
 		comm_all_gather(op->group, op->send, op->recv, op->count);
@@ -109,6 +124,7 @@ static void op_run(const struct comm_op *op)
 	default:
 		CHECK(false, "comm stream: unsupported op kind %d", op->kind);
 	}
+	return thread_cpu_s() - cpu0;
 }
 
 static void *stream_main(void *arg)
@@ -128,12 +144,13 @@ static void *stream_main(void *arg)
 		struct comm_op op = s->q[s->done % STREAM_CAP];
 		pthread_mutex_unlock(&s->mu);
 		double t0 = timer_now();
-		op_run(&op);
+		double cpu = op_run(&op, true);
 		op_simulate(s, &op, t0);
 		double t1 = timer_now();
 		pthread_mutex_lock(&s->mu);
 		s->op_t0[(s->done + 1) % STREAM_CAP] = t0;
 		s->op_t1[(s->done + 1) % STREAM_CAP] = t1;
+		s->op_cpu[(s->done + 1) % STREAM_CAP] = cpu;
 		s->done++;
 		pthread_cond_broadcast(&s->cv_done);
 	}
@@ -180,13 +197,14 @@ int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op)
 		snprintf(s->what[at], STREAM_LABEL, "%s", op->what ? op->what : "a collective");
 		s->q[at].what = s->what[at];
 		double t0 = timer_now();
-		op_run(op);
+		double cpu = op_run(op, false);
 		op_simulate(s, op, t0);
 		double t1 = timer_now();
 		s->wait_s += t1 - t0; /* all of it is exposed */
 		s->done = ++s->enqueued;
 		s->op_t0[s->enqueued % STREAM_CAP] = t0;
 		s->op_t1[s->enqueued % STREAM_CAP] = t1;
+		s->op_cpu[s->enqueued % STREAM_CAP] = cpu;
 		return s->enqueued;
 	}
 	pthread_mutex_lock(&s->mu);
@@ -233,13 +251,18 @@ void comm_stream_sync(struct comm_stream *s)
 	comm_stream_wait(s, s->enqueued);
 }
 
-void comm_stream_op_times(struct comm_stream *s, int64_t ticket, double *t0, double *t1)
+void comm_stream_op_times(struct comm_stream *s, int64_t ticket, double *t0, double *t1,
+                          double *cpu)
 {
 	*t0 = *t1 = 0.0;
+	if (cpu)
+		*cpu = 0.0;
 	pthread_mutex_lock(&s->mu);
 	if (ticket > 0 && ticket <= s->done && s->done - ticket < STREAM_CAP) {
 		*t0 = s->op_t0[ticket % STREAM_CAP];
 		*t1 = s->op_t1[ticket % STREAM_CAP];
+		if (cpu)
+			*cpu = s->op_cpu[ticket % STREAM_CAP];
 	}
 	pthread_mutex_unlock(&s->mu);
 }

@@ -4,7 +4,9 @@
  * non-blocking collectives while a rank computes, so the stream is progressed either by a
  * dedicated thread that makes the blocking calls in FIFO order (STREAM_THREAD: communication
  * proceeds while the caller computes; the thread sleeps on a condition variable when the
- * queue is empty, so it costs no CPU while idle), or runs each collective at enqueue time
+ * queue is empty, so it costs no CPU while idle, and before each collective sleeps until the
+ * group's other ranks have reached it — comm_arrive — rather than busy-polling in MPI for a
+ * late peer on a core that compute needs), or runs each collective at enqueue time
  * (STREAM_INLINE: no thread, no overlap; the baseline). Every collective runs under the
  * watchdog (comm/watchdog.h), which ends a stuck one after the timeout and names the ranks
  * that did not arrive; a wait on the stream that outlasts it names the op and aborts too. The
@@ -54,8 +56,11 @@ void comm_stream_sync(struct comm_stream *s);
 const char *comm_stream_op_label(struct comm_stream *s, int64_t ticket);
 /* Seconds the caller spent blocked in waits since creation (exposed communication). */
 double comm_stream_wait_seconds(const struct comm_stream *s);
-/* When the op of a completed ticket ran (timer_now seconds); 0, 0 if too old. */
-void comm_stream_op_times(struct comm_stream *s, int64_t ticket, double *t0, double *t1);
+/* When the op of a completed ticket ran (timer_now seconds), and the CPU seconds the thread
+ * that ran it spent in it (*cpu, may be NULL: copies, reductions, polling; not the simulated
+ * link's sleep nor the arrival wait's); 0s if too old. */
+void comm_stream_op_times(struct comm_stream *s, int64_t ticket, double *t0, double *t1,
+                          double *cpu);
 /* Simulated link: gbps gigabits per second (0: off) and a per-op latency in microseconds. */
 void comm_stream_simulate(struct comm_stream *s, double gbps, double latency_us);
 /* Bytes this rank sends in a ring for op (what the simulated link charges). */

@@ -8,9 +8,10 @@
  * (sched_cost_init's FLOP and byte counts) over the measured time, so the prediction at these
  * shapes reproduces the measurement. Matmuls go through matmul_forward/backward, so the rates
  * follow whatever engine those dispatch to. Collectives: all-gather and reduce-scatter timed on the
- * stream at 5 sizes (median of 3), latency + bytes / bandwidth fitted by least squares; with a
- * progress thread, the slowdown of compute while a collective runs beside it. Every figure is the
- * median over ranks, so every rank picks the same schedule. */
+ * stream at 5 sizes (median of 3), latency + bytes / bandwidth fitted by least squares, for the
+ * wall time and for the CPU time of the thread that ran them; with a progress thread, the share
+ * of that CPU time compute loses when the two run together. Every figure is the median over
+ * ranks, so every rank picks the same schedule. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -230,17 +231,69 @@ static void cal_time_all(struct cal *c, int64_t optim_n, double *out)
 #define CAL_SIZES 5
 
 /* Median of 3 after a warm-up, like the compute parts: the typical time, skew between ranks
- * included (a step sees it too). */
-static double time_op(struct comm_stream *st, struct comm_op *op)
+ * included (a step sees it too); *cpu: the median CPU seconds of the thread that ran it. */
+static double time_op(struct comm_stream *st, struct comm_op *op, double *cpu)
 {
-	double t[3];
+	double t[3], c[3];
 	comm_stream_wait(st, comm_stream_enqueue(st, op));
 	for (int r = 0; r < 3; r++) {
-		double t0 = timer_now();
-		comm_stream_wait(st, comm_stream_enqueue(st, op));
+		double t0 = timer_now(), o0, o1;
+		int64_t tk = comm_stream_enqueue(st, op);
+		comm_stream_wait(st, tk);
 		t[r] = timer_now() - t0;
+		comm_stream_op_times(st, tk, &o0, &o1, &c[r]);
 	}
+	*cpu = median(c, 3);
 	return median(t, 3);
+}
+
+/* The share of the comm thread's CPU time that compute loses: a block's forward matmuls,
+ * repeated to fill at least 60 ms, alone and then with the largest all-gather running
+ * back to back beside them (as many as fill about half that window), in 3 interleaved pairs
+ * (so load changes hit both alike); the slowdown over the CPU seconds the comm thread spent
+ * in the collectives that ran inside the window, median of the pairs. */
+static double measure_interference(struct cal *c, int64_t optim_n, struct comm_stream *stream,
+                                   const struct comm_group *group, struct comm_op *ag,
+                                   double ag_s)
+{
+	double t0 = timer_now();
+	int reps = 0;
+	do {
+		cal_run(c, CAL_FWD_MM, optim_n);
+		reps++;
+	} while (timer_now() - t0 < 0.06 && reps < 1000);
+	double window = timer_now() - t0;
+	int n_ops = ag_s > 0 ? (int)(0.5 * window / ag_s) : 1;
+	n_ops = n_ops < 1 ? 1 : n_ops > 64 ? 64 : n_ops;
+	float agree[2] = {(float)reps, (float)n_ops}; /* every rank runs as many collectives */
+	comm_all_reduce_max_f32(group, agree, 2);
+	reps = (int)agree[0], n_ops = (int)agree[1];
+	double frac[3];
+	int64_t tk[64];
+	for (int r = 0; r < 3; r++) {
+		comm_barrier(group);
+		t0 = timer_now();
+		for (int i = 0; i < reps; i++)
+			cal_run(c, CAL_FWD_MM, optim_n);
+		double alone = timer_now() - t0;
+		comm_barrier(group);
+		t0 = timer_now();
+		for (int i = 0; i < n_ops; i++)
+			tk[i] = comm_stream_enqueue(stream, ag);
+		for (int i = 0; i < reps; i++)
+			cal_run(c, CAL_FWD_MM, optim_n);
+		double t1 = timer_now(), cpu = 0;
+		comm_stream_sync(stream);
+		for (int i = 0; i < n_ops; i++) {
+			double o0, o1, oc;
+			comm_stream_op_times(stream, tk[i], &o0, &o1, &oc);
+			double ov = (o1 < t1 ? o1 : t1) - (o0 > t0 ? o0 : t0);
+			if (ov > 0 && o1 > o0)
+				cpu += oc * ov / (o1 - o0); /* its CPU inside the window, evenly */
+		}
+		frac[r] = cpu > 1e-4 ? ((t1 - t0) - alone) / cpu : 0.0;
+	}
+	return median(frac, 3);
 }
 
 /* vals[0..n) = the median over the ranks of `world` of each rank's vals (collective). */
@@ -260,7 +313,7 @@ static void median_over_ranks(const struct comm_group *world, double *vals, int 
 }
 
 /* Indices into the measurement vector shared across ranks. */
-enum { V_PARTS = 0, V_COMM = CAL_PARTS, V_INTERF = CAL_PARTS + 4 * CAL_SIZES, V_COUNT };
+enum { V_PARTS = 0, V_COMM = CAL_PARTS, V_INTERF = CAL_PARTS + 6 * CAL_SIZES, V_COUNT };
 
 void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config *lc, int64_t B,
                           int64_t T, struct comm_stream *stream, const struct comm_group *group,
@@ -304,16 +357,13 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 		                     .count = cnt,
 		                     .scratch = scr + cnt,
 		                     .what = "calibration reduce-scatter"};
-		vals[V_COMM + 4 * i] = (double)comm_op_wire_bytes(&ag);
-		vals[V_COMM + 4 * i + 1] = time_op(stream, &ag);
-		vals[V_COMM + 4 * i + 2] = (double)comm_op_wire_bytes(&rs);
-		vals[V_COMM + 4 * i + 3] = time_op(stream, &rs);
+		double *v = vals + V_COMM + 6 * i;
+		v[0] = (double)comm_op_wire_bytes(&ag);
+		v[1] = time_op(stream, &ag, &v[2]);
+		v[3] = (double)comm_op_wire_bytes(&rs);
+		v[4] = time_op(stream, &rs, &v[5]);
 	}
-	/* interference: a block's forward matmuls alone, then with the largest all-gather beside
-	 * them, in 3 interleaved pairs (so load changes hit both alike); the slowdown over the
-	 * time they overlapped, median of the pairs */
 	if (n > 1 && overlap) {
-		double frac[3];
 		struct comm_op ag = {.kind = COMM_ALL_GATHER,
 		                     .group = group,
 		                     .send = send,
@@ -321,22 +371,8 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 		                     .count = big,
 		                     .scratch = NULL,
 		                     .what = "calibration all-gather beside compute"};
-		for (int r = 0; r < 3; r++) {
-			double t0 = timer_now();
-			cal_run(&c, CAL_FWD_MM, optim_n);
-			double alone = timer_now() - t0;
-			comm_barrier(group);
-			int64_t tk = comm_stream_enqueue(stream, &ag);
-			t0 = timer_now();
-			cal_run(&c, CAL_FWD_MM, optim_n);
-			double with = timer_now() - t0;
-			comm_stream_wait(stream, tk);
-			double c0, c1;
-			comm_stream_op_times(stream, tk, &c0, &c1);
-			double ov = (c1 < t0 + with ? c1 : t0 + with) - (c0 > t0 ? c0 : t0);
-			frac[r] = ov > 1e-4 ? (with - alone) / ov : 0.0;
-		}
-		vals[V_INTERF] = median(frac, 3);
+		vals[V_INTERF] = measure_interference(&c, optim_n, stream, group, &ag,
+		                                      vals[V_COMM + 6 * (CAL_SIZES - 1) + 1]);
 	}
 	free(send), free(recv), free(scr);
 	free(c.all), free(c.tok), free(c.big);
@@ -366,14 +402,19 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 	cm->attn_flops = cm->rate[SCHED_WORK_FWD][SCHED_TERM_ATTN];
 	/* at most the whole of the comm thread's time taken from compute */
 	cm->interference = vals[V_INTERF] < 0 ? 0 : (vals[V_INTERF] > 1 ? 1 : vals[V_INTERF]);
-	double xb[CAL_SIZES], ty[CAL_SIZES];
-	if (n > 1) {
-		for (int i = 0; i < CAL_SIZES; i++)
-			xb[i] = vals[V_COMM + 4 * i], ty[i] = vals[V_COMM + 4 * i + 1];
-		fit_line(xb, ty, CAL_SIZES, &cm->ag_latency_s, &cm->ag_bytes_s);
-		for (int i = 0; i < CAL_SIZES; i++)
-			xb[i] = vals[V_COMM + 4 * i + 2], ty[i] = vals[V_COMM + 4 * i + 3];
-		fit_line(xb, ty, CAL_SIZES, &cm->rs_latency_s, &cm->rs_bytes_s);
+	if (n > 1) { /* per kind: wall time and the comm thread's CPU, lines over the sizes */
+		double *lat[4] = {&cm->ag_latency_s, &cm->ag_cpu_latency_s, &cm->rs_latency_s,
+		                  &cm->rs_cpu_latency_s},
+		       *rate[4] = {&cm->ag_bytes_s, &cm->ag_cpu_bytes_s, &cm->rs_bytes_s,
+		                   &cm->rs_cpu_bytes_s};
+		for (int k = 0; k < 4; k++) {
+			double xb[CAL_SIZES], ty[CAL_SIZES];
+			for (int i = 0; i < CAL_SIZES; i++) {
+				const double *v = vals + V_COMM + 6 * i + (k / 2) * 3;
+				xb[i] = v[0], ty[i] = v[1 + k % 2];
+			}
+			fit_line(xb, ty, CAL_SIZES, lat[k], rate[k]);
+		}
 	} else {
 		cm->ag_latency_s = cm->rs_latency_s = 0;
 		cm->ag_bytes_s = cm->rs_bytes_s = 1e30;

@@ -124,6 +124,22 @@ void sched_profile_compare(const struct sched *s, const struct sched_cost_model 
 		        "(one common factor: the machine's speed changed since calibration; a "
 		        "spread: a term is off)\n",
 		        lo, hi);
+	if (cm->overlap && !cm->single) { /* beside the schedule: what the comm thread ran */
+		double cpu = 0;
+		int nc = 0;
+		for (int i = 0; i < s->n_nodes; i++)
+			if (s->nodes[i].kind == SCHED_ALL_GATHER ||
+			    s->nodes[i].kind == SCHED_REDUCE_SCATTER) {
+				cpu += rec[i].comm_cpu;
+				nc++;
+			}
+		fprintf(f,
+		        "  %-22s %5d %9.4fs %9.4fs %+7.1f%%   (beside compute; it takes %.0f%% "
+		        "of this from it: %.4fs predicted)\n",
+		        "comm thread CPU", nc, p.comm_cpu_s, cpu,
+		        cpu > 1e-6 ? 100.0 * (p.comm_cpu_s / cpu - 1.0) : 0.0,
+		        100.0 * cm->interference, p.comm_cpu_paid_s);
+	}
 	double ms = t_step1 - t_step0;
 	fprintf(f, "  %-22s %5d %9.4fs %9.4fs %+7.1f%%\n", "step", s->n_nodes, p.step_s, ms,
 	        100.0 * (p.step_s / ms - 1.0));

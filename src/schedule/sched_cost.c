@@ -209,17 +209,27 @@ static void take(struct pool_count *p, int64_t k)
 		p->peak = p->cur;
 }
 
-/* Compute of dt seconds starting at t, with the comm stream busy until cf: while it is, the
- * comm thread takes cycles (cm->interference: the fraction compute slows by). */
-static double stretch(const struct sched_cost_model *cm, double t, double cf, double dt)
+/* CPU seconds the comm thread spends on one collective of `wire` bytes. */
+static double coll_cpu_s(const struct sched_cost_model *cm, bool ag, double wire)
 {
-	double k = cm->overlap ? cm->interference : 0.0;
-	if (k <= 0 || cf <= t)
-		return dt;
-	double busy = cf - t; /* wall time with the stream busy */
-	if (busy >= dt * (1.0 + k))
-		return dt * (1.0 + k);
-	return busy + (dt - busy / (1.0 + k));
+	double lat = ag ? cm->ag_cpu_latency_s : cm->rs_cpu_latency_s,
+	       rate = ag ? cm->ag_cpu_bytes_s : cm->rs_cpu_bytes_s;
+	return rate > 0 ? lat + wire / rate : 0.0;
+}
+
+/* The comm thread's CPU that compute owes (overlap): cumulative seconds charged at issue
+ * (interference x the collective's CPU) and repaid, in FIFO order as the stream runs them. */
+struct debt {
+	double issued, paid;
+};
+
+/* Compute of dt seconds repays at up to half its speed (two threads sharing a core): returns
+ * the wall time it takes. */
+static double repay(struct debt *d, double dt)
+{
+	double owed = d->issued - d->paid, pay = owed < dt ? owed : dt;
+	d->paid += pay;
+	return dt + pay;
 }
 
 void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
@@ -241,6 +251,9 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	double mem = cm->mem_bytes_s, esz = (double)cm->ag_elem_bytes;
 	int64_t ag_bytes = 0; /* exact wire bytes per rank of each all-gather (below) */
 	double t = (double)shard_total * 4.0 / mem, cf = 0; /* zero the gradient shards */
+	struct debt debt = {0, 0};
+	double *ag_need = xcalloc((size_t)Bk, sizeof(double)),
+	       *rs_need = xcalloc((size_t)Bk, sizeof(double)); /* debt.issued through the op */
 	for (int i = 0; i < s->n_nodes; i++) {
 		const struct sched_node *n = &s->nodes[i];
 		double t0 = t;
@@ -277,6 +290,11 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			if (!cm->overlap) { /* runs at issue: all of it blocks compute */
 				p->exposed_s += end - t;
 				t = end;
+			} else if (N > 1) {
+				double cpu = coll_cpu_s(cm, ag, wire);
+				p->comm_cpu_s += cpu;
+				debt.issued += cm->interference * cpu;
+				(ag ? ag_need : rs_need)[b] = debt.issued;
 			}
 			if (ag) {
 				ag_end[b] = end;
@@ -294,9 +312,19 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		case SCHED_WAIT: {
 			bool ag = n->wait_kind == SCHED_ALL_GATHER;
 			double end = ag ? ag_end[b] : rs_end[b];
-			if (end > t) {
+			if (end > t) { /* the stall: the comm thread has the core */
 				p->exposed_s += end - t;
+				double owed = debt.issued - debt.paid;
+				debt.paid += owed < end - t ? owed : end - t;
 				t = end;
+			}
+			double need = ag ? ag_need[b] : rs_need[b];
+			if (need > debt.paid) { /* its CPU (and its elders') not yet taken from
+			                           compute: the collective finishes that much later */
+				p->exposed_s += need - debt.paid;
+				p->comm_cpu_paid_s += need - debt.paid;
+				t += need - debt.paid;
+				debt.paid = need;
 			}
 			if (ag) { /* copy-out into the full buffer */
 				t += ((double)N * S * esz + full * 4.0) / mem;
@@ -326,7 +354,9 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			double tp, dt = pass_compute_s(s, cm, n, work_of(sched_node_pass(n)), &tp);
 			p->compute_s += dt;
 			p->tp_s += tp;
-			t += stretch(cm, t, cf, dt) + tp;
+			double wall = repay(&debt, dt);
+			p->comm_cpu_paid_s += wall - dt;
+			t += wall + tp;
 			int gb = sched_bucket_of(s, u);
 			if ((n->kind == SCHED_BWD ||
 			     (n->kind == SCHED_FWD && u == s->n_units - 1)) &&
@@ -362,5 +392,5 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	p->peak_bytes = cm->params_bytes + cm->grads_bytes + cm->optim_bytes + cm->act_bytes +
 	                cm->other_bytes + p->full_params_bytes + p->full_grads_bytes +
 	                p->comm_bytes;
-	free(ag_end), free(rs_end), free(grads);
+	free(ag_end), free(rs_end), free(grads), free(ag_need), free(rs_need);
 }

@@ -14,8 +14,11 @@
  * The timeline has two resources, the compute thread and the comm stream (FIFO): a collective
  * starts when issued and the stream is free; a WAIT stalls compute until it ends (that stall
  * is exposed communication); without a progress thread a collective runs at issue, all of it
- * exposed; with one, compute that runs while the stream is busy is slowed by the measured
- * interference (the comm thread shares the cores). Memory mirrors parallel/fsdp: persistent
+ * exposed; with one, the comm thread's CPU time (copies, reductions: cpu latency + wire bytes
+ * / cpu rate per kind, measured on the thread) is taken from compute in the measured share
+ * (interference: 1 when the thread has no core of its own), repaid by the compute nodes after
+ * the collective's issue at up to half their speed, or by a WAIT's stall, during which the
+ * thread has the core. Memory mirrors parallel/fsdp: persistent
  * shards, moments, activations by mode, and pools of largest-bucket-sized buffers whose count
  * is the schedule's peak in use.
  */
@@ -51,9 +54,12 @@ struct sched_cost_model {
 	double attn_flops;    /* FLOP/s of the attention kernel */
 	double mem_bytes_s;   /* copy bandwidth (copy-in/out, bf16 casts, gradient zeroing) */
 	double optim_bytes_s; /* AdamW at SCHED_OPTIM_BYTES per parameter; 0: mem_bytes_s */
-	double interference;  /* compute slows by this fraction while the comm stream runs */
+	double interference;  /* share of the comm thread's CPU seconds that compute loses */
 	double ag_latency_s, ag_bytes_s; /* all-gather: time = latency + wire bytes / rate */
 	double rs_latency_s, rs_bytes_s;
+	/* CPU seconds the comm thread spends per collective: latency + wire bytes / rate (rate
+	 * 0: none modelled — a NIC's DMA, or a planned machine) */
+	double ag_cpu_latency_s, ag_cpu_bytes_s, rs_cpu_latency_s, rs_cpu_bytes_s;
 	/* tensor-parallel collectives (TP_* nodes, on the compute thread): time = latency + wire
 	 * bytes / rate; an async-TP ring exposes one step of it plus what its matmul (at the
 	 * matmul rate) does not cover. tp_bytes_s = 0: priced at nothing (no TP link known). */
@@ -79,6 +85,8 @@ struct sched_cost_model {
 
 struct sched_prediction {
 	double step_s, compute_s, comm_s, exposed_s;
+	double comm_cpu_s; /* the comm thread's CPU seconds (overlap only) */
+	double comm_cpu_paid_s; /* of which compute lost (interference), in step_s */
 	double tp_s; /* tensor-parallel collectives on the compute thread (exposed: in step_s,
 	                not in exposed_s, which is the FSDP collectives') */
 	int64_t peak_bytes; /* persistent + pools */

@@ -53,7 +53,8 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 			if (rec) {
 				struct sched_record *r =
 				    &rec[ag ? ag_node[n->bucket] : rs_node[n->bucket]];
-				comm_stream_op_times(stream, *tk, &r->comm_t0, &r->comm_t1);
+				comm_stream_op_times(stream, *tk, &r->comm_t0, &r->comm_t1,
+				                     &r->comm_cpu);
 			}
 			*tk = 0;
 			if (ag)

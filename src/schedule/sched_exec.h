@@ -45,6 +45,7 @@ struct sched_backend {
 struct sched_record {
 	double t0, t1;           /* the node on the calling thread (timer_now seconds) */
 	double comm_t0, comm_t1; /* collectives: when the stream ran it; else 0 */
+	double comm_cpu;         /* collectives: CPU seconds the stream's thread spent in it */
 	int64_t bytes;           /* collectives: bytes this rank sent */
 	int64_t ticket;
 };

@@ -47,10 +47,11 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 		LOG_INFO(
 		    "cost model: step %.3f s (compute %.3f s, comm %.3f s, exposed %.3f s), "
 		    "peak %.2f GiB/rank; all-gather %.0f us + %.2f GB/s, reduce-scatter %.0f us "
-		    "+ %.2f GB/s, compute slowed %.0f%% beside a collective",
+		    "+ %.2f GB/s; comm thread CPU %.3f s, compute loses %.0f%% of it (%.3f s)",
 		    p.step_s, p.compute_s, p.comm_s, p.exposed_s, (double)p.peak_bytes / (1 << 30),
 		    cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
-		    cm->rs_bytes_s / 1e9, 100.0 * (cm->overlap ? cm->interference : 0.0));
+		    cm->rs_bytes_s / 1e9, p.comm_cpu_s, 100.0 * (cm->overlap ? cm->interference : 0.0),
+		    p.comm_cpu_paid_s);
 	if (cm->tp_bytes_s > 0)
 		LOG_INFO(
 		    "cost model: tensor-parallel collectives %.3f s of the step on the compute "
