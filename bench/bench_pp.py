@@ -28,12 +28,11 @@ import sys
 import tempfile
 
 import ctbench
+from ompi_env import ompi_env  # bench/ompi_env.py
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-MPI_ENV = dict(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-               OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl="self,vader",
-               OMPI_MCA_pml="ob1", OMPI_MCA_hwloc_base_binding_policy="none")
+MPI_ENV = ompi_env()  # scripts/ompi.env
 
 
 def run(cmd, env):
