@@ -86,20 +86,13 @@ static void op_simulate(const struct comm_stream *s, const struct comm_op *op, d
 		;
 }
 
-static double thread_cpu_s(void)
-{
-	struct timespec ts;
-	clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-	return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Run op; on the comm thread (arrive), first wait for the group's other ranks without
  * spinning (comm_arrive): MPI's blocking collectives busy-poll, and a comm thread polling for a
  * late peer takes the core compute shares with it. Returns the CPU seconds this thread spent
  * (the simulated link's sleep comes after and is not counted). */
 static double op_run(const struct comm_op *op, bool arrive)
 {
-	double cpu0 = thread_cpu_s();
+	double cpu0 = timer_thread_cpu();
 	if (op->what)
 		comm_label("%s", op->what);
 	if (arrive && op->kind != COMM_SENDRECV)
@@ -124,7 +117,7 @@ static double op_run(const struct comm_op *op, bool arrive)
 	default:
 		CHECK(false, "comm stream: unsupported op kind %d", op->kind);
 	}
-	return thread_cpu_s() - cpu0;
+	return timer_thread_cpu() - cpu0;
 }
 
 static void *stream_main(void *arg)
