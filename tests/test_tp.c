@@ -18,6 +18,7 @@
 #include "data/synthetic.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
+#include "parallel/tp_coll.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
@@ -97,16 +98,18 @@ static void run_sharded(struct run *out, const struct mesh *ms, int accum, bool 
 	struct model_config c;
 	config(&c);
 	struct model m;
+	struct tp_coll tpc;
+	if (ms->tp > 1)
+		tp_coll_init(&tpc, &ms->tp_group, 0.0, 0.0, 120);
 	const struct model_build_opts opts = {.own_params = false,
 	                                      .ac = ac,
-	                                      .tp_group = ms->tp > 1 ? &ms->tp_group : NULL,
-	                                      .tp_async = async,
-	                                      .tp_timeout_s = 120};
+	                                      .tp = ms->tp > 1 ? &tpc.ops : NULL,
+	                                      .tp_async = async};
 	CHECK(model_build(&m, &c, B, T, &opts) == CT_OK, "build");
 	out->act_bytes = ((struct llama_model *)m.impl)->act_bytes;
 	struct comm_stream *stream = comm_stream_create(STREAM_THREAD, 60);
-	if (ring_on_stream)
-		llama_tp_use_stream(m.impl, stream);
+	if (ring_on_stream && ms->tp > 1)
+		tp_coll_use_stream(&tpc, stream);
 	struct fsdp f;
 	int64_t before = mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM);
 	fsdp_build(&f, &m, ms, use_bf16, FSDP_RESHARD_DEFAULT, stream);

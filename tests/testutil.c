@@ -2,10 +2,18 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "base/log.h"
 #include "comm/comm.h"
+#include "kernels/kernels.h"
+#include "kernels/mm_engine.h"
+#include "model/model.h"
+#include "optim/grad_norm.h"
+#include "optim/optim.h"
+#include "train/compute.h"
 
 int test_failures_in_case;
 static int tests_passed, tests_failed;
@@ -119,4 +127,33 @@ int test_summary(void)
 {
 	printf("%d passed, %d failed\n", tests_passed, tests_failed);
 	return tests_failed ? 1 : 0;
+}
+
+int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
+               int64_t accum, double lr, double max_norm, struct train_step_result *res)
+{
+	int64_t N = m->N;
+	int64_t valid = llama_count_valid(targets, accum * N);
+	memset(m->grads, 0, (size_t)m->table->numel * sizeof(float));
+	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
+	model_set_loss_dscale(m, dscale);
+	double loss_sum = 0.0;
+	bool bf16 = mm_engine_dtype() == MM_BF16;
+	if (bf16)
+		compute_bind_bf16_params(m, true);
+	for (int64_t a = 0; a < accum; a++) {
+		memcpy(m->tokens, tokens + a * N, (size_t)N * sizeof(int32_t));
+		memcpy(m->targets, targets + a * N, (size_t)N * sizeof(int32_t));
+		loss_sum += model_forward(m, NULL);
+		model_backward(m, dscale);
+	}
+	if (bf16)
+		compute_bind_bf16_params(m, false);
+	double gscale;
+	int rc = grad_norm_finish(res, loss_sum, sumsq_f32(m->grads, m->table->numel), valid,
+	                          max_norm, &gscale);
+	if (rc)
+		return rc;
+	adamw_step(opt, m->table, m->params, m->grads, lr, gscale);
+	return CT_OK;
 }

@@ -47,4 +47,17 @@ double test_uniform(double lo, double hi);
 void test_fill(double *x, int64_t n, double lo, double hi);
 void test_fill_f32(float *x, int64_t n, double lo, double hi);
 
+
+struct model;
+struct adamw;
+struct train_step_result;
+/* The reference step (the library's trainer runs every layout through the schedule
+ * executor; tests compare it with this plain loop). One optimizer step on `accum` micro-batches of (B, T) tokens/targets laid out one after
+ * another: zero grads, forward+backward each micro-batch with the loss normalised by the
+ * valid tokens of the whole step (counted before any backward), clip to max_norm on the
+ * global norm, AdamW at learning rate lr. Returns CT_ERR_RUNTIME on a non-finite loss or
+ * gradient norm (parameters are then left untouched). */
+int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
+               int64_t accum, double lr, double max_norm, struct train_step_result *res);
+
 #endif

@@ -11,9 +11,9 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/rng.h"
-#include "comm/comm.h"
 #include "kernels/kernels.h"
 #include "model/llama_impl.h"
+#include "model/model_group.h"
 
 /* ---------------------------------------------------------------- configs */
 
@@ -527,7 +527,7 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	int rc = llama_config_finish(&m->cfg);
 	if (rc)
 		return rc;
-	m->tp = opts->tp_group && opts->tp_group->size > 1 ? opts->tp_group : NULL;
+	m->tp = opts->tp && opts->tp->size > 1 ? opts->tp : NULL;
 	rc = llama_table_build_tp(&m->table, &m->cfg, m->tp ? m->tp->size : 1,
 	                          m->tp ? m->tp->rank : 0);
 	if (rc)

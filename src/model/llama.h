@@ -20,7 +20,7 @@
 #include "model/model_prog.h"
 #include "model/param_table.h"
 
-struct comm_group;
+struct model_group;
 struct llama_tp_bufs;
 
 #define LLAMA_IGNORE_INDEX (-100)
@@ -122,10 +122,11 @@ struct llama_build_opts {
 	                       up-projections (w1, w3 outputs: 2*N*F floats per block, the largest
 	                       activations); recompute them in backward (two extra matmuls) */
 	enum model_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
-	/* Tensor parallelism over this group (NULL or size 1: none): Megatron column/row
-	 * parallel blocks with sequence parallelism and a vocabulary-parallel loss
-	 * (model/llama_tp.c). Every activation-checkpointing mode. */
-	const struct comm_group *tp_group;
+	/* Tensor parallelism over this group's collectives (NULL or size 1: none; model/
+	 * model_group.h, run by parallel/tp_coll): Megatron column/row parallel blocks with
+	 * sequence parallelism and a vocabulary-parallel loss (model/llama_tp.c). Every
+	 * activation-checkpointing mode. */
+	const struct model_group *tp;
 	/* Plan activations only for units [unit_lo, unit_hi) (unit_hi = 0: all): the blocks in
 	 * the range, the input of the first (the previous unit's output) and the output of the
 	 * last; the final norm's buffers and the loss scratch only with the head unit. Running a
@@ -139,11 +140,9 @@ struct llama_build_opts {
 	 * their gradients in I. Not under tensor parallelism. */
 	bool split_backward;
 	/* async TP: each block's all-gather + matmul and matmul + reduce-scatter as ring steps
-	 * over point-to-point transfers, a block's matmul overlapping the next block's
-	 * transfer; tp_sim_*: a simulated link for those transfers and the plain collectives
-	 * (comm.simulate_*, 0: off); tp_timeout_s: a transfer's timeout (0: none) */
+	 * (model_group.ring_post / ring_wait), a block's matmul overlapping the next block's
+	 * transfer */
 	bool tp_async;
-	double tp_sim_gbps, tp_sim_latency_us, tp_timeout_s;
 };
 
 struct llama_model {
@@ -186,7 +185,7 @@ struct llama_model {
 	/* tensor parallelism: NULL without. The residual stream (x, xmid, x_final, dres, xn,
 	 * dxn, rstd) holds this rank's Ns = ceil(N/tp) tokens; q/k/v/att/h1/h3 the local heads
 	 * and hidden features of all N tokens. */
-	const struct comm_group *tp;
+	const struct model_group *tp;
 	int64_t Ns, Np; /* sequence shard rows, padded rows Ns * tp */
 	struct llama_tp_bufs *tpb;
 };
@@ -246,14 +245,6 @@ double llama_forward(struct llama_model *m, int64_t *n_valid);
 void llama_backward(struct llama_model *m, double dscale);
 /* logits (N,V) for the current batch (inference / tests); runs the forward. */
 void llama_logits(struct llama_model *m, float *logits);
-
-/* Async TP: run the ring steps' transfers on this comm stream (one with a progress thread,
- * so they move while the ring multiplies); without one they are non-blocking point-to-point
- * transfers that MPI advances inside the waits. No effect without async TP. */
-struct comm_stream;
-void llama_tp_use_stream(struct llama_model *m, struct comm_stream *stream);
-/* Seconds this model has spent in tensor-parallel collectives (0 without TP). */
-double llama_tp_comm_seconds(const struct llama_model *m);
 
 /* Number of valid (non-ignored) targets in a micro-batch. */
 int64_t llama_count_valid(const int32_t *targets, int64_t n);

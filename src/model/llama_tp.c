@@ -24,8 +24,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "base/timer.h"
-#include "comm/comm.h"
+#include "model/model_group.h"
 #include "kernels/kernels.h"
 #include "model/llama_tp_impl.h"
 #include "model/model_prog.h"
@@ -85,9 +84,7 @@ static double tp_cross_entropy(struct llama_model *m, float *dx, float *dw, doub
 				mx = zr[j] > mx ? zr[j] : mx;
 			zmax[r] = mx;
 		}
-		double t0 = timer_now();
-		comm_all_reduce_max_f32(m->tp, zmax, rows);
-		m->tpb->comm_s += timer_now() - t0;
+		m->tp->all_reduce_max_f32(m->tp->ctx, zmax, rows);
 #pragma omp parallel for schedule(static)
 		for (int64_t r = 0; r < rows; r++) {
 			const float *zr = z + r * Vs;
@@ -98,9 +95,8 @@ static double tp_cross_entropy(struct llama_model *m, float *dx, float *dw, doub
 			int64_t t = (int64_t)tg[r] - v0;
 			ztgt[r] = tg[r] != LLAMA_IGNORE_INDEX && t >= 0 && t < vn ? zr[t] : 0.0f;
 		}
-		t0 = timer_now();
-		comm_all_reduce_f32(m->tp, sum, 2 * chunk); /* sum and ztgt are adjacent */
-		m->tpb->comm_s += timer_now() - t0;
+		/* sum and ztgt are adjacent */
+		m->tp->all_reduce_sum_f32(m->tp->ctx, sum, 2 * chunk);
 		double chunk_loss = 0.0;
 		int64_t chunk_valid = 0;
 #pragma omp parallel for schedule(static) reduction(+ : chunk_loss, chunk_valid)
@@ -237,10 +233,8 @@ static bool c_rs_part(struct llama_model *m, int l) /* row-parallel partial sums
 static bool c_ag_dnorm(struct llama_model *m, int l)
 {
 	(void)l;
-	double t0 = timer_now();
-	comm_all_gather(m->tp, m->tpb->rs_scratch, m->tpb->dnorm,
-	                m->cfg.dim * (int64_t)sizeof(float));
-	m->tpb->comm_s += timer_now() - t0;
+	m->tp->all_gather(m->tp->ctx, m->tpb->rs_scratch, m->tpb->dnorm,
+	                  m->cfg.dim * (int64_t)sizeof(float), false);
 	return true;
 }
 

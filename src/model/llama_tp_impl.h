@@ -15,7 +15,6 @@ struct llama_tp_bufs {
 	float *stat;       /* 3 * ce_chunk: row max, sum of exponentials, target logit */
 	float *ring;       /* async: 3 * Ns * C (two partial sums in flight, one received) */
 	size_t bytes;
-	double comm_s; /* time in TP collectives (all on the compute path: exposed) */
 	/* between a program's ops: the head's loss sum and valid targets, the backward's loss
 	 * scale, and whether the loss gradient still needs its reduce-scatter in backward */
 	double loss, dscale;
@@ -23,9 +22,6 @@ struct llama_tp_bufs {
 	bool rs_pending;
 	/* async TP: ring steps instead of the block's all-gathers and reduce-scatters */
 	bool async;
-	double sim_bytes_per_s, sim_latency_s; /* simulated link (0: off) */
-	double timeout_s;
-	struct comm_stream *stream; /* async TP: ring steps on this stream (NULL: point-to-point) */
 };
 
 void llama_tp_add_rows(float *out, const float *a, const float *b, int64_t n);

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "comm/comm.h"
+#include "model/model_group.h"
 #include "kernels/fp8_linear.h"
 
 static const char *const model_kind_names[] = {"llama3", "hyena"};
@@ -252,10 +252,10 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 	memset(m, 0, sizeof(*m));
 	int rc;
 	if (c->kind == MODEL_HYENA) {
-		if (opts->tp_group && opts->tp_group->size > 1) {
+		if (opts->tp && opts->tp->size > 1) {
 			LOG_ERROR("parallelism.tensor_parallel_degree = %d: not yet supported for "
 			          "model.name = \"hyena\" (llama3 only)",
-			          opts->tp_group->size);
+			          opts->tp->size);
 			return CT_ERR_USAGE;
 		}
 		if (opts->ac != MODEL_AC_NONE || opts->recompute_ffn) {
@@ -276,15 +276,11 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 		const struct llama_build_opts lo = {.own_params = opts->own_params,
 		                                    .recompute_ffn = opts->recompute_ffn,
 		                                    .ac = opts->ac,
-		                                    .tp_group = opts->tp_group,
+		                                    .tp = opts->tp,
 		                                    .unit_lo = opts->unit_lo,
 		                                    .unit_hi = opts->unit_hi,
 		                                    .split_backward = opts->split_backward,
-
-		                                    .tp_async = opts->tp_async,
-		                                    .tp_sim_gbps = opts->tp_sim_gbps,
-		                                    .tp_sim_latency_us = opts->tp_sim_latency_us,
-		                                    .tp_timeout_s = opts->tp_timeout_s};
+		                                    .tp_async = opts->tp_async};
 		rc = llama_build_ex(lm, &c->llama, B, T, &lo);
 		if (rc) {
 			free(lm);
@@ -315,8 +311,11 @@ double model_forward(struct model *m, int64_t *n_valid)
 
 void model_backward(struct model *m, double dscale)
 {
-	for (int u = m->n_units - 1; u >= 0; u--)
+	for (int u = m->n_units - 1; u >= 0; u--) {
+		if (model_unit_needs_recompute(m, u)) /* as the schedule's RECOMPUTE node */
+			model_unit_recompute(m, u);
 		model_unit_backward(m, u, dscale);
+	}
 }
 
 void model_init_params(const struct model *m, uint64_t seed, float *out, int64_t first, int64_t n)

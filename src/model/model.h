@@ -43,15 +43,14 @@ struct model_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
 	bool recompute_ffn; /* Llama: recompute the FFN up-projections in backward */
 	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
-	/* tensor parallelism over this group (Llama only; NULL or size 1: none) */
-	const struct comm_group *tp_group;
+	/* tensor parallelism over these collectives (Llama only; NULL or size 1: none) */
+	const struct model_group *tp;
 	/* Llama: plan activations only for units [unit_lo, unit_hi) (a pipeline stage: its
 	 * blocks, its input and output boundary); unit_hi = 0: every unit */
 	int unit_lo, unit_hi;
 	/* Llama: split backward for zero-bubble schedules (llama_build_opts.split_backward) */
 	bool split_backward;
 	bool tp_async; /* see llama_build_opts */
-	double tp_sim_gbps, tp_sim_latency_us, tp_timeout_s;
 };
 
 struct model_ops {

@@ -12,6 +12,7 @@
 #include "kernels/fp8_linear.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
+#include "optim/grad_norm.h"
 #include "schedule/sched_pass.h"
 
 int fsdp_reshard_parse(const char *name, enum fsdp_reshard *r)
@@ -101,6 +102,7 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 		p->my_rows = mine < 0 ? 0 : (mine > p->chunk_rows ? p->chunk_rows : mine);
 		p->full_off = lp->offset - t->unit_begin[lp->unit];
 		p->shard_off = un->shard_numel;
+		CHECK(N > 1 || p->shard_off == p->full_off, "fsdp: one shard must be the full layout");
 		p->decay = lp->weight_decay;
 		un->shard_numel += p->chunk_rows * p->cols;
 	}
@@ -298,12 +300,41 @@ static int64_t unit_full_off(const struct fsdp *f, int b, int u)
 	for (int u = (f)->sched.buckets[b].unit0;                                                  \
 	     u < (f)->sched.buckets[b].unit0 + (f)->sched.buckets[b].n_units; u++)
 
+/* One shard (dp_shard = 1): a bucket's shard IS its full buffer (chunk = rows, no padding,
+ * the same table order), so the units compute on the master parameters in place when the
+ * compute dtype is the master's (fp32, no fp8 wire), and accumulate into the shard gradients
+ * directly when no replica needs them reduced per micro-batch. Nothing is copied or sent. */
+static bool fsdp_w_in_place(const struct fsdp *f)
+{
+	return f->mesh->dp_shard == 1 && !f->bf16 && !f->fp8_ag;
+}
+static bool fsdp_g_in_place(const struct fsdp *f)
+{
+	/* (TP keeps the pooled per-micro-batch buffers: its results stay bitwise as they were) */
+	return f->mesh->dp_shard == 1 && f->mesh->dp_replicate == 1 && f->mesh->tp == 1;
+}
+#define FSDP_IN_PLACE (-2) /* a bucket state's buffer index: the shard itself */
+
+/* Where bucket b's gathered parameters are (while gathered). */
+static float *bucket_w(struct fsdp *f, int b)
+{
+	int w = f->bs[b].w;
+	return w == FSDP_IN_PLACE ? f->shard_w + bucket_shard_base(f, b) : f->pw.buf[w];
+}
+
 /* The bucket's gradients (zeroed when first needed in a micro-batch), bound to its units. */
 static void bucket_grads(struct fsdp *f, int b)
 {
 	struct fsdp_bucket_state *st = &f->bs[b];
-	if (st->g >= 0)
+	if (st->g >= 0 || st->g == FSDP_IN_PLACE)
 		return;
+	if (fsdp_g_in_place(f)) { /* zeroed once per step (fsdp_train_step) */
+		st->g = FSDP_IN_PLACE;
+		float *g = f->shard_g + bucket_shard_base(f, b);
+		FOR_BUCKET_UNITS(f, b, u)
+		model_bind_unit(f->model, u, f->model->unit_w[u], g + unit_full_off(f, b, u));
+		return;
+	}
 	st->g = pool_get(&f->pg);
 	float *g = f->pg.buf[st->g];
 	memset(g, 0, (size_t)sched_bucket_full(&f->sched, b) * sizeof(float));
@@ -397,6 +428,10 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 	int64_t S = sched_bucket_shard(&f->sched, b);
 	const float *shard = f->shard_w + bucket_shard_base(f, b);
 	const void *send = shard;
+	if (fsdp_w_in_place(f)) {
+		*bytes = 0;
+		return 0; /* complete: be_all_gather_done binds the shard itself */
+	}
 	if (f->fp8_ag) {
 		st->ag_send = pool_get(&f->ag_send);
 		bucket_pack(f, b, f->ag_send.buf[st->ag_send]);
@@ -428,11 +463,15 @@ static void be_all_gather_done(void *ctx, int b)
 {
 	struct fsdp *f = ctx;
 	struct fsdp_bucket_state *st = &f->bs[b];
-	st->w = pool_get(&f->pw);
-	float *w = f->pw.buf[st->w];
-	bucket_copy_out(f, b, f->ag_recv.buf[st->ag_recv], f->bf16, w);
-	pool_put(&f->ag_recv, &st->ag_recv);
-	pool_put(&f->ag_send, &st->ag_send);
+	if (fsdp_w_in_place(f)) {
+		st->w = FSDP_IN_PLACE;
+	} else {
+		st->w = pool_get(&f->pw);
+		bucket_copy_out(f, b, f->ag_recv.buf[st->ag_recv], f->bf16, f->pw.buf[st->w]);
+		pool_put(&f->ag_recv, &st->ag_recv);
+		pool_put(&f->ag_send, &st->ag_send);
+	}
+	float *w = bucket_w(f, b);
 	if (mm_engine_dtype() == MM_BF16) { /* weights cast to bf16 once per gather */
 		int64_t n = sched_bucket_full(&f->sched, b);
 		st->w16 = pool_get(&f->pw16);
@@ -457,10 +496,13 @@ static void be_free_params(void *ctx, int b)
 {
 	struct fsdp *f = ctx;
 	if (f->bs[b].w16 >= 0) {
-		mm_bf16_twin_remove(f->pw.buf[f->bs[b].w]);
+		mm_bf16_twin_remove(bucket_w(f, b));
 		pool_put(&f->pw16, &f->bs[b].w16);
 	}
-	pool_put(&f->pw, &f->bs[b].w);
+	if (f->bs[b].w == FSDP_IN_PLACE)
+		f->bs[b].w = -1;
+	else
+		pool_put(&f->pw, &f->bs[b].w);
 	FOR_BUCKET_UNITS(f, b, u)
 	model_bind_unit(f->model, u, NULL, f->model->unit_dw[u]);
 }
@@ -472,6 +514,13 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 	struct fsdp_bucket_state *st = &f->bs[b];
 	int64_t N = f->mesh->dp_shard, S = sched_bucket_shard(&f->sched, b);
 	int64_t base = bucket_shard_base(f, b);
+	if (st->g == FSDP_IN_PLACE) { /* already summed into the shard gradients */
+		st->g = -1;
+		FOR_BUCKET_UNITS(f, b, u)
+		model_bind_unit(f->model, u, f->model->unit_w[u], NULL);
+		*bytes = 0;
+		return 0;
+	}
 	const float *g = f->pg.buf[st->g];
 	st->rs_send = pool_get(&f->rs_send);
 	st->rs_recv = pool_get(&f->rs_recv);
@@ -514,6 +563,8 @@ static void be_reduce_scatter_done(void *ctx, int b)
 {
 	struct fsdp *f = ctx;
 	struct fsdp_bucket_state *st = &f->bs[b];
+	if (st->rs_recv < 0) /* in place (be_reduce_scatter): nothing to add */
+		return;
 	int64_t S = sched_bucket_shard(&f->sched, b);
 	float *recv = f->rs_recv.buf[st->rs_recv];
 	if (f->mesh->dp_replicate > 1) {
@@ -577,48 +628,29 @@ static int64_t be_tp_collective(void *ctx, int u, enum model_pass p, int op)
 
 /* ---------------------------------------------------------------- tail */
 
-/* Tensor parallelism: this rank's share of the squared gradient norm, its TP-split
- * tensors summed over the TP group and the replicated ones (norms, identical on every TP
- * rank) counted once. */
-static double tp_grad_sumsq(struct fsdp *f)
+/* This rank's rows of table tensor i in the shard gradients (optim/grad_norm). */
+static bool fsdp_grad_slice(const void *ctx, int i, int64_t *at, int64_t *n)
 {
-	const struct param_table *t = f->model->table;
-	double v[2] = {0.0, 0.0}; /* split, replicated */
-	for (int i = 0; i < t->count; i++) {
-		int64_t row0, nrows, at;
-		fsdp_local_rows(f, i, &row0, &nrows, &at);
-		v[t->p[i].tp_dim < 0] += sumsq_f32(f->shard_g + at, nrows * t->p[i].shape[1]);
-	}
-	comm_all_reduce_f64(&f->mesh->tp_group, &v[0], 1);
-	return v[0] + v[1];
+	const struct fsdp *f = ctx;
+	int64_t row0, nrows;
+	fsdp_local_rows(f, i, &row0, &nrows, at);
+	*n = nrows * f->p[i].cols;
+	return true;
 }
 
 static int be_clip(void *ctx)
 {
 	struct fsdp *f = ctx;
 	const struct mesh *mesh = f->mesh;
-	struct train_step_result *res = f->step.res;
-	double sums[2] = {f->step.loss_sum, 0.0};
-	if (f->model->table->tp_size > 1)
-		sums[1] = tp_grad_sumsq(f);
-	else
-		sums[1] = sumsq_f32(f->shard_g, f->shard_numel);
+	double sums[2] = {f->step.loss_sum,
+	                  grad_norm_sumsq(f->shard_g, f->shard_numel, f->model->table,
+	                                  fsdp_grad_slice, f, &mesh->tp_group)};
 	comm_label("clip: loss sum");
 	comm_all_reduce_f64(&mesh->dp_group, &sums[0], 1);
 	comm_label("clip: gradient sum of squares");
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sums[1], 1);
-	int64_t valid = f->step.valid;
-	res->valid = valid;
-	res->loss = valid > 0 ? sums[0] / (double)valid : 0.0;
-	res->grad_norm = sqrt(sums[1]);
-	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
-		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
-		          isfinite(res->loss) ? "gradient norm" : "loss", res->loss,
-		          res->grad_norm);
-		return CT_ERR_RUNTIME;
-	}
-	f->step.gscale = clip_coefficient(res->grad_norm, f->step.max_norm);
-	return CT_OK;
+	return grad_norm_finish(f->step.res, sums[0], sums[1], f->step.valid, f->step.max_norm,
+	                        &f->step.gscale);
 }
 
 static int be_optim(void *ctx)
@@ -701,8 +733,9 @@ double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targ
 	model_set_loss_dscale(m, 0); /* no loss gradient (each training step sets its own) */
 	fsdp_fp8_scales(f);
 	for (int b = 0; b < f->sched.n_buckets; b++) {
-		int64_t bytes;
-		comm_stream_wait(f->stream, be_all_gather(f, b, &bytes));
+		int64_t bytes, ticket = be_all_gather(f, b, &bytes);
+		if (ticket > 0)
+			comm_stream_wait(f->stream, ticket);
 		be_all_gather_done(f, b);
 		FOR_BUCKET_UNITS(f, b, u)
 		{

@@ -12,6 +12,7 @@
 #include "base/timer.h"
 #include "comm/watchdog.h"
 #include "kernels/kernels.h"
+#include "optim/grad_norm.h"
 
 /* ---------------------------------------------------------------- stages */
 
@@ -95,6 +96,8 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	pp->o = *o;
 	pp->p = mesh->pp;
 	pp->r = mesh->pp_rank;
+	if (mesh->tp > 1)
+		tp_coll_init(&pp->tp, &mesh->tp_group, 0.0, 0.0, 0.0);
 	if (mc->kind != MODEL_LLAMA) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
 		          "yet supported (llama3 only)",
@@ -351,7 +354,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		const struct model_build_opts mo = {
 		    .own_params = false,
 		    .ac = pp->o.ac,
-		    .tp_group = pp->mesh->tp > 1 ? &pp->mesh->tp_group : NULL,
+		    .tp = pp->mesh->tp > 1 ? &pp->tp.ops : NULL,
 		    .unit_lo = ch->u0, /* only this stage's activations */
 		    .unit_hi = ch->u1,
 		    .split_backward = pp->split};
@@ -600,21 +603,14 @@ static void run_action(struct pp *pp, const struct pp_action *a)
 
 /* ---------------------------------------------------------------- step */
 
-/* This rank's share of the squared gradient norm: its shards, with the TP-split tensors
- * summed over the TP group and the replicated ones counted once. */
-static double grad_sumsq(const struct pp *pp)
+/* This rank's rows of table tensor i in the shard gradients (optim/grad_norm). */
+static bool pp_grad_slice(const void *ctx, int i, int64_t *at, int64_t *n)
 {
-	if (pp->mesh->tp == 1)
-		return sumsq_f32(pp->shard_g, pp->shard_numel);
-	double v[2] = {0.0, 0.0}; /* split, replicated */
-	for (int i = 0; i < pp->table.count; i++) {
-		const struct pp_tensor *pt = &pp->t[i];
-		if (pt->chunk >= 0)
-			v[pp->table.p[i].tp_dim < 0] +=
-			    sumsq_f32(pp->shard_g + pt->shard_off, pt->my_rows * pt->cols);
-	}
-	comm_all_reduce_f64(&pp->mesh->tp_group, &v[0], 1);
-	return v[0] + v[1];
+	const struct pp *pp = ctx;
+	const struct pp_tensor *pt = &pp->t[i];
+	*at = pt->shard_off;
+	*n = pt->my_rows * pt->cols;
+	return pt->chunk >= 0;
 }
 
 int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
@@ -656,20 +652,16 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	/* loss: only the last stage has it (every TP rank of it the whole sum: TP rank 0's
 	 * counts); norm: each shard element lives on one (pp, shard) coordinate (replicas hold
 	 * copies), TP-split tensors on one TP rank, replicated ones (norms) on all of them */
-	double loss = mesh->tp_rank == 0 ? pp->loss_sum : 0.0, sq = grad_sumsq(pp);
+	double loss = mesh->tp_rank == 0 ? pp->loss_sum : 0.0;
+	double sq = grad_norm_sumsq(pp->shard_g, pp->shard_numel, &pp->table, pp_grad_slice, pp,
+	                            &mesh->tp_group);
 	comm_all_reduce_f64(&mesh->world_group, &loss, 1);
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sq, 1);
 	comm_all_reduce_f64(&mesh->pp_group, &sq, 1);
-	res->valid = valid;
-	res->loss = valid > 0 ? loss / (double)valid : 0.0;
-	res->grad_norm = sqrt(sq);
-	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
-		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
-		          isfinite(res->loss) ? "gradient norm" : "loss", res->loss,
-		          res->grad_norm);
-		return CT_ERR_RUNTIME;
-	}
-	double gscale = clip_coefficient(res->grad_norm, max_norm);
+	double gscale;
+	int rc = grad_norm_finish(res, loss, sq, valid, max_norm, &gscale);
+	if (rc)
+		return rc;
 	adamw_begin_step(opt);
 	for (int i = 0; i < pp->table.count; i++) {
 		const struct pp_tensor *pt = &pp->t[i];

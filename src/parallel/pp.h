@@ -54,6 +54,7 @@
 #include "comm/comm.h"
 #include "comm/p2p.h"
 #include "model/model.h"
+#include "parallel/tp_coll.h"
 #include "schedule/pp_schedule.h"
 #include "optim/optim.h"
 
@@ -119,6 +120,7 @@ struct pp_record {
 struct pp {
 	const struct mesh *mesh;
 	struct model_config cfg;
+	struct tp_coll tp;        /* the slots' TP collectives (mesh->tp > 1) */
 	struct param_table table; /* the whole model's table */
 	struct pp_opts o;
 	struct pp_sched sched;

@@ -65,8 +65,9 @@ struct sched_cost_model {
 	 * matmul rate) does not cover. tp_bytes_s = 0: priced at nothing (no TP link known). */
 	double tp_latency_s, tp_bytes_s;
 	bool overlap; /* collectives progress during compute (comm.progress = thread) */
-	bool single;  /* one process without FSDP (train_step): its schedule's collectives and
-	                 their copies in and out cost nothing, only compute, norm and AdamW */
+	bool single;  /* one shard computed in place (parallel/fsdp, dp_shard = 1 in fp32): the
+	                 schedule's collectives and their copies cost nothing, only compute,
+	                 norm and AdamW */
 	/* model and layout */
 	int n_units;
 	double *work[SCHED_WORK_COUNT][SCHED_TERM_COUNT]; /* per unit: FLOPs or bytes */

@@ -20,6 +20,8 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 	/* in-flight collective per bucket: its ticket and the node that issued it */
 	int64_t *ag_ticket = xcalloc((size_t)B, sizeof(int64_t));
 	int64_t *rs_ticket = xcalloc((size_t)B, sizeof(int64_t));
+	/* issued and not yet waited on, per bucket (a ticket of 0: done at issue, one rank) */
+	bool *ag_open = xcalloc((size_t)B, sizeof(bool)), *rs_open = xcalloc((size_t)B, sizeof(bool));
 	int *ag_node = xcalloc((size_t)B, sizeof(int)), *rs_node = xcalloc((size_t)B, sizeof(int));
 	if (rec)
 		memset(rec, 0, (size_t)s->n_nodes * sizeof(*rec));
@@ -32,25 +34,27 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 			be->batch(be->ctx, n->micro);
 			break;
 		case SCHED_ALL_GATHER:
-			CHECK(ag_ticket[n->bucket] == 0, "schedule: bucket %d gathered twice",
-			      n->bucket);
+			CHECK(!ag_open[n->bucket], "schedule: bucket %d gathered twice", n->bucket);
 			ticket = ag_ticket[n->bucket] = be->all_gather(be->ctx, n->bucket, &bytes);
+			ag_open[n->bucket] = true;
 			ag_node[n->bucket] = i;
 			break;
 		case SCHED_REDUCE_SCATTER:
-			CHECK(rs_ticket[n->bucket] == 0, "schedule: bucket %d reduced twice",
-			      n->bucket);
+			CHECK(!rs_open[n->bucket], "schedule: bucket %d reduced twice", n->bucket);
 			ticket = rs_ticket[n->bucket] =
 			    be->reduce_scatter(be->ctx, n->bucket, &bytes);
+			rs_open[n->bucket] = true;
 			rs_node[n->bucket] = i;
 			break;
 		case SCHED_WAIT: {
 			bool ag = n->wait_kind == SCHED_ALL_GATHER;
 			int64_t *tk = ag ? &ag_ticket[n->bucket] : &rs_ticket[n->bucket];
-			CHECK(*tk > 0, "schedule: WAIT on bucket %d with nothing in flight",
-			      n->bucket);
-			comm_stream_wait(stream, *tk);
-			if (rec) {
+			bool *open = ag ? &ag_open[n->bucket] : &rs_open[n->bucket];
+			CHECK(*open, "schedule: WAIT on bucket %d with nothing in flight", n->bucket);
+			*open = false;
+			if (*tk > 0)
+				comm_stream_wait(stream, *tk);
+			if (rec && *tk > 0) {
 				struct sched_record *r =
 				    &rec[ag ? ag_node[n->bucket] : rs_node[n->bucket]];
 				comm_stream_op_times(stream, *tk, &r->comm_t0, &r->comm_t1,
@@ -102,5 +106,6 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 	if (rc != CT_OK)
 		comm_stream_sync(stream);
 	free(ag_ticket), free(rs_ticket), free(ag_node), free(rs_node);
+	free(ag_open), free(rs_open);
 	return rc;
 }

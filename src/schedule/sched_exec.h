@@ -23,7 +23,8 @@ struct sched_backend {
 	void *ctx;
 	void (*batch)(void *ctx, int micro);
 	/* Issue a collective of a bucket on the stream; return its ticket and the bytes this
-	 * rank sends into it. */
+	 * rank sends into it. Ticket 0: the collective had nothing to move (a group of one
+	 * rank) and is complete at once; its WAIT only calls the _done function. */
 	int64_t (*all_gather)(void *ctx, int bucket, int64_t *bytes);
 	int64_t (*reduce_scatter)(void *ctx, int bucket, int64_t *bytes);
 	/* After the ticket completed. */

@@ -105,33 +105,6 @@ void step_plan_log_compare(const struct sched *s, const struct sched_cost_model 
 	log_lines(text);
 }
 
-double step_plan_predict_single(const struct ct_config *cfg, const struct llama_config *c,
-                                const struct param_table *t, int64_t B, int64_t T, int accum,
-                                struct comm_stream *stream, const struct comm_group *world)
-{
-	enum model_ac ac;
-	if (step_plan_ac(cfg, &ac))
-		return 0.0;
-	struct sched_unit *units = xcalloc((size_t)t->n_units, sizeof(*units));
-	sched_units_from_table(t, 1, units);
-	struct sched naive, s;
-	sched_build(&naive, units, t->n_units, accum, SCHED_RESHARD_DEFAULT);
-	free(units);
-	sched_pass_checkpoint(&naive, ac, &s);
-	struct sched_cost_model cm;
-	sched_cost_init(&cm, c, B, T, &s, 1, false, ac, 4);
-	sched_cost_calibrate(&cm, c, B, T, stream, world, world, false);
-	cm.overlap = false;
-	cm.single = true; /* train_step: no collectives, no copies in or out of buckets */
-	step_plan_log(&s, &cm);
-	struct sched_prediction p;
-	sched_predict(&s, &cm, &p, NULL);
-	sched_cost_free(&cm);
-	sched_free(&naive);
-	sched_free(&s);
-	return p.step_s;
-}
-
 int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
                     struct comm_stream *stream, struct sched_cost_model *cm, bool *have_cm)
 {
@@ -143,8 +116,9 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 	step_plan_reorder_opts(cfg, &o);
 	struct sched naive, s;
 	fsdp_naive_schedule(f, accum, &naive);
+	/* profiling compares the step with the cost model where the family has one */
 	*have_cm = strcmp(cfg->comm.buckets, "auto") == 0 || o.memory_bytes > 0 ||
-	           cfg->profiling.enable_profiling;
+	           (cfg->profiling.enable_profiling && f->model->cfg.kind == MODEL_LLAMA);
 	if (*have_cm && f->model->cfg.kind != MODEL_LLAMA) {
 		LOG_ERROR("comm.buckets = \"auto\", comm.memory budget and profiling need the cost "
 		          "model, which does not yet support model.name = \"%s\"",
@@ -170,6 +144,9 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 			cm->ag_latency_s = cm->rs_latency_s = cfg->comm.latency_us * 1e-6;
 		}
 		cm->overlap = overlap;
+		/* one shard computed in place (fsdp.c): no collectives, no copies */
+		cm->single = f->mesh->dp_shard == 1 && f->mesh->dp_replicate == 1 && !bf16 &&
+		             !f->fp8_ag;
 		if (f->mesh->tp > 1)
 			sched_cost_calibrate_tp(cm, &f->mesh->tp_group, &f->mesh->world_group,
 			                        cfg->comm.simulate_bandwidth_gbps,

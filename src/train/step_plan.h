@@ -31,13 +31,6 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 /* Log the plans the automatic search compared, one line each. */
 void step_plan_log_report(const struct sched_auto_report *r, int n_units);
 
-/* One rank (no FSDP schedule runs): the cost model's predicted step for the same compute —
- * the naive schedule of units on one rank, rates calibrated here (collective on world).
- * Logs it and returns the step in seconds. */
-double step_plan_predict_single(const struct ct_config *cfg, const struct llama_config *c,
-                                const struct param_table *t, int64_t B, int64_t T, int accum,
-                                struct comm_stream *stream, const struct comm_group *world);
-
 /* Log the cost model's prediction against a profiled step, per node kind. */
 void step_plan_log_compare(const struct sched *s, const struct sched_cost_model *cm,
                            const struct sched_record *rec, double t0, double t1);

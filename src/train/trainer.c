@@ -26,6 +26,7 @@
 #include "model/model.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp.h"
+#include "parallel/tp_coll.h"
 #include "train/checkpoint.h"
 #include "train/compute.h"
 #include "train/lr_schedule.h"
@@ -41,13 +42,13 @@ struct trainer {
 	struct mesh mesh;
 	struct comm_stream *stream;
 	struct model model;
+	struct tp_coll tp; /* tensor parallelism's collectives (mesh.tp > 1) */
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
 	bool sharded;
 	struct pp pp; /* pipeline parallelism (parallelism.pipeline_parallel_degree > 1) */
 	bool piped;
 	struct sched_cost_model cost; /* the step's cost model, when the config needs one */
 	bool have_cost;
-	double single_pred_s; /* one rank, profiling: the cost model's predicted step (0: none) */
 	struct adamw opt;
 	struct lr_schedule lr;
 	struct loader *train_ld; /* a shard folder */
@@ -131,8 +132,9 @@ static int trainer_build_model(struct trainer *tr)
 		return rc;
 	bool bf16 = compute_bf16(cfg);
 	tr->piped = tr->mesh.pp > 1;
-	/* TP runs under FSDP (dp_shard may be 1), or inside each pipeline stage */
-	tr->sharded = (tr->dp > 1 || tr->mesh.tp > 1) && !tr->piped;
+	/* every layout but PP runs the schedule through FSDP's backend: one rank is its
+	 * trivial case (one shard, computed in place), TP runs under it with dp_shard 1 */
+	tr->sharded = !tr->piped;
 	if (tr->piped) {
 		rc = trainer_pp_check(tr, &mc, bf16);
 		if (rc)
@@ -151,17 +153,16 @@ static int trainer_build_model(struct trainer *tr)
 	if (rc)
 		return rc;
 	const struct model_build_opts opts = {
-	    .own_params = !tr->sharded && !tr->piped,
+	    .own_params = false,
 	    .ac = ac,
-	    .tp_group = tr->mesh.tp > 1 ? &tr->mesh.tp_group : NULL,
+	    .tp = tr->mesh.tp > 1 ? &tr->tp.ops : NULL,
 	    /* under PP the stages run their own slots: this model only describes (table,
 	     * shapes), so it plans no more than the embedding's output */
 	    .unit_hi = tr->piped ? 1 : 0,
-
-	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
-	    .tp_sim_gbps = cfg->comm.simulate_bandwidth_gbps,
-	    .tp_sim_latency_us = cfg->comm.simulate_latency_us,
-	    .tp_timeout_s = cfg->comm.timeout_seconds};
+	    .tp_async = cfg->parallelism.enable_async_tensor_parallel};
+	if (tr->mesh.tp > 1)
+		tp_coll_init(&tr->tp, &tr->mesh.tp_group, cfg->comm.simulate_bandwidth_gbps,
+		             cfg->comm.simulate_latency_us, cfg->comm.timeout_seconds);
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
 	                 &opts);
 	if (rc)
@@ -189,14 +190,6 @@ static int trainer_build_model(struct trainer *tr)
 			return rc;
 		pp_init_params(&tr->pp, seed);
 		opt_numel = tr->pp.shard_numel;
-	} else {
-		model_init_params(m, seed, m->params, 0, m->table->numel);
-		for (int u = 0; u < m->n_units; u++) /* registers float8 linears, if any */
-			model_bind_unit(m, u, m->unit_w[u], m->unit_dw[u]);
-		if (cfg->profiling.enable_profiling && mc.kind == MODEL_LLAMA)
-			tr->single_pred_s = step_plan_predict_single(
-			    cfg, &mc.llama, m->table, m->B, m->T, (int)tr->accum, tr->stream,
-			    &tr->mesh.world_group);
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
 	           cfg->optimizer.eps, cfg->optimizer.weight_decay);
@@ -303,8 +296,8 @@ static int trainer_setup(struct trainer *tr)
 	if (rc)
 		return rc;
 	/* async TP's ring steps on the comm stream when it has a thread to move them */
-	if (mode == STREAM_THREAD && tr->mesh.tp > 1 && tr->model.cfg.kind == MODEL_LLAMA)
-		llama_tp_use_stream(tr->model.impl, tr->stream);
+	if (mode == STREAM_THREAD && tr->mesh.tp > 1)
+		tp_coll_use_stream(&tr->tp, tr->stream);
 	rc = lr_schedule_init(&tr->lr, cfg->optimizer.lr, cfg->lr_scheduler.warmup_steps,
 	                      cfg->lr_scheduler.decay_ratio, cfg->lr_scheduler.decay_type,
 	                      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
@@ -337,8 +330,8 @@ static int trainer_setup(struct trainer *tr)
 		         "comm progress %s",
 		         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard, tr->mesh.tp,
 		         tr->mesh.tp > 1 ? "FSDP + TP with sequence and loss parallelism"
-		         : tr->sharded   ? "FSDP"
-		                         : "single rank",
+		         : tr->mesh.world > 1 ? "FSDP"
+		                              : "single rank: FSDP's one-shard case, in place",
 		         cfg->comm.progress);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
@@ -398,40 +391,6 @@ static void trainer_teardown(struct trainer *tr)
 	mesh_free(&tr->mesh);
 }
 
-int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
-               int64_t accum, double lr, double max_norm, struct train_step_result *res)
-{
-	int64_t N = m->N;
-	int64_t valid = llama_count_valid(targets, accum * N);
-	memset(m->grads, 0, (size_t)m->table->numel * sizeof(float));
-	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
-	model_set_loss_dscale(m, dscale);
-	double loss_sum = 0.0;
-	bool bf16 = mm_engine_dtype() == MM_BF16;
-	if (bf16)
-		compute_bind_bf16_params(m, true);
-	for (int64_t a = 0; a < accum; a++) {
-		memcpy(m->tokens, tokens + a * N, (size_t)N * sizeof(int32_t));
-		memcpy(m->targets, targets + a * N, (size_t)N * sizeof(int32_t));
-		loss_sum += model_forward(m, NULL);
-		model_backward(m, dscale);
-	}
-	if (bf16)
-		compute_bind_bf16_params(m, false);
-	res->valid = valid;
-	res->loss = valid > 0 ? loss_sum / (double)valid : 0.0;
-	res->grad_norm = sqrt(sumsq_f32(m->grads, m->table->numel));
-	if (!isfinite(res->loss) || !isfinite(res->grad_norm)) {
-		LOG_ERROR("non-finite %s (loss %g, grad norm %g); stopping",
-		          isfinite(res->loss) ? "gradient norm" : "loss", res->loss,
-		          res->grad_norm);
-		return CT_ERR_RUNTIME;
-	}
-	adamw_step(opt, m->table, m->params, m->grads, lr,
-	           clip_coefficient(res->grad_norm, max_norm));
-	return CT_OK;
-}
-
 /* Rows of the global batch: micro-batch a of data-parallel rank d takes rows
  * step*G + (a*dp + d)*B .. +B, so any (ranks x micro-batches) split of the same global batch
  * sees the same rows. */
@@ -469,17 +428,6 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 {
 	if (tr->sharded && tr->have_cost)
 		step_plan_log_compare(&tr->fsdp.sched, &tr->cost, tr->fsdp.rec, t0, timer_now());
-	if (!tr->sharded && tr->single_pred_s > 0) {
-		double ms = timer_now() - t0;
-		LOG_INFO("cost model vs this step: predicted %.4f s, measured %.4f s (%+.1f%%)",
-		         tr->single_pred_s, ms, 100.0 * (tr->single_pred_s / ms - 1.0));
-	}
-	if (!tr->sharded && !tr->piped) {
-		if (step == tr->cfg->profiling.profile_freq)
-			LOG_WARN("profiling: traces record the FSDP schedule; a single-rank run "
-			         "writes none");
-		return CT_OK;
-	}
 	char dir[2200], path[2300];
 	snprintf(dir, sizeof(dir), "%s/%s/iteration_%lld", tr->cfg->job.dump_folder,
 	         tr->cfg->profiling.save_traces_folder, (long long)step);
@@ -495,9 +443,7 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 /* Time in tensor-parallel collectives so far (blocking, on the compute path). */
 static double trainer_tp_comm(const struct trainer *tr)
 {
-	return tr->mesh.tp > 1 && tr->model.cfg.kind == MODEL_LLAMA
-	           ? llama_tp_comm_seconds(tr->model.impl)
-	           : 0.0;
+	return tr->mesh.tp > 1 ? tp_coll_seconds(&tr->tp) : 0.0;
 }
 
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
@@ -519,11 +465,9 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	struct train_step_result res;
 	int rc = tr->piped ? pp_train_step(&tr->pp, &tr->opt, tr->batch_tokens, tr->batch_targets,
 	                                   lr, cfg->training.max_norm, &res)
-	         : tr->sharded
-	             ? fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens, tr->batch_targets,
-	                               tr->accum, lr, cfg->training.max_norm, &res)
-	             : train_step(m, &tr->opt, tr->batch_tokens, tr->batch_targets, tr->accum, lr,
-	                          cfg->training.max_norm, &res);
+	                   : fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens,
+	                                     tr->batch_targets, tr->accum, lr,
+	                                     cfg->training.max_norm, &res);
 	if (rc) {
 		LOG_ERROR("step %lld failed", (long long)step + 1);
 		return rc;
@@ -570,14 +514,7 @@ static int trainer_validate(struct trainer *tr, double *loss)
 			const int32_t *tgt = tr->batch_targets + a * m->N;
 			int64_t valid = 0;
 			double l;
-			if (tr->sharded) {
-				l = fsdp_eval_loss(&tr->fsdp, tok, tgt, &valid);
-			} else {
-				memcpy(m->tokens, tok, (size_t)m->N * sizeof(int32_t));
-				memcpy(m->targets, tgt, (size_t)m->N * sizeof(int32_t));
-				model_set_loss_dscale(m, 0);
-				l = model_forward(m, &valid);
-			}
+			l = fsdp_eval_loss(&tr->fsdp, tok, tgt, &valid);
 			sums[0] += l;
 			sums[1] += (double)valid;
 		}
