@@ -14,10 +14,12 @@ RUN_PKGS=(
   libopenblas-openmp-dev     # sgemm (OpenMP build: one thread pool with our kernels)
   libdnnl-dev                # oneDNN matmul primitives (AMX / AVX512-BF16 / AVX-512 / AVX2)
   libopenmpi-dev openmpi-bin # MPI
-  libcjson-dev               # JSON (metrics, manifests)
+  libcjson-dev               # JSON (metrics, manifests, JSON-lines corpora)
   libxxhash-dev              # checkpoint checksums
   libpcre2-dev               # tokenizer pre-split regex
   libfftw3-dev               # FFT long convolutions (Hyena, flash inference)
+  zlib1g-dev                 # ctitan prepare reads .gz corpora
+  libzstd-dev                # ctitan prepare reads .zst corpora
   bible-kjv                  # the default corpus (make run): 4.3 MB of English prose
   gnuplot-nox                # `ctitan plot` draws PNG charts with it
 )
@@ -26,6 +28,7 @@ TEST_PKGS=(
   clang libclang-rt-14-dev    # libFuzzer harnesses (tests/fuzz): clang and its fuzzer runtime
   python3-torch python3-numpy # independent reference for tests and benchmarks
   nodejs npm                  # tokenizer_parity / bench_tokenizer: tiktoken and llama3-tokenizer-js
+  zstd                        # the prepare test compresses its JSON-lines corpus with it
   iproute2                    # multi-host and fault tests: hosts as network namespaces (ip netns)
 )
 
