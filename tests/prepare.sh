@@ -3,7 +3,8 @@
 # a corpus made here from the Debian licence texts (/usr/share/common-licenses):
 #  1. the same documents as a folder of plain files, one plain file with a separator, the
 #     same file gzip- and zstd-compressed, and JSON lines (.jsonl, .jsonl.gz, .jsonl.zst; one
-#     file per line) give byte-identical shards (train and val);
+#     file per line) give byte-identical shards (train and val); so do they on a corpus
+#     larger than one read buffer; truncated .gz and .zst files are errors (exit 1);
 #  2. malformed JSON lines (not JSON, no such field, a number for the text) at random lines:
 #     exit 2 naming the first one's file:line and reason, no shard left; with
 #     --skip-bad-lines exit 0, the count and the first one reported, and the shards of the
@@ -56,6 +57,30 @@ for f in lic.jsonl lic.jsonl.gz lic.jsonl.zst plain.txt plain.txt.gz plain.txt.z
     [ "$(ls "$tmp/o_$f")" = "$(ls "$tmp/ref")" ]
   check "$f: the same token ids and splits as the plain files" $?
 done
+# past one read buffer (1 MiB): five documents of every licence text each, 1.3 MB in all
+$PY - "$tmp" "$SEP" <<'PY'
+import json, sys
+tmp, sep = sys.argv[1:3]
+texts = [f"[{i}]\n" + open(f"{tmp}/all.txt", encoding="utf-8").read() for i in range(5)]
+open(f"{tmp}/big.txt", "w").write(sep.join(texts))
+open(f"{tmp}/big.jsonl", "w").write("".join(json.dumps({"text": t}) + "\n" for t in texts))
+PY
+gzip -k "$tmp/big.txt" "$tmp/big.jsonl" && zstd -q "$tmp/big.txt" "$tmp/big.jsonl" &&
+  prep --input "$tmp/big.txt" --out "$tmp/big" --doc-separator "$SEP" > "$tmp/big.log" 2>&1
+check "a 1.3 MB corpus" $?
+for f in big.txt.gz big.txt.zst big.jsonl big.jsonl.gz big.jsonl.zst; do
+  prep --input "$tmp/$f" --out "$tmp/o_$f" --doc-separator "$SEP" > "$tmp/o_$f.log" 2>&1 &&
+    same "$tmp/big/train_000000.bin" "$tmp/o_$f/train_000000.bin"
+  check "$f: the same token ids as the plain file" $?
+done
+head -c $(($(stat -c %s "$tmp/big.jsonl.zst") / 2)) "$tmp/big.jsonl.zst" > "$tmp/cut.jsonl.zst"
+prep --input "$tmp/cut.jsonl.zst" --out "$tmp/cut1" > "$tmp/cut1.log" 2>&1
+[ $? -eq 1 ] && grep -q "cut.jsonl.zst': truncated zstd data" "$tmp/cut1.log"
+check "a truncated .zst: exit 1 naming the file" $?
+head -c $(($(stat -c %s "$tmp/big.txt.gz") / 2)) "$tmp/big.txt.gz" > "$tmp/cut.txt.gz"
+prep --input "$tmp/cut.txt.gz" --out "$tmp/cut2" > "$tmp/cut2.log" 2>&1
+[ $? -eq 1 ] && grep -q "cut.txt.gz': bad gzip data: .*unexpected end of file" "$tmp/cut2.log"
+check "a truncated .gz: exit 1 naming the file" $?
 
 # 2. malformed lines: one document per paragraph, three bad lines at random places
 $PY - "$tmp" "$LIC" "$RANDOM" <<'PY'

@@ -25,8 +25,7 @@ struct cfile {
 	ZSTD_DCtx *dctx;
 	unsigned char *zin;
 	ZSTD_inBuffer in;
-	size_t zret;       /* last ZSTD_decompressStream result: 0 when a frame just ended */
-	bool zfull;        /* the last call filled the output: more may be buffered inside */
+	size_t zret;       /* last ZSTD_decompressStream result: 0 when a frame is complete */
 	bool eof;          /* the compressed input is used up */
 	int64_t disk_read; /* compressed (on-disk) bytes consumed */
 };
@@ -129,28 +128,27 @@ static int cfile_read_zstd(struct cfile *c, void *buf, size_t cap, size_t *got)
 				          strerror(errno));
 				return CT_ERR_RUNTIME;
 			}
-			if (n == 0)
-				c->eof = true;
+			c->eof = n == 0;
 			c->in.size = n;
 			c->in.pos = 0;
 			c->disk_read += (int64_t)n;
 		}
-		if (c->eof && c->in.pos == c->in.size && !c->zfull) {
-			if (c->zret != 0) {
-				LOG_ERROR("prepare: '%s': truncated zstd data (the last frame is "
-				          "incomplete)",
-				          c->path);
-				return CT_ERR_RUNTIME;
-			}
+		/* input used up: the end when the last frame is complete and flushed (0) */
+		bool drained = c->eof && c->in.pos == c->in.size;
+		if (drained && c->zret == 0)
 			break;
-		}
 		c->zret = ZSTD_decompressStream(c->dctx, &out, &c->in);
 		if (ZSTD_isError(c->zret)) {
 			LOG_ERROR("prepare: '%s': bad zstd data: %s", c->path,
 			          ZSTD_getErrorName(c->zret));
 			return CT_ERR_RUNTIME;
 		}
-		c->zfull = out.pos == out.size;
+		if (drained && out.pos == 0 && c->zret != 0) {
+			LOG_ERROR(
+			    "prepare: '%s': truncated zstd data (the last frame is incomplete)",
+			    c->path);
+			return CT_ERR_RUNTIME;
+		}
 	}
 	*got = out.pos;
 	return CT_OK;
