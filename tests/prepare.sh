@@ -9,10 +9,10 @@
 #     exit 2 naming the first one's file:line and reason, no shard left; with
 #     --skip-bad-lines exit 0, the count and the first one reported, and the shards of the
 #     corpus without those lines;
-#  3. mixing two sources by (random) weight: every output document is the next one of one
-#     source, each source's token share stays within one document of its weight at every
-#     point, --mix-stop first stops when one source runs out (nothing repeated), --mix-stop
-#     all repeats until both were read through;
+#  3. mixing sources by (random) weight: every output document is the next one of a source,
+#     with two sources each one's token share stays within one document of its weight at every
+#     point (three: at most one document over, two under), --mix-stop first stops when one
+#     source runs out (nothing repeated), --mix-stop all repeats until all were read through;
 #  4. the loader on a mixed dataset: a 2-rank run stopped after step 4 and resumed on 1 rank
 #     trains each sample once and matches the uninterrupted run.
 #   tests/prepare.sh build/ctitan
@@ -119,25 +119,27 @@ prep --input "$tmp/bad.jsonl.zst" --out "$tmp/skip" --skip-bad-lines > "$tmp/ski
   same "$tmp/good/val_000000.bin" "$tmp/skip/val_000000.bin"
 check "--skip-bad-lines: exit 0, 3 lines and the first reported, the rest tokenized as without them" $?
 
-# 3. mixing: source A the even paragraphs (JSON lines, zstd), B the odd ones (plain text); a
-# tag in each document keeps the two apart
+# 3. mixing: source A the even paragraphs (JSON lines, zstd), B the odd ones (plain text), C
+# every third one (.jsonl.gz); a tag in each document keeps them apart
 $PY - "$tmp" "$LIC" <<'PY'
 import json, os, sys
 tmp, lic = sys.argv[1:3]
 paras = [p for n in sorted(os.listdir(lic))
          for p in open(os.path.join(lic, n), encoding="utf-8").read().split("\n\n") if p.strip()]
-with open(f"{tmp}/a.jsonl", "w") as f:
-    for p in paras[0::2]:
-        f.write(json.dumps({"text": "[A] " + p}) + "\n")
-open(f"{tmp}/b.txt", "w").write("\n\n".join("[B] " + p for p in paras[1::2]))
+for name, part in (("a", paras[0::2]), ("c", paras[0::3])):
+    with open(f"{tmp}/{name}.jsonl", "w") as f:
+        for p in part:
+            f.write(json.dumps({"text": f"[{name}] " + p}) + "\n")
+open(f"{tmp}/b.txt", "w").write("\n\n".join("[b] " + p for p in paras[1::2]))
 PY
-zstd -q --rm "$tmp/a.jsonl"
+zstd -q --rm "$tmp/a.jsonl" && gzip "$tmp/c.jsonl"
 MIX=(--doc-separator '\n\n' --val-fraction 0)
 prep --input "$tmp/a.jsonl.zst" --out "$tmp/a" "${MIX[@]}" > /dev/null 2>&1 &&
-  prep --input "$tmp/b.txt" --out "$tmp/b" "${MIX[@]}" > /dev/null 2>&1
+  prep --input "$tmp/b.txt" --out "$tmp/b" "${MIX[@]}" > /dev/null 2>&1 &&
+  prep --input "$tmp/c.jsonl.gz" --out "$tmp/c" "${MIX[@]}" > /dev/null 2>&1
 check "each source alone" $?
-mixcheck() { # MIXED_DIR WEIGHT_A WEIGHT_B first|all
-  $PY - "$tmp/a" "$tmp/b" "$@" <<'PY'
+mixcheck() { # MIXED_DIR first|all SOURCE_DIR WEIGHT [SOURCE_DIR WEIGHT ...]
+  $PY - "$@" <<'PY'
 import struct, sys
 def docs(d):
     b = open(f"{d}/train_000000.bin", "rb").read()
@@ -145,40 +147,48 @@ def docs(d):
     t = struct.unpack(f"<{n}H", b[24:])
     starts = [i for i, x in enumerate(t) if x == t[0]] + [n]  # t[0] = <|begin_of_text|>
     return [t[s:e] for s, e in zip(starts, starts[1:])]
-a, b, mixed = docs(sys.argv[1]), docs(sys.argv[2]), docs(sys.argv[3])
-wa, wb, mode = float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
-fa = wa / (wa + wb)
-longest = max(len(d) for d in a + b)
-ia = ib = ta = tb = 0
-worst = 0.0
+mixed, mode = docs(sys.argv[1]), sys.argv[2]
+src = [docs(d) for d in sys.argv[3::2]]
+w = [float(x) for x in sys.argv[4::2]]
+f = [x / sum(w) for x in w]
+n = len(src)
+longest = max(len(d) for s in src for d in s)
+took, tok = [0] * n, [0] * n
+over = under = 0.0  # the worst excess and shortfall over all prefixes, in longest documents
 for k, d in enumerate(mixed):
-    if d == a[ia % len(a)]:
-        ia, ta = ia + 1, ta + len(d)
-    elif d == b[ib % len(b)]:
-        ib, tb = ib + 1, tb + len(d)
-    else:
-        sys.exit(f"mixed document {k} is not the next document of either source")
-    worst = max(worst, abs(ta - fa * (ta + tb)) / longest)
-total = ta + tb
-print(f"  {mode}: A {ia} docs {ta} tokens ({ta / total:.4f}, weight {fa:.4f}), B {ib} docs {tb} "
-      f"tokens; worst |A - share| over all prefixes {worst:.2f} documents of {longest} tokens")
-if worst > 1:
-    sys.exit("a share is off by more than one document")
-if mode == "first" and not (ia <= len(a) and ib <= len(b) and (ia == len(a) or ib == len(b))):
-    sys.exit(f"first: expected one source used up and nothing repeated ({ia}/{len(a)}, {ib}/{len(b)})")
-if mode == "all" and not (ia >= len(a) and ib >= len(b) and max(ia / len(a), ib / len(b)) > 1.5):
-    sys.exit(f"all: expected both read through and one repeated ({ia}/{len(a)}, {ib}/{len(b)})")
+    i = next((i for i in range(n) if d == src[i][took[i] % len(src[i])]), None)
+    if i is None:
+        sys.exit(f"mixed document {k} is not the next document of any source")
+    took[i], tok[i] = took[i] + 1, tok[i] + len(d)
+    T = sum(tok)
+    over = max([over] + [(tok[j] - f[j] * T) / longest for j in range(n)])
+    under = max([under] + [(f[j] * T - tok[j]) / longest for j in range(n)])
+T = sum(tok)
+print(f"  {mode}: " + ", ".join(f"{took[i]}/{len(src[i])} docs {tok[i] / T:.4f} (weight {f[i]:.4f})"
+      for i in range(n)) + f"; worst over {over:.2f}, under {under:.2f} documents of {longest} tokens")
+if over > 1 or under > n - 1:
+    sys.exit(f"a share is off by more than the bound (1 document over, {n - 1} under)")
+used = [took[i] / len(src[i]) for i in range(n)]
+if mode == "first" and not (max(used) <= 1 and max(used) == 1):
+    sys.exit(f"first: expected one source used up and nothing repeated ({used})")
+if mode == "all" and not (min(used) >= 1 and max(used) > 1.5):
+    sys.exit(f"all: expected every source read through and one repeated ({used})")
 PY
 }
 wa=0.$((RANDOM % 50 + 25)) # 0.25 .. 0.74
 wb=$($PY -c "print(round(1 - $wa, 2))")
 prep --input "$tmp/a.jsonl.zst:$wa" "$tmp/b.txt:$wb" --out "$tmp/m1" "${MIX[@]}" > "$tmp/m1.log" 2>&1 &&
-  mixcheck "$tmp/m1" "$wa" "$wb" first
+  mixcheck "$tmp/m1" first "$tmp/a" "$wa" "$tmp/b" "$wb"
 check "mix A:$wa B:$wb, --mix-stop first: shares within one document, nothing repeated" $?
 grep -q "source 1 .*a.jsonl.zst: weight $wa" "$tmp/m1.log"; check "the summary names each source and its weight" $?
 prep --input "$tmp/a.jsonl.zst:1" "$tmp/b.txt:4" --out "$tmp/m2" "${MIX[@]}" --mix-stop all > "$tmp/m2.log" 2>&1 &&
-  mixcheck "$tmp/m2" 1 4 all
+  mixcheck "$tmp/m2" all "$tmp/a" 1 "$tmp/b" 4
 check "mix A:1 B:4, --mix-stop all: shares within one document, A read through, B repeated" $?
+w3=($((RANDOM % 9 + 1)) $((RANDOM % 9 + 1)) $((RANDOM % 9 + 1)))
+prep --input "$tmp/a.jsonl.zst:${w3[0]}" "$tmp/b.txt:${w3[1]}" "$tmp/c.jsonl.gz:${w3[2]}" --out "$tmp/m4" \
+  "${MIX[@]}" --mix-stop all > "$tmp/m4.log" 2>&1 &&
+  mixcheck "$tmp/m4" all "$tmp/a" "${w3[0]}" "$tmp/b" "${w3[1]}" "$tmp/c" "${w3[2]}"
+check "mix of three A:${w3[0]} B:${w3[1]} C:${w3[2]}, --mix-stop all: at most 1 document over, 2 under" $?
 prep --input "$tmp/a.jsonl.zst:0.5" "$tmp/b.txt" --out "$tmp/m3" > "$tmp/m3.log" 2>&1
 [ $? -eq 2 ] && grep -q "every input a weight" "$tmp/m3.log"
 check "a weight on some inputs only: exit 2" $?
