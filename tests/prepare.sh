@@ -26,7 +26,8 @@ if ! command -v zstd > /dev/null || ! command -v gzip > /dev/null || [ ! -d $LIC
   echo "skipped: needs zstd and gzip (scripts/install-deps.sh --test) and $LIC"
   exit 77
 fi
-prep() { "$CTITAN" prepare --tokenizer "$tmp/tok.model" "$@"; }
+# bounded, so that a defect that never stops mixing cannot fill the disk
+prep() { timeout 30 "$CTITAN" prepare --tokenizer "$tmp/tok.model" "$@"; }
 SEP='
 @@DOC@@
 '
