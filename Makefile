@@ -5,6 +5,8 @@
 #   make asan   the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make tsan   the comm tests (threads: comm stream, watchdog, counters) under ThreadSanitizer
 #   make build  build only
+# make build and make run install only what building and running need (scripts/install-deps.sh);
+# make test, asan, tsan and bench add the test-only packages (scripts/install-deps.sh --test).
 # CMake generates the build and CTest runs the suite: it gives per-test timeouts, MPI launch
 # lines and environments, and parallel runs for free; this Makefile only fixes the entry points.
 
@@ -14,34 +16,43 @@ TSAN_DIR ?= build-tsan
 JOBS ?= $(shell nproc)
 CTEST_ARGS ?=
 
-.PHONY: all deps build run test bench asan tsan clean
+.PHONY: all deps deps-test build compile run test bench asan tsan clean
 
 all: build
 
 deps:
 	@bash scripts/install-deps.sh
 
-build: deps
+deps-test:
+	@bash scripts/install-deps.sh --test
+
+# The Release build without installing anything (build and test each install their set first).
+compile:
 	@cmake -S . -B $(BUILD_DIR) -DCMAKE_BUILD_TYPE=Release > /dev/null
 	@cmake --build $(BUILD_DIR) -j $(JOBS)
+
+build: deps
+	@$(MAKE) --no-print-directory compile
 
 run: build
 	@bash scripts/run.sh $(BUILD_DIR)/ctitan
 
-test: build
+test: deps-test
+	@$(MAKE) --no-print-directory compile
 	@cd $(BUILD_DIR) && ctest --output-on-failure $(CTEST_ARGS)
 
-bench: build
+bench: deps-test
+	@$(MAKE) --no-print-directory compile
 	@bash bench/run.sh $(BUILD_DIR)
 
-asan: deps
+asan: deps-test
 	@cmake -S . -B $(ASAN_DIR) -DCMAKE_BUILD_TYPE=Asan > /dev/null
 	@cmake --build $(ASAN_DIR) -j $(JOBS)
 	@cd $(ASAN_DIR) && CT_ASAN=1 ctest --output-on-failure $(CTEST_ARGS)
 
 # OpenMP runs one thread per rank here: libgomp is not instrumented, so its barriers would
 # read as races; the comm layer's own threads are what this checks.
-tsan: deps
+tsan: deps-test
 	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Tsan > /dev/null
 	@cmake --build $(TSAN_DIR) -j $(JOBS) --target test_comm
 	@cd $(TSAN_DIR) && CT_TSAN=1 ctest --output-on-failure -R '^comm_np' $(CTEST_ARGS)

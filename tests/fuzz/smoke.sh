@@ -8,6 +8,15 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OUT=${1:?build dir}/fuzz
 SECS=${2:-10}
 mkdir -p "$OUT"
+# The harnesses need clang and its libFuzzer runtime, test-only packages (make test installs
+# them): without them the test is skipped (exit 77), never passed.
+probe='int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { return (int)(d && n) * 0; }'
+if ! command -v clang > /dev/null ||
+  ! echo "$probe" | clang -fsanitize=fuzzer -x c - -o "$OUT/probe" > "$OUT/probe.log" 2>&1; then
+  echo "skipped: clang with its libFuzzer runtime is missing (scripts/install-deps.sh --test" \
+    "installs clang and libclang-rt-14-dev)"
+  exit 77
+fi
 CC="clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Wno-unknown-pragmas -I$ROOT/src"
 build() { # name sources... -- libs...
   local name=$1
