@@ -12,10 +12,12 @@ PKGS=(
   libxxhash-dev              # checkpoint checksums
   libpcre2-dev               # tokenizer pre-split regex
   libfftw3-dev               # FFT long convolutions (Hyena, flash inference)
+  libisal-dev                # ISA-L: CRC32C of TensorBoard event records
   bible-kjv                  # the default corpus (make run): 4.3 MB of English prose
   gnuplot-nox                # `ctitan plot` draws PNG charts with it
   libclang-rt-14-dev         # libFuzzer runtime for the fuzz harnesses (tests)
   python3-torch python3-numpy # independent reference for tests and benchmarks
+  protobuf-compiler          # tests only: `protoc --decode_raw` reads our TensorBoard events
   nodejs npm                 # tokenizer_parity / bench_tokenizer: tiktoken and llama3-tokenizer-js
 )
 

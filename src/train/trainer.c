@@ -867,6 +867,9 @@ int trainer_run(const struct ct_config *cfg)
 		rc = metrics_open(&tr.metrics, cfg->job.dump_folder,
 		                  cfg->metrics.enable_jsonl && tr.mesh.rank == 0, first > 0,
 		                  tr.flops_per_token, tr.peak_flops);
+	if (rc == CT_OK && cfg->metrics.enable_tensorboard && tr.mesh.rank == 0)
+		rc = metrics_open_tensorboard(&tr.metrics, cfg->job.dump_folder,
+		                              cfg->metrics.save_tb_folder);
 	if (rc == CT_OK && first >= steps)
 		LOG_INFO(
 		    "checkpoint is at step %lld: nothing left to train (training.steps = %lld)",

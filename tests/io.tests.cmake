@@ -1,0 +1,4 @@
+# io/tb_events: varints, CRC32C vectors, Event bytes, a file read back record by record.
+ct_add_test(tb_events)
+# TensorBoard event files of training runs, decoded by protoc --decode_raw (tests/tensorboard.sh).
+ct_add_script_test(tensorboard tests/tensorboard.sh)
