@@ -16,7 +16,8 @@ if ! command -v protoc > /dev/null; then
   exit 1
 fi
 
-COMMON=(--training.seq_len=128 --metrics.peak_tflops=0.1 --metrics.enable_tensorboard=true)
+COMMON=(--training.seq_len=128 --training.local_batch_size=2 --metrics.peak_tflops=0.1
+        --metrics.enable_tensorboard=true)
 run "$tmp/a.log" "$ROOT/scripts/launch" 2 "$CTITAN" train "$ROOT/configs/debug.toml" \
   --training.steps=3 --training.dataset=synthetic --job.dump_folder="$tmp/a" "${COMMON[@]}"
 check "2-rank synthetic run with metrics.enable_tensorboard" $?
