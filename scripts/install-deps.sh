@@ -20,6 +20,7 @@ RUN_PKGS=(
   libfftw3-dev               # FFT long convolutions (Hyena, flash inference)
   zlib1g-dev                 # ctitan prepare reads .gz corpora
   libzstd-dev                # ctitan prepare reads .zst corpora
+  libisal-dev                # ISA-L: CRC32C of TensorBoard event records
   bible-kjv                  # the default corpus (make run): 4.3 MB of English prose
   gnuplot-nox                # `ctitan plot` draws PNG charts with it
 )
@@ -30,6 +31,7 @@ TEST_PKGS=(
   nodejs npm                  # tokenizer_parity / bench_tokenizer: tiktoken and llama3-tokenizer-js
   zstd                        # the prepare test compresses its JSON-lines corpus with it
   iproute2                    # multi-host and fault tests: hosts as network namespaces (ip netns)
+  protobuf-compiler           # tensorboard test: `protoc --decode_raw` reads our event files back
 )
 
 test=0 list=0

@@ -6,10 +6,12 @@
 #include <unistd.h>
 
 #include "base/log.h"
+#include "base/mem_timeline.h"
 
 static int64_t mem_cur[MEM_CAT_COUNT];
 static int64_t mem_max[MEM_CAT_COUNT];
 static int64_t mem_tot_cur, mem_tot_max;
+static int64_t mem_win_max; /* peak of the total since mem_window_begin */
 
 static const char *const mem_names[] = {"params",      "grads",      "optimizer",
                                         "full_params", "full_grads", "activations",
@@ -25,18 +27,24 @@ void *mem_alloc(enum mem_cat cat, size_t bytes)
 {
 	size_t rounded = (bytes + 63) & ~(size_t)63;
 	void *p = NULL;
-	CHECK(posix_memalign(&p, 64, rounded ? rounded : 64) == 0,
-	      "out of memory allocating %zu bytes for %s", bytes, mem_names[cat]);
+	if (posix_memalign(&p, 64, rounded ? rounded : 64) != 0) {
+		mem_timeline_alloc_failed(cat, bytes); /* the memory snapshot, if recording */
+		CHECK(false, "out of memory allocating %zu bytes for %s", bytes, mem_names[cat]);
+	}
 	memset(p, 0, rounded);
-#pragma omp atomic
-	mem_cur[cat] += (int64_t)bytes;
+	/* one lock for the counters, the peaks and the timeline's sample, so a sample's
+	 * categories add up to the total at that instant */
 #pragma omp critical(mem_peak)
 	{
+		mem_cur[cat] += (int64_t)bytes;
 		if (mem_cur[cat] > mem_max[cat])
 			mem_max[cat] = mem_cur[cat];
 		mem_tot_cur += (int64_t)bytes;
 		if (mem_tot_cur > mem_tot_max)
 			mem_tot_max = mem_tot_cur;
+		if (mem_tot_cur > mem_win_max)
+			mem_win_max = mem_tot_cur;
+		mem_timeline_sample_locked(mem_cur);
 	}
 	return p;
 }
@@ -50,7 +58,22 @@ void mem_free(enum mem_cat cat, void *p, size_t bytes)
 	{
 		mem_cur[cat] -= (int64_t)bytes;
 		mem_tot_cur -= (int64_t)bytes;
+		mem_timeline_sample_locked(mem_cur);
 	}
+}
+
+void mem_window_begin(void)
+{
+#pragma omp critical(mem_peak)
+	{
+		mem_win_max = mem_tot_cur;
+		mem_timeline_mark_locked(mem_cur);
+	}
+}
+
+int64_t mem_window_peak(void)
+{
+	return mem_win_max;
 }
 
 int64_t mem_current(enum mem_cat cat)

@@ -32,6 +32,10 @@ int64_t mem_total_current(void);
 int64_t mem_total_peak(void);
 const char *mem_cat_name(enum mem_cat cat);
 void mem_reset_peaks(void);
+/* A window over which the total's peak is kept apart from the run's (e.g. one step for the
+ * memory snapshot, base/mem_timeline, whose window it also begins when recording). */
+void mem_window_begin(void);
+int64_t mem_window_peak(void);
 
 /* Resident set size of this process now and at its peak (VmHWM), in bytes; -1 if unknown. */
 int64_t mem_rss_bytes(void);

@@ -4,8 +4,9 @@
  * tps.png (tokens/s per rank and MFU) and memory.png (peak RSS and tracked memory by
  * category) into --out (default RUN_DIR), drawn by gnuplot (Debian's gnuplot-nox) from a
  * data file written next to them. With --compare, loss.png draws both runs' training and
- * validation losses, each labelled with its directory (e.g. fp32 against bf16). Prints the
- * paths it wrote. */
+ * validation losses, each labelled with its directory (e.g. fp32 against bf16). Where the run
+ * has memory snapshots (RUN_DIR/memory_snapshot, or --memory-snapshot DIR), also
+ * memory_timeline.png (cli/plot_memory). Prints the paths it wrote. */
 #include "cli/plot_cmd.h"
 
 #include <cjson/cJSON.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "cli/plot_memory.h"
 #include "train/metrics.h"
 
 /* Columns of plot.dat, in order. */
@@ -120,19 +122,26 @@ static void plot_compare_loss(FILE *gp, const char *out, const char *dat, const 
 
 int cmd_plot(int argc, char **argv)
 {
-	const char *run = NULL, *out = NULL, *other = NULL;
+	const char *run = NULL, *out = NULL, *other = NULL, *snap = NULL;
 	for (int i = 0; i < argc; i++) {
 		if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-			printf("usage: ctitan plot RUN_DIR [--out DIR] [--compare RUN_DIR2]\n\n"
+			printf("usage: ctitan plot RUN_DIR [--out DIR] [--compare RUN_DIR2] "
+			       "[--memory-snapshot DIR]\n\n"
 			       "Writes loss.png, lr.png, tps.png and memory.png from "
 			       "RUN_DIR/metrics.jsonl (needs gnuplot).\n"
-			       "--compare RUN_DIR2: loss.png also draws RUN_DIR2's losses.\n");
+			       "--compare RUN_DIR2: loss.png also draws RUN_DIR2's losses.\n"
+			       "memory_timeline.png: rank 0's tracked memory by category over the "
+			       "last step\n"
+			       "  with a memory snapshot in DIR (default RUN_DIR/memory_snapshot, "
+			       "profiling.save_memory_snapshot_folder).\n");
 			return 0;
 		}
 		if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
 			out = argv[++i];
 		else if (strcmp(argv[i], "--compare") == 0 && i + 1 < argc)
 			other = argv[++i];
+		else if (strcmp(argv[i], "--memory-snapshot") == 0 && i + 1 < argc)
+			snap = argv[++i];
 		else if (!run && strncmp(argv[i], "--", 2) != 0)
 			run = argv[i];
 		else {
@@ -141,13 +150,14 @@ int cmd_plot(int argc, char **argv)
 		}
 	}
 	if (!run) {
-		fprintf(stderr, "usage: ctitan plot RUN_DIR [--out DIR] [--compare RUN_DIR2]\n");
+		fprintf(stderr, "usage: ctitan plot RUN_DIR [--out DIR] [--compare RUN_DIR2] "
+		                "[--memory-snapshot DIR]\n");
 		return 2;
 	}
 	out = out ? out : run;
 	if (metrics_mkdirs(out))
 		return 1;
-	char jsonl[1100], dat[1100], dat2[1100];
+	char jsonl[1100], dat[1100], dat2[1100], snap_dir[1100], timeline[1200] = "";
 	snprintf(jsonl, sizeof(jsonl), "%s/metrics.jsonl", run);
 	snprintf(dat, sizeof(dat), "%s/plot.dat", out);
 	int rows, val_rows, rows2 = 0, val_rows2 = 0;
@@ -195,6 +205,11 @@ int cmd_plot(int argc, char **argv)
 	        "'' using 1:($9/2**30) with lines title 'optimizer', "
 	        "'' using 1:($10/2**30) with lines title 'activations'\n",
 	        out, dat);
+	if (!snap) {
+		snprintf(snap_dir, sizeof(snap_dir), "%s/memory_snapshot", run);
+		snap = snap_dir;
+	}
+	int drawn = plot_memory_timeline(gp, snap, out, timeline, sizeof(timeline));
 	if (pclose(gp) != 0) {
 		LOG_ERROR("plot: gnuplot failed (is Debian's gnuplot-nox installed?)");
 		return 1;
@@ -202,5 +217,7 @@ int cmd_plot(int argc, char **argv)
 	static const char *const names[] = {"loss", "lr", "tps", "memory"};
 	for (int i = 0; i < 4; i++)
 		printf("%s/%s.png\n", out, names[i]);
-	return 0;
+	if (drawn > 0)
+		printf("%s\n", timeline);
+	return drawn < 0 ? ct_exit_code(drawn) : 0;
 }

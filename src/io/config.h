@@ -144,11 +144,15 @@ struct ct_config {
 		double
 		    peak_tflops; /* 0: measure sgemm on a large square at start-up; > 0: use this */
 		bool enable_jsonl; /* true: write metrics.jsonl into job.dump_folder */
+		bool enable_tensorboard;             /* false: TensorBoard event file (rank 0) */
+		char save_tb_folder[CONFIG_STR_MAX]; /* "tb", under dump_folder */
 	} metrics;
 	struct {
 		bool enable_profiling;                   /* false: Chrome traces per rank */
 		char save_traces_folder[CONFIG_STR_MAX]; /* "profile_trace", under dump_folder */
 		int64_t profile_freq;                    /* 10: trace every this many steps */
+		bool enable_memory_snapshot; /* false: per-category memory timeline of a step */
+		char save_memory_snapshot_folder[CONFIG_STR_MAX]; /* "memory_snapshot" */
 	} profiling;
 	struct {
 		double compute_efficiency; /* 0.5: fraction of peak the target's kernels achieve */

@@ -302,6 +302,12 @@ const struct cfg_key cfg_schema[] = {
              "start-up."},
     {ROW(metrics, enable_jsonl), .def = "true",
      .help = "Write metrics.jsonl into job.dump_folder."},
+    {ROW(metrics, enable_tensorboard), .def = "false",
+     .help = "Also write the logged metrics as TensorBoard scalars (TorchTitan's names), from "
+             "the rank that writes metrics.jsonl."},
+    {ROW(metrics, save_tb_folder), .def = "tb",
+     .help = "The TensorBoard event file goes to <job.dump_folder>/<this>/"
+             "events.out.tfevents.*."},
 
     {ROW(profiling, enable_profiling), .def = "false",
      .help = "Write a Chrome trace (Perfetto, chrome://tracing) per rank every profile_freq "
@@ -309,6 +315,14 @@ const struct cfg_key cfg_schema[] = {
     {ROW(profiling, save_traces_folder), .def = "profile_trace",
      .help = "Traces go to <job.dump_folder>/<this>/iteration_<step>/rank<r>_trace.json."},
     {ROW(profiling, profile_freq), .def = "10", GE(1), .help = "Trace every this many steps."},
+    {ROW(profiling, enable_memory_snapshot), .def = "false",
+     .help = "Record tracked memory by category over a step, with the schedule node running "
+             "at each change: every profile_freq-th step with enable_profiling, else the "
+             "first step; and on an allocation failure."},
+    {ROW(profiling, save_memory_snapshot_folder), .def = "memory_snapshot",
+     .help = "Memory snapshots go to <job.dump_folder>/<this>/iteration_<step>/"
+             "rank<r>_memory_snapshot.json (iteration_<step>_exit on an allocation "
+             "failure)."},
 
     {ROW(plan, compute_efficiency), .def = "0.5", IN_CC(0.01, 1),
      .help = "ctitan plan: fraction of metrics.peak_tflops the kernels achieve on the "

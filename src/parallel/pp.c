@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "base/mem_timeline.h"
 #include "base/timer.h"
 #include "comm/watchdog.h"
 #include "kernels/kernels.h"
@@ -636,6 +637,11 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	const struct pp_action *acts = pp->sched.a[pp->r];
 	for (int i = 0; i < pp->sched.n[pp->r]; i++) {
 		double t0 = timer_now();
+		if (mem_timeline_on()) { /* the memory snapshot's samples name the action */
+			char label[48];
+			pp_action_str(&acts[i], label, sizeof(label));
+			mem_timeline_label(label);
+		}
 		run_action(pp, &acts[i]);
 		/* a compute action starts after its input wait (recorded by the action) */
 		if (pp->n_rec > 0 && pp->rec[pp->n_rec - 1].wait && pp->rec[pp->n_rec - 1].t0 >= t0)

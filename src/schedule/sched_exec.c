@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/mem_timeline.h"
 #include "base/timer.h"
 
 /* A compute node's op: its segment of a lowered program, or -1 for the whole pass. */
@@ -27,6 +28,11 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 		memset(rec, 0, (size_t)s->n_nodes * sizeof(*rec));
 	for (int i = 0; i < s->n_nodes && rc == CT_OK; i++) {
 		const struct sched_node *n = &s->nodes[i];
+		if (mem_timeline_on()) { /* the memory snapshot's samples name the node */
+			char label[48];
+			sched_node_label(s, i, label, sizeof(label));
+			mem_timeline_label(label);
+		}
 		double t0 = timer_now();
 		int64_t bytes = 0, ticket = 0;
 		switch (n->kind) {

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
+#include "io/tb_events.h"
 #include "kernels/mm_engine.h"
 
 int metrics_mkdirs(const char *path)
@@ -56,11 +57,59 @@ int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool a
 	return CT_OK;
 }
 
+int metrics_open_tensorboard(struct metrics *mt, const char *dump_folder, const char *folder)
+{
+	char dir[2100];
+	snprintf(dir, sizeof(dir), "%s/%s", dump_folder, folder);
+	int rc = metrics_mkdirs(dir);
+	if (!rc)
+		rc = tb_open(&mt->tb, dir);
+	if (!rc)
+		LOG_INFO("tensorboard: writing %s", tb_path(mt->tb));
+	return rc;
+}
+
 void metrics_close(struct metrics *mt)
 {
 	if (mt->jsonl)
 		fclose(mt->jsonl);
 	mt->jsonl = NULL;
+	tb_close(mt->tb);
+	mt->tb = NULL;
+}
+
+/* Tracked memory's peak so far, GiB (metrics.jsonl's memory_max_active_gib). */
+static double metrics_max_active_gib(void)
+{
+	return (double)mem_total_peak() / (1024.0 * 1024.0 * 1024.0);
+}
+
+/* The step's scalars under TorchTitan's names (components/metrics.py), each the value of the
+ * metrics.jsonl field named beside it; a write failure is logged once and does not stop
+ * training. */
+static void metrics_write_tb(struct metrics *mt, const struct step_metrics *s)
+{
+	const struct {
+		const char *tag;
+		double v;
+	} sc[] = {
+	    {"loss_metrics/global_avg_loss", s->loss},           /* global_avg_loss */
+	    {"grad_norm", s->grad_norm},                         /* grad_norm */
+	    {"lr", s->lr},                                       /* lr */
+	    {"throughput(tps)", s->tps},                         /* tps */
+	    {"tflops", s->tflops},                               /* tflops */
+	    {"mfu(%)", s->mfu},                                  /* mfu */
+	    {"memory/max_active(GiB)", metrics_max_active_gib()}, /* memory_max_active_gib */
+	    {"time_metrics/end_to_end(s)", s->step_s},           /* step_s */
+	    {"time_metrics/data_loading(s)", s->data_s},         /* data_loading_s */
+	    {"n_tokens_seen", (double)s->tokens_seen},           /* tokens_seen */
+	    {"validation_metrics/loss", s->val_loss}, /* validation_loss; last: only if run */
+	};
+	int n = (int)(sizeof(sc) / sizeof(sc[0])) - (s->val_loss < 0);
+	double wall = tb_wall_time();
+	for (int i = 0; i < n; i++)
+		if (tb_add_scalar(mt->tb, sc[i].tag, (float)sc[i].v, s->step, wall))
+			return;
 }
 
 void metrics_progress(const struct metrics *mt, int64_t step, int64_t total, double step_s)
@@ -98,6 +147,8 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	if (s->val_loss >= 0)
 		LOG_INFO("step: %5lld  validation loss: %8.4f", (long long)s->step, s->val_loss);
 	metrics_write_record(mt, s);
+	if (mt->tb)
+		metrics_write_tb(mt, s);
 }
 
 void metrics_write_record(struct metrics *mt, const struct step_metrics *s)
@@ -128,7 +179,7 @@ void metrics_write_record(struct metrics *mt, const struct step_metrics *s)
 	cJSON_AddNumberToObject(o, "tokens_seen", (double)s->tokens_seen);
 	cJSON_AddNumberToObject(o, "memory_peak_rss_gib", rss_gib);
 	cJSON_AddNumberToObject(o, "memory_peak_rss_pct", rss_pct);
-	cJSON_AddNumberToObject(o, "memory_max_active_gib", (double)mem_total_peak() / gib);
+	cJSON_AddNumberToObject(o, "memory_max_active_gib", metrics_max_active_gib());
 	for (int c = 0; c < MEM_CAT_COUNT; c++) {
 		char key[64];
 		snprintf(key, sizeof(key), "memory_%s_bytes", mem_cat_name((enum mem_cat)c));

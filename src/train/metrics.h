@@ -27,8 +27,11 @@ struct step_metrics {
 	                        save, or an async save's snapshot and wait for the previous) */
 };
 
+struct tb_writer;
+
 struct metrics {
-	FILE *jsonl; /* NULL: disabled */
+	FILE *jsonl;          /* NULL: disabled */
+	struct tb_writer *tb; /* TensorBoard event file; NULL: disabled */
 	double flops_per_token;
 	double peak_flops;
 	bool tty;
@@ -36,11 +39,15 @@ struct metrics {
 
 int metrics_open(struct metrics *mt, const char *dump_folder, bool jsonl, bool append,
                  double flops_per_token, double peak_flops);
+/* Also write each logged step as TensorBoard scalars into a new event file under
+ * DUMP_FOLDER/FOLDER (created), after metrics_open. */
+int metrics_open_tensorboard(struct metrics *mt, const char *dump_folder, const char *folder);
 void metrics_close(struct metrics *mt);
 /* On a terminal (rank 0), a progress line between logged steps: step k of N, time per step,
  * ETA. Elsewhere nothing. */
 void metrics_progress(const struct metrics *mt, int64_t step, int64_t total, double step_s);
-/* Fills tps/tflops/mfu from tokens and time, prints the console line, writes the record. */
+/* Fills tps/tflops/mfu from tokens and time, prints the console line, writes the record and
+ * the TensorBoard scalars. */
 void metrics_log_step(struct metrics *mt, struct step_metrics *s);
 /* The step's metrics.jsonl record alone (no console line), e.g. again after a checkpoint save
  * with its checkpoint_s: a step may have several records, and the last one counts. */

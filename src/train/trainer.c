@@ -30,6 +30,7 @@
 #include "train/checkpoint.h"
 #include "train/compute.h"
 #include "train/lr_schedule.h"
+#include "train/mem_snapshot.h"
 #include "train/metrics.h"
 #include "train/model_spec.h"
 #include "optim/optim.h"
@@ -450,6 +451,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 {
 	struct model *m = &tr->model;
 	const struct ct_config *cfg = tr->cfg;
+	mem_snapshot_step_begin(cfg, step + 1);
 	double t0 = timer_now(), wait0 = comm_stream_wait_seconds(tr->stream) + trainer_tp_comm(tr);
 	trainer_batch(tr, step);
 	double t_data = timer_now() - t0;
@@ -477,6 +479,9 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 		if (rc)
 			return rc;
 	}
+	rc = mem_snapshot_step_end(cfg, step + 1);
+	if (rc)
+		return rc;
 	sm->step = step + 1;
 	sm->loss = res.loss;
 	sm->grad_norm = res.grad_norm;
@@ -794,7 +799,9 @@ int trainer_run(const struct ct_config *cfg)
 	sigemptyset(&sa.sa_mask);
 	sigaction(SIGTERM, &sa, &old_term);
 	sigaction(SIGINT, &sa, &old_int);
-	int rc = trainer_setup(&tr);
+	int rc = mem_snapshot_open(cfg, comm_world_rank());
+	if (rc == CT_OK)
+		rc = trainer_setup(&tr);
 	if (rc == CT_OK && cfg->checkpoint.enable)
 		rc = trainer_resume(&tr, &first, &sm);
 	else if (rc == CT_OK && cfg->checkpoint.initial_load_path[0])
@@ -804,6 +811,9 @@ int trainer_run(const struct ct_config *cfg)
 		rc = metrics_open(&tr.metrics, cfg->job.dump_folder,
 		                  cfg->metrics.enable_jsonl && tr.mesh.rank == 0, first > 0,
 		                  tr.flops_per_token, tr.peak_flops);
+	if (rc == CT_OK && cfg->metrics.enable_tensorboard && tr.mesh.rank == 0)
+		rc = metrics_open_tensorboard(&tr.metrics, cfg->job.dump_folder,
+		                              cfg->metrics.save_tb_folder);
 	if (rc == CT_OK && first >= steps)
 		LOG_INFO(
 		    "checkpoint is at step %lld: nothing left to train (training.steps = %lld)",
@@ -872,6 +882,7 @@ int trainer_run(const struct ct_config *cfg)
 		         (long long)step, sm.loss,
 		         (double)mem_rss_peak_bytes() / (1024.0 * 1024.0 * 1024.0));
 	trainer_teardown(&tr);
+	mem_snapshot_close();
 	sigaction(SIGTERM, &old_term, NULL);
 	sigaction(SIGINT, &old_int, NULL);
 	return rc;
