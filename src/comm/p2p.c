@@ -7,6 +7,7 @@
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "comm/flight.h"
 #include "comm/watchdog.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request fits the opaque slot");
@@ -32,9 +33,11 @@ void comm_p2p_isend(const struct comm_group *g, int peer, int tag, const void *b
 	CHECK(bytes >= 0 && bytes <= ((int64_t)1 << 30), "p2p: %lld bytes in one message",
 	      (long long)bytes);
 	MPI_Request q;
+	int64_t fr = fr_p2p(g->handle, true, peer, tag, bytes);
 	MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, p2p_comm(g), &q);
 	__atomic_fetch_add(&p2p_bytes_, bytes, __ATOMIC_RELAXED);
 	p2p_store(r, q, bytes);
+	r->flight = fr;
 }
 
 void comm_p2p_irecv(const struct comm_group *g, int peer, int tag, void *buf, int64_t bytes,
@@ -43,8 +46,10 @@ void comm_p2p_irecv(const struct comm_group *g, int peer, int tag, void *buf, in
 	CHECK(bytes >= 0 && bytes <= ((int64_t)1 << 30), "p2p: %lld bytes in one message",
 	      (long long)bytes);
 	MPI_Request q;
+	int64_t fr = fr_p2p(g->handle, false, peer, tag, bytes);
 	MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, p2p_comm(g), &q);
 	p2p_store(r, q, bytes);
+	r->flight = fr;
 }
 
 bool comm_p2p_test(struct comm_p2p *r)
@@ -56,8 +61,11 @@ bool comm_p2p_test(struct comm_p2p *r)
 	int done = 0;
 	MPI_Test(&q, &done, MPI_STATUS_IGNORE);
 	memcpy(&r->req, &q, sizeof(q));
-	if (done)
+	if (done) {
 		r->active = false;
+		fr_complete(r->flight);
+		r->flight = 0;
+	}
 	return done != 0;
 }
 

@@ -6,6 +6,8 @@
  * that exceeds its timeout names the transfer and aborts the job (a dead or stuck peer never
  * hangs it): the comm watchdog watches waits (comm_p2p_watch) when it runs, and the wait's own
  * timeout is the fallback. Messages over 1 GiB are refused (stage activations are far smaller).
+ * Every transfer is recorded by the flight recorder (comm/flight.h): posted = started, and
+ * completed when a test or wait finds it done.
  */
 #ifndef CT_COMM_P2P_H
 #define CT_COMM_P2P_H
@@ -19,6 +21,7 @@ struct comm_p2p {
 	uint64_t req; /* the MPI request, stored opaquely */
 	bool active;
 	int64_t bytes;
+	int64_t flight; /* its flight recorder entry (comm/flight.h), completed by the test */
 };
 
 void comm_p2p_isend(const struct comm_group *g, int peer, int tag, const void *buf, int64_t bytes,

@@ -23,6 +23,7 @@
 #ifndef CT_COMM_WATCHDOG_H
 #define CT_COMM_WATCHDOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define WD_ASK_SECONDS 3.0
@@ -46,6 +47,9 @@ void comm_context_clear(void);
 /* Register a group's communicator under a name with its members' world ranks. */
 void wd_group_add(void *comm, const char *name, int size, const int *world_ranks);
 void wd_group_remove(void *comm);
+/* The calling thread's pending label and context as wd_enter will show them ("label during
+ * context"; "" when neither is set), for the flight recorder. */
+void wd_label_text(char *buf, size_t n);
 /* A collective on comm of `count` `unit`s starts / ends; returns the slot wd_leave takes. */
 int wd_enter(const char *kind, const char *unit, void *comm, int64_t count);
 void wd_leave(int slot);
