@@ -3,7 +3,8 @@
 #   make test   set up, build, run the whole test suite (CTest)
 #   make bench  benchmarks against PyTorch on this machine
 #   make asan   the suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make tsan   the comm tests (threads: comm stream, watchdog, counters) under ThreadSanitizer
+#   make tsan   the comm tests (threads: comm stream, watchdog, counters, flight recorder) under
+#               ThreadSanitizer
 #   make build  build only
 # CMake generates the build and CTest runs the suite: it gives per-test timeouts, MPI launch
 # lines and environments, and parallel runs for free; this Makefile only fixes the entry points.
@@ -43,8 +44,8 @@ asan: deps
 # read as races; the comm layer's own threads are what this checks.
 tsan: deps
 	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Tsan > /dev/null
-	@cmake --build $(TSAN_DIR) -j $(JOBS) --target test_comm
-	@cd $(TSAN_DIR) && CT_TSAN=1 ctest --output-on-failure -R '^comm_np' $(CTEST_ARGS)
+	@cmake --build $(TSAN_DIR) -j $(JOBS) --target test_comm test_flight
+	@cd $(TSAN_DIR) && CT_TSAN=1 ctest --output-on-failure -R '^(comm|flight)_np' $(CTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)

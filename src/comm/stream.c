@@ -107,10 +107,13 @@ static double op_run(const struct comm_op *op, bool arrive, int64_t fr)
 {
 	double cpu0 = timer_thread_cpu();
 	fr_adopt(fr);
-	if (op->what)
-		comm_label("%s", op->what);
-	if (arrive && op->kind != COMM_SENDRECV)
+	if (arrive && op->kind != COMM_SENDRECV) {
+		if (op->what)
+			comm_label("%s", op->what);
 		comm_arrive(op->group);
+	}
+	if (op->what) /* (the label is one-shot: the arrival took the first) */
+		comm_label("%s", op->what);
 	switch (op->kind) {
 	case COMM_ALL_GATHER:
 		comm_all_gather(op->group, op->send, op->recv, op->count);

@@ -26,7 +26,9 @@
 #define WD_TAG_REPLY  0x57d2
 #define WD_TAG_DUMP   0x57d3 /* "write your flight recorder dump": a watchdog about to abort */
 #define WD_TAG_DUMPED 0x57d4 /* "written" */
-#define WD_DUMP_SECONDS 3.0  /* how long a watchdog waits for the others' dumps */
+/* How long a watchdog waits for the others' dumps (a running rank writes its own within
+ * ~0.1 s); under the 2 s that `ctitan launch` gives an announced abort before it ends the job. */
+#define WD_DUMP_SECONDS 1.5
 
 struct wd_group {
 	bool used;
@@ -310,7 +312,7 @@ static void wd_sleep(double s)
 static void *wd_reaper(void *arg)
 {
 	(void)arg;
-	wd_sleep(5.0);
+	wd_sleep(WD_DUMP_SECONDS + 5.0);
 	fprintf(stderr, "[rank %d] watchdog: MPI_Abort did not end the job; exiting\n",
 	        comm_world_rank());
 	_exit(1);
@@ -409,7 +411,8 @@ static _Noreturn void wd_fire(const struct wd_slot *sl, const struct wd_group *g
 		snprintf(missing, sizeof(missing), "unknown (unregistered communicator)");
 	else if (!count)
 		snprintf(missing, sizeof(missing),
-		         "none: every rank arrived, the transport itself is stuck (a cut link?)");
+		         "none: every rank arrived; the transport itself is stuck (a cut link?) or "
+		         "the ranks issued different collectives (ctitan trace-comm shows which)");
 	char msg[sizeof(missing) + 1024];
 	snprintf(msg, sizeof(msg),
 	         "watchdog: %s on group %s (%d ranks) has not completed after %.1f s "
@@ -423,9 +426,10 @@ static _Noreturn void wd_fire(const struct wd_slot *sl, const struct wd_group *g
 	for (int i = 0; i < n; i++)
 		if (g->world[i] != me && !answered[i] && g->world[i] < world)
 			dead[g->world[i]] = true;
-	wd_dump_everywhere(msg, dead);
+	/* the reaper first: a dump stuck on a hung filesystem must not keep the job alive */
 	pthread_t reaper;
 	thread_start(&reaper, "ct-reaper", wd_reaper, NULL);
+	wd_dump_everywhere(msg, dead);
 	comm_abort(1);
 }
 

@@ -11,7 +11,11 @@
  * label (bucket or tensor), the context (e.g. the checkpoint being saved), the training step,
  * the group and the ranks that did not arrive, and aborts the whole job (MPI_Abort; if that
  * does not end this process within a few seconds, e.g. over a cut link, the process exits by
- * itself). Detection therefore takes timeout + at most ~4 s.
+ * itself). Before aborting it has every rank that still runs write its flight recorder dump
+ * (comm/flight.h): it asks them over the side channel, writes its own, and waits up to
+ * WD_DUMP_SECONDS for the ranks that answered (a stopped rank cannot dump). Detection
+ * therefore takes timeout + at most ~4 s (+1.5 s when a rank outside the group is stopped). The
+ * thread also writes this rank's dump when a signal asked for one (comm_flight_catch).
  *
  * Point-to-point waits (the pipeline's stage transfers) are watched the same way: the message
  * names the transfer, and the one peer is asked what it is doing.
