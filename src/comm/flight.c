@@ -40,6 +40,7 @@ struct fr_group {
 };
 
 static pthread_mutex_t fr_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t fr_dump_mu = PTHREAD_MUTEX_INITIALIZER; /* one dump at a time */
 static struct fr_group fr_groups[FR_GROUPS];
 static int fr_gen_next = 1;
 static int64_t fr_cap = FR_DEFAULT_ENTRIES;
@@ -622,13 +623,16 @@ int comm_flight_dump(const char *reason)
 	snprintf(dir, sizeof(dir), "%s/comm_traces", fr_folder);
 	pthread_mutex_unlock(&fr_mu);
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+	pthread_mutex_lock(&fr_dump_mu);
 	if (mkdirs(dir) != 0) {
 		LOG_ERROR("flight recorder: cannot create %s: %s", dir, strerror(errno));
+		pthread_mutex_unlock(&fr_dump_mu);
 		return CT_ERR_RUNTIME;
 	}
 	FILE *f = fopen(tmp, "w");
 	if (!f) {
 		LOG_ERROR("flight recorder: cannot write %s: %s", tmp, strerror(errno));
+		pthread_mutex_unlock(&fr_dump_mu);
 		return CT_ERR_RUNTIME;
 	}
 	struct fr_snap *s = xcalloc(1, sizeof(*s));
@@ -640,8 +644,10 @@ int comm_flight_dump(const char *reason)
 	if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
 		LOG_ERROR("flight recorder: cannot write %s: %s", path, strerror(errno));
 		unlink(tmp);
+		pthread_mutex_unlock(&fr_dump_mu);
 		return CT_ERR_RUNTIME;
 	}
+	pthread_mutex_unlock(&fr_dump_mu);
 	LOG_WARN("flight recorder: wrote %s (%s)", path, reason ? reason : "");
 	return CT_OK;
 }

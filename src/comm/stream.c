@@ -123,7 +123,7 @@ static double op_run(const struct comm_op *op, bool arrive, int64_t fr)
 		comm_reduce_scatter_f32(op->group, (float *)op->send, op->recv, op->count,
 		                        op->scratch);
 		break;
-	case COMM_SENDRECV: { /* the stream's wait timeout bounds it (no timeout here) */
+	case COMM_SENDRECV: { /* watched by the watchdog (comm_p2p_wait) */
 		struct comm_p2p sr = {0}, rr = {0};
 		fr_p2p_label(op->what);
 		comm_p2p_irecv(op->group, op->from, op->tag, op->recv, op->count, &rr);
@@ -246,13 +246,15 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket)
 		dl.tv_sec += 1;
 		pthread_cond_timedwait(&s->cv_done, &s->mu, &dl);
 		if (s->done < ticket && timer_now() - t0 > s->timeout_s + STREAM_BACKSTOP_S) {
-			char what[STREAM_LABEL];
+			char what[STREAM_LABEL], msg[STREAM_LABEL + 160];
 			snprintf(what, sizeof(what), "%s", s->q[s->done % STREAM_CAP].what);
 			pthread_mutex_unlock(&s->mu);
-			LOG_ERROR(
-			    "%s did not complete within %.0f s (comm.timeout_seconds + %.0f s): a "
-			    "peer rank has died or hangs; aborting the job",
-			    what, s->timeout_s, STREAM_BACKSTOP_S);
+			snprintf(msg, sizeof(msg),
+			         "%s did not complete within %.0f s (comm.timeout_seconds + %.0f s): a "
+			         "peer rank has died or hangs",
+			         what, s->timeout_s + STREAM_BACKSTOP_S, STREAM_BACKSTOP_S);
+			LOG_ERROR("%s; aborting the job", msg);
+			comm_flight_dump(msg);
 			comm_abort(1);
 		}
 	}
