@@ -67,6 +67,7 @@ victim=$(rank_pid $mp 1)
 [ -n "$victim" ] && kill -STOP "$victim"
 n=0
 while kill -0 $mp 2>/dev/null && [ $n -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
+echo "  the job ended $((n / 10)).$((n % 10)) s after the SIGSTOP (comm.timeout_seconds = $T)"
 kill -0 $mp 2>/dev/null && { echo "  the job still runs after 30 s"; kill -9 $mp; }
 wait $mp
 rc=$?
