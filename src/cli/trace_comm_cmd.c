@@ -93,8 +93,7 @@ static int64_t *jints(const cJSON *o, const char *key, int n)
 	int64_t *out = xcalloc((size_t)n + 1, sizeof(int64_t));
 	const cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key), *v;
 	int i = 0;
-	cJSON_ArrayForEach(v, a)
-	{
+	cJSON_ArrayForEach (v, a) {
 		if (i < n && cJSON_IsNumber(v))
 			out[i] = (int64_t)v->valuedouble;
 		i++;
@@ -152,8 +151,7 @@ static void read_group(const cJSON *o, struct tc_group *g)
 	g->e = xcalloc((size_t)g->n + 1, sizeof(*g->e));
 	g->c = xcalloc((size_t)g->n + 1, sizeof(*g->c));
 	int i = 0;
-	cJSON_ArrayForEach(v, es)
-	{
+	cJSON_ArrayForEach (v, es) {
 		read_entry(v, &g->e[i]);
 		if (g->e[i].seq > 0 && (g->nc == 0 || g->e[i].seq > g->c[g->nc - 1]->seq))
 			g->c[g->nc++] = &g->e[i];
@@ -217,7 +215,8 @@ static int load_dump(const char *path, struct tc_dump *d, int *rank)
 	d->g = xcalloc((size_t)d->ng + 1, sizeof(*d->g));
 	const cJSON *v;
 	int i = 0;
-	cJSON_ArrayForEach(v, gs) read_group(v, &d->g[i++]);
+	cJSON_ArrayForEach (v, gs)
+		read_group(v, &d->g[i++]);
 	cJSON_Delete(o);
 	return CT_OK;
 }
@@ -234,7 +233,8 @@ static int tc_load(struct tc *t, const char *dir)
 	char sub[TC_PATH];
 	struct stat st;
 	snprintf(sub, sizeof(sub), "%s/comm_traces", dir);
-	snprintf(t->dir, sizeof(t->dir), "%s", stat(sub, &st) == 0 && S_ISDIR(st.st_mode) ? sub : dir);
+	snprintf(t->dir, sizeof(t->dir), "%s",
+	         stat(sub, &st) == 0 && S_ISDIR(st.st_mode) ? sub : dir);
 	DIR *dh = opendir(t->dir);
 	if (!dh) {
 		LOG_ERROR("trace-comm: cannot open %s: %s", t->dir, strerror(errno));
@@ -245,8 +245,8 @@ static int tc_load(struct tc *t, const char *dir)
 	int *ranks = NULL;
 	for (struct dirent *de; rc == CT_OK && (de = readdir(dh)) != NULL;) {
 		int r = -1, end = 0;
-		if (sscanf(de->d_name, "rank_%d.json%n", &r, &end) != 1 || de->d_name[end] != '\0' ||
-		    r < 0)
+		if (sscanf(de->d_name, "rank_%d.json%n", &r, &end) != 1 ||
+		    de->d_name[end] != '\0' || r < 0)
 			continue;
 		if (n == cap) {
 			cap = cap ? 2 * cap : 16;
@@ -491,25 +491,29 @@ static void analyse_group(struct tc *t, const struct tc_ugroup *u)
 				state_age(age, sizeof(age), at[i], &t->d[r]);
 				printf("    rank %d entered it: %s\n", r, age);
 				waiting[nw++] = r;
-				double ts = at[i]->t_started > 0 ? at[i]->t_started : at[i]->t_scheduled;
+				double ts =
+				    at[i]->t_started > 0 ? at[i]->t_started : at[i]->t_scheduled;
 				if (!first_in || ts < first_in)
 					first_in = ts;
 				if (ts > last_in)
 					last_in = ts, last_rank = r;
 				one_host &= strcmp(t->d[r].host, t->d[k->ranks[0]].host) == 0;
 			} else if (st[i] == TC_NOT_ENTERED) {
-				printf("    rank %d never entered it (its last on this group: seq %lld)\n",
+				printf("    rank %d never entered it (its last on this group: seq "
+				       "%lld)\n",
 				       r, (long long)u->member[i]->last_seq);
 				missing[nm++] = r;
 				t->named[r] = true;
 			} else if (st[i] == TC_NO_DUMP) {
-				printf("    rank %d wrote no dump (stopped, hung or dead: it could not "
+				printf("    rank %d wrote no dump (stopped, hung or dead: it could "
+				       "not "
 				       "write its trace)\n",
 				       r);
 				nodump[nn++] = r;
 				t->named[r] = true;
 			} else {
-				printf("    rank %d: seq %lld is no longer in its ring\n", r, (long long)s);
+				printf("    rank %d: seq %lld is no longer in its ring\n", r,
+				       (long long)s);
 			}
 		}
 		char a[1024], b[1024], c[1024];
@@ -517,25 +521,35 @@ static void analyse_group(struct tc *t, const struct tc_ugroup *u)
 		ranks_text(b, sizeof(b), nodump, nn);
 		ranks_text(c, sizeof(c), waiting, nw);
 		if (nm)
-			add_diag(t, "group %s seq %lld %s: rank%s %s never entered it%s%s%s; rank%s %s "
-			         "wait in it",
-			         k->name, (long long)s, desc, nm > 1 ? "s" : "", a,
-			         nn ? "; no dump from rank" : "", nn > 1 ? "s " : nn ? " " : "", b,
-			         nw > 1 ? "s" : "", c);
+			add_diag(
+			    t,
+			    "group %s seq %lld %s: rank%s %s never entered it%s%s%s; rank%s %s "
+			    "wait in it",
+			    k->name, (long long)s, desc, nm > 1 ? "s" : "", a,
+			    nn ? "; no dump from rank" : "",
+			    nn > 1 ? "s "
+			    : nn   ? " "
+			           : "",
+			    b, nw > 1 ? "s" : "", c);
 		else if (nn)
-			add_diag(t, "group %s seq %lld %s: rank%s %s wrote no dump (stopped, hung or "
+			add_diag(t,
+			         "group %s seq %lld %s: rank%s %s wrote no dump (stopped, hung or "
 			         "dead); rank%s %s wait in it",
-			         k->name, (long long)s, desc, nn > 1 ? "s" : "", b, nw > 1 ? "s" : "", c);
+			         k->name, (long long)s, desc, nn > 1 ? "s" : "", b,
+			         nw > 1 ? "s" : "", c);
 		else if (one_host && nw > 1) {
-			printf("    every member entered it; the last was rank %d, %.2f s after the "
-			       "first\n",
-			       last_rank, last_in - first_in);
-			add_diag(t, "group %s seq %lld %s: every member entered it but it did not "
+			printf(
+			    "    every member entered it; the last was rank %d, %.2f s after the "
+			    "first\n",
+			    last_rank, last_in - first_in);
+			add_diag(t,
+			         "group %s seq %lld %s: every member entered it but it did not "
 			         "complete (the last to enter: rank %d, %.2f s after the first)",
 			         k->name, (long long)s, desc, last_rank, last_in - first_in);
 			t->named[last_rank] = true;
 		} else
-			add_diag(t, "group %s seq %lld %s: every member entered it but it did not "
+			add_diag(t,
+			         "group %s seq %lld %s: every member entered it but it did not "
 			         "complete",
 			         k->name, (long long)s, desc);
 		goto out;
@@ -577,11 +591,12 @@ static void analyse_p2p(struct tc *t, const struct tc_ugroup *u)
 			told[2 * a + send] = true;
 			describe(desc, sizeof(desc), e);
 			state_age(age, sizeof(age), e, &t->d[me]);
-			printf("  rank %d waits for a %s: %s, %s\n", me, send ? "send" : "receive", desc,
-			       age);
+			printf("  rank %d waits for a %s: %s, %s\n", me, send ? "send" : "receive",
+			       desc, age);
 			const struct tc_group *p = u->member[a];
 			if (!p) {
-				printf("    rank %d wrote no dump (stopped, hung or dead)\n", e->peer_world);
+				printf("    rank %d wrote no dump (stopped, hung or dead)\n",
+				       e->peer_world);
 				t->named[e->peer_world] = true;
 				add_diag(t, "group %s: rank %d waits for %s; rank %d wrote no dump",
 				         k->name, me, desc, e->peer_world);
@@ -589,18 +604,20 @@ static void analyse_p2p(struct tc *t, const struct tc_ugroup *u)
 			}
 			int64_t posted = send ? p->received[b] : p->sent[b];
 			if (posted < e->p2p_seq) {
-				printf("    rank %d has posted only %lld %s %s rank %d\n", e->peer_world,
-				       (long long)posted, send ? "receives" : "sends",
-				       send ? "from" : "to", me);
+				printf("    rank %d has posted only %lld %s %s rank %d\n",
+				       e->peer_world, (long long)posted,
+				       send ? "receives" : "sends", send ? "from" : "to", me);
 				t->named[e->peer_world] = true;
-				add_diag(t, "group %s: rank %d waits for %s; rank %d has posted only %lld "
-				         "%s %s it",
-				         k->name, me, desc, e->peer_world, (long long)posted,
-				         send ? "receives" : "sends", send ? "from" : "to");
+				add_diag(
+				    t,
+				    "group %s: rank %d waits for %s; rank %d has posted only %lld "
+				    "%s %s it",
+				    k->name, me, desc, e->peer_world, (long long)posted,
+				    send ? "receives" : "sends", send ? "from" : "to");
 			} else
 				printf("    rank %d has posted its side (%lld %s %s rank %d)\n",
-				       e->peer_world, (long long)posted, send ? "receives" : "sends",
-				       send ? "from" : "to", me);
+				       e->peer_world, (long long)posted,
+				       send ? "receives" : "sends", send ? "from" : "to", me);
 		}
 		free(told);
 	}
@@ -624,7 +641,9 @@ static void rank_activity(const struct tc *t, int r)
 		for (int i = 0; i < d->g[k].n; i++) {
 			const struct tc_entry *e = &d->g[k].e[i];
 			double te = e->t_started > 0 ? e->t_started : e->t_scheduled;
-			double tl = !last ? -1 : last->t_started > 0 ? last->t_started : last->t_scheduled;
+			double tl = !last                 ? -1
+			            : last->t_started > 0 ? last->t_started
+			                                  : last->t_scheduled;
 			if (te > tl)
 				last = e, lastg = &d->g[k];
 			if (!completed(e)) {
@@ -652,17 +671,18 @@ static void rank_activity(const struct tc *t, int r)
 
 static void usage(FILE *f)
 {
-	fprintf(f,
-	        "usage: ctitan trace-comm DIR\n\n"
-	        "Reads the flight recorder dumps of a job (DIR/comm_traces/rank_N.json, written by\n"
-	        "every rank when the watchdog ends a hung job, or on SIGUSR1; DIR is the job's\n"
-	        "job.dump_folder or the comm_traces folder itself) and, for every group, matches\n"
-	        "the ranks' collectives by sequence number. It prints the first collective that\n"
-	        "some rank never entered or never completed, which ranks are missing (no dump: a\n"
-	        "stopped rank cannot write one), what each of them was doing instead, any op or\n"
-	        "size mismatch between ranks at one sequence number, and point-to-point transfers\n"
-	        "waiting for a peer that never posted its side; one \"diagnosis:\" line each.\n\n"
-	        "exit codes: 0 a diagnosis or everything matched, 1 no readable dump, 2 bad usage\n");
+	fprintf(
+	    f,
+	    "usage: ctitan trace-comm DIR\n\n"
+	    "Reads the flight recorder dumps of a job (DIR/comm_traces/rank_N.json, written by\n"
+	    "every rank when the watchdog ends a hung job, or on SIGUSR1; DIR is the job's\n"
+	    "job.dump_folder or the comm_traces folder itself) and, for every group, matches\n"
+	    "the ranks' collectives by sequence number. It prints the first collective that\n"
+	    "some rank never entered or never completed, which ranks are missing (no dump: a\n"
+	    "stopped rank cannot write one), what each of them was doing instead, any op or\n"
+	    "size mismatch between ranks at one sequence number, and point-to-point transfers\n"
+	    "waiting for a peer that never posted its side; one \"diagnosis:\" line each.\n\n"
+	    "exit codes: 0 a diagnosis or everything matched, 1 no readable dump, 2 bad usage\n");
 }
 
 int cmd_trace_comm(int argc, char **argv)
@@ -674,7 +694,9 @@ int cmd_trace_comm(int argc, char **argv)
 		}
 	if (argc != 1 || argv[0][0] == '-') {
 		fprintf(stderr, "ctitan trace-comm: %s\n\n",
-		        argc == 0 ? "missing DIR" : argc > 1 ? "one DIR only" : "unknown option");
+		        argc == 0  ? "missing DIR"
+		        : argc > 1 ? "one DIR only"
+		                   : "unknown option");
 		usage(stderr);
 		return 2;
 	}

@@ -255,8 +255,9 @@ static bool coll_begin(struct coll *c, const struct comm_group *g, const char *k
 	c->fr = fr_start(g->handle, op, dt, bytes, label, &skip);
 	if (skip) {
 		char what[160];
-		snprintf(what, sizeof(what), "ranks (debug.skip_collective: in place of %s of %lld %s)",
-		         kind, (long long)count, unit);
+		snprintf(what, sizeof(what),
+		         "ranks (debug.skip_collective: in place of %s of %lld %s)", kind,
+		         (long long)count, unit);
 		LOG_WARN("debug.skip_collective: a barrier in place of %s of %lld %s (%s)", kind,
 		         (long long)count, unit, label);
 		int slot = wd_enter("barrier", what, g->handle, g->size);
@@ -383,8 +384,8 @@ void comm_reduce_scatter_f32(const struct comm_group *g, float *send, float *rec
 		return;
 	}
 	struct coll c;
-	if (!coll_begin(&c, g, "reduce-scatter", "floats per rank", count, FR_REDUCE_SCATTER, FR_F32,
-	                count * 4))
+	if (!coll_begin(&c, g, "reduce-scatter", "floats per rank", count, FR_REDUCE_SCATTER,
+	                FR_F32, count * 4))
 		return;
 	if ((n & (n - 1)) == 0)
 		reduce_scatter_tree(g, send, recv, count, scratch);
@@ -401,8 +402,7 @@ static void all_reduce(const struct comm_group *g, void *buf, int64_t count, siz
 	if (g->size == 1)
 		return;
 	struct coll c;
-	if (!coll_begin(&c, g, "all-reduce", unit, count, FR_ALL_REDUCE, dt,
-	                count * (int64_t)elem))
+	if (!coll_begin(&c, g, "all-reduce", unit, count, FR_ALL_REDUCE, dt, count * (int64_t)elem))
 		return;
 	for (int64_t off = 0; off < count; off += comm_max_count_)
 		MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * elem,

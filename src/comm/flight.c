@@ -20,8 +20,8 @@
 /* Ids handed to callers: bit 62 says what the low 40 bits hold (1: a collective's sequence
  * number, 0: an entry's record), then the group slot's generation (a slot reused by another
  * communicator never takes an old id) and the slot. */
-#define ID_SEQ_BIT  ((int64_t)1 << 62)
-#define ID_GEN_SHIFT 47
+#define ID_SEQ_BIT    ((int64_t)1 << 62)
+#define ID_GEN_SHIFT  47
 #define ID_SLOT_SHIFT 40
 #define ID_VALUE_MASK (((int64_t)1 << ID_SLOT_SHIFT) - 1)
 
@@ -31,12 +31,12 @@ struct fr_group {
 	void *comm;
 	char name[32];
 	int size, rank, instance;
-	int *world;                        /* members' world ranks */
-	int64_t seq;                       /* collectives issued (the last sequence number) */
+	int *world;                         /* members' world ranks */
+	int64_t seq;                        /* collectives issued (the last sequence number) */
 	int64_t started_seq, completed_seq; /* the last started / completed one */
-	int64_t *sent, *received;          /* per peer (group rank): transfers posted */
-	int64_t records;                   /* entries ever written */
-	struct fr_entry *ring;             /* fr_cap entries once the first is recorded */
+	int64_t *sent, *received;           /* per peer (group rank): transfers posted */
+	int64_t records;                    /* entries ever written */
+	struct fr_entry *ring;              /* fr_cap entries once the first is recorded */
 };
 
 static pthread_mutex_t fr_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -63,8 +63,8 @@ static _Thread_local int fr_node_now = -1;
 static _Thread_local const char *fr_node_kind_now;
 static _Thread_local char fr_p2p_label_now[FR_LABEL];
 
-static const char *const fr_op_names[] = {"all-gather", "reduce-scatter", "all-reduce",
-                                          "all-reduce-max", "barrier", "send", "recv"};
+static const char *const fr_op_names[] = {
+    "all-gather", "reduce-scatter", "all-reduce", "all-reduce-max", "barrier", "send", "recv"};
 _Static_assert(sizeof(fr_op_names) / sizeof(fr_op_names[0]) == FR_OP_COUNT, "one name per op");
 static const char *const fr_dtype_names[] = {"u8", "f32", "f64", "i64", "none"};
 _Static_assert(sizeof(fr_dtype_names) / sizeof(fr_dtype_names[0]) == FR_DTYPE_COUNT,
@@ -300,8 +300,8 @@ static struct fr_entry *fr_by_seq(struct fr_group *g, int64_t seq)
 	return NULL;
 }
 
-static void fr_fill(struct fr_entry *e, int64_t seq, enum fr_op op, enum fr_dtype dt,
-                    int64_t bytes, const char *label)
+static void fr_fill(struct fr_entry *e, int64_t seq, enum fr_op op, enum fr_dtype dt, int64_t bytes,
+                    const char *label)
 {
 	e->seq = seq;
 	e->op = (uint8_t)op;
@@ -312,8 +312,7 @@ static void fr_fill(struct fr_entry *e, int64_t seq, enum fr_op op, enum fr_dtyp
 
 /* ---------------------------------------------------------------- recording */
 
-int64_t fr_schedule(void *comm, enum fr_op op, enum fr_dtype dt, int64_t bytes,
-                    const char *label)
+int64_t fr_schedule(void *comm, enum fr_op op, enum fr_dtype dt, int64_t bytes, const char *label)
 {
 	pthread_mutex_lock(&fr_mu);
 	int i = fr_find(comm);
@@ -379,8 +378,9 @@ int64_t fr_start(void *comm, enum fr_op op, enum fr_dtype dt, int64_t bytes, con
 		if (e) {
 			char was[FR_LABEL];
 			snprintf(was, sizeof(was), "%s", e->label);
-			snprintf(e->label, sizeof(e->label), "debug.skip_collective: in place of %s (%.50s)",
-			         fr_op_name(op), was);
+			snprintf(e->label, sizeof(e->label),
+			         "debug.skip_collective: in place of %s (%.50s)", fr_op_name(op),
+			         was);
 			e->op = FR_BARRIER;
 			e->dtype = FR_NO_DTYPE;
 			e->bytes = 0;
@@ -490,8 +490,9 @@ static void json_time(FILE *f, const char *key, double t)
 
 static void dump_entry(FILE *f, const struct fr_group *g, const struct fr_entry *e)
 {
-	fprintf(f, "{\"record\":%lld,\"seq\":%lld,\"op\":\"%s\",\"bytes\":%lld,\"dtype\":\"%s\","
-	           "\"state\":\"%s\",\"step\":%lld,\"label\":",
+	fprintf(f,
+	        "{\"record\":%lld,\"seq\":%lld,\"op\":\"%s\",\"bytes\":%lld,\"dtype\":\"%s\","
+	        "\"state\":\"%s\",\"step\":%lld,\"label\":",
 	        (long long)e->record, (long long)e->seq, fr_op_name(e->op), (long long)e->bytes,
 	        fr_dtype_name(e->dtype), fr_state_name(e->state), (long long)e->step);
 	json_str(f, e->label);
@@ -545,8 +546,8 @@ static void snap_take(struct fr_snap *s)
 		c->received = xcalloc(n, sizeof(int64_t));
 		memcpy(c->received, g->received, n * sizeof(int64_t));
 		int64_t oldest = g->records > fr_cap ? g->records - fr_cap : 0, k = 0;
-		c->ring = g->ring ? xcalloc((size_t)(g->records - oldest) + 1, sizeof(*c->ring))
-		                  : NULL;
+		c->ring =
+		    g->ring ? xcalloc((size_t)(g->records - oldest) + 1, sizeof(*c->ring)) : NULL;
 		for (int64_t r = oldest; g->ring && r < g->records; r++)
 			c->ring[k++] = g->ring[r % fr_cap]; /* oldest first */
 		c->records = k;                             /* in the copy: entries held */
@@ -583,14 +584,16 @@ static void snap_write(FILE *f, const struct fr_snap *s, const char *reason)
 	gethostname(host, sizeof(host) - 1);
 	struct timespec wall;
 	clock_gettime(CLOCK_REALTIME, &wall);
-	fprintf(f, "{\"format\":\"ctitan flight recorder\",\"version\":1,\"rank\":%d,"
-	           "\"world_size\":%d,\"pid\":%d,\"host\":",
+	fprintf(f,
+	        "{\"format\":\"ctitan flight recorder\",\"version\":1,\"rank\":%d,"
+	        "\"world_size\":%d,\"pid\":%d,\"host\":",
 	        comm_world_rank(), comm_world_size(), (int)getpid());
 	json_str(f, host);
 	fputs(",\"reason\":", f);
 	json_str(f, reason ? reason : "");
-	fprintf(f, ",\"step\":%lld,\"time\":%.6f,\"unix_time\":%.3f,\"entries_per_group\":%lld,"
-	           "\"groups\":[",
+	fprintf(f,
+	        ",\"step\":%lld,\"time\":%.6f,\"unix_time\":%.3f,\"entries_per_group\":%lld,"
+	        "\"groups\":[",
 	        (long long)__atomic_load_n(&fr_step, __ATOMIC_RELAXED), timer_now(),
 	        (double)wall.tv_sec + 1e-9 * (double)wall.tv_nsec, (long long)s->cap);
 	for (int i = 0; i < s->n; i++) {
@@ -599,7 +602,8 @@ static void snap_write(FILE *f, const struct fr_snap *s, const char *reason)
 		json_str(f, g->name);
 		fprintf(f, ",\"instance\":%d,\"rank\":%d", g->instance, g->rank);
 		dump_ints(f, "ranks", g->world, g->size, false);
-		fprintf(f, ",\"last_seq\":%lld,\"last_started_seq\":%lld,\"last_completed_seq\":%lld",
+		fprintf(f,
+		        ",\"last_seq\":%lld,\"last_started_seq\":%lld,\"last_completed_seq\":%lld",
 		        (long long)g->seq, (long long)g->started_seq, (long long)g->completed_seq);
 		dump_ints(f, "sent", g->sent, g->size, true);
 		dump_ints(f, "received", g->received, g->size, true);

@@ -49,8 +49,8 @@ const char *fr_dtype_name(enum fr_dtype t);
 const char *fr_state_name(enum fr_state s);
 
 struct fr_entry {
-	int64_t record;  /* position in the group's history (0, 1, ...: collectives and transfers) */
-	int64_t seq;     /* collectives: per-group sequence number from 1; transfers: 0 */
+	int64_t record; /* position in the group's history (0, 1, ...: collectives and transfers) */
+	int64_t seq;    /* collectives: per-group sequence number from 1; transfers: 0 */
 	int64_t p2p_seq; /* transfers: the n-th send to / receive from this peer on the group */
 	int64_t bytes;   /* per rank: all-gather's piece, reduce-scatter's output, the buffer */
 	int64_t step;    /* training step when issued (-1: none) */
@@ -97,8 +97,7 @@ void fr_group_add(void *comm, const char *name, int size, int rank, const int *w
 void fr_group_remove(void *comm);
 void fr_set_step(int64_t step);
 /* A collective queued on the comm stream: a scheduled entry; returns its id (0: none). */
-int64_t fr_schedule(void *comm, enum fr_op op, enum fr_dtype dt, int64_t bytes,
-                    const char *label);
+int64_t fr_schedule(void *comm, enum fr_op op, enum fr_dtype dt, int64_t bytes, const char *label);
 /* The calling thread's next collective on the same communicator is the scheduled entry id
  * (the comm thread runs what the compute thread queued). */
 void fr_adopt(int64_t id);

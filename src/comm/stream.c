@@ -99,10 +99,10 @@ static int64_t op_schedule(const struct comm_op *op)
 	                   rs ? FR_F32 : FR_U8, rs ? op->count * 4 : op->count, op->what);
 }
 
-/* Run op (fr: its flight recorder entry); on the comm thread (arrive), first wait for the group's other ranks without
- * spinning (comm_arrive): MPI's blocking collectives busy-poll, and a comm thread polling for a
- * late peer takes the core compute shares with it. Returns the CPU seconds this thread spent
- * (the simulated link's sleep comes after and is not counted). */
+/* Run op (fr: its flight recorder entry); on the comm thread (arrive), first wait for the group's
+ * other ranks without spinning (comm_arrive): MPI's blocking collectives busy-poll, and a comm
+ * thread polling for a late peer takes the core compute shares with it. Returns the CPU seconds
+ * this thread spent (the simulated link's sleep comes after and is not counted). */
 static double op_run(const struct comm_op *op, bool arrive, int64_t fr)
 {
 	double cpu0 = timer_thread_cpu();
@@ -249,10 +249,11 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket)
 			char what[STREAM_LABEL], msg[STREAM_LABEL + 160];
 			snprintf(what, sizeof(what), "%s", s->q[s->done % STREAM_CAP].what);
 			pthread_mutex_unlock(&s->mu);
-			snprintf(msg, sizeof(msg),
-			         "%s did not complete within %.0f s (comm.timeout_seconds + %.0f s): a "
-			         "peer rank has died or hangs",
-			         what, s->timeout_s + STREAM_BACKSTOP_S, STREAM_BACKSTOP_S);
+			snprintf(
+			    msg, sizeof(msg),
+			    "%s did not complete within %.0f s (comm.timeout_seconds + %.0f s): a "
+			    "peer rank has died or hangs",
+			    what, s->timeout_s + STREAM_BACKSTOP_S, STREAM_BACKSTOP_S);
 			LOG_ERROR("%s; aborting the job", msg);
 			comm_flight_dump(msg);
 			comm_abort(1);

@@ -17,11 +17,11 @@
 #include "comm/comm.h"
 #include "comm/flight.h"
 
-#define WD_SLOTS     32 /* collectives in flight at once (one per thread in practice) */
-#define WD_GROUPS    64
-#define WD_LABEL     160
-#define WD_DOING     384
-#define WD_REPLIES   64 /* ring of reply buffers still being sent */
+#define WD_SLOTS      32 /* collectives in flight at once (one per thread in practice) */
+#define WD_GROUPS     64
+#define WD_LABEL      160
+#define WD_DOING      384
+#define WD_REPLIES    64 /* ring of reply buffers still being sent */
 #define WD_TAG_ASK    0x57d1
 #define WD_TAG_REPLY  0x57d2
 #define WD_TAG_DUMP   0x57d3 /* "write your flight recorder dump": a watchdog about to abort */
@@ -111,8 +111,8 @@ void comm_context_clear(void)
 
 void wd_label_text(char *buf, size_t n)
 {
-	snprintf(buf, n, "%s%s%s", wd_label_next, wd_label_next[0] && wd_context_now[0] ? " during " : "",
-	         wd_context_now);
+	snprintf(buf, n, "%s%s%s", wd_label_next,
+	         wd_label_next[0] && wd_context_now[0] ? " during " : "", wd_context_now);
 }
 
 void comm_watchdog_set_step(int64_t step)
