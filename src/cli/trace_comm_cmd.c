@@ -221,6 +221,34 @@ static int load_dump(const char *path, struct tc_dump *d, int *rank)
 	return CT_OK;
 }
 
+static void dump_free(struct tc_dump *d)
+{
+	for (int k = 0; k < d->ng; k++) {
+		struct tc_group *g = &d->g[k];
+		free(g->ranks);
+		free(g->sent);
+		free(g->received);
+		free(g->e);
+		free(g->c);
+	}
+	free(d->g);
+	memset(d, 0, sizeof(*d));
+}
+
+static void tc_free(struct tc *t)
+{
+	for (int r = 0; t->d && r < t->world; r++)
+		dump_free(&t->d[r]);
+	for (int i = 0; i < t->nu; i++)
+		free(t->u[i].member);
+	for (int i = 0; i < t->ndiag; i++)
+		free(t->diag[i]);
+	free(t->d);
+	free(t->named);
+	free(t->u);
+	free(t->diag);
+}
+
 static bool same_group(const struct tc_group *a, const struct tc_group *b)
 {
 	return strcmp(a->name, b->name) == 0 && a->instance == b->instance && a->size == b->size &&
@@ -259,6 +287,7 @@ static int tc_load(struct tc *t, const char *dir)
 		rc = load_dump(path, &got[n], &ranks[n]);
 		if (rc == CT_OK && ranks[n] != r) {
 			LOG_ERROR("trace-comm: %s holds rank %d's dump", path, ranks[n]);
+			dump_free(&got[n]);
 			rc = CT_ERR_RUNTIME;
 		}
 		n += rc == CT_OK;
@@ -278,8 +307,11 @@ static int tc_load(struct tc *t, const char *dir)
 		for (int i = 0; i < n; i++)
 			t->d[ranks[i]] = got[i];
 		t->n_dumps = n;
+	} else {
+		for (int i = 0; i < n; i++)
+			dump_free(&got[i]);
 	}
-	free(got); /* the dumps' arrays now belong to t->d (leaked with it at exit) */
+	free(got); /* (on success the dumps' arrays now belong to t->d) */
 	free(ranks);
 	if (rc)
 		return rc;
@@ -702,8 +734,10 @@ int cmd_trace_comm(int argc, char **argv)
 	}
 	struct tc t;
 	memset(&t, 0, sizeof(t));
-	if (tc_load(&t, argv[0]) != CT_OK)
+	if (tc_load(&t, argv[0]) != CT_OK) {
+		tc_free(&t);
 		return 1;
+	}
 	int nodump[4096], nn = 0;
 	for (int r = 0; r < t.world && nn < 4096; r++)
 		if (!t.d[r].have)
@@ -732,5 +766,6 @@ int cmd_trace_comm(int argc, char **argv)
 		printf("diagnosis: none: every collective matched and completed on every group "
 		       "(%d of %d ranks dumped)\n",
 		       t.n_dumps, t.world);
+	tc_free(&t);
 	return 0;
 }

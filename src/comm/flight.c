@@ -112,6 +112,10 @@ void comm_flight_node(int node, const char *kind)
 
 void comm_flight_skip_collective(int rank, const char *group, int64_t seq)
 {
+	if (rank >= comm_world_size() && comm_world_rank() == 0)
+		LOG_WARN(
+		    "debug.skip_collective_rank = %d: the world has %d ranks; nothing is skipped",
+		    rank, comm_world_size());
 	pthread_mutex_lock(&fr_mu);
 	fr_skip.rank = rank;
 	snprintf(fr_skip.group, sizeof(fr_skip.group), "%s", group ? group : "");
@@ -455,7 +459,7 @@ int comm_flight_snapshot(const struct comm_group *cg, struct fr_entry *out, int 
 
 const char *comm_flight_dump_path(void)
 {
-	static char path[FR_PATH + 64];
+	static _Thread_local char path[FR_PATH + 64]; /* dumps may be written from any thread */
 	pthread_mutex_lock(&fr_mu);
 	if (fr_folder[0])
 		snprintf(path, sizeof(path), "%s/comm_traces/rank_%d.json", fr_folder,
