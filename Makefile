@@ -3,7 +3,8 @@
 #   make test   set up, build, run the whole test suite (CTest)
 #   make bench  benchmarks against PyTorch on this machine
 #   make asan   the suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make tsan   the comm tests (threads: comm stream, watchdog, counters) under ThreadSanitizer
+#   make tsan   the comm tests (threads: comm stream, watchdog, counters, flight recorder) under
+#               ThreadSanitizer
 #   make build  build only
 # make build and make run install only what building and running need (scripts/install-deps.sh);
 # make test, asan, tsan and bench add the test-only packages (scripts/install-deps.sh --test).
@@ -54,8 +55,8 @@ asan: deps-test
 # read as races; the comm layer's own threads are what this checks.
 tsan: deps-test
 	@cmake -S . -B $(TSAN_DIR) -DCMAKE_BUILD_TYPE=Tsan > /dev/null
-	@cmake --build $(TSAN_DIR) -j $(JOBS) --target test_comm
-	@cd $(TSAN_DIR) && CT_TSAN=1 ctest --output-on-failure -R '^comm_np' $(CTEST_ARGS)
+	@cmake --build $(TSAN_DIR) -j $(JOBS) --target test_comm test_flight
+	@cd $(TSAN_DIR) && CT_TSAN=1 ctest --output-on-failure -R '^(comm|flight)_np' $(CTEST_ARGS)
 
 clean:
 	rm -rf $(BUILD_DIR) $(ASAN_DIR) $(TSAN_DIR)

@@ -11,6 +11,7 @@
 #include "cli/plot_cmd.h"
 #include "cli/prepare_cmd.h"
 #include "cli/tokenizer_cmd.h"
+#include "cli/trace_comm_cmd.h"
 #include "comm/comm.h"
 #include "io/config.h"
 #include "train/trainer.h"
@@ -40,6 +41,9 @@ static void usage(FILE *f)
 	        "        communication on N ranks of the configured hardware\n"
 	        "  plot RUN_DIR [--out DIR]\n"
 	        "        loss, learning-rate, throughput and memory charts (PNG) of a run\n"
+	        "  trace-comm DIR\n"
+	        "        after a hang: match every rank's flight recorder dump (DIR/comm_traces)\n"
+	        "        and name the first collective some rank never joined, and mismatches\n"
 	        "  launch [-n N] [--hostfile F] [--nnodes MIN:MAX] [--max-restarts K] COMMAND...\n"
 	        "        run COMMAND on MPI ranks (mpiexec) and supervise it: the job ends as a\n"
 	        "        whole; elastic restarts on the hosts that answer\n"
@@ -125,6 +129,8 @@ int main(int argc, char **argv)
 		return cmd_launch(argc - 2, argv + 2);
 	if (strcmp(cmd, "export") == 0)
 		return cmd_export(argc - 2, argv + 2);
+	if (strcmp(cmd, "trace-comm") == 0)
+		return cmd_trace_comm(argc - 2, argv + 2);
 	if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
 		usage(stdout);
 		return 0;

@@ -11,6 +11,7 @@
 #endif
 
 #include "base/log.h"
+#include "comm/flight.h"
 #include "comm/watchdog.h"
 
 static int comm_rank_ = 0, comm_size_ = 1;
@@ -104,6 +105,7 @@ static void group_from(struct comm_group *g, MPI_Comm c, const char *name)
 	MPI_Group_free(&cg);
 	MPI_Group_free(&wg);
 	wd_group_add(g->handle, name, g->size, world);
+	fr_group_add(g->handle, name, g->size, g->rank, world);
 	free(mine);
 	free(world);
 }
@@ -137,6 +139,7 @@ void comm_group_free(struct comm_group *g)
 	MPI_Comm c = (MPI_Comm)(intptr_t)g->handle;
 	if (c != MPI_COMM_NULL && c != MPI_COMM_WORLD) {
 		wd_group_remove(g->handle);
+		fr_group_remove(g->handle);
 		MPI_Comm_free(&c);
 	}
 	g->handle = (void *)(intptr_t)MPI_COMM_NULL;
@@ -203,6 +206,7 @@ void mesh_free(struct mesh *m)
 			continue;
 		MPI_Comm c = mpi_comm(gs[i]);
 		wd_group_remove(gs[i]->handle);
+		fr_group_remove(gs[i]->handle);
 		MPI_Comm_free(&c);
 	}
 	memset(m, 0, sizeof(*m));
@@ -211,8 +215,9 @@ void mesh_free(struct mesh *m)
 /* ---------------------------------------------------------------- collectives */
 
 /* Every collective below: counted (atomically: the comm thread adds while the trainer reads),
- * watched (wd_enter/wd_leave), and split into MPI calls of at most comm_max_count_ elements
- * (MPI counts are int; a 405B block under HSDP is 3.2e9 floats). */
+ * watched (wd_enter/wd_leave) and recorded (comm/flight.h) between coll_begin and coll_end,
+ * and split into MPI calls of at most comm_max_count_ elements (MPI counts are int; a 405B
+ * block under HSDP is 3.2e9 floats). */
 
 void comm_set_max_count(int64_t n)
 {
@@ -230,6 +235,47 @@ static void count_bytes(enum comm_kind kind, int64_t bytes)
 	__atomic_fetch_add(&comm_bytes_[kind], bytes, __ATOMIC_RELAXED);
 }
 
+/* A collective in progress: its watchdog slot and flight recorder entry. */
+struct coll {
+	int slot;
+	int64_t fr;
+};
+
+/* Enter a collective on g (kind, count and unit as the watchdog names it; op, dt and bytes
+ * per rank as the flight recorder does). Returns false when debug.skip_collective made this
+ * rank issue a barrier in its place (run here: the job hangs on it and the watchdog ends it);
+ * the caller then returns without its own MPI call. */
+static bool coll_begin(struct coll *c, const struct comm_group *g, const char *kind,
+                       const char *unit, int64_t count, enum fr_op op, enum fr_dtype dt,
+                       int64_t bytes)
+{
+	char label[FR_LABEL];
+	wd_label_text(label, sizeof(label));
+	bool skip = false;
+	c->fr = fr_start(g->handle, op, dt, bytes, label, &skip);
+	if (skip) {
+		char what[160];
+		snprintf(what, sizeof(what),
+		         "ranks (debug.skip_collective: in place of %s of %lld %s)", kind,
+		         (long long)count, unit);
+		LOG_WARN("debug.skip_collective: a barrier in place of %s of %lld %s (%s)", kind,
+		         (long long)count, unit, label);
+		int slot = wd_enter("barrier", what, g->handle, g->size);
+		MPI_Barrier(mpi_comm(g));
+		wd_leave(slot);
+		fr_complete(c->fr);
+		return false;
+	}
+	c->slot = wd_enter(kind, unit, g->handle, count);
+	return true;
+}
+
+static void coll_end(const struct coll *c)
+{
+	wd_leave(c->slot);
+	fr_complete(c->fr);
+}
+
 void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
                      int64_t bytes_per_rank)
 {
@@ -239,11 +285,14 @@ void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
 			memcpy(recv, send, (size_t)bytes_per_rank);
 		return;
 	}
-	int slot = wd_enter("all-gather", "bytes per rank", g->handle, bytes_per_rank);
+	struct coll c;
+	if (!coll_begin(&c, g, "all-gather", "bytes per rank", bytes_per_rank, FR_ALL_GATHER, FR_U8,
+	                bytes_per_rank))
+		return;
 	if (bytes_per_rank <= comm_max_count_) {
 		MPI_Allgather(send, (int)bytes_per_rank, MPI_BYTE, recv, (int)bytes_per_rank,
 		              MPI_BYTE, mpi_comm(g));
-		wd_leave(slot);
+		coll_end(&c);
 		return;
 	}
 	/* Piece by piece straight into place, no staging buffer: rank r's piece at byte off
@@ -260,7 +309,7 @@ void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
 		MPI_Type_free(&strided);
 		MPI_Type_free(&run);
 	}
-	wd_leave(slot);
+	coll_end(&c);
 }
 
 static void sendrecv_f32(const float *s, int to, float *r, int from, int64_t count, MPI_Comm c)
@@ -334,58 +383,73 @@ void comm_reduce_scatter_f32(const struct comm_group *g, float *send, float *rec
 		memcpy(recv, send, (size_t)count * sizeof(float));
 		return;
 	}
-	int slot = wd_enter("reduce-scatter", "floats per rank", g->handle, count);
+	struct coll c;
+	if (!coll_begin(&c, g, "reduce-scatter", "floats per rank", count, FR_REDUCE_SCATTER,
+	                FR_F32, count * 4))
+		return;
 	if ((n & (n - 1)) == 0)
 		reduce_scatter_tree(g, send, recv, count, scratch);
 	else
 		reduce_scatter_ring(g, send, recv, count, scratch);
-	wd_leave(slot);
+	coll_end(&c);
 }
 
 /* In-place sum over the group, at most comm_max_count_ elements per MPI call. */
 static void all_reduce(const struct comm_group *g, void *buf, int64_t count, size_t elem,
-                       MPI_Datatype type, const char *unit)
+                       MPI_Datatype type, const char *unit, enum fr_dtype dt)
 {
 	count_bytes(COMM_ALL_REDUCE, count * (int64_t)elem);
 	if (g->size == 1)
 		return;
-	int slot = wd_enter("all-reduce", unit, g->handle, count);
+	struct coll c;
+	if (!coll_begin(&c, g, "all-reduce", unit, count, FR_ALL_REDUCE, dt, count * (int64_t)elem))
+		return;
 	for (int64_t off = 0; off < count; off += comm_max_count_)
 		MPI_Allreduce(MPI_IN_PLACE, (char *)buf + (size_t)off * elem,
 		              (int)piece(count - off), type, MPI_SUM, mpi_comm(g));
-	wd_leave(slot);
+	coll_end(&c);
 }
 
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count)
 {
-	all_reduce(g, buf, count, sizeof(float), MPI_FLOAT, "floats");
+	all_reduce(g, buf, count, sizeof(float), MPI_FLOAT, "floats", FR_F32);
 }
 
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count)
 {
-	all_reduce(g, buf, count, sizeof(double), MPI_DOUBLE, "doubles");
+	all_reduce(g, buf, count, sizeof(double), MPI_DOUBLE, "doubles", FR_F64);
 }
 
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count)
 {
-	all_reduce(g, buf, count, sizeof(int64_t), MPI_INT64_T, "int64s");
+	all_reduce(g, buf, count, sizeof(int64_t), MPI_INT64_T, "int64s", FR_I64);
 }
 
 /* Tensor parallelism: the per-row maxima of a vocabulary-parallel softmax. */
 void comm_all_reduce_max_f32(const struct comm_group *g, float *buf, int64_t count)
 {
-	__atomic_fetch_add(&comm_bytes_[COMM_ALL_REDUCE], count * 4, __ATOMIC_RELAXED);
-	if (g->size > 1)
-		MPI_Allreduce(MPI_IN_PLACE, buf, (int)count, MPI_FLOAT, MPI_MAX, mpi_comm(g));
+	count_bytes(COMM_ALL_REDUCE, count * 4);
+	if (g->size == 1)
+		return;
+	struct coll c;
+	if (!coll_begin(&c, g, "all-reduce (max)", "floats", count, FR_ALL_REDUCE_MAX, FR_F32,
+	                count * 4))
+		return;
+	for (int64_t off = 0; off < count; off += comm_max_count_)
+		MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)piece(count - off), MPI_FLOAT, MPI_MAX,
+		              mpi_comm(g));
+	coll_end(&c);
 }
 
 void comm_barrier(const struct comm_group *g)
 {
 	if (g->size == 1)
 		return;
-	int slot = wd_enter("barrier", "ranks", g->handle, g->size);
+	struct coll c;
+	if (!coll_begin(&c, g, "barrier", "ranks", g->size, FR_BARRIER, FR_NO_DTYPE, 0))
+		return;
 	MPI_Barrier(mpi_comm(g));
-	wd_leave(slot);
+	coll_end(&c);
 }
 
 void comm_arrive(const struct comm_group *g)

@@ -7,6 +7,7 @@
 
 #include "base/log.h"
 #include "base/timer.h"
+#include "comm/flight.h"
 #include "comm/watchdog.h"
 
 _Static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "MPI_Request fits the opaque slot");
@@ -18,8 +19,11 @@ static MPI_Comm p2p_comm(const struct comm_group *g)
 	return (MPI_Comm)(intptr_t)g->handle;
 }
 
-static void p2p_store(struct comm_p2p *r, MPI_Request q, int64_t bytes)
+static void p2p_store(struct comm_p2p *r, const struct comm_group *g, int peer, MPI_Request q,
+                      int64_t bytes)
 {
+	r->comm = g->handle;
+	r->peer = peer;
 	r->req = 0;
 	memcpy(&r->req, &q, sizeof(q));
 	r->active = true;
@@ -32,9 +36,11 @@ void comm_p2p_isend(const struct comm_group *g, int peer, int tag, const void *b
 	CHECK(bytes >= 0 && bytes <= ((int64_t)1 << 30), "p2p: %lld bytes in one message",
 	      (long long)bytes);
 	MPI_Request q;
+	int64_t fr = fr_p2p(g->handle, true, peer, tag, bytes);
 	MPI_Isend(buf, (int)bytes, MPI_BYTE, peer, tag, p2p_comm(g), &q);
 	__atomic_fetch_add(&p2p_bytes_, bytes, __ATOMIC_RELAXED);
-	p2p_store(r, q, bytes);
+	p2p_store(r, g, peer, q, bytes);
+	r->flight = fr;
 }
 
 void comm_p2p_irecv(const struct comm_group *g, int peer, int tag, void *buf, int64_t bytes,
@@ -43,8 +49,10 @@ void comm_p2p_irecv(const struct comm_group *g, int peer, int tag, void *buf, in
 	CHECK(bytes >= 0 && bytes <= ((int64_t)1 << 30), "p2p: %lld bytes in one message",
 	      (long long)bytes);
 	MPI_Request q;
+	int64_t fr = fr_p2p(g->handle, false, peer, tag, bytes);
 	MPI_Irecv(buf, (int)bytes, MPI_BYTE, peer, tag, p2p_comm(g), &q);
-	p2p_store(r, q, bytes);
+	p2p_store(r, g, peer, q, bytes);
+	r->flight = fr;
 }
 
 bool comm_p2p_test(struct comm_p2p *r)
@@ -56,16 +64,19 @@ bool comm_p2p_test(struct comm_p2p *r)
 	int done = 0;
 	MPI_Test(&q, &done, MPI_STATUS_IGNORE);
 	memcpy(&r->req, &q, sizeof(q));
-	if (done)
+	if (done) {
 		r->active = false;
+		fr_complete(r->flight);
+		r->flight = 0;
+	}
 	return done != 0;
 }
 
-int comm_p2p_watch(const struct comm_group *g, int peer, const char *what)
+static int p2p_watch(void *comm, int peer, const char *what)
 {
 	MPI_Group grp, world;
 	int wr = MPI_UNDEFINED;
-	MPI_Comm_group(p2p_comm(g), &grp);
+	MPI_Comm_group((MPI_Comm)(intptr_t)comm, &grp);
 	MPI_Comm_group(MPI_COMM_WORLD, &world);
 	MPI_Group_translate_ranks(grp, 1, &peer, world, &wr);
 	MPI_Group_free(&grp);
@@ -75,6 +86,11 @@ int comm_p2p_watch(const struct comm_group *g, int peer, const char *what)
 	return wd_enter_p2p(buf, wr == MPI_UNDEFINED ? -1 : wr);
 }
 
+int comm_p2p_watch(const struct comm_group *g, int peer, const char *what)
+{
+	return p2p_watch(g->handle, peer, what);
+}
+
 void comm_p2p_unwatch(int token)
 {
 	wd_leave(token);
@@ -82,16 +98,25 @@ void comm_p2p_unwatch(int token)
 
 void comm_p2p_wait(struct comm_p2p *r, double timeout_s, const char *what)
 {
-	double t0 = timer_now();
+	if (comm_p2p_test(r))
+		return;
+	double t0 = timer_now(), limit = timeout_s + P2P_GRACE_S;
+	int token = r->comm ? p2p_watch(r->comm, r->peer, what) : -1;
 	while (!comm_p2p_test(r)) {
-		if (timeout_s > 0 && timer_now() - t0 > timeout_s) {
-			LOG_ERROR("comm: %s did not complete within %.0f s (comm.timeout_seconds): "
-			          "a peer is dead or stuck; aborting the job",
-			          what, timeout_s);
+		if (timeout_s > 0 && timer_now() - t0 > limit) {
+			char msg[512];
+			snprintf(msg, sizeof(msg),
+			         "comm: %s did not complete within %.0f s (comm.timeout_seconds + "
+			         "%.0f s): a peer is dead or stuck",
+			         what, limit, P2P_GRACE_S);
+			LOG_ERROR("%s; aborting the job", msg);
+			comm_flight_dump(msg);
 			comm_abort(1);
 		}
 		sched_yield();
 	}
+	if (token >= 0)
+		wd_leave(token);
 }
 
 int comm_p2p_tag_max(void)

@@ -14,6 +14,7 @@
 #include "base/log.h"
 #include "base/thread.h"
 #include "base/timer.h"
+#include "comm/flight.h"
 #include "comm/p2p.h"
 #include "comm/watchdog.h"
 
@@ -38,6 +39,7 @@ struct comm_stream {
 	double sim_bytes_per_s, sim_latency_s;       /* simulated link; 0: off */
 	double op_t0[STREAM_CAP], op_t1[STREAM_CAP]; /* by ticket % CAP, once done */
 	double op_cpu[STREAM_CAP];                   /* CPU seconds the op's thread spent in it */
+	int64_t fr[STREAM_CAP]; /* q[i]'s flight recorder entry (scheduled at enqueue) */
 };
 
 static const char *const stream_mode_names[] = {"thread", "inline"};
@@ -86,17 +88,32 @@ static void op_simulate(const struct comm_stream *s, const struct comm_op *op, d
 		;
 }
 
-/* Run op; on the comm thread (arrive), first wait for the group's other ranks without
- * spinning (comm_arrive): MPI's blocking collectives busy-poll, and a comm thread polling for a
- * late peer takes the core compute shares with it. Returns the CPU seconds this thread spent
- * (the simulated link's sleep comes after and is not counted). */
-static double op_run(const struct comm_op *op, bool arrive)
+/* A collective queued: its flight recorder entry, numbered now (comm/flight.h); the ring
+ * steps' transfers are recorded as they are posted. */
+static int64_t op_schedule(const struct comm_op *op)
+{
+	if (op->group->size < 2 || op->kind == COMM_SENDRECV)
+		return 0;
+	bool rs = op->kind == COMM_REDUCE_SCATTER;
+	return fr_schedule(op->group->handle, rs ? FR_REDUCE_SCATTER : FR_ALL_GATHER,
+	                   rs ? FR_F32 : FR_U8, rs ? op->count * 4 : op->count, op->what);
+}
+
+/* Run op (fr: its flight recorder entry); on the comm thread (arrive), first wait for the group's
+ * other ranks without spinning (comm_arrive): MPI's blocking collectives busy-poll, and a comm
+ * thread polling for a late peer takes the core compute shares with it. Returns the CPU seconds
+ * this thread spent (the simulated link's sleep comes after and is not counted). */
+static double op_run(const struct comm_op *op, bool arrive, int64_t fr)
 {
 	double cpu0 = timer_thread_cpu();
-	if (op->what)
-		comm_label("%s", op->what);
-	if (arrive && op->kind != COMM_SENDRECV)
+	fr_adopt(fr);
+	if (arrive && op->kind != COMM_SENDRECV) {
+		if (op->what)
+			comm_label("%s", op->what);
 		comm_arrive(op->group);
+	}
+	if (op->what) /* (the label is one-shot: the arrival took the first) */
+		comm_label("%s", op->what);
 	switch (op->kind) {
 	case COMM_ALL_GATHER:
 		comm_all_gather(op->group, op->send, op->recv, op->count);
@@ -106,10 +123,12 @@ static double op_run(const struct comm_op *op, bool arrive)
 		comm_reduce_scatter_f32(op->group, (float *)op->send, op->recv, op->count,
 		                        op->scratch);
 		break;
-	case COMM_SENDRECV: { /* the stream's wait timeout bounds it (no timeout here) */
+	case COMM_SENDRECV: { /* watched by the watchdog (comm_p2p_wait) */
 		struct comm_p2p sr = {0}, rr = {0};
+		fr_p2p_label(op->what);
 		comm_p2p_irecv(op->group, op->from, op->tag, op->recv, op->count, &rr);
 		comm_p2p_isend(op->group, op->to, op->tag, op->send, op->count, &sr);
+		fr_p2p_label(NULL);
 		comm_p2p_wait(&rr, 0.0, op->what ? op->what : "sendrecv");
 		comm_p2p_wait(&sr, 0.0, op->what ? op->what : "sendrecv");
 		break;
@@ -135,9 +154,10 @@ static void *stream_main(void *arg)
 		if (s->done == s->enqueued && s->stop)
 			break;
 		struct comm_op op = s->q[s->done % STREAM_CAP];
+		int64_t fr = s->fr[s->done % STREAM_CAP];
 		pthread_mutex_unlock(&s->mu);
 		double t0 = timer_now();
-		double cpu = op_run(&op, true);
+		double cpu = op_run(&op, true, fr);
 		op_simulate(s, &op, t0);
 		double t1 = timer_now();
 		pthread_mutex_lock(&s->mu);
@@ -190,7 +210,7 @@ int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op)
 		snprintf(s->what[at], STREAM_LABEL, "%s", op->what ? op->what : "a collective");
 		s->q[at].what = s->what[at];
 		double t0 = timer_now();
-		double cpu = op_run(op, false);
+		double cpu = op_run(op, false, op_schedule(op));
 		op_simulate(s, op, t0);
 		double t1 = timer_now();
 		s->wait_s += t1 - t0; /* all of it is exposed */
@@ -207,6 +227,7 @@ int64_t comm_stream_enqueue(struct comm_stream *s, const struct comm_op *op)
 	s->q[at] = *op;
 	snprintf(s->what[at], STREAM_LABEL, "%s", op->what ? op->what : "a collective");
 	s->q[at].what = s->what[at];
+	s->fr[at] = op_schedule(op);
 	int64_t ticket = ++s->enqueued;
 	pthread_cond_signal(&s->cv_work);
 	pthread_mutex_unlock(&s->mu);
@@ -225,13 +246,16 @@ void comm_stream_wait(struct comm_stream *s, int64_t ticket)
 		dl.tv_sec += 1;
 		pthread_cond_timedwait(&s->cv_done, &s->mu, &dl);
 		if (s->done < ticket && timer_now() - t0 > s->timeout_s + STREAM_BACKSTOP_S) {
-			char what[STREAM_LABEL];
+			char what[STREAM_LABEL], msg[STREAM_LABEL + 160];
 			snprintf(what, sizeof(what), "%s", s->q[s->done % STREAM_CAP].what);
 			pthread_mutex_unlock(&s->mu);
-			LOG_ERROR(
+			snprintf(
+			    msg, sizeof(msg),
 			    "%s did not complete within %.0f s (comm.timeout_seconds + %.0f s): a "
-			    "peer rank has died or hangs; aborting the job",
-			    what, s->timeout_s, STREAM_BACKSTOP_S);
+			    "peer rank has died or hangs",
+			    what, s->timeout_s + STREAM_BACKSTOP_S, STREAM_BACKSTOP_S);
+			LOG_ERROR("%s; aborting the job", msg);
+			comm_flight_dump(msg);
 			comm_abort(1);
 		}
 	}

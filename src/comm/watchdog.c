@@ -15,14 +15,20 @@
 #include "base/thread.h"
 #include "base/timer.h"
 #include "comm/comm.h"
+#include "comm/flight.h"
 
-#define WD_SLOTS     32 /* collectives in flight at once (one per thread in practice) */
-#define WD_GROUPS    64
-#define WD_LABEL     160
-#define WD_DOING     384
-#define WD_REPLIES   64 /* ring of reply buffers still being sent */
-#define WD_TAG_ASK   0x57d1
-#define WD_TAG_REPLY 0x57d2
+#define WD_SLOTS      32 /* collectives in flight at once (one per thread in practice) */
+#define WD_GROUPS     64
+#define WD_LABEL      160
+#define WD_DOING      384
+#define WD_REPLIES    64 /* ring of reply buffers still being sent */
+#define WD_TAG_ASK    0x57d1
+#define WD_TAG_REPLY  0x57d2
+#define WD_TAG_DUMP   0x57d3 /* "write your flight recorder dump": a watchdog about to abort */
+#define WD_TAG_DUMPED 0x57d4 /* "written" */
+/* How long a watchdog waits for the others' dumps (a running rank writes its own within
+ * ~0.1 s); under the 2 s that `ctitan launch` gives an announced abort before it ends the job. */
+#define WD_DUMP_SECONDS 1.5
 
 struct wd_group {
 	bool used;
@@ -54,6 +60,10 @@ struct wd_reply {
 	char doing[WD_DOING];
 };
 
+struct wd_dump_ask {
+	char reason[1024]; /* the asking watchdog's message */
+};
+
 static pthread_mutex_t wd_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct wd_group wd_groups[WD_GROUPS];
 static struct wd_slot wd_slots[WD_SLOTS];
@@ -70,6 +80,10 @@ static struct {
 	MPI_Request ask_req;
 	struct wd_reply replies[WD_REPLIES];
 	int next_reply;
+	struct wd_dump_ask dump_in, dump_out;
+	MPI_Request dump_req;
+	int ack;     /* the answer to a dump request (its value does not matter) */
+	bool dumped; /* this rank wrote its dump for a watchdog abort already */
 } wd;
 
 /* ---------------------------------------------------------------- labels */
@@ -95,9 +109,16 @@ void comm_context_clear(void)
 	wd_context_now[0] = '\0';
 }
 
+void wd_label_text(char *buf, size_t n)
+{
+	snprintf(buf, n, "%s%s%s", wd_label_next,
+	         wd_label_next[0] && wd_context_now[0] ? " during " : "", wd_context_now);
+}
+
 void comm_watchdog_set_step(int64_t step)
 {
 	__atomic_store_n(&wd_step, step, __ATOMIC_RELAXED);
+	fr_set_step(step);
 }
 
 /* ---------------------------------------------------------------- groups and slots */
@@ -209,8 +230,48 @@ static void wd_post_ask(void)
 	          &wd.ask_req);
 }
 
-/* Answer every question that has arrived: how far this rank is on the asked group. */
+static void wd_post_dump(void)
+{
+	MPI_Irecv(&wd.dump_in, sizeof(wd.dump_in), MPI_BYTE, MPI_ANY_SOURCE, WD_TAG_DUMP, wd.comm,
+	          &wd.dump_req);
+}
+
+/* Another rank's watchdog is about to end the job: write this rank's flight recorder dump
+ * (once per abort) and say so. */
+static void wd_serve_dumps(void)
+{
+	for (;;) {
+		int flag = 0;
+		MPI_Status st;
+		MPI_Test(&wd.dump_req, &flag, &st);
+		if (!flag)
+			return;
+		if (!wd.dumped) {
+			char reason[sizeof(wd.dump_in.reason) + 64];
+			wd.dump_in.reason[sizeof(wd.dump_in.reason) - 1] = '\0';
+			snprintf(reason, sizeof(reason), "asked by rank %d's watchdog: %s",
+			         st.MPI_SOURCE, wd.dump_in.reason);
+			comm_flight_dump(reason);
+			wd.dumped = true;
+		}
+		MPI_Request req;
+		MPI_Isend(&wd.ack, 1, MPI_INT, st.MPI_SOURCE, WD_TAG_DUMPED, wd.comm, &req);
+		MPI_Request_free(&req);
+		wd_post_dump();
+	}
+}
+
+static void wd_serve_asks(void);
+
+/* Answer every question and dump request that has arrived. */
 static void wd_serve(void)
+{
+	wd_serve_asks();
+	wd_serve_dumps();
+}
+
+/* Answer every question that has arrived: how far this rank is on the asked group. */
+static void wd_serve_asks(void)
 {
 	for (;;) {
 		int flag = 0;
@@ -251,13 +312,56 @@ static void wd_sleep(double s)
 static void *wd_reaper(void *arg)
 {
 	(void)arg;
-	wd_sleep(5.0);
+	wd_sleep(WD_DUMP_SECONDS + 5.0);
 	fprintf(stderr, "[rank %d] watchdog: MPI_Abort did not end the job; exiting\n",
 	        comm_world_rank());
 	_exit(1);
 }
 
-/* Ask the other members of the stuck collective's group, name the missing ones, abort. */
+/* Before the job ends: ask every other rank to write its flight recorder dump, write this
+ * rank's, and wait (serving the others' questions) until every rank not known dead (dead[],
+ * by world rank) has written its own, or WD_DUMP_SECONDS have passed. */
+static void wd_dump_everywhere(const char *reason, const bool *dead)
+{
+	int n = 0, me = comm_world_rank(), left = 0;
+	MPI_Comm_size(wd.comm, &n);
+	snprintf(wd.dump_out.reason, sizeof(wd.dump_out.reason), "%.*s",
+	         (int)sizeof(wd.dump_out.reason) - 1, reason);
+	/* the receive buffers stay allocated: the job ends before some of them complete */
+	int *acks = xcalloc((size_t)n, sizeof(int));
+	MPI_Request *req = xcalloc((size_t)n, sizeof(*req));
+	for (int r = 0; r < n; r++) {
+		req[r] = MPI_REQUEST_NULL;
+		if (r == me)
+			continue;
+		MPI_Request sreq;
+		MPI_Isend(&wd.dump_out, sizeof(wd.dump_out), MPI_BYTE, r, WD_TAG_DUMP, wd.comm,
+		          &sreq);
+		MPI_Request_free(&sreq);
+		if (dead[r])
+			continue;
+		MPI_Irecv(&acks[r], 1, MPI_INT, r, WD_TAG_DUMPED, wd.comm, &req[r]);
+		left++;
+	}
+	if (!wd.dumped) {
+		comm_flight_dump(reason);
+		wd.dumped = true;
+	}
+	for (double t0 = timer_now(); left > 0 && timer_now() - t0 < WD_DUMP_SECONDS;) {
+		wd_serve();
+		for (int r = 0; r < n; r++) {
+			int flag = 0;
+			if (req[r] == MPI_REQUEST_NULL)
+				continue;
+			MPI_Test(&req[r], &flag, MPI_STATUS_IGNORE);
+			left -= flag != 0;
+		}
+		wd_sleep(0.01);
+	}
+}
+
+/* Ask the other members of the stuck collective's group, name the missing ones, have every
+ * rank write its flight recorder dump, abort. */
 static _Noreturn void wd_fire(const struct wd_slot *sl, const struct wd_group *g, double waited)
 {
 	int me = comm_world_rank(), n = g ? g->size : 0;
@@ -307,14 +411,25 @@ static _Noreturn void wd_fire(const struct wd_slot *sl, const struct wd_group *g
 		snprintf(missing, sizeof(missing), "unknown (unregistered communicator)");
 	else if (!count)
 		snprintf(missing, sizeof(missing),
-		         "none: every rank arrived, the transport itself is stuck (a cut link?)");
-	LOG_ERROR("watchdog: %s on group %s (%d ranks) has not completed after %.1f s "
-	          "(comm.timeout_seconds = %g) at step %lld; ranks that did not arrive: %s; "
-	          "aborting the job",
-	          sl->what, g ? g->name : "?", n, waited, wd.timeout_s,
-	          (long long)__atomic_load_n(&wd_step, __ATOMIC_RELAXED), missing);
+		         "none: every rank arrived; the transport itself is stuck (a cut link?) or "
+		         "the ranks issued different collectives (ctitan trace-comm shows which)");
+	char msg[sizeof(missing) + 1024];
+	snprintf(msg, sizeof(msg),
+	         "watchdog: %s on group %s (%d ranks) has not completed after %.1f s "
+	         "(comm.timeout_seconds = %g) at step %lld; ranks that did not arrive: %s",
+	         sl->what, g ? g->name : "?", n, waited, wd.timeout_s,
+	         (long long)__atomic_load_n(&wd_step, __ATOMIC_RELAXED), missing);
+	LOG_ERROR("%s; aborting the job", msg);
+	int world = 0;
+	MPI_Comm_size(wd.comm, &world);
+	bool *dead = xcalloc((size_t)world, sizeof(bool));
+	for (int i = 0; i < n; i++)
+		if (g->world[i] != me && !answered[i] && g->world[i] < world)
+			dead[g->world[i]] = true;
+	/* the reaper first: a dump stuck on a hung filesystem must not keep the job alive */
 	pthread_t reaper;
 	thread_start(&reaper, "ct-reaper", wd_reaper, NULL);
+	wd_dump_everywhere(msg, dead);
 	comm_abort(1);
 }
 
@@ -322,8 +437,11 @@ static void *wd_main(void *arg)
 {
 	(void)arg;
 	wd_post_ask();
+	wd_post_dump();
 	while (!__atomic_load_n(&wd.stop, __ATOMIC_ACQUIRE)) {
 		wd_serve();
+		if (comm_flight_take_request()) /* a signal asked (comm_flight_catch) */
+			comm_flight_dump("on request (signal)");
 		struct wd_slot late = {0};
 		struct wd_group lg = {0};
 		bool have_group = false;
@@ -358,6 +476,8 @@ static void *wd_main(void *arg)
 	}
 	MPI_Cancel(&wd.ask_req);
 	MPI_Wait(&wd.ask_req, MPI_STATUS_IGNORE);
+	MPI_Cancel(&wd.dump_req);
+	MPI_Wait(&wd.dump_req, MPI_STATUS_IGNORE);
 	return NULL;
 }
 
@@ -397,12 +517,17 @@ void comm_watchdog_stop(void)
 	for (int i = 0; i < n; i++)
 		all[i] = i;
 	wd_group_add(wd.comm, "world (finalize)", n, all);
+	fr_group_add(wd.comm, "world (finalize)", n, comm_world_rank(), all);
 	free(all);
+	bool skip; /* (debug.skip_collective names the trainer's groups, never this one) */
+	int64_t fr = fr_start(wd.comm, FR_BARRIER, FR_NO_DTYPE, 0, "before MPI_Finalize", &skip);
 	comm_label("before MPI_Finalize");
 	int slot = wd_enter("barrier", "ranks", wd.comm, n);
 	MPI_Barrier(wd.comm);
 	wd_leave(slot);
+	fr_complete(fr);
 	wd_group_remove(wd.comm);
+	fr_group_remove(wd.comm);
 	__atomic_store_n(&wd.stop, 1, __ATOMIC_RELEASE);
 	pthread_join(wd.thread, NULL);
 	MPI_Comm_free(&wd.comm);

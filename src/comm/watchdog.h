@@ -11,7 +11,11 @@
  * label (bucket or tensor), the context (e.g. the checkpoint being saved), the training step,
  * the group and the ranks that did not arrive, and aborts the whole job (MPI_Abort; if that
  * does not end this process within a few seconds, e.g. over a cut link, the process exits by
- * itself). Detection therefore takes timeout + at most ~4 s.
+ * itself). Before aborting it has every rank that still runs write its flight recorder dump
+ * (comm/flight.h): it asks them over the side channel, writes its own, and waits up to
+ * WD_DUMP_SECONDS for the ranks that answered (a stopped rank cannot dump). Detection
+ * therefore takes timeout + at most ~4 s (+1.5 s when a rank outside the group is stopped). The
+ * thread also writes this rank's dump when a signal asked for one (comm_flight_catch).
  *
  * Point-to-point waits (the pipeline's stage transfers) are watched the same way: the message
  * names the transfer, and the one peer is asked what it is doing.
@@ -23,6 +27,7 @@
 #ifndef CT_COMM_WATCHDOG_H
 #define CT_COMM_WATCHDOG_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #define WD_ASK_SECONDS 3.0
@@ -46,6 +51,9 @@ void comm_context_clear(void);
 /* Register a group's communicator under a name with its members' world ranks. */
 void wd_group_add(void *comm, const char *name, int size, const int *world_ranks);
 void wd_group_remove(void *comm);
+/* The calling thread's pending label and context as wd_enter will show them ("label during
+ * context"; "" when neither is set), for the flight recorder. */
+void wd_label_text(char *buf, size_t n);
 /* A collective on comm of `count` `unit`s starts / ends; returns the slot wd_leave takes. */
 int wd_enter(const char *kind, const char *unit, void *comm, int64_t count);
 void wd_leave(int slot);

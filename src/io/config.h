@@ -138,6 +138,8 @@ struct ct_config {
 		double latency_us;              /* 0: cost-model latency per collective */
 		double simulate_bandwidth_gbps; /* 0 (off): simulated link speed */
 		double simulate_latency_us;     /* 0: simulated latency per collective */
+		int64_t flight_recorder_entries; /* 2000: per-group ring of the last collectives
+		                                    and transfers, dumped on a hang (0: off) */
 	} comm;
 	struct {
 		int64_t log_freq; /* 1, >= 1 */
@@ -168,6 +170,9 @@ struct ct_config {
 		int64_t fail_step;  /* 0, >= 0: itself (SIGKILL) in the middle of this step */
 		char sample_log[CONFIG_STR_MAX]; /* "": append "step sample" lines per rank to
 		                                    <sample_log>.rank-R (tests) */
+		int64_t skip_collective_rank; /* -1: fault injection — this rank issues a barrier */
+		int64_t skip_collective_seq;  /* 1: in place of its collective number seq on */
+		char skip_collective_group[16]; /* "dp_shard": this group (a desync, for tests) */
 	} debug;
 };
 

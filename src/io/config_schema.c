@@ -295,6 +295,11 @@ const struct cfg_key cfg_schema[] = {
              "and ring transfers); 0: off."},
     {ROW(comm, simulate_latency_us), .def = "0", GE(0),
      .help = "Simulated link: microseconds added to every collective."},
+    {ROW(comm, flight_recorder_entries), .def = "2000", IN_CC(0, 1000000),
+     .help = "Flight recorder: each communicator keeps its last this many collectives and "
+             "transfers (sequence number, op, bytes, label, step, state, times); every rank "
+             "writes them to <job.dump_folder>/comm_traces/rank_N.json when the watchdog ends "
+             "a hung job, or on SIGUSR1; `ctitan trace-comm` reads them. 0: off."},
 
     {ROW(metrics, log_freq), .def = "1", GE(1), .help = "Log every this many steps."},
     {ROW(metrics, peak_tflops), .def = "0.0", GE(0),
@@ -350,5 +355,16 @@ const struct cfg_key cfg_schema[] = {
      .help = "Tests: each rank appends \"step sample\" lines for the dataset samples it "
              "trained on to <sample_log>.rank-R (under tensor parallelism only TP rank 0 "
              "of each group, as its ranks share their samples)."},
+    {ROW(debug, skip_collective_rank), .def = "-1", UNSET_OR_GE(0),
+     .help = "Debug only (tests of the flight recorder): this rank issues a barrier in place "
+             "of its debug.skip_collective_seq-th collective on group "
+             "debug.skip_collective_group, so the job hangs on a mismatched collective and "
+             "the watchdog ends it. -1: off."},
+    {ROW(debug, skip_collective_seq), .def = "1", GE(1),
+     .help = "Debug only: the per-group sequence number (from 1) of the collective "
+             "debug.skip_collective_rank replaces."},
+    {ROW(debug, skip_collective_group), .def = "dp_shard",
+     CHOICES("world", "pp", "dp_replicate", "dp_shard", "tp", "dp"),
+     .help = "Debug only: the group of debug.skip_collective_seq."},
 };
 const size_t cfg_n_keys = ARRAY_SIZE(cfg_schema);

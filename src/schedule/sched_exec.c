@@ -7,6 +7,7 @@
 #include "base/log.h"
 #include "base/mem_timeline.h"
 #include "base/timer.h"
+#include "comm/flight.h"
 
 /* A compute node's op: its segment of a lowered program, or -1 for the whole pass. */
 static int unit_op(const struct sched *s, const struct sched_node *n)
@@ -35,6 +36,7 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 		}
 		double t0 = timer_now();
 		int64_t bytes = 0, ticket = 0;
+		comm_flight_node(i, sched_kind_name(n->kind)); /* its collectives carry the node */
 		switch (n->kind) {
 		case SCHED_BATCH:
 			be->batch(be->ctx, n->micro);
@@ -109,6 +111,7 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 			}
 		}
 	}
+	comm_flight_node(-1, NULL);
 	if (rc != CT_OK)
 		comm_stream_sync(stream);
 	free(ag_ticket), free(rs_ticket), free(ag_node), free(rs_node);

@@ -15,6 +15,7 @@
 #include "base/timer.h"
 #include "comm/comm.h"
 #include "comm/stream.h"
+#include "comm/flight.h"
 #include "comm/watchdog.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
@@ -266,6 +267,11 @@ static int trainer_setup(struct trainer *tr)
 	int rc = tp_check_config(cfg);
 	if (rc)
 		return rc;
+	/* the flight recorder (comm/flight.h): dumps into the job's folder on a hang or SIGUSR1 */
+	comm_flight_configure(cfg->comm.flight_recorder_entries, cfg->job.dump_folder);
+	comm_flight_skip_collective((int)cfg->debug.skip_collective_rank,
+	                            cfg->debug.skip_collective_group, cfg->debug.skip_collective_seq);
+	comm_flight_catch(SIGUSR1);
 	rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
 	                cfg->parallelism.data_parallel_shard_degree, tp);
 	if (!rc)
