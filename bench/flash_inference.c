@@ -37,7 +37,7 @@
 #include "base/log.h"
 #include "base/timer.h"
 #include "infer/hyena_gen.h"
-#include "model/hyena.h"
+#include "model/hyena/hyena.h"
 
 struct args {
 	int64_t layers, dim, order, vocab, lmin, lmax, thr, full_max, recompute_max, windows, steps,

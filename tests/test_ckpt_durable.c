@@ -17,7 +17,7 @@
 
 #include "base/log.h"
 #include "comm/comm.h"
-#include "model/llama.h"
+#include "model/llama/llama.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
 #include "testutil.h"

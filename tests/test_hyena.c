@@ -17,7 +17,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/safetensors.h"
-#include "model/hyena.h"
+#include "model/hyena/hyena.h"
 #include "model/model.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"

@@ -18,7 +18,7 @@
 
 #include "base/log.h"
 #include "infer/hyena_gen.h"
-#include "model/hyena.h"
+#include "model/hyena/hyena.h"
 #include "testutil.h"
 
 struct fixture {

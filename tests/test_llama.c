@@ -13,7 +13,7 @@
 #include "base/mem.h"
 #include "infer/generate.h"
 #include "io/safetensors.h"
-#include "model/llama.h"
+#include "model/llama/llama.h"
 #include "kernels/mm_engine.h"
 #include "testutil.h"
 #include "train/compute.h"

@@ -21,7 +21,7 @@
 #include "infer/generate.h"
 #include "infer/hyena_gen.h"
 #include "io/config.h"
-#include "model/llama.h"
+#include "model/llama/llama.h"
 #include "train/checkpoint.h"
 #include "train/model_spec.h"
 #include "train/trainer.h"

@@ -18,7 +18,7 @@
 #include "base/log.h"
 #include "io/config.h"
 #include "kernels/fp8_linear.h"
-#include "model/llama.h"
+#include "model/llama/llama.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
 #include "train/compute.h"

@@ -24,7 +24,7 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "model/llama.h"
+#include "model/llama/llama.h"
 #include "parallel/pp.h"
 #include "schedule/pp_schedule.h"
 #include "schedule/sched_cost.h"

@@ -10,7 +10,7 @@
 
 #include <stdint.h>
 
-#include "model/llama.h"
+#include "model/llama/llama.h"
 
 struct gen_opts {
 	int64_t max_new_tokens;

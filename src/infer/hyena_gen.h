@@ -26,7 +26,7 @@
 
 #include "infer/generate.h"
 #include "infer/online_conv.h"
-#include "model/hyena.h"
+#include "model/hyena/hyena.h"
 
 struct hgen_opts {
 	enum oc_mode mode;

@@ -18,8 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/hyena.h"
-#include "model/llama.h"
+#include "model/hyena/hyena.h"
+#include "model/llama/llama.h"
 
 enum model_kind { MODEL_LLAMA, MODEL_HYENA, MODEL_KIND_COUNT };
 
@@ -90,6 +90,33 @@ struct model {
 	float **unit_w, **unit_dw; /* n_units each: where unit u's params/grads are now */
 	int64_t act_bytes, scratch_bytes;
 };
+
+/* A model family (one folder under src/model/, listed once in the family table in
+ * model/model.c): what the layers above ask of a model instead of its kind — its config's
+ * sizes, its table and init, how to build it, and what it supports. */
+struct model_family {
+	const char *name; /* `[model] name` and the manifests: "llama3", "hyena" */
+	enum model_kind kind;
+	/* what it supports: tensor / pipeline parallelism, activation checkpointing modes
+	 * other than none, float8 linears, `ctitan export` to Hugging Face, the cost model
+	 * (comm.buckets = auto, memory budgets, profiled predictions, `ctitan plan`) */
+	bool tp, pp, ac, float8, export_hf, cost_model;
+	int64_t (*vocab)(const struct model_config *c);
+	int64_t (*n_layers)(const struct model_config *c);
+	const char *(*flavor)(const struct model_config *c);
+	int (*table_build)(struct param_table *t, const struct model_config *c);
+	void (*init_params)(const struct model_config *c, const struct param_table *t, uint64_t seed,
+	                    float *out, int64_t first, int64_t n);
+	int (*build)(struct model *m, const struct model_config *c, int64_t B, int64_t T,
+	             const struct model_build_opts *opts);
+	void (*describe)(const struct model *m, char *buf, size_t n);
+};
+
+/* The family of a kind, or of a `[model] name` (NULL: no such family). */
+const struct model_family *model_family_of(enum model_kind k);
+const struct model_family *model_family_named(const char *name);
+/* The families' names, comma-separated, for messages: "llama3, hyena". */
+const char *model_family_list(void);
 
 /* Build a model of family c->kind for micro-batches of (B, T). CT_OK or an error code. */
 int model_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,

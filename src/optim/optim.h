@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/llama.h"
+#include "model/llama/llama.h"
 
 struct adamw {
 	double beta1, beta2, eps, weight_decay;

@@ -99,9 +99,9 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	pp->r = mesh->pp_rank;
 	if (mesh->tp > 1)
 		tp_coll_init(&pp->tp, &mesh->tp_group, 0.0, 0.0, 0.0);
-	if (mc->kind != MODEL_LLAMA) {
+	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
-		          "yet supported (llama3 only)",
+		          "yet supported (the family has no pipeline stages)",
 		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}

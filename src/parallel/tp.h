@@ -4,7 +4,7 @@
 #define CT_PARALLEL_TP_H
 
 #include "comm/comm.h"
-#include "model/llama.h"
+#include "model/llama/llama.h"
 
 /* Assemble the global flat parameter buffer (layout of `global`, the tp_size = 1 table) from
  * every TP rank's local flat buffer (layout of `local`, identical sizes on every rank):

@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "comm/stream.h"
-#include "model/llama.h"
+#include "model/llama/llama.h"
 #include "schedule/schedule.h"
 
 /* Terms of a compute node's time, and the node kinds that carry per-unit work. */

@@ -80,9 +80,10 @@ static int compute_setup_float8(const struct ct_config *cfg, bool log)
 		}
 		return CT_OK;
 	}
-	if (strcmp(cfg->model.name, "llama3") != 0) {
+	const struct model_family *fam = model_family_named(cfg->model.name);
+	if (fam && !fam->float8) {
 		LOG_ERROR("model.converters = [\"float8\"]: not supported for model.name = %s "
-		          "(float8 linears exist for llama3 only)", cfg->model.name);
+		          "(the family has no float8 linears)", cfg->model.name);
 		return CT_ERR_USAGE;
 	}
 	if (cfg->parallelism.tensor_parallel_degree > 1 ||

@@ -118,8 +118,8 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 	fsdp_naive_schedule(f, accum, &naive);
 	/* profiling compares the step with the cost model where the family has one */
 	*have_cm = strcmp(cfg->comm.buckets, "auto") == 0 || o.memory_bytes > 0 ||
-	           (cfg->profiling.enable_profiling && f->model->cfg.kind == MODEL_LLAMA);
-	if (*have_cm && f->model->cfg.kind != MODEL_LLAMA) {
+	           (cfg->profiling.enable_profiling && model_family_of(f->model->cfg.kind)->cost_model);
+	if (*have_cm && !model_family_of(f->model->cfg.kind)->cost_model) {
 		LOG_ERROR("comm.buckets = \"auto\", comm.memory budget and profiling need the cost "
 		          "model, which does not yet support model.name = \"%s\"",
 		          model_kind_name(f->model->cfg.kind));

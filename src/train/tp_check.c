@@ -12,9 +12,10 @@ int tp_check_config(const struct ct_config *cfg)
 	int64_t tp = cfg->parallelism.tensor_parallel_degree;
 	if (tp <= 1)
 		return CT_OK;
-	if (strcmp(cfg->model.name, "llama3") != 0) {
+	const struct model_family *fam = model_family_named(cfg->model.name);
+	if (fam && !fam->tp) {
 		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not yet supported for "
-		          "model.name = \"%s\" (llama3 only; Hyena's channels are not split)",
+		          "model.name = \"%s\" (the family's channels are not split)",
 		          (long long)tp, cfg->model.name);
 		return CT_ERR_USAGE;
 	}

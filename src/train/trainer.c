@@ -23,7 +23,7 @@
 #include "io/file.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
-#include "model/llama_hf.h"
+#include "model/llama/llama_hf.h"
 #include "model/model.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp.h"
@@ -70,9 +70,9 @@ struct trainer {
 static int trainer_pp_check(struct trainer *tr, const struct model_config *mc, bool bf16)
 {
 	const struct ct_config *cfg = tr->cfg;
-	if (mc->kind != MODEL_LLAMA) {
+	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
-		          "yet supported (llama3 only)",
+		          "yet supported (the family has no pipeline stages)",
 		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}
@@ -142,16 +142,16 @@ static int trainer_build_model(struct trainer *tr)
 		if (rc)
 			return rc;
 	}
-	if (mc.kind == MODEL_HYENA && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
-		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for hyena (none)",
-		          cfg->activation_checkpoint.mode);
+	const struct model_family *fam = model_family_of(mc.kind);
+	if (!fam->ac && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
+		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for %s (none)",
+		          cfg->activation_checkpoint.mode, fam->name);
 		return CT_ERR_USAGE;
 	}
 	enum model_ac ac;
 	rc = step_plan_ac(cfg, &ac);
 	if (!rc)
-		rc = step_plan_check_buckets(
-		    cfg, (int)(mc.kind == MODEL_HYENA ? mc.hyena.n_layers : mc.llama.n_layers) + 2);
+		rc = step_plan_check_buckets(cfg, (int)fam->n_layers(&mc) + 2);
 	if (rc)
 		return rc;
 	const struct model_build_opts opts = {
@@ -660,9 +660,9 @@ static int trainer_load(struct trainer *tr, const char *root, int64_t step, bool
 static int trainer_load_hf(struct trainer *tr, const char *dir)
 {
 	const struct param_table *t = tr->model.table;
-	if (tr->model.cfg.kind != MODEL_LLAMA) {
-		LOG_ERROR("checkpoint.initial_load_in_hf: Hugging Face weights are Llama's; "
-		          "model.name = \"%s\" is not supported",
+	if (!model_family_of(tr->model.cfg.kind)->export_hf) {
+		LOG_ERROR("checkpoint.initial_load_in_hf: model.name = \"%s\" has no Hugging "
+		          "Face names; not supported",
 		          model_kind_name(tr->model.cfg.kind));
 		return CT_ERR_USAGE;
 	}

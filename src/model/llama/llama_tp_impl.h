@@ -4,7 +4,7 @@
 #ifndef CT_MODEL_LLAMA_TP_IMPL_H
 #define CT_MODEL_LLAMA_TP_IMPL_H
 
-#include "model/llama_impl.h"
+#include "model/llama/llama_impl.h"
 
 struct llama_tp_bufs {
 	float *xg;         /* (Np, C) gathered norm output */

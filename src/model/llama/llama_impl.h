@@ -3,7 +3,7 @@
 #ifndef CT_MODEL_LLAMA_IMPL_H
 #define CT_MODEL_LLAMA_IMPL_H
 
-#include "model/llama.h"
+#include "model/llama/llama.h"
 #include "model/model_prog.h"
 
 /* Table indices: 0 tok_embeddings, llama_param_index(l, k) the block tensors (llama.h),

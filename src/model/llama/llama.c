@@ -1,7 +1,7 @@
 /* Llama 3: presets, parameter table, init, and units (forward, backward, recompute).
  * Reads top to bottom: configs, table, init, build, then the units with backward mirroring
  * forward. */
-#include "model/llama.h"
+#include "model/llama/llama.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 #include "base/mem.h"
 #include "base/rng.h"
 #include "kernels/kernels.h"
-#include "model/llama_impl.h"
+#include "model/llama/llama_impl.h"
 #include "model/model_group.h"
 
 /* ---------------------------------------------------------------- configs */

@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/llama.h"
+#include "model/llama/llama.h"
 
 /* ctitan (TorchTitan) name -> Hugging Face name; false for an unknown name. */
 bool llama_hf_name(const char *name, char *out, size_t n);

@@ -1,4 +1,4 @@
-#include "model/llama_hf.h"
+#include "model/llama/llama_hf.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* Hyena: presets, parameter table, init, build, and the units (compute in hyena_impl.h,
  * instantiated for float and double below). */
-#include "model/hyena.h"
+#include "model/hyena/hyena.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -238,7 +238,7 @@ void hyena_init_params(const struct hyena_config *c, const struct param_table *t
 #define HT(name) hy_##name##_f32
 #define HUW(m)   (m)->unit_w
 #define HUDW(m)  (m)->unit_dw
-#include "model/hyena_impl.h"
+#include "model/hyena/hyena_impl.h"
 #undef HREAL
 #undef HK
 #undef HT
@@ -250,7 +250,7 @@ void hyena_init_params(const struct hyena_config *c, const struct param_table *t
 #define HT(name) hy_##name##_f64
 #define HUW(m)   (m)->unit_w64
 #define HUDW(m)  (m)->unit_dw64
-#include "model/hyena_impl.h"
+#include "model/hyena/hyena_impl.h"
 #undef HREAL
 #undef HK
 #undef HT

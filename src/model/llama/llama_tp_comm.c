@@ -8,7 +8,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
-#include "model/llama_tp_impl.h"
+#include "model/llama/llama_tp_impl.h"
 #include "model/model_group.h"
 
 void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts)

@@ -26,7 +26,7 @@
 #include "base/log.h"
 #include "model/model_group.h"
 #include "kernels/kernels.h"
-#include "model/llama_tp_impl.h"
+#include "model/llama/llama_tp_impl.h"
 #include "model/model_prog.h"
 
 /* ---------------------------------------------------------------- dimensions */

@@ -34,7 +34,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "model/llama.h"
+#include "model/llama/llama.h"
 
 #define HYENA_IGNORE_INDEX LLAMA_IGNORE_INDEX
 #define HYENA_SHORT_FILTER 3 /* taps of the short depthwise convolution */

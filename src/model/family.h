@@ -1,0 +1,18 @@
+/* model/family: what a family's implementation (src/model/<family>/) shares with the
+ * model interface (model/model.c). Not for the layers above. */
+#ifndef CT_MODEL_FAMILY_H
+#define CT_MODEL_FAMILY_H
+
+#include "model/model.h"
+
+/* Each family's entry of the table (defined in its folder). */
+extern const struct model_family llama_family, hyena_family;
+
+/* A one-segment program's op 0: the whole pass through ops (model_ops.unit_op's default). */
+double model_unit_pass(const struct model_ops *ops, void *impl, int u, enum model_pass p, int op,
+                       double dscale, bool *ran);
+/* Keep the float8 registry (kernels/fp8_linear.h) in step with where unit u's parameters are
+ * bound (a family whose linears may be float8 calls it from bind_unit). */
+void model_fp8_bind(const struct param_table *t, int u, const float *params);
+
+#endif

@@ -1,0 +1,176 @@
+/* The Llama 3 family behind the model interface (model/model.h): its operations, its entry
+ * of the family table, and what it supports. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "model/family.h"
+#include "model/llama/llama.h"
+#include "model/model_group.h"
+
+static void llama_op_bind(void *impl, int u, float *params, float *grads)
+{
+	llama_bind_unit(impl, u, params, grads);
+	model_fp8_bind(&((struct llama_model *)impl)->table, u, params);
+}
+static double llama_op_forward(void *impl, int u, int64_t *n_valid)
+{
+	return llama_unit_forward(impl, u, n_valid);
+}
+static void llama_op_backward(void *impl, int u, double dscale)
+{
+	llama_unit_backward(impl, u, dscale);
+}
+static void llama_op_backward_weight(void *impl, int u)
+{
+	llama_unit_backward_weight(impl, u);
+}
+static void llama_op_recompute(void *impl, int u)
+{
+	llama_unit_recompute(impl, u);
+}
+static bool llama_op_needs_recompute(const void *impl, int u)
+{
+	return llama_unit_needs_recompute(impl, u);
+}
+static void llama_op_prog(const void *impl, int u, enum model_pass p, struct model_prog *out)
+{
+	llama_unit_prog(impl, u, p, out);
+}
+static const struct model_ops llama_ops;
+static double llama_op_unit_op(void *impl, int u, enum model_pass p, int op, double dscale,
+                               bool *ran)
+{
+	if (!((struct llama_model *)impl)->tp) /* one segment per pass */
+		return model_unit_pass(&llama_ops, impl, u, p, op, dscale, ran);
+	return llama_unit_op(impl, u, p, op, dscale, NULL, ran);
+}
+static void llama_op_dscale(void *impl, double dscale)
+{
+	((struct llama_model *)impl)->loss_dscale = dscale;
+}
+static void llama_op_logits(void *impl, float *logits)
+{
+	llama_logits(impl, logits);
+}
+static double llama_op_flops(const struct model_config *c, const struct param_table *t,
+                             int64_t seq_len)
+{
+	return llama_flops_per_token(&c->llama, t, seq_len);
+}
+static void llama_op_free(void *impl)
+{
+	llama_free(impl);
+}
+
+static const struct model_ops llama_ops = {
+    .bind_unit = llama_op_bind,
+    .unit_forward = llama_op_forward,
+    .unit_backward = llama_op_backward,
+    .unit_backward_weight = llama_op_backward_weight,
+    .unit_recompute = llama_op_recompute,
+    .unit_needs_recompute = llama_op_needs_recompute,
+    .unit_prog = llama_op_prog,
+    .unit_op = llama_op_unit_op,
+    .set_loss_dscale = llama_op_dscale,
+    .logits = llama_op_logits,
+    .flops_per_token = llama_op_flops,
+    .free = llama_op_free,
+};
+
+void model_wrap_llama(struct model *m, struct llama_model *lm)
+{
+	memset(m, 0, sizeof(*m));
+	m->cfg.kind = MODEL_LLAMA;
+	m->cfg.llama = lm->cfg;
+	m->ops = &llama_ops;
+	m->impl = lm;
+	m->table = &lm->table;
+	m->n_units = lm->table.n_units;
+	m->B = lm->B;
+	m->T = lm->T;
+	m->N = lm->N;
+	m->vocab_size = lm->cfg.vocab_size;
+	m->tokens = lm->tokens;
+	m->targets = lm->targets;
+	m->params = lm->params;
+	m->grads = lm->grads;
+	m->unit_w = lm->unit_w;
+	m->unit_dw = lm->unit_dw;
+	m->act_bytes = lm->act_bytes;
+	m->scratch_bytes = lm->scratch_bytes;
+	m->ac = lm->ac;
+}
+
+static int llama_family_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
+                              const struct model_build_opts *opts)
+{
+	struct llama_model *lm = xcalloc(1, sizeof(*lm));
+	const struct llama_build_opts lo = {.own_params = opts->own_params,
+	                                    .recompute_ffn = opts->recompute_ffn,
+	                                    .ac = opts->ac,
+	                                    .tp = opts->tp,
+	                                    .unit_lo = opts->unit_lo,
+	                                    .unit_hi = opts->unit_hi,
+	                                    .split_backward = opts->split_backward,
+	                                    .tp_async = opts->tp_async};
+	int rc = llama_build_ex(lm, &c->llama, B, T, &lo);
+	if (rc) {
+		free(lm);
+		return rc;
+	}
+	model_wrap_llama(m, lm);
+	return CT_OK;
+}
+
+static void llama_describe(const struct model *m, char *buf, size_t n)
+{
+	const struct llama_config *c = &m->cfg.llama;
+	snprintf(buf, n,
+	         "llama3 %s: %lld parameters (dim %lld, %lld layers, %lld heads, %lld kv "
+	         "heads, ffn %lld, vocab %lld)",
+	         c->flavor, (long long)m->table->numel, (long long)c->dim,
+	         (long long)c->n_layers, (long long)c->n_heads, (long long)c->n_kv_heads,
+	         (long long)c->ffn_hidden, (long long)c->vocab_size);
+}
+
+static int64_t llama_family_vocab(const struct model_config *c)
+{
+	return c->llama.vocab_size;
+}
+static int64_t llama_family_layers(const struct model_config *c)
+{
+	return c->llama.n_layers;
+}
+static const char *llama_family_flavor(const struct model_config *c)
+{
+	return c->llama.flavor;
+}
+static int llama_family_table(struct param_table *t, const struct model_config *c)
+{
+	return llama_table_build(t, &c->llama);
+}
+static void llama_family_init(const struct model_config *c, const struct param_table *t,
+                              uint64_t seed, float *out, int64_t first, int64_t n)
+{
+	llama_init_params(&c->llama, t, seed, out, first, n);
+}
+
+const struct model_family llama_family = {
+    .name = "llama3",
+    .kind = MODEL_LLAMA,
+    .tp = true,
+    .pp = true,
+    .ac = true,
+    .float8 = true,
+    .export_hf = true,
+    .cost_model = true,
+    .vocab = llama_family_vocab,
+    .n_layers = llama_family_layers,
+    .flavor = llama_family_flavor,
+    .table_build = llama_family_table,
+    .init_params = llama_family_init,
+    .build = llama_family_build,
+    .describe = llama_describe,
+};
