@@ -9,21 +9,31 @@
 #include "model/family.h"
 #include "kernels/fp8_linear.h"
 
-/* The family table: the one place that lists the families. */
-static const struct model_family *const model_families[] = {&llama_family, &hyena_family};
-_Static_assert(sizeof(model_families) / sizeof(model_families[0]) == MODEL_KIND_COUNT,
-               "one family per model kind");
+/* The family table: the one place that lists the built-in families, indexed by kind;
+ * families registered at run time follow them. */
+static const struct model_family *model_families[MODEL_FAMILY_MAX] = {&llama_family,
+                                                                      &hyena_family};
+static int model_n_families = MODEL_KIND_COUNT;
+
+int model_family_register(struct model_family *f)
+{
+	if (model_n_families == MODEL_FAMILY_MAX || model_family_named(f->name))
+		return -1;
+	f->kind = (enum model_kind)model_n_families;
+	model_families[model_n_families] = f;
+	return model_n_families++;
+}
 
 const struct model_family *model_family_of(enum model_kind k)
 {
-	CHECK(k >= 0 && k < MODEL_KIND_COUNT && model_families[k]->kind == k,
+	CHECK((int)k >= 0 && (int)k < model_n_families && model_families[k]->kind == k,
 	      "model: no family for kind %d", (int)k);
 	return model_families[k];
 }
 
 const struct model_family *model_family_named(const char *name)
 {
-	for (int i = 0; i < MODEL_KIND_COUNT; i++)
+	for (int i = 0; i < model_n_families; i++)
 		if (strcmp(model_families[i]->name, name) == 0)
 			return model_families[i];
 	return NULL;
@@ -32,16 +42,16 @@ const struct model_family *model_family_named(const char *name)
 const char *model_family_list(void)
 {
 	static char list[256];
-	if (!list[0])
-		for (int i = 0; i < MODEL_KIND_COUNT; i++)
-			snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s",
-			         i ? ", " : "", model_families[i]->name);
+	list[0] = 0;
+	for (int i = 0; i < model_n_families; i++)
+		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? ", " : "",
+		         model_families[i]->name);
 	return list;
 }
 
 const char *model_kind_name(enum model_kind k)
 {
-	return k >= 0 && k < MODEL_KIND_COUNT ? model_families[k]->name : "?";
+	return (int)k >= 0 && (int)k < model_n_families ? model_families[k]->name : "?";
 }
 
 int64_t model_config_vocab(const struct model_config *c)

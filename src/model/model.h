@@ -27,9 +27,10 @@ enum model_kind { MODEL_LLAMA, MODEL_HYENA, MODEL_KIND_COUNT };
 const char *model_kind_name(enum model_kind k);
 
 struct model_config {
-	enum model_kind kind;
+	enum model_kind kind; /* a built-in kind, or one model_family_register returned */
 	struct llama_config llama; /* kind == MODEL_LLAMA */
 	struct hyena_config hyena; /* kind == MODEL_HYENA */
+	const void *ext;           /* a registered family's own config (it owns the pointee) */
 };
 
 int64_t model_config_vocab(const struct model_config *c);
@@ -112,6 +113,10 @@ struct model_family {
 	void (*describe)(const struct model *m, char *buf, size_t n);
 };
 
+/* Add a family to the table (one defined outside src/model/, e.g. by a test); its `kind`
+ * is set to the kind it gets, which is returned (-1: the table is full or the name taken). */
+#define MODEL_FAMILY_MAX 8
+int model_family_register(struct model_family *f);
 /* The family of a kind, or of a `[model] name` (NULL: no such family). */
 const struct model_family *model_family_of(enum model_kind k);
 const struct model_family *model_family_named(const char *name);
