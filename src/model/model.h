@@ -92,6 +92,8 @@ struct model {
 	int64_t act_bytes, scratch_bytes;
 };
 
+struct cJSON;
+
 /* A model family (one folder under src/model/, listed once in the family table in
  * model/model.c): what the layers above ask of a model instead of its kind — its config's
  * sizes, its table and init, how to build it, and what it supports. */
@@ -111,6 +113,8 @@ struct model_family {
 	int (*build)(struct model *m, const struct model_config *c, int64_t B, int64_t T,
 	             const struct model_build_opts *opts);
 	void (*describe)(const struct model *m, char *buf, size_t n);
+	/* its config's fields in a checkpoint manifest (object o; the name is added for it) */
+	void (*manifest_fields)(const struct model_config *c, struct cJSON *o);
 };
 
 /* Add a family to the table (one defined outside src/model/, e.g. by a test); its `kind`

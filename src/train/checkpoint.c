@@ -92,36 +92,14 @@ static void remove_tree(const char *dir)
 
 /* ---------------------------------------------------------------- manifest */
 
+/* The model's config in the manifest: the family's name and its own fields. */
 static cJSON *model_json(const struct model_config *mc)
 {
+	const struct model_family *fam = model_family_of(mc->kind);
 	cJSON *o = cJSON_CreateObject();
-	cJSON_AddStringToObject(o, "name", model_kind_name(mc->kind));
-	if (mc->kind == MODEL_HYENA) {
-		const struct hyena_config *c = &mc->hyena;
-		cJSON_AddStringToObject(o, "flavor", c->flavor);
-		cJSON_AddNumberToObject(o, "dim", (double)c->dim);
-		cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
-		cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
-		cJSON_AddNumberToObject(o, "order", (double)c->order);
-		cJSON_AddNumberToObject(o, "filter_order", (double)c->filter_order);
-		cJSON_AddNumberToObject(o, "emb_dim", (double)c->emb_dim);
-		cJSON_AddNumberToObject(o, "ffn_hidden", (double)c->ffn_hidden);
-		cJSON_AddNumberToObject(o, "l_max", (double)c->l_max);
-		cJSON_AddNumberToObject(o, "sin_freq", c->sin_freq);
-		cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
-		return o;
-	}
-	const struct llama_config *c = &mc->llama;
-	cJSON_AddStringToObject(o, "flavor", c->flavor);
-	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
-	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
-	cJSON_AddNumberToObject(o, "n_heads", (double)c->n_heads);
-	cJSON_AddNumberToObject(o, "n_kv_heads", (double)c->n_kv_heads);
-	cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
-	cJSON_AddNumberToObject(o, "ffn_hidden", (double)c->ffn_hidden);
-	cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
-	cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
-	cJSON_AddBoolToObject(o, "rope_scaling", c->rope_scaling);
+	cJSON_AddStringToObject(o, "name", fam->name);
+	if (fam->manifest_fields)
+		fam->manifest_fields(mc, o);
 	return o;
 }
 

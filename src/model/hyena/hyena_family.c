@@ -1,5 +1,6 @@
 /* The Hyena family behind the model interface (model/model.h): its operations, its entry of
  * the family table, and what it supports (one rank and FSDP; every activation saved). */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,6 +145,22 @@ static void hyena_family_init(const struct model_config *c, const struct param_t
 	hyena_init_params(&c->hyena, t, seed, out, first, n);
 }
 
+static void hyena_manifest_fields(const struct model_config *mc, cJSON *o)
+{
+	const struct hyena_config *c = &mc->hyena;
+	cJSON_AddStringToObject(o, "flavor", c->flavor);
+	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
+	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
+	cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+	cJSON_AddNumberToObject(o, "order", (double)c->order);
+	cJSON_AddNumberToObject(o, "filter_order", (double)c->filter_order);
+	cJSON_AddNumberToObject(o, "emb_dim", (double)c->emb_dim);
+	cJSON_AddNumberToObject(o, "ffn_hidden", (double)c->ffn_hidden);
+	cJSON_AddNumberToObject(o, "l_max", (double)c->l_max);
+	cJSON_AddNumberToObject(o, "sin_freq", c->sin_freq);
+	cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
+}
+
 const struct model_family hyena_family = {
     .name = "hyena",
     .kind = MODEL_HYENA,
@@ -154,4 +171,5 @@ const struct model_family hyena_family = {
     .init_params = hyena_family_init,
     .build = hyena_family_build,
     .describe = hyena_describe,
+    .manifest_fields = hyena_manifest_fields,
 };

@@ -1,5 +1,6 @@
 /* The Llama 3 family behind the model interface (model/model.h): its operations, its entry
  * of the family table, and what it supports. */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,21 @@ static void llama_family_init(const struct model_config *c, const struct param_t
 	llama_init_params(&c->llama, t, seed, out, first, n);
 }
 
+static void llama_manifest_fields(const struct model_config *mc, cJSON *o)
+{
+	const struct llama_config *c = &mc->llama;
+	cJSON_AddStringToObject(o, "flavor", c->flavor);
+	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
+	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
+	cJSON_AddNumberToObject(o, "n_heads", (double)c->n_heads);
+	cJSON_AddNumberToObject(o, "n_kv_heads", (double)c->n_kv_heads);
+	cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+	cJSON_AddNumberToObject(o, "ffn_hidden", (double)c->ffn_hidden);
+	cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
+	cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+	cJSON_AddBoolToObject(o, "rope_scaling", c->rope_scaling);
+}
+
 const struct model_family llama_family = {
     .name = "llama3",
     .kind = MODEL_LLAMA,
@@ -173,4 +189,5 @@ const struct model_family llama_family = {
     .init_params = llama_family_init,
     .build = llama_family_build,
     .describe = llama_describe,
+    .manifest_fields = llama_manifest_fields,
 };
