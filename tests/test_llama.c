@@ -333,7 +333,7 @@ TEST_CASE(test_activation_memory_linear)
 	for (int i = 0; i < 3; i++) {
 		struct llama_model m;
 		llama_build(&m, &c, 1, Ts[i]);
-		bytes[i] = m.act_bytes + m.scratch_bytes - m.ce_chunk * c.vocab_size * 4;
+		bytes[i] = m.act_bytes + m.scratch_bytes - m.ce_rows * c.vocab_size * 4;
 		fprintf(stderr, "  debugmodel T=%lld: activations+scratch %.2f MiB\n",
 		        (long long)Ts[i], (double)(m.act_bytes + m.scratch_bytes) / 1048576.0);
 		llama_free(&m);

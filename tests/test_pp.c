@@ -53,7 +53,7 @@ struct run {
 	double loss[STEPS], norm[STEPS];
 	float *params;
 	/* memory (measured from MEM_ACTIVATIONS): the step's peak over what was there before
-	 * pp_build, one slot of chunk 0, its slots, and its stage's blocks */
+	 * pp_build, one slot of virtual stage 0, its slots, and its stage's blocks */
 	int64_t act_peak, slot_bytes;
 	int n_slots, blocks;
 };
@@ -134,12 +134,12 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 	}
 	*peak = pp.peak_inflight;
 	out->act_peak = mem_peak(MEM_ACTIVATIONS) - act0;
-	out->slot_bytes = pp.chunks[0].slot_bytes;
+	out->slot_bytes = pp.vstages[0].slot_bytes;
 	out->n_slots = 0;
 	for (int c = 0; c < pp.v; c++)
-		out->n_slots += pp.chunks[c].n_slots;
+		out->n_slots += pp.vstages[c].n_slots;
 	out->blocks = 0;
-	for (int u = pp.chunks[0].u0; u < pp.chunks[0].u1; u++)
+	for (int u = pp.vstages[0].u0; u < pp.vstages[0].u1; u++)
 		out->blocks += u >= 1 && u <= mc.llama.n_layers;
 	*predicted = pp.sim.peak_inflight[pp.r];
 	float *local = malloc((size_t)pp.table.numel * sizeof(float));

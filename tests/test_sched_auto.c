@@ -429,7 +429,7 @@ TEST_CASE(test_tp_lowering)
 	tp_units(u, U, &c, false, x.B, x.T);
 	struct sched naive, ck, lo, again;
 	sched_build(&naive, u, U, M, x.reshard);
-	sched_pass_checkpoint(&naive, MODEL_AC_FULL, &ck);
+	sched_pass_ac(&naive, MODEL_AC_FULL, &ck);
 	sched_lower_tp(&ck, &lo);
 	sched_lower_tp(&lo, &again);
 	char why[256] = "";

@@ -219,7 +219,7 @@ TEST_CASE(test_passes_structure)
 			struct sched s, ck, bk, ro;
 			naive_sched(&s, (enum sched_reshard)r, micro);
 			EXPECT(sched_validate(&s, why, sizeof(why)), "naive: %s", why);
-			sched_pass_checkpoint(&s, MODEL_AC_FULL, &ck);
+			sched_pass_ac(&s, MODEL_AC_FULL, &ck);
 			EXPECT(sched_validate(&ck, why, sizeof(why)), "checkpoint: %s", why);
 			struct sched_bucket plan[3] = {{0, 2}, {2, 1}, {3, 2}};
 			sched_pass_bucket(&ck, plan, 3, &bk);

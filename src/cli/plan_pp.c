@@ -149,7 +149,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		rc = CT_ERR_USAGE;
 		goto out;
 	}
-	/* FSDP inside the stage (rank 0's chunks; every rank's are about the same) */
+	/* FSDP inside the stage (rank 0's virtual stages; every rank's are about the same) */
 	double ag_first = 0, rs_last = 0, ar = 0, stage_params = 0, act_stage = 0;
 	int64_t act_model = sched_cost_activation_bytes(&mc, mbs, T, ac, eb);
 	for (int ch = 0; ch < v; ch++) {

@@ -240,7 +240,7 @@ void fsdp_naive_schedule(const struct fsdp *f, int accum, struct sched *s)
 	/* the model's checkpointing is part of the step: RECOMPUTE before each such backward */
 	if (f->model->ac != MODEL_AC_NONE) {
 		struct sched next;
-		sched_pass_checkpoint(s, f->model->ac, &next);
+		sched_pass_ac(s, f->model->ac, &next);
 		sched_replace(s, &next);
 	}
 }

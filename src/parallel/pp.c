@@ -147,12 +147,12 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		return rc;
 	const struct param_table *t = &pp->table;
 	int64_t D = mesh->dp_shard, dr = mesh->dp_shard_rank;
-	pp->chunks = xcalloc((size_t)pp->v, sizeof(*pp->chunks));
+	pp->vstages = xcalloc((size_t)pp->v, sizeof(*pp->vstages));
 	pp->t = xcalloc((size_t)t->count, sizeof(*pp->t));
 	for (int i = 0; i < t->count; i++)
-		pp->t[i].chunk = -1;
+		pp->t[i].vstage = -1;
 	for (int c = 0; c < pp->v; c++) {
-		struct pp_chunk *ch = &pp->chunks[c];
+		struct pp_vstage *ch = &pp->vstages[c];
 		ch->stage = c * pp->p + pp->r;
 		ch->u0 = pp->stage_u0[ch->stage];
 		ch->u1 = pp->stage_u0[ch->stage + 1];
@@ -163,7 +163,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 			if (lp->unit < ch->u0 || lp->unit >= ch->u1)
 				continue;
 			struct pp_tensor *pt = &pp->t[i];
-			pt->chunk = c;
+			pt->vstage = c;
 			pt->rows = lp->shape[0];
 			pt->cols = lp->numel / lp->shape[0];
 			pt->chunk_rows = (pt->rows + D - 1) / D;
@@ -201,14 +201,14 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 
 void pp_free(struct pp *pp)
 {
-	if (!pp->chunks) {
+	if (!pp->vstages) {
 		pp_sched_free(&pp->sched);
 		pp_sim_free(&pp->sim);
 		free(pp->stage_u0);
 		return;
 	}
 	for (int c = 0; c < pp->v; c++) {
-		struct pp_chunk *ch = &pp->chunks[c];
+		struct pp_vstage *ch = &pp->vstages[c];
 		for (int k = 0; k < ch->n_slots; k++)
 			model_free(&ch->slots[k].m);
 		free(ch->slots), free(ch->slot_of), free(ch->recv), free(ch->recv_hdr), free(ch->hdr);
@@ -221,7 +221,7 @@ void pp_free(struct pp *pp)
 	param_table_free(&pp->table);
 	pp_sched_free(&pp->sched);
 	pp_sim_free(&pp->sim);
-	free(pp->stage_u0), free(pp->chunks), free(pp->t), free(pp->rec);
+	free(pp->stage_u0), free(pp->vstages), free(pp->t), free(pp->rec);
 	memset(pp, 0, sizeof(*pp));
 }
 
@@ -231,7 +231,7 @@ void pp_init_params(struct pp *pp, uint64_t seed)
 	int64_t dr = pp->mesh->dp_shard_rank;
 	for (int i = 0; i < t->count; i++) {
 		const struct pp_tensor *pt = &pp->t[i];
-		if (pt->chunk < 0)
+		if (pt->vstage < 0)
 			continue;
 		float *dst = pp->shard_w + pt->shard_off;
 		memset(dst, 0, (size_t)(pt->chunk_rows * pt->cols) * sizeof(float));
@@ -247,7 +247,7 @@ bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, in
 	*row0 = 0;
 	*nrows = 0;
 	*at = 0;
-	if (pt->chunk < 0)
+	if (pt->vstage < 0)
 		return false;
 	*row0 = pp->mesh->dp_shard_rank * pt->chunk_rows;
 	*nrows = pt->my_rows;
@@ -265,12 +265,12 @@ static int64_t rows_of(const struct pp_tensor *pt, int64_t q)
 
 #define FOR_CHUNK_TENSORS(pp, c, i)                                                                \
 	for (int i = 0; i < (pp)->table.count; i++)                                                \
-		if ((pp)->t[i].chunk == (c))
+		if ((pp)->t[i].vstage == (c))
 
-/* All-gather chunk c's shards over dp_shard into the full parameter buffer. */
-static void gather_chunk(struct pp *pp, int c, float *full)
+/* All-gather virtual stage c's shards over dp_shard into the full parameter buffer. */
+static void gather_vstage(struct pp *pp, int c, float *full)
 {
-	const struct pp_chunk *ch = &pp->chunks[c];
+	const struct pp_vstage *ch = &pp->vstages[c];
 	int64_t D = pp->mesh->dp_shard, S = ch->shard_numel;
 	float *recv = pp->comm_buf;
 	comm_all_gather(&pp->mesh->dp_shard_group, pp->shard_w + ch->shard_off, recv,
@@ -285,10 +285,10 @@ static void gather_chunk(struct pp *pp, int c, float *full)
 	}
 }
 
-/* Reduce-scatter chunk c's full gradients into its shard gradients (+ HSDP all-reduce). */
-static void reduce_chunk(struct pp *pp, int c)
+/* Reduce-scatter virtual stage c's full gradients into its shard gradients (+ HSDP all-reduce). */
+static void reduce_vstage(struct pp *pp, int c)
 {
-	const struct pp_chunk *ch = &pp->chunks[c];
+	const struct pp_vstage *ch = &pp->vstages[c];
 	int64_t D = pp->mesh->dp_shard, S = ch->shard_numel;
 	float *send = pp->comm_buf, *scratch = pp->comm_buf + D * S;
 	for (int64_t q = 0; q < D; q++)
@@ -313,8 +313,8 @@ void pp_gather_full(struct pp *pp, float *out)
 	const struct param_table *t = &pp->table;
 	float *mine = xcalloc((size_t)t->numel, sizeof(float));
 	for (int c = 0; c < pp->v; c++) {
-		const struct pp_chunk *ch = &pp->chunks[c];
-		gather_chunk(pp, c, pp->full_g); /* scratch: gradients are dead between steps */
+		const struct pp_vstage *ch = &pp->vstages[c];
+		gather_vstage(pp, c, pp->full_g); /* scratch: gradients are dead between steps */
 		memcpy(mine + t->unit_begin[ch->u0], pp->full_g,
 		       (size_t)ch->full_numel * sizeof(float));
 	}
@@ -341,7 +341,7 @@ static void slot_wait_sends(struct pp *pp, struct pp_slot *s);
 
 static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 {
-	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_vstage *ch = &pp->vstages[c];
 	if (ch->slot_of[m] >= 0)
 		return &ch->slots[ch->slot_of[m]];
 	int k = 0;
@@ -381,7 +381,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 
 static void slot_put(struct pp *pp, int c, int m)
 {
-	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_vstage *ch = &pp->vstages[c];
 	ch->slots[ch->slot_of[m]].micro = -1;
 	ch->slot_of[m] = -1;
 }
@@ -398,9 +398,9 @@ static int tag_of(const struct pp *pp, bool backward, int stage, int m)
 static void progress(struct pp *pp)
 {
 	for (int c = 0; c < pp->v; c++)
-		for (int k = 0; k < pp->chunks[c].n_slots; k++) {
-			comm_p2p_test(&pp->chunks[c].slots[k].send);
-			comm_p2p_test(&pp->chunks[c].slots[k].send_hdr);
+		for (int k = 0; k < pp->vstages[c].n_slots; k++) {
+			comm_p2p_test(&pp->vstages[c].slots[k].send);
+			comm_p2p_test(&pp->vstages[c].slots[k].send_hdr);
 		}
 }
 
@@ -432,8 +432,8 @@ static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, i
 	}
 }
 
-/* Wait for chunk ch's receive of micro-batch m (and its simulated arrival). */
-static void wait_recv(struct pp *pp, struct pp_chunk *ch, int m, bool backward)
+/* Wait for virtual stage ch's receive of micro-batch m (and its simulated arrival). */
+static void wait_recv(struct pp *pp, struct pp_vstage *ch, int m, bool backward)
 {
 	int from = backward ? ch->stage + 1 : ch->stage - 1;
 	char what[160];
@@ -493,7 +493,7 @@ static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, 
 	s->send_backward = tag >= pp->S * (int)pp->o.n_micro;
 }
 
-static void recv_buf(struct pp *pp, struct pp_chunk *ch, int m, int peer_stage, int tag, float *buf)
+static void recv_buf(struct pp *pp, struct pp_vstage *ch, int m, int peer_stage, int tag, float *buf)
 {
 	int peer = pp_stage_rank(&pp->sched, peer_stage);
 	if (pp->o.sim_gbps > 0)
@@ -506,7 +506,7 @@ static void recv_buf(struct pp *pp, struct pp_chunk *ch, int m, int peer_stage, 
 
 static void act_forward(struct pp *pp, int c, int m)
 {
-	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_vstage *ch = &pp->vstages[c];
 	struct pp_slot *s = slot_get(pp, c, m);
 	struct model *mm = &s->m;
 	if (ch->stage > 0) {
@@ -527,7 +527,7 @@ static void act_forward(struct pp *pp, int c, int m)
 /* B, or with a split backward its I half (the input gradients). */
 static void act_backward(struct pp *pp, int c, int m, bool input_only)
 {
-	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_vstage *ch = &pp->vstages[c];
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
 	if (ch->stage < pp->S - 1) {
 		double t0 = timer_now();
@@ -547,7 +547,7 @@ static void act_backward(struct pp *pp, int c, int m, bool input_only)
 /* W: the weight gradients a split backward deferred (the head has none). */
 static void act_weight(struct pp *pp, int c, int m)
 {
-	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_vstage *ch = &pp->vstages[c];
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
 	int last = ch->u1 - 1 > (int)pp->cfg.llama.n_layers ? (int)pp->cfg.llama.n_layers
 	                                                     : ch->u1 - 1;
@@ -560,7 +560,7 @@ static void act_weight(struct pp *pp, int c, int m)
 static void run_action(struct pp *pp, const struct pp_action *a)
 {
 	int c = a->stage / pp->p, m = a->micro;
-	struct pp_chunk *ch = &pp->chunks[c];
+	struct pp_vstage *ch = &pp->vstages[c];
 	CHECK(ch->stage == a->stage, "pp: stage %d is not on rank %d", a->stage, pp->r);
 	switch (a->kind) {
 	case PP_F: act_forward(pp, c, m); break;
@@ -611,7 +611,7 @@ static bool pp_grad_slice(const void *ctx, int i, int64_t *at, int64_t *n)
 	const struct pp_tensor *pt = &pp->t[i];
 	*at = pt->shard_off;
 	*n = pt->my_rows * pt->cols;
-	return pt->chunk >= 0;
+	return pt->vstage >= 0;
 }
 
 int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
@@ -629,8 +629,8 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	pp->n_rec = 0;
 	pp->link_free = 0;
 	for (int c = 0; c < pp->v; c++) {
-		const struct pp_chunk *ch = &pp->chunks[c];
-		gather_chunk(pp, c, pp->full_w + ch->full_off);
+		const struct pp_vstage *ch = &pp->vstages[c];
+		gather_vstage(pp, c, pp->full_w + ch->full_off);
 	}
 	memset(pp->full_g, 0, (size_t)pp->full_numel * sizeof(float));
 	pp->step_t0 = timer_now();
@@ -650,11 +650,11 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 		progress(pp);
 	}
 	for (int c = 0; c < pp->v; c++)
-		for (int k = 0; k < pp->chunks[c].n_slots; k++)
-			slot_wait_sends(pp, &pp->chunks[c].slots[k]);
+		for (int k = 0; k < pp->vstages[c].n_slots; k++)
+			slot_wait_sends(pp, &pp->vstages[c].slots[k]);
 	pp->step_t1 = timer_now();
 	for (int c = 0; c < pp->v; c++)
-		reduce_chunk(pp, c);
+		reduce_vstage(pp, c);
 	/* loss: only the last stage has it (every TP rank of it the whole sum: TP rank 0's
 	 * counts); norm: each shard element lives on one (pp, shard) coordinate (replicas hold
 	 * copies), TP-split tensors on one TP rank, replicated ones (norms) on all of them */
@@ -671,7 +671,7 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 	adamw_begin_step(opt);
 	for (int i = 0; i < pp->table.count; i++) {
 		const struct pp_tensor *pt = &pp->t[i];
-		if (pt->chunk < 0)
+		if (pt->vstage < 0)
 			continue;
 		adamw_update_slice(opt, pp->shard_w + pt->shard_off, pp->shard_g + pt->shard_off,
 		                   pt->shard_off, pt->my_rows * pt->cols, lr, pt->decay, gscale);

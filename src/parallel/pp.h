@@ -6,9 +6,9 @@
  * into S = pp x v stages of equal weight, where the embedding counts as first_less blocks and
  * the head as last_less blocks (TorchTitan's pipeline_parallel_first/last_stage_less_layers):
  * stage 0 holds the embedding, stage S-1 the head. Stage s runs on pipeline rank s % pp (its
- * chunk s / pp); interleaved schedules give a rank v > 1 chunks.
+ * virtual stage s / pp); interleaved schedules give a rank v > 1 virtual stages.
  *
- * Per chunk the rank owns the contiguous parameter range of the chunk's units (flat, full
+ * Per virtual stage the rank owns the contiguous parameter range of its units (flat, full
  * size, during the step) and, between steps, only its dp_shard slice of each tensor's rows
  * (FSDP's dim-0 chunks, padded): parameters are all-gathered over dp_shard at the start of
  * the step (FSDP with reshard_after_forward = never inside the step, TorchTitan's policy under
@@ -16,9 +16,9 @@
  * over dp_replicate under HSDP) once at the end; AdamW runs on the shards.
  *
  * Micro-batches in flight each own a model instance (a "slot": activations and scratch of
- * one micro-batch for the chunk's units only, parameters bound to the shared full buffers;
+ * one micro-batch for the virtual stage's units only, parameters bound to the shared full buffers;
  * the bytes one slot holds are measured from MEM_ACTIVATIONS when it is built); slots are taken at a
- * stage's forward and returned after its backward, so the number ever built per chunk is the
+ * stage's forward and returned after its backward, so the number ever built per virtual stage is the
  * schedule's peak of in-flight micro-batches there. The loss of every micro-batch is
  * normalised by the valid tokens of the whole step over all data-parallel ranks, so the
  * result equals a one-rank step over the same rows; the gradient norm for clipping is taken
@@ -80,7 +80,7 @@ int pp_stages_per_rank(int64_t L, int pp, enum pp_style style, int64_t layers_pe
                        int64_t first_less, int64_t last_less, int *v);
 
 struct pp_tensor {
-	int chunk;
+	int vstage; /* the virtual stage (of this rank) holding it, -1: none here */
 	int64_t rows, cols, chunk_rows, my_rows;
 	int64_t full_off;  /* in this rank's full buffers */
 	int64_t shard_off; /* in this rank's shard buffers */
@@ -98,7 +98,7 @@ struct pp_slot {
 	bool sent_b, w_done; /* split backward: the slot is free once both happened */
 };
 
-struct pp_chunk {
+struct pp_vstage {
 	int stage, u0, u1; /* units [u0, u1) */
 	int64_t full_off, full_numel, shard_off, shard_numel;
 	int n_slots;
@@ -128,11 +128,11 @@ struct pp {
 	int p, r, v, S;
 	bool split; /* the schedule splits backwards into I and W (zero-bubble) */
 	int *stage_u0; /* S + 1 */
-	struct pp_chunk *chunks;
+	struct pp_vstage *vstages;
 	int64_t full_numel, shard_numel;
-	float *full_w, *full_g;   /* this rank's chunks, full (during the step) */
+	float *full_w, *full_g;   /* this rank's virtual stages, full (during the step) */
 	float *shard_w, *shard_g; /* master parameters and gradients (MEM_PARAMS, MEM_GRADS) */
-	struct pp_tensor *t;      /* one per table entry; chunk -1 if not on this rank */
+	struct pp_tensor *t;      /* one per table entry */
 	float *comm_buf;          /* gather / reduce-scatter scratch */
 	int64_t comm_numel;
 	int tag_max;

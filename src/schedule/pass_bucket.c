@@ -135,7 +135,7 @@ static int pipeline_passes(const struct sched *naive, enum model_ac ac, const ch
                            struct sched_auto_report *report)
 {
 	struct sched ck, bk;
-	sched_pass_checkpoint(naive, ac, &ck);
+	sched_pass_ac(naive, ac, &ck);
 	if (strcmp(buckets, "auto") == 0) {
 		if (!cm) {
 			LOG_ERROR("comm.buckets = \"auto\" needs the cost model");

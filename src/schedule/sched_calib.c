@@ -68,7 +68,7 @@ static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, i
 	c->N = c->B * c->T, c->C = lc->dim, c->H = lc->n_heads, c->KV = lc->n_kv_heads;
 	c->D = lc->head_dim, c->HD = c->H * c->D, c->KVD = c->KV * c->D, c->F = lc->ffn_hidden;
 	c->V = lc->vocab_size;
-	c->chunk = llama_ce_chunk(c->V, c->N);
+	c->chunk = llama_ce_rows(c->V, c->N);
 	int64_t N = c->N, C = c->C, F = c->F, HD = c->HD, KVD = c->KVD, V = c->V;
 	struct {
 		float **p;

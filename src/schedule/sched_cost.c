@@ -36,9 +36,9 @@ int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int
 	default:
 		per_block = x + 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
 	}
-	int64_t ce_chunk = llama_ce_chunk(V, N);
+	int64_t ce_rows = llama_ce_rows(V, N);
 	int64_t head = N * C + N + N * C + T * D; /* x_final, rstd_f, xn_final, rope tables */
-	int64_t scratch = 3 * N * C + 3 * h + 2 * q + 2 * k + ce_chunk * V + scratch_extra;
+	int64_t scratch = 3 * N * C + 3 * h + 2 * q + 2 * k + ce_rows * V + scratch_extra;
 	int64_t tokens = 2 * N * 4; /* tokens + targets, int32 */
 	return tokens + e * (L * per_block + shared + head + scratch);
 }

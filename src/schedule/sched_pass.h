@@ -1,7 +1,7 @@
 /* schedule/sched_pass: passes over a schedule, each a pure function from one schedule to a
  * new one (the input is left unchanged), each in its own file:
  *
- *  - pass_checkpoint.c: activation checkpointing (none | ffn | selective | full) — what is
+ *  - pass_ac.c: activation checkpointing (none | ffn | selective | full) — what is
  *    saved in forward and what is recomputed before backward (RECOMPUTE nodes), and, through
  *    sched_place_gathers, the gathered parameters: with reshard-after-forward the all-gather
  *    itself is recomputed in backward;
@@ -25,7 +25,7 @@
 
 struct sched_cost_model;
 
-void sched_pass_checkpoint(const struct sched *in, enum model_ac ac, struct sched *out);
+void sched_pass_ac(const struct sched *in, enum model_ac ac, struct sched *out);
 
 /* Parse a bucket plan: "per_block" (one bucket per unit: embedding, each block, norm +
  * output), or comma-separated groups of '+'-joined units — "embed", block indices from 0,

@@ -343,7 +343,7 @@ static void plan_scratch(struct hyena_model *m, int64_t *off)
 	m->s_dh = carve(off, T * Cf);
 	m->s_filt = carve(off, T * (Cf + 2 * F));
 	m->s_fft = carve(off, fftconv_scratch_reals(T, m->nthreads));
-	m->s_ce = carve(off, m->ce_chunk * c->vocab_size);
+	m->s_ce = carve(off, m->ce_rows * c->vocab_size);
 }
 
 int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
@@ -378,8 +378,8 @@ int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, 
 	CHECK(opts->own_params || !opts->f64, "hyena: double models own their parameters");
 	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
 	int64_t V = c->vocab_size;
-	m->ce_chunk = (4 << 20) / (int64_t)(esz * (size_t)V);
-	m->ce_chunk = m->ce_chunk < 1 ? 1 : (m->ce_chunk > m->N ? m->N : m->ce_chunk);
+	m->ce_rows = (4 << 20) / (int64_t)(esz * (size_t)V);
+	m->ce_rows = m->ce_rows < 1 ? 1 : (m->ce_rows > m->N ? m->N : m->ce_rows);
 
 	int nu = m->table.n_units;
 	size_t pbytes = (size_t)m->table.numel * esz;

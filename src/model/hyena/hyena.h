@@ -166,7 +166,7 @@ struct hyena_model {
 	/* scratch offsets */
 	int64_t s_dres, s_xn, s_dxn, s_gl, s_dgl, s_da, s_dy, s_dv, s_dg, s_dpc, s_dp, s_h, s_dh,
 	    s_filt, s_fft, s_ce;
-	int64_t ce_chunk;
+	int64_t ce_rows;
 	/* > 0: the head's forward also makes the loss gradient (see llama_model) */
 	double loss_dscale;
 	bool head_grads_ready;

@@ -139,7 +139,7 @@ static double HT(head_forward)(struct hyena_model *m, int64_t *n_valid)
 	}
 	double loss = HK(cross_entropy_fused)(
 	    grads ? dxn : NULL, grads ? dE : NULL, xn, E, m->targets, Nt, D, V, HYENA_IGNORE_INDEX,
-	    m->loss_dscale, HT(scr)(m, m->s_ce), m->ce_chunk, n_valid);
+	    m->loss_dscale, HT(scr)(m, m->s_ce), m->ce_rows, n_valid);
 	m->head_grads_ready = grads;
 	return loss;
 }
@@ -284,7 +284,7 @@ static void HT(head_backward)(struct hyena_model *m, double dscale)
 		memset(dE, 0, (size_t)(V * D) * sizeof(HREAL));
 		HK(cross_entropy_fused)
 		(dxn, dE, xn, E, m->targets, Nt, D, V, HYENA_IGNORE_INDEX, dscale,
-		 HT(scr)(m, m->s_ce), m->ce_chunk, NULL);
+		 HT(scr)(m, m->s_ce), m->ce_rows, NULL);
 	}
 	m->head_grads_ready = false;
 	memset(dres, 0, (size_t)(Nt * D) * sizeof(HREAL));

@@ -305,9 +305,9 @@ void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
 	m->unit_dw[u] = grads;
 }
 
-int64_t llama_ce_chunk(int64_t V, int64_t N)
+int64_t llama_ce_rows(int64_t V, int64_t N)
 {
-	int64_t rows = LLAMA_CE_CHUNK_BYTES / (4 * V);
+	int64_t rows = LLAMA_CE_LOGIT_BYTES / (4 * V);
 	return rows < 1 ? 1 : (rows > N ? N : rows);
 }
 
@@ -479,7 +479,7 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 	m->dk = carve(cv, N * KVD * f);
 	m->dv = carve(cv, N * KVD * f);
 	m->datt = carve(cv, N * HD * f);
-	m->ce_scratch = m->unit_hi == c->n_layers + 2 ? carve(cv, m->ce_chunk * d.V * f) : NULL;
+	m->ce_scratch = m->unit_hi == c->n_layers + 2 ? carve(cv, m->ce_rows * d.V * f) : NULL;
 }
 
 /* What the weight-gradient half (W) of a split backward needs of block l: each matmul's
@@ -547,7 +547,7 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 		          m->unit_hi, L + 2);
 		return CT_ERR_USAGE;
 	}
-	m->ce_chunk = llama_ce_chunk(local_dims(m).V, m->N);
+	m->ce_rows = llama_ce_rows(local_dims(m).V, m->N);
 
 	m->unit_w = xcalloc((size_t)m->table.n_units, sizeof(float *));
 	m->unit_dw = xcalloc((size_t)m->table.n_units, sizeof(float *));
@@ -673,7 +673,7 @@ static double head_forward(struct llama_model *m, int64_t *n_valid)
 	double loss = cross_entropy_fused_f32(
 	    grads ? m->dxn : NULL, grads ? tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)) : NULL,
 	    m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
-	    c->vocab_size, LLAMA_IGNORE_INDEX, m->loss_dscale, m->ce_scratch, m->ce_chunk, n_valid);
+	    c->vocab_size, LLAMA_IGNORE_INDEX, m->loss_dscale, m->ce_scratch, m->ce_rows, n_valid);
 	m->head_grads_ready = grads;
 	return loss;
 }
@@ -861,7 +861,7 @@ void llama_unit_backward(struct llama_model *m, int u, double dscale)
 			cross_entropy_fused_f32(
 			    m->dxn, tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)), m->xn_final,
 			    tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
-			    c->vocab_size, LLAMA_IGNORE_INDEX, dscale, m->ce_scratch, m->ce_chunk,
+			    c->vocab_size, LLAMA_IGNORE_INDEX, dscale, m->ce_scratch, m->ce_rows,
 			    NULL);
 		}
 		m->head_grads_ready = false;

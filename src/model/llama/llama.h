@@ -61,11 +61,11 @@ void llama_init_params(const struct llama_config *c, const struct param_table *t
 /* RoPE tables (T, head_dim/2): cos and sin of t * f_i (with Llama 3.1 scaling if enabled). */
 void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab);
 /* Rows of the output projection + cross-entropy done at once over a vocabulary of V (fp32
- * logits of LLAMA_CE_CHUNK_BYTES), at least 1, at most the N rows there are. At 4 MiB the
+ * logits of LLAMA_CE_LOGIT_BYTES), at least 1, at most the N rows there are. At 4 MiB the
  * 125M model's head products ran at M = 128 and 210-270 GFLOP/s in the step; at 16 MiB
  * (M = 512) 276-323 (2 threads, AVX-512). */
-#define LLAMA_CE_CHUNK_BYTES ((int64_t)16 << 20)
-int64_t llama_ce_chunk(int64_t V, int64_t N);
+#define LLAMA_CE_LOGIT_BYTES ((int64_t)16 << 20)
+int64_t llama_ce_rows(int64_t V, int64_t N);
 
 /* FLOPs per token, TorchTitan's formula: 6*(N - N_embedding) + 12*L*C*T. */
 double llama_flops_per_token(const struct llama_config *c, const struct param_table *t,
@@ -172,8 +172,8 @@ struct llama_model {
 	bool recompute_ffn;
 	enum model_ac ac;
 	float *dq, *dk, *dv, *datt; /* (N,H*D) / (N,KV*D) */
-	float *ce_scratch;          /* ce_chunk * V */
-	int64_t ce_chunk;
+	float *ce_scratch;          /* ce_rows * V */
+	int64_t ce_rows;
 	int64_t act_bytes, scratch_bytes;
 	int unit_lo, unit_hi; /* the units activations are planned for */
 	float *wkeep;         /* split_backward: what W needs, per block in the range */

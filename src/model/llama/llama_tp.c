@@ -65,7 +65,7 @@ static double tp_cross_entropy(struct llama_model *m, float *dx, float *dw, doub
 	const struct param_entry *p = &m->table.p[PARAM_OUTPUT(m)];
 	const float *w = llama_tensor_at(m, m->unit_w, PARAM_OUTPUT(m));
 	int64_t C = m->cfg.dim, Vs = p->shape[0], v0 = p->tp_start, vn = p->tp_valid;
-	int64_t chunk = m->ce_chunk;
+	int64_t chunk = m->ce_rows;
 	float *zmax = m->tpb->stat, *sum = zmax + chunk, *ztgt = sum + chunk;
 	bool grad = dx || dw;
 	double loss_sum = 0.0;

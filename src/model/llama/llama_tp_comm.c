@@ -14,7 +14,7 @@
 void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts)
 {
 	int64_t C = m->cfg.dim, Np = m->Np, Ns = m->Ns, S = m->tp->size;
-	int64_t n = 2 * Np * C + 2 * Ns * C + Ns * C + S * C + 3 * m->ce_chunk;
+	int64_t n = 2 * Np * C + 2 * Ns * C + Ns * C + S * C + 3 * m->ce_rows;
 	if (opts->tp_async)
 		n += 3 * Ns * C;
 	struct llama_tp_bufs *b = xcalloc(1, sizeof(*b));
@@ -27,7 +27,7 @@ void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts)
 	b->rs_out = b->rs_scratch + 2 * Ns * C;
 	b->dnorm = b->rs_out + Ns * C;
 	b->stat = b->dnorm + S * C;
-	b->ring = opts->tp_async ? b->stat + 3 * m->ce_chunk : NULL;
+	b->ring = opts->tp_async ? b->stat + 3 * m->ce_rows : NULL;
 	b->async = opts->tp_async;
 	m->tpb = b;
 }

@@ -12,7 +12,7 @@ struct llama_tp_bufs {
 	float *rs_scratch; /* 2 * Ns * C */
 	float *rs_out;     /* (Ns, C) */
 	float *dnorm;      /* (tp, C): a norm weight's gradient from every rank */
-	float *stat;       /* 3 * ce_chunk: row max, sum of exponentials, target logit */
+	float *stat;       /* 3 * ce_rows: row max, sum of exponentials, target logit */
 	float *ring;       /* async: 3 * Ns * C (two partial sums in flight, one received) */
 	size_t bytes;
 	/* between a program's ops: the head's loss sum and valid targets, the backward's loss

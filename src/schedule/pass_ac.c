@@ -1,4 +1,4 @@
-/* schedule/pass_checkpoint: activation checkpointing as a pass.
+/* schedule/pass_ac: activation checkpointing as a pass (named apart from train/checkpoint).
  *
  * SELECTIVE and FULL drop activations in forward (the model saves per block only what the
  * mode keeps, see llama.h) and re-derive them with a RECOMPUTE node right before each
@@ -8,7 +8,7 @@
  * recomputation (flagged on the node). */
 #include "schedule/sched_pass.h"
 
-void sched_pass_checkpoint(const struct sched *in, enum model_ac ac, struct sched *out)
+void sched_pass_ac(const struct sched *in, enum model_ac ac, struct sched *out)
 {
 	struct sched mid;
 	sched_init_like(&mid, in);
