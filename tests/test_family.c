@@ -216,6 +216,10 @@ static const char *tiny_flavor(const struct model_config *c)
 	(void)c;
 	return "tiny";
 }
+static int64_t tiny_dim(const struct model_config *c)
+{
+	return tiny_cfg(c)->dim;
+}
 static void tiny_describe(const struct model *m, char *buf, size_t n)
 {
 	snprintf(buf, n, "tinylm: %lld parameters", (long long)m->table->numel);
@@ -225,6 +229,7 @@ static struct model_family tiny_family = {
     .name = "tinylm",
     .vocab = tiny_vocab,
     .n_layers = tiny_layers,
+    .dim = tiny_dim,
     .flavor = tiny_flavor,
     .table_build = tiny_table,
     .init_params = tiny_init,

@@ -64,9 +64,38 @@ const char *model_config_flavor(const struct model_config *c)
 	return model_family_of(c->kind)->flavor(c);
 }
 
+int64_t model_config_n_layers(const struct model_config *c)
+{
+	return model_family_of(c->kind)->n_layers(c);
+}
+
+int64_t model_config_dim(const struct model_config *c)
+{
+	return model_family_of(c->kind)->dim(c);
+}
+
+_Static_assert(MODEL_IGNORE_INDEX == LLAMA_IGNORE_INDEX, "one ignore index");
+
+int64_t model_count_valid(const int32_t *targets, int64_t n)
+{
+	int64_t v = 0;
+	for (int64_t i = 0; i < n; i++)
+		v += targets[i] != MODEL_IGNORE_INDEX;
+	return v;
+}
+
 int model_table_build(struct param_table *t, const struct model_config *c)
 {
 	return model_family_of(c->kind)->table_build(t, c);
+}
+
+int model_table_build_tp(struct param_table *t, const struct model_config *c, int tp, int tp_rank)
+{
+	const struct model_family *f = model_family_of(c->kind);
+	if (tp == 1)
+		return f->table_build(t, c);
+	CHECK(f->tp && f->table_build_tp, "model %s: no tensor-parallel table", f->name);
+	return f->table_build_tp(t, c, tp, tp_rank);
 }
 
 void model_init_params_cfg(const struct model_config *c, const struct param_table *t, uint64_t seed,

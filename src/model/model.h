@@ -35,8 +35,20 @@ struct model_config {
 
 int64_t model_config_vocab(const struct model_config *c);
 const char *model_config_flavor(const struct model_config *c);
+/* Blocks (units are the embedding, the blocks and the head: n_layers + 2). */
+int64_t model_config_n_layers(const struct model_config *c);
+/* Width of the residual stream: what one token carries between units (a pipeline stage's
+ * boundary, per token, in elements). */
+int64_t model_config_dim(const struct model_config *c);
+
+/* Targets equal to this are not counted in the loss (PyTorch's ignore_index). */
+#define MODEL_IGNORE_INDEX (-100)
+/* Targets of n tokens that count (!= MODEL_IGNORE_INDEX). */
+int64_t model_count_valid(const int32_t *targets, int64_t n);
 /* The parameter table of a config (no model needed: generate, export, tests). */
 int model_table_build(struct param_table *t, const struct model_config *c);
+/* Tensor-parallel rank tp_rank's slice of it (tp = 1: the whole table). */
+int model_table_build_tp(struct param_table *t, const struct model_config *c, int tp, int tp_rank);
 void model_init_params_cfg(const struct model_config *c, const struct param_table *t, uint64_t seed,
                            float *out, int64_t first, int64_t n);
 
@@ -106,8 +118,12 @@ struct model_family {
 	bool tp, pp, ac, float8, export_hf, cost_model;
 	int64_t (*vocab)(const struct model_config *c);
 	int64_t (*n_layers)(const struct model_config *c);
+	int64_t (*dim)(const struct model_config *c); /* residual stream width */
 	const char *(*flavor)(const struct model_config *c);
 	int (*table_build)(struct param_table *t, const struct model_config *c);
+	/* tensor-parallel rank tp_rank's slice (families with tp) */
+	int (*table_build_tp)(struct param_table *t, const struct model_config *c, int tp,
+	                      int tp_rank);
 	void (*init_params)(const struct model_config *c, const struct param_table *t, uint64_t seed,
 	                    float *out, int64_t first, int64_t n);
 	int (*build)(struct model *m, const struct model_config *c, int64_t B, int64_t T,

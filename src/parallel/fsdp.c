@@ -701,7 +701,7 @@ int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
 {
 	struct model *m = f->model;
 	ensure_schedule(f, (int)accum);
-	int64_t valid = llama_count_valid(targets, accum * m->N);
+	int64_t valid = model_count_valid(targets, accum * m->N);
 	comm_label("valid-token count");
 	comm_all_reduce_i64(&f->mesh->dp_group, &valid, 1);
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;

@@ -81,7 +81,7 @@ static int pp_make_schedule(struct pp *pp)
 	const struct pp_opts *o = &pp->o;
 	if (o->csv && o->csv[0])
 		return pp_sched_read_csv(&pp->sched, o->csv, pp->p, (int)o->n_micro);
-	int64_t L = pp->cfg.llama.n_layers;
+	int64_t L = model_config_n_layers(&pp->cfg);
 	int v;
 	int rc = pp_stages_per_rank(L, pp->p, o->style, o->layers_per_stage, o->first_less,
 	                            o->last_less, &v);
@@ -128,7 +128,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	pp->v = pp->sched.v;
 	pp->S = pp->sched.n_stages;
 	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));
-	rc = pp_split_stages(mc->llama.n_layers, pp->S, o->first_less, o->last_less,
+	rc = pp_split_stages(model_config_n_layers(mc), pp->S, o->first_less, o->last_less,
 	                     pp->stage_u0);
 	if (rc)
 		return rc;
@@ -142,7 +142,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	}
 	/* tensor parallelism: every stage holds this TP rank's slice of its units (the TP
 	 * table), and its boundary activations are the rank's sequence shard */
-	rc = llama_table_build_tp(&pp->table, &mc->llama, mesh->tp, mesh->tp_rank);
+	rc = model_table_build_tp(&pp->table, mc, mesh->tp, mesh->tp_rank);
 	if (rc)
 		return rc;
 	const struct param_table *t = &pp->table;
@@ -471,7 +471,7 @@ static void slot_wait_sends(struct pp *pp, struct pp_slot *s)
 static int64_t boundary_bytes(const struct pp *pp)
 {
 	int64_t N = pp->o.micro_rows * pp->o.T, tp = pp->mesh->tp;
-	return (N + tp - 1) / tp * pp->cfg.llama.dim * (int64_t)sizeof(float);
+	return (N + tp - 1) / tp * model_config_dim(&pp->cfg) * (int64_t)sizeof(float);
 }
 
 static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, const float *buf)
@@ -549,7 +549,7 @@ static void act_weight(struct pp *pp, int c, int m)
 {
 	struct pp_vstage *ch = &pp->vstages[c];
 	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-	int last = ch->u1 - 1 > (int)pp->cfg.llama.n_layers ? (int)pp->cfg.llama.n_layers
+	int last = ch->u1 - 1 > (int)model_config_n_layers(&pp->cfg) ? (int)model_config_n_layers(&pp->cfg)
 	                                                     : ch->u1 - 1;
 	for (int u = last; u >= ch->u0; u--)
 		model_unit_backward_weight(&s->m, u);
@@ -619,7 +619,7 @@ int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const
 {
 	const struct mesh *mesh = pp->mesh;
 	int64_t N = pp->o.micro_rows * pp->o.T;
-	int64_t valid = llama_count_valid(targets, pp->o.n_micro * N);
+	int64_t valid = model_count_valid(targets, pp->o.n_micro * N);
 	comm_all_reduce_i64(&mesh->dp_group, &valid, 1);
 	pp->dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	pp->tokens = tokens;

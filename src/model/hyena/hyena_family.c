@@ -131,6 +131,10 @@ static int64_t hyena_family_layers(const struct model_config *c)
 {
 	return c->hyena.n_layers;
 }
+static int64_t hyena_family_dim(const struct model_config *c)
+{
+	return c->hyena.dim;
+}
 static const char *hyena_family_flavor(const struct model_config *c)
 {
 	return c->hyena.flavor;
@@ -166,6 +170,7 @@ const struct model_family hyena_family = {
     .kind = MODEL_HYENA,
     .vocab = hyena_family_vocab,
     .n_layers = hyena_family_layers,
+    .dim = hyena_family_dim,
     .flavor = hyena_family_flavor,
     .table_build = hyena_family_table,
     .init_params = hyena_family_init,

@@ -144,6 +144,15 @@ static int64_t llama_family_layers(const struct model_config *c)
 {
 	return c->llama.n_layers;
 }
+static int64_t llama_family_dim(const struct model_config *c)
+{
+	return c->llama.dim;
+}
+static int llama_family_table_tp(struct param_table *t, const struct model_config *c, int tp,
+                                 int tp_rank)
+{
+	return llama_table_build_tp(t, &c->llama, tp, tp_rank);
+}
 static const char *llama_family_flavor(const struct model_config *c)
 {
 	return c->llama.flavor;
@@ -184,8 +193,10 @@ const struct model_family llama_family = {
     .cost_model = true,
     .vocab = llama_family_vocab,
     .n_layers = llama_family_layers,
+    .dim = llama_family_dim,
     .flavor = llama_family_flavor,
     .table_build = llama_family_table,
+    .table_build_tp = llama_family_table_tp,
     .init_params = llama_family_init,
     .build = llama_family_build,
     .describe = llama_describe,
