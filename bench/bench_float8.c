@@ -54,6 +54,8 @@ static void run_row(struct row *r, const struct mesh *mesh, int64_t B, int64_t T
 	fsdp_init_params(&f, 1);
 	struct adamw opt;
 	adamw_init(&opt, f.shard_numel, 0.9, 0.95, 1e-8, 0.1);
+	struct engine e;
+	fsdp_engine(&f, &e);
 	int64_t G = B * mesh->dp_group.size;
 	int32_t *tok = malloc((size_t)(B * T) * 4), *tgt = malloc((size_t)(B * T) * 4);
 	for (int s = 0; s < 2; s++) {
@@ -62,7 +64,10 @@ static void run_row(struct row *r, const struct mesh *mesh, int64_t B, int64_t T
 		comm_reset_bytes();
 		double t = timer_now();
 		struct train_step_result res;
-		CHECK(fsdp_train_step(&f, &opt, tok, tgt, 1, 1e-4, 1.0, &res) == CT_OK, "step");
+		const struct engine_step_in in = {
+		    .tokens = tok, .targets = tgt, .accum = 1, .opt = &opt, .lr = 1e-4, .max_norm = 1.0,
+		    .res = &res};
+		CHECK(engine_step(&e, &in) == CT_OK, "step");
 		r->step_s = timer_now() - t;
 		r->ag_bytes = comm_bytes(COMM_ALL_GATHER);
 		r->ar_bytes = comm_bytes(COMM_ALL_REDUCE);

@@ -112,9 +112,16 @@ t=json.load(open(sys.argv[1]))['traceEvents']
 import re
 names=[e['name'] for e in t if e.get('ph')=='X']
 f=[n for n in names if re.fullmatch(r'\dF\d+',n)]; b=[n for n in names if re.fullmatch(r'\dB\d+',n)]
-sys.exit(0 if len(f)==4 and len(b)==4 else 1)" "$f" || ok=1
+# the stage transfers are schedule nodes: rank 0 sends activations and receives gradients,
+# rank 1 the reverse, each transfer posted (p2p, its bytes) and completed by a WAIT node
+r=int(sys.argv[2]); out,inn=('SEND_F','RECV_B') if r==0 else ('SEND_B','RECV_F')
+x=[e for e in t if e.get('ph')=='X' and e['cat']=='p2p' and e['args'].get('bytes',0)>0]
+sends=[e for e in x if re.fullmatch(r'\d'+out+r'\d+',e['name'])]
+recvs=[e for e in x if re.fullmatch(r'\d'+inn+r'\d+',e['name'])]
+waits=[n for n in names if re.fullmatch(r'WAIT \d('+out+'|'+inn+r')\d+',n)]
+sys.exit(0 if len(f)==4 and len(b)==4 and len(sends)==4 and len(recvs)==4 and len(waits)==8 else 1)" "$f" $r || ok=1
 done
-check "GPipe traces: rank 0 and 1 each record 4 forwards and 4 backwards" $ok
+check "GPipe traces: rank 0 and 1 each record 4 forwards, 4 backwards and their 8 transfers as nodes (posted, then waited)" $ok
 
 # 3. bad input: exit 2 and the key named
 bad() { # NAME PATTERN N args...

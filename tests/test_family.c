@@ -295,13 +295,15 @@ static void run_engine(struct run *out)
 	fsdp_init_params(&f, seed);
 	struct adamw opt;
 	adamw_init(&opt, f.shard_numel, 0.9, 0.95, 1e-8, 0.1);
+	struct engine e;
+	fsdp_engine(&f, &e);
 	int dp = mesh.dp_shard, d = mesh.dp_shard_rank;
 	int32_t *tok = xcalloc((size_t)(dp * B * T), sizeof(int32_t));
 	int32_t *tgt = xcalloc((size_t)(dp * B * T), sizeof(int32_t));
 	for (int s = 0; s < STEPS; s++) {
 		batch(s, dp, tok, tgt);
 		struct train_step_result r;
-		CHECK(fsdp_train_step(&f, &opt, tok + d * B * T, tgt + d * B * T, 1, 3e-2, 1.0, &r) ==
+		CHECK(engine_run(&e, tok + d * B * T, tgt + d * B * T, 1, &opt, 3e-2, 1.0, &r) ==
 		          CT_OK,
 		      "engine step");
 		out->loss[s] = r.loss, out->norm[s] = r.grad_norm;

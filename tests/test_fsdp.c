@@ -136,6 +136,8 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	fsdp_init_params(&f, seed);
 	struct adamw opt;
 	adamw_init(&opt, f.shard_numel, 0.9, 0.95, 1e-8, 0.1);
+	struct engine e;
+	fsdp_engine(&f, &e);
 	out->persistent_bytes =
 	    mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM) - before;
 	struct lr_schedule sched;
@@ -146,7 +148,7 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 		batch_rows(m.vocab_size, s, mesh.dp_group.size, mesh.dp_group.rank, ACCUM, tok,
 		           tgt);
 		struct train_step_result r;
-		CHECK(fsdp_train_step(&f, &opt, tok, tgt, ACCUM, lr_schedule_at(&sched, s), 0.3,
+		CHECK(engine_run(&e, tok, tgt, ACCUM, &opt, lr_schedule_at(&sched, s), 0.3,
 		                      &r) == CT_OK,
 		      "step");
 		int k = s < STEPS ? s : STEPS - 1;

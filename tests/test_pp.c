@@ -117,6 +117,8 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 	pp_init_params(&pp, seed);
 	struct adamw opt;
 	adamw_init(&opt, pp.shard_numel, 0.9, 0.95, 1e-8, 0.1);
+	struct engine e;
+	pp_engine(&pp, &e);
 	int dp = rep * shard, d = mesh.dp_group.rank;
 	int64_t acc = (int64_t)dp * NMICRO, N = MROWS * SEQ;
 	int32_t *tok = malloc((size_t)(acc * N) * 4), *tgt = malloc((size_t)(acc * N) * 4);
@@ -128,7 +130,7 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 			memcpy(mg + a * N, tgt + (a * dp + d) * N, (size_t)N * 4);
 		}
 		struct train_step_result res;
-		CHECK(pp_train_step(&pp, &opt, mt, mg, 1e-3, 0.5, &res) == CT_OK, "step");
+		CHECK(engine_run(&e, mt, mg, NMICRO, &opt, 1e-3, 0.5, &res) == CT_OK, "step");
 		out->loss[s] = res.loss;
 		out->norm[s] = res.grad_norm;
 	}

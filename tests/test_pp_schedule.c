@@ -8,13 +8,17 @@
  *  - damaged schedules fail with the reason: a random receive removed (unmatched send), a
  *    random compute action removed, a rank's order reversed (deadlock or broken dependency);
  *  - CSV: written and read back identical; compute-only CSV gets its transfers; bad cells,
- *    an unmatched send, wrong micro-batch counts and unknown names are rejected. */
+ *    an unmatched send, wrong micro-batch counts and unknown names are rejected;
+ *  - every rank's step as schedule nodes (sched_build_pp) validates for every style, and
+ *    validation rejects it with a node removed (a transfer's WAIT, a compute node) or a SEND
+ *    moved before the compute it sends. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "base/log.h"
 #include "schedule/pp_schedule.h"
+#include "schedule/schedule.h"
 #include "testutil.h"
 
 static const enum pp_style styles[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED_1F1B, PP_ZB_H1};
@@ -197,6 +201,73 @@ TEST_CASE(bad_names_and_counts)
 	EXPECT(pp_sched_generate(&s, PP_1F1B, 2, 2, 4) == CT_ERR_USAGE, "v=2 for 1F1B");
 }
 
+/* A copy of s without node `drop`, or with node `from` moved to position `to`. */
+static void edited(const struct sched *s, int drop, int from, int to, struct sched *out)
+{
+	sched_init_like(out, s);
+	for (int i = 0; i < s->n_nodes; i++) {
+		if (i == to && from >= 0)
+			sched_push(out, s->nodes[from]);
+		if (i != drop && i != from)
+			sched_push(out, s->nodes[i]);
+	}
+}
+
+static int find(const struct sched *s, enum sched_kind k, enum sched_kind wk, int after)
+{
+	for (int i = after + 1; i < s->n_nodes; i++)
+		if (s->nodes[i].kind == k && (k != SCHED_WAIT || s->nodes[i].wait_kind == wk))
+			return i;
+	return -1;
+}
+
+TEST_CASE(pipeline_nodes)
+{
+	for (int si = 0; si < 4; si++)
+		for (int p = 2; p <= 4; p += 2) {
+			enum pp_style st = styles[si];
+			int v = st == PP_INTERLEAVED_1F1B ? 2 : 1, m = 8, S = p * v, L = 2 * S - 2;
+			struct pp_sched ps;
+			EXPECT(pp_sched_generate(&ps, st, p, v, m) == CT_OK, "generate");
+			int *u0 = calloc((size_t)S + 1, sizeof(int));
+			for (int k = 0; k <= S; k++) /* two units per stage */
+				u0[k] = 2 * k;
+			struct sched_unit *units = calloc((size_t)L + 2, sizeof(*units));
+			for (int r = 0; r < p; r++) {
+				struct sched s, bad;
+				char why[256] = "";
+				sched_build_pp(&s, &ps, r, units, L + 2, u0);
+				EXPECT(sched_validate(&s, why, sizeof(why)), "%s p=%d rank %d: %s",
+				       pp_style_name(st), p, r, why);
+				/* the WAIT of a receive removed: its compute reads nothing */
+				int w = find(&s, SCHED_WAIT, SCHED_PP_RECV, -1);
+				edited(&s, w, -1, -1, &bad);
+				EXPECT(!sched_validate(&bad, why, sizeof(why)),
+				       "%s rank %d: a receive never waited passes", pp_style_name(st),
+				       r);
+				sched_free(&bad);
+				/* a compute node removed */
+				edited(&s, find(&s, SCHED_PP_F, SCHED_WAIT, -1), -1, -1, &bad);
+				EXPECT(!sched_validate(&bad, why, sizeof(why)),
+				       "%s rank %d: a missing forward passes", pp_style_name(st), r);
+				sched_free(&bad);
+				/* a send moved before the compute that writes its buffer */
+				int snd = find(&s, SCHED_PP_SEND, SCHED_WAIT, -1);
+				int f = snd - 1;
+				while (f >= 0 && !sched_kind_pp_compute(s.nodes[f].kind))
+					f--;
+				edited(&s, -1, snd, f, &bad);
+				EXPECT(!sched_validate(&bad, why, sizeof(why)),
+				       "%s rank %d: a send before its compute passes", pp_style_name(st),
+				       r);
+				sched_free(&bad);
+				sched_free(&s);
+			}
+			free(units), free(u0);
+			pp_sched_free(&ps);
+		}
+}
+
 int main(void)
 {
 	printf("seed %llu\n", (unsigned long long)test_seed());
@@ -204,5 +275,6 @@ int main(void)
 	RUN(damaged_schedules_fail);
 	RUN(csv);
 	RUN(bad_names_and_counts);
+	RUN(pipeline_nodes);
 	return test_summary();
 }

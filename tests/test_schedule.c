@@ -99,6 +99,8 @@ static void run(struct run *out, enum model_ac ac, int plan, bool reorder,
 	}
 	struct adamw opt;
 	adamw_init(&opt, f.shard_numel, 0.9, 0.95, 1e-8, 0.1);
+	struct engine e;
+	fsdp_engine(&f, &e);
 	int32_t tok[ACCUM * B * T], tgt[ACCUM * B * T];
 	int dp = mesh.dp_group.size, d = mesh.dp_group.rank;
 	for (int st = 0; st < STEPS; st++) {
@@ -107,7 +109,7 @@ static void run(struct run *out, enum model_ac ac, int plan, bool reorder,
 			                (int64_t)st * ACCUM * dp * B + ((int64_t)a * dp + d) * B, B,
 			                T, tok + a * B * T, tgt + a * B * T);
 		struct train_step_result r;
-		CHECK(fsdp_train_step(&f, &opt, tok, tgt, ACCUM, 1e-3, 0.5, &r) == CT_OK, "step");
+		CHECK(engine_run(&e, tok, tgt, ACCUM, &opt, 1e-3, 0.5, &r) == CT_OK, "step");
 		out->loss[st] = r.loss;
 		out->norm[st] = r.grad_norm;
 	}

@@ -116,6 +116,8 @@ static void run_sharded(struct run *out, const struct mesh *ms, int accum, bool 
 	fsdp_init_params(&f, seed);
 	struct adamw opt;
 	adamw_init(&opt, f.shard_numel, 0.9, 0.95, 1e-8, 0.1);
+	struct engine e;
+	fsdp_engine(&f, &e);
 	out->persistent_bytes =
 	    mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM) - before;
 	struct lr_schedule sched;
@@ -125,7 +127,7 @@ static void run_sharded(struct run *out, const struct mesh *ms, int accum, bool 
 	for (int s = 0; s < STEPS; s++) {
 		batch_rows(m.vocab_size, s, ms->dp_group.size, ms->dp_group.rank, accum, tok, tgt);
 		struct train_step_result r;
-		CHECK(fsdp_train_step(&f, &opt, tok, tgt, accum, lr_schedule_at(&sched, s), 0.3,
+		CHECK(engine_run(&e, tok, tgt, accum, &opt, lr_schedule_at(&sched, s), 0.3,
 		                      &r) == CT_OK,
 		      "step");
 		out->losses[s] = r.loss;

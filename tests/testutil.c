@@ -10,6 +10,7 @@
 #include "comm/comm.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
+#include "parallel/engine.h"
 #include "model/model.h"
 #include "optim/grad_norm.h"
 #include "optim/optim.h"
@@ -156,4 +157,17 @@ int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const 
 		return rc;
 	adamw_step(opt, m->table, m->params, m->grads, lr, gscale);
 	return CT_OK;
+}
+
+int engine_run(const struct engine *e, const int32_t *tokens, const int32_t *targets, int64_t accum,
+               struct adamw *opt, double lr, double max_norm, struct train_step_result *res)
+{
+	const struct engine_step_in in = {.tokens = tokens,
+	                                  .targets = targets,
+	                                  .accum = accum,
+	                                  .opt = opt,
+	                                  .lr = lr,
+	                                  .max_norm = max_norm,
+	                                  .res = res};
+	return engine_step(e, &in);
 }

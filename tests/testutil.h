@@ -59,5 +59,9 @@ struct train_step_result;
  * gradient norm (parameters are then left untouched). */
 int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
                int64_t accum, double lr, double max_norm, struct train_step_result *res);
+/* One step of a layout's engine (parallel/engine.h) with these inputs. */
+struct engine;
+int engine_run(const struct engine *e, const int32_t *tokens, const int32_t *targets, int64_t accum,
+               struct adamw *opt, double lr, double max_norm, struct train_step_result *res);
 
 #endif

@@ -83,6 +83,12 @@ struct model_ops {
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this */
 	void (*set_loss_dscale)(void *impl, double dscale);
 	void (*logits)(void *impl, float *logits);
+	/* the residual stream between units (pipeline stage boundaries; NULL: the family has
+	 * no pipeline stages): unit u's output activation, the next unit's input; and the
+	 * gradient buffer a unit's backward reads as its output's gradient and leaves as its
+	 * input's */
+	float *(*unit_output)(void *impl, int u);
+	float *(*residual_grad)(void *impl);
 	double (*flops_per_token)(const struct model_config *c, const struct param_table *t,
 	                          int64_t seq_len);
 	void (*free)(void *impl);
@@ -195,6 +201,14 @@ static inline void model_logits(struct model *m, float *logits)
 {
 	m->ops->logits(m->impl, logits);
 }
+static inline float *model_unit_output(struct model *m, int u)
+{
+	return m->ops->unit_output(m->impl, u);
+}
+static inline float *model_residual_grad(struct model *m)
+{
+	return m->ops->residual_grad(m->impl);
+}
 /* Whole-model conveniences built from the units. */
 double model_forward(struct model *m, int64_t *n_valid);
 void model_backward(struct model *m, double dscale);
@@ -204,7 +218,7 @@ double model_flops_per_token(const struct model *m, int64_t seq_len);
 /* One line for the log: family, flavor, shape, parameter count. */
 void model_describe(const struct model *m, char *buf, size_t n);
 
-/* What one optimizer step reports (train_step, fsdp_train_step). */
+/* What one optimizer step reports (parallel/engine.h; the tests' reference loop). */
 struct train_step_result {
 	double loss;      /* sum of token losses / valid tokens of the whole step */
 	double grad_norm; /* before clipping */

@@ -695,30 +695,36 @@ static void ensure_schedule(struct fsdp *f, int accum)
 	sched_free(&s);
 }
 
-int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
-                    const int32_t *targets, int64_t accum, double lr, double max_norm,
-                    struct train_step_result *res)
+static int fsdp_begin(void *ctx, const struct engine_step_in *in, const struct sched **s,
+                      struct sched_record **rec)
 {
+	struct fsdp *f = ctx;
 	struct model *m = f->model;
-	ensure_schedule(f, (int)accum);
-	int64_t valid = model_count_valid(targets, accum * m->N);
+	ensure_schedule(f, (int)in->accum);
+	int64_t valid = model_count_valid(in->targets, in->accum * m->N);
 	comm_label("valid-token count");
 	comm_all_reduce_i64(&f->mesh->dp_group, &valid, 1);
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	model_set_loss_dscale(m, dscale);
 	memset(f->shard_g, 0, (size_t)f->shard_numel * sizeof(float));
 	fsdp_fp8_scales(f);
-	f->step = (struct fsdp_step_ctx){.tokens = tokens,
-	                                 .targets = targets,
-	                                 .opt = opt,
-	                                 .lr = lr,
-	                                 .max_norm = max_norm,
+	f->step = (struct fsdp_step_ctx){.tokens = in->tokens,
+	                                 .targets = in->targets,
+	                                 .opt = in->opt,
+	                                 .lr = in->lr,
+	                                 .max_norm = in->max_norm,
 	                                 .dscale = dscale,
 	                                 .valid = valid,
-	                                 .res = res};
-	struct sched_backend be = fsdp_backend_ops;
-	be.ctx = f;
-	return sched_exec_run(&f->sched, &be, f->stream, f->rec);
+	                                 .res = in->res};
+	*s = &f->sched;
+	*rec = f->rec;
+	return CT_OK;
+}
+
+void fsdp_engine(struct fsdp *f, struct engine *e)
+{
+	*e = (struct engine){.ctx = f, .begin = fsdp_begin, .be = fsdp_backend_ops, .stream = f->stream};
+	e->be.ctx = f;
 }
 
 /* Forward only, each bucket gathered (blocking) before its first unit and freed after its

@@ -11,7 +11,7 @@
  * reduce-scatter the unit's full gradients (fp32, rank-major with padding) and add them to
  * the shard gradients (all-reduced across replicas first under HSDP); then free the slots.
  *
- * The step is a schedule (schedule/): fsdp_train_step runs f->sched through the executor,
+ * The step is a schedule (schedule/): its engine (fsdp_engine) runs f->sched through the executor,
  * with this module as the executor's backend. Collectives act on the schedule's buckets (runs
  * of adjacent units): a bucket's shards are contiguous in the shard buffer, so its all-gather
  * sends one contiguous slice, and its reduce-scatter sums every element in the same ring
@@ -40,6 +40,7 @@
 #include "comm/comm.h"
 #include "comm/stream.h"
 #include "model/model.h"
+#include "parallel/engine.h"
 #include "schedule/sched_exec.h"
 #include "schedule/schedule.h"
 #include "optim/optim.h"
@@ -127,15 +128,12 @@ int fsdp_set_schedule(struct fsdp *f, const struct sched *s);
 /* Initialise this rank's shards with the model's init (same values as a 1-rank init). */
 void fsdp_init_params(struct fsdp *f, uint64_t seed);
 
-/* One training step over `accum` micro-batches (tokens/targets laid out one after another):
- * runs the schedule — gathers, forward/backward per unit, reduce-scatters, then global-norm
- * clipping and AdamW on the shards. Loss and valid tokens are reduced over all data-parallel
- * ranks. Without a schedule for `accum` micro-batches, the naive one is built. Node times of
- * the step are left in f->rec. */
-struct train_step_result;
-int fsdp_train_step(struct fsdp *f, struct adamw *opt, const int32_t *tokens,
-                    const int32_t *targets, int64_t accum, double lr, double max_norm,
-                    struct train_step_result *res);
+/* The layout's engine (parallel/engine.h): a step over `accum` micro-batches
+ * (tokens/targets laid out one after another) runs the schedule — gathers, forward/backward
+ * per unit, reduce-scatters, then global-norm clipping and AdamW on the shards. Loss and
+ * valid tokens are reduced over all data-parallel ranks. Without a schedule for `accum`
+ * micro-batches, the naive one is built. Node times of the step are left in f->rec. */
+void fsdp_engine(struct fsdp *f, struct engine *e);
 
 /* Forward only over one micro-batch (evaluation): returns the sum of token losses and sets
  * *valid; no gradients. */

@@ -14,6 +14,7 @@
 #include "comm/watchdog.h"
 #include "kernels/kernels.h"
 #include "optim/grad_norm.h"
+#include "schedule/sched_cost.h"
 
 /* ---------------------------------------------------------------- stages */
 
@@ -181,9 +182,10 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		pp->comm_numel = need > pp->comm_numel ? need : pp->comm_numel;
 		ch->slots = NULL;
 		ch->slot_of = xcalloc((size_t)o->n_micro, sizeof(int));
-		ch->recv = xcalloc((size_t)o->n_micro, sizeof(*ch->recv));
-		ch->recv_hdr = xcalloc((size_t)o->n_micro, sizeof(*ch->recv_hdr));
-		ch->hdr = xcalloc((size_t)o->n_micro, sizeof(double));
+		for (int d = 0; d < 2; d++) {
+			ch->send[d] = xcalloc((size_t)o->n_micro, sizeof(*ch->send[d]));
+			ch->recv[d] = xcalloc((size_t)o->n_micro, sizeof(*ch->recv[d]));
+		}
 		for (int64_t m = 0; m < o->n_micro; m++)
 			ch->slot_of[m] = -1;
 	}
@@ -192,10 +194,13 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	pp->shard_w = mem_alloc(MEM_PARAMS, (size_t)pp->shard_numel * sizeof(float));
 	pp->shard_g = mem_alloc(MEM_GRADS, (size_t)pp->shard_numel * sizeof(float));
 	pp->comm_buf = mem_alloc(MEM_COMM, (size_t)pp->comm_numel * sizeof(float));
-	int n_act = 0;
-	for (int r = 0; r < pp->p; r++)
-		n_act = pp->sched.n[r] > n_act ? pp->sched.n[r] : n_act;
-	pp->rec = xcalloc((size_t)n_act * 2, sizeof(*pp->rec)); /* actions + input waits */
+	/* this rank's step as schedule nodes, over the whole model's units */
+	struct sched_unit *units = xcalloc((size_t)t->n_units, sizeof(*units));
+	sched_units_from_table(t, D, units);
+	sched_build_pp(&pp->step, &pp->sched, pp->r, units, t->n_units, pp->stage_u0);
+	free(units);
+	CHECK(sched_validate(&pp->step, why, sizeof(why)), "pipeline step rejected: %s", why);
+	pp->rec = xcalloc((size_t)pp->step.n_nodes, sizeof(*pp->rec));
 	return CT_OK;
 }
 
@@ -211,7 +216,9 @@ void pp_free(struct pp *pp)
 		struct pp_vstage *ch = &pp->vstages[c];
 		for (int k = 0; k < ch->n_slots; k++)
 			model_free(&ch->slots[k].m);
-		free(ch->slots), free(ch->slot_of), free(ch->recv), free(ch->recv_hdr), free(ch->hdr);
+		free(ch->slots), free(ch->slot_of);
+		for (int d = 0; d < 2; d++)
+			free(ch->send[d]), free(ch->recv[d]);
 	}
 	mem_free(MEM_FULL_PARAMS, pp->full_w, (size_t)pp->full_numel * sizeof(float));
 	mem_free(MEM_FULL_GRADS, pp->full_g, (size_t)pp->full_numel * sizeof(float));
@@ -221,6 +228,7 @@ void pp_free(struct pp *pp)
 	param_table_free(&pp->table);
 	pp_sched_free(&pp->sched);
 	pp_sim_free(&pp->sim);
+	sched_free(&pp->step);
 	free(pp->stage_u0), free(pp->vstages), free(pp->t), free(pp->rec);
 	memset(pp, 0, sizeof(*pp));
 }
@@ -326,18 +334,7 @@ void pp_gather_full(struct pp *pp, float *out)
 
 /* ---------------------------------------------------------------- slots */
 
-static struct llama_model *lm_of(struct pp_slot *s)
-{
-	return (struct llama_model *)s->m.impl;
-}
-
-/* Output activation of unit u (0..L): the next block's saved input or the final one. */
-static float *unit_output(struct llama_model *lm, int u)
-{
-	return u < lm->cfg.n_layers ? lm->acts[u].x : lm->x_final;
-}
-
-static void slot_wait_sends(struct pp *pp, struct pp_slot *s);
+static void slot_wait_sends(struct pp *pp, int c, struct pp_slot *s);
 
 static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 {
@@ -367,7 +364,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 	}
 	struct pp_slot *s = &ch->slots[k];
 	/* a slot last used by another micro-batch may still be sending its boundary buffer */
-	slot_wait_sends(pp, s);
+	slot_wait_sends(pp, c, s);
 	const struct param_table *t = &pp->table;
 	for (int u = ch->u0; u < ch->u1; u++) {
 		int64_t off = ch->full_off + t->unit_begin[u] - t->unit_begin[ch->u0];
@@ -379,11 +376,23 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 	return s;
 }
 
-static void slot_put(struct pp *pp, int c, int m)
+static struct pp_slot *slot_of(struct pp *pp, int c, int m)
 {
 	struct pp_vstage *ch = &pp->vstages[c];
-	ch->slots[ch->slot_of[m]].micro = -1;
-	ch->slot_of[m] = -1;
+	CHECK(ch->slot_of[m] >= 0, "pp: stage %d has no slot for micro-batch %d", ch->stage, m);
+	return &ch->slots[ch->slot_of[m]];
+}
+
+/* The backward's slot is free once its input gradient is sent (at once on stage 0) and, with
+ * a split backward, its W has run. */
+static void slot_release(struct pp *pp, int c, int m)
+{
+	struct pp_vstage *ch = &pp->vstages[c];
+	struct pp_slot *s = slot_of(pp, c, m);
+	if (s->sent_b && (s->w_done || !pp->split)) {
+		s->micro = -1;
+		ch->slot_of[m] = -1;
+	}
 }
 
 /* ---------------------------------------------------------------- transfers */
@@ -395,12 +404,17 @@ static int tag_of(const struct pp *pp, bool backward, int stage, int m)
 }
 
 /* Test every open send, so that MPI advances them between compute. */
-static void progress(struct pp *pp)
+static void progress(void *ctx)
 {
+	struct pp *pp = ctx;
 	for (int c = 0; c < pp->v; c++)
 		for (int k = 0; k < pp->vstages[c].n_slots; k++) {
-			comm_p2p_test(&pp->vstages[c].slots[k].send);
-			comm_p2p_test(&pp->vstages[c].slots[k].send_hdr);
+			const struct pp_slot *s = &pp->vstages[c].slots[k];
+			if (!s->send_open)
+				continue;
+			struct pp_xfer *x = &pp->vstages[c].send[s->send_backward][s->send_micro];
+			comm_p2p_test(&x->data);
+			comm_p2p_test(&x->hdr);
 		}
 }
 
@@ -432,37 +446,44 @@ static void wait_until(struct pp *pp, struct comm_p2p *req, double not_before, i
 	}
 }
 
-/* Wait for virtual stage ch's receive of micro-batch m (and its simulated arrival). */
-static void wait_recv(struct pp *pp, struct pp_vstage *ch, int m, bool backward)
+/* Wait for virtual stage c's receive of micro-batch m (and its simulated arrival). */
+static void wait_recv(struct pp *pp, int c, int m, bool backward)
 {
+	const struct pp_vstage *ch = &pp->vstages[c];
 	int from = backward ? ch->stage + 1 : ch->stage - 1;
+	int peer = pp_stage_rank(&pp->sched, from);
 	char what[160];
 	snprintf(what, sizeof(what),
 	         "pipeline receive of %s for stage %d, micro-batch %d, from stage %d (pipeline "
 	         "rank %d)",
-	         backward ? "an input gradient" : "an activation", ch->stage, m, from,
-	         pp_stage_rank(&pp->sched, from));
-	int peer = pp_stage_rank(&pp->sched, from);
-	if (pp->o.sim_gbps > 0) {
-		wait_until(pp, &ch->recv_hdr[m], 0, peer, what);
-		wait_until(pp, &ch->recv[m], ch->hdr[m], peer, what);
-	} else {
-		wait_until(pp, &ch->recv[m], 0, peer, what);
-	}
+	         backward ? "an input gradient" : "an activation", ch->stage, m, from, peer);
+	struct pp_xfer *x = &ch->recv[backward][m];
+	if (pp->o.sim_gbps > 0)
+		wait_until(pp, &x->hdr, 0, peer, what);
+	wait_until(pp, &x->data, pp->o.sim_gbps > 0 ? x->at : 0, peer, what);
 }
 
-static void slot_wait_sends(struct pp *pp, struct pp_slot *s)
+/* Wait for virtual stage c's send of micro-batch m in one direction. */
+static void wait_send(struct pp *pp, int c, int m, bool backward)
 {
-	if (!s->send.active && !s->send_hdr.active)
-		return;
+	const struct pp_vstage *ch = &pp->vstages[c];
+	int to = backward ? ch->stage - 1 : ch->stage + 1;
+	int peer = pp_stage_rank(&pp->sched, to);
 	char what[160];
 	snprintf(what, sizeof(what),
 	         "pipeline send of %s, micro-batch %d, to stage %d (pipeline rank %d)",
-	         s->send_backward ? "an input gradient" : "an activation", s->send_micro,
-	         s->send_stage, pp_stage_rank(&pp->sched, s->send_stage));
-	int peer = pp_stage_rank(&pp->sched, s->send_stage);
-	wait_until(pp, &s->send, 0, peer, what);
-	wait_until(pp, &s->send_hdr, 0, peer, what);
+	         backward ? "an input gradient" : "an activation", m, to, peer);
+	struct pp_xfer *x = &ch->send[backward][m];
+	wait_until(pp, &x->data, 0, peer, what);
+	wait_until(pp, &x->hdr, 0, peer, what);
+}
+
+static void slot_wait_sends(struct pp *pp, int c, struct pp_slot *s)
+{
+	if (!s->send_open)
+		return;
+	wait_send(pp, c, s->send_micro, s->send_backward);
+	s->send_open = false;
 }
 
 /* A stage boundary carries the residual stream of one micro-batch: under TP's sequence
@@ -474,47 +495,47 @@ static int64_t boundary_bytes(const struct pp *pp)
 	return (N + tp - 1) / tp * model_config_dim(&pp->cfg) * (int64_t)sizeof(float);
 }
 
-static void send_buf(struct pp *pp, struct pp_slot *s, int peer_stage, int tag, const float *buf)
+static void send_buf(struct pp *pp, int c, int m, bool backward, const float *buf)
 {
+	struct pp_vstage *ch = &pp->vstages[c];
+	struct pp_slot *s = slot_of(pp, c, m);
 	int64_t bytes = boundary_bytes(pp);
-	int peer = pp_stage_rank(&pp->sched, peer_stage);
-	slot_wait_sends(pp, s); /* the slot's previous send (its activation) */
+	int peer_stage = backward ? ch->stage - 1 : ch->stage + 1;
+	int peer = pp_stage_rank(&pp->sched, peer_stage), tag = tag_of(pp, backward, ch->stage, m);
+	slot_wait_sends(pp, c, s); /* the slot's previous send (its activation) */
+	struct pp_xfer *x = &ch->send[backward][m];
 	if (pp->o.sim_gbps > 0) {
 		double now = timer_now(), start = pp->link_free > now ? pp->link_free : now;
-		s->hdr = start + pp->o.sim_latency_us * 1e-6 +
-		         (double)bytes * 8.0 / (pp->o.sim_gbps * 1e9);
-		pp->link_free = s->hdr;
+		x->at = start + pp->o.sim_latency_us * 1e-6 +
+		        (double)bytes * 8.0 / (pp->o.sim_gbps * 1e9);
+		pp->link_free = x->at;
 		comm_p2p_isend(&pp->mesh->pp_group, peer, tag + 2 * pp->S * (int)pp->o.n_micro,
-		               &s->hdr, sizeof(double), &s->send_hdr);
+		               &x->at, sizeof(double), &x->hdr);
 	}
-	comm_p2p_isend(&pp->mesh->pp_group, peer, tag, buf, bytes, &s->send);
-	s->send_stage = peer_stage;
-	s->send_micro = s->micro;
-	s->send_backward = tag >= pp->S * (int)pp->o.n_micro;
+	comm_p2p_isend(&pp->mesh->pp_group, peer, tag, buf, bytes, &x->data);
+	s->send_open = true;
+	s->send_micro = m;
+	s->send_backward = backward;
 }
 
-static void recv_buf(struct pp *pp, struct pp_vstage *ch, int m, int peer_stage, int tag, float *buf)
+static void recv_buf(struct pp *pp, int c, int m, bool backward, float *buf)
 {
-	int peer = pp_stage_rank(&pp->sched, peer_stage);
+	struct pp_vstage *ch = &pp->vstages[c];
+	int peer_stage = backward ? ch->stage + 1 : ch->stage - 1;
+	int peer = pp_stage_rank(&pp->sched, peer_stage), tag = tag_of(pp, backward, peer_stage, m);
+	struct pp_xfer *x = &ch->recv[backward][m];
 	if (pp->o.sim_gbps > 0)
 		comm_p2p_irecv(&pp->mesh->pp_group, peer, tag + 2 * pp->S * (int)pp->o.n_micro,
-		               &ch->hdr[m], sizeof(double), &ch->recv_hdr[m]);
-	comm_p2p_irecv(&pp->mesh->pp_group, peer, tag, buf, boundary_bytes(pp), &ch->recv[m]);
+		               &x->at, sizeof(double), &x->hdr);
+	comm_p2p_irecv(&pp->mesh->pp_group, peer, tag, buf, boundary_bytes(pp), &x->data);
 }
 
-/* ---------------------------------------------------------------- actions */
+/* ---------------------------------------------------------------- the backend: stages */
 
 static void act_forward(struct pp *pp, int c, int m)
 {
 	struct pp_vstage *ch = &pp->vstages[c];
-	struct pp_slot *s = slot_get(pp, c, m);
-	struct model *mm = &s->m;
-	if (ch->stage > 0) {
-		double t0 = timer_now();
-		wait_recv(pp, ch, m, false);
-		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_F, ch->stage, m}, t0, timer_now(),
-		                                          true};
-	}
+	struct model *mm = &slot_get(pp, c, m)->m;
 	memcpy(mm->tokens, pp->tokens + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
 	memcpy(mm->targets, pp->targets + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
 	model_set_loss_dscale(mm, pp->dscale);
@@ -528,13 +549,7 @@ static void act_forward(struct pp *pp, int c, int m)
 static void act_backward(struct pp *pp, int c, int m, bool input_only)
 {
 	struct pp_vstage *ch = &pp->vstages[c];
-	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-	if (ch->stage < pp->S - 1) {
-		double t0 = timer_now();
-		wait_recv(pp, ch, m, true);
-		pp->rec[pp->n_rec++] = (struct pp_record){{PP_RECV_B, ch->stage, m}, t0, timer_now(),
-		                                          true};
-	}
+	struct pp_slot *s = slot_of(pp, c, m);
 	for (int u = ch->u1 - 1; u >= ch->u0; u--) {
 		if (model_unit_needs_recompute(&s->m, u))
 			model_unit_recompute(&s->m, u);
@@ -542,67 +557,101 @@ static void act_backward(struct pp *pp, int c, int m, bool input_only)
 	}
 	if (!input_only)
 		pp->inflight--;
+	if (ch->stage == 0) /* nothing to send */
+		s->sent_b = true;
 }
 
 /* W: the weight gradients a split backward deferred (the head has none). */
 static void act_weight(struct pp *pp, int c, int m)
 {
 	struct pp_vstage *ch = &pp->vstages[c];
-	struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-	int last = ch->u1 - 1 > (int)model_config_n_layers(&pp->cfg) ? (int)model_config_n_layers(&pp->cfg)
-	                                                     : ch->u1 - 1;
-	for (int u = last; u >= ch->u0; u--)
+	struct pp_slot *s = slot_of(pp, c, m);
+	int L = (int)model_config_n_layers(&pp->cfg);
+	for (int u = ch->u1 - 1 > L ? L : ch->u1 - 1; u >= ch->u0; u--)
 		model_unit_backward_weight(&s->m, u);
 	s->w_done = true;
 	pp->inflight--;
 }
 
-static void run_action(struct pp *pp, const struct pp_action *a)
+static void be_pp_compute(void *ctx, const struct sched_node *n)
 {
-	int c = a->stage / pp->p, m = a->micro;
-	struct pp_vstage *ch = &pp->vstages[c];
-	CHECK(ch->stage == a->stage, "pp: stage %d is not on rank %d", a->stage, pp->r);
-	switch (a->kind) {
-	case PP_F: act_forward(pp, c, m); break;
-	case PP_B: act_backward(pp, c, m, false); break;
-	case PP_I: act_backward(pp, c, m, true); break;
-	case PP_W: act_weight(pp, c, m); break;
-	case PP_SEND_F: {
-		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-		send_buf(pp, s, a->stage + 1, tag_of(pp, false, a->stage, m),
-		         unit_output(lm_of(s), ch->u1 - 1));
-		break;
+	struct pp *pp = ctx;
+	int c = n->stage / pp->p, m = n->micro;
+	CHECK(pp->vstages[c].stage == n->stage, "pp: stage %d is not on rank %d", n->stage, pp->r);
+	switch (n->kind) {
+	case SCHED_PP_F: act_forward(pp, c, m); return;
+	case SCHED_PP_B: act_backward(pp, c, m, false); break;
+	case SCHED_PP_I: act_backward(pp, c, m, true); break;
+	case SCHED_PP_W: act_weight(pp, c, m); break;
+	default: CHECK(false, "pp: node kind %s", sched_kind_name(n->kind));
 	}
-	case PP_SEND_B: {
-		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-		send_buf(pp, s, a->stage - 1, tag_of(pp, true, a->stage, m), lm_of(s)->dres);
-		break;
-	}
-	case PP_RECV_F: {
-		struct pp_slot *s = slot_get(pp, c, m);
-		recv_buf(pp, ch, m, a->stage - 1, tag_of(pp, false, a->stage - 1, m),
-		         unit_output(lm_of(s), ch->u0 - 1));
-		break;
-	}
-	case PP_RECV_B: {
-		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-		recv_buf(pp, ch, m, a->stage + 1, tag_of(pp, true, a->stage + 1, m), lm_of(s)->dres);
-		break;
-	}
-	default: CHECK(false, "pp: action %s is not executable", pp_kind_name(a->kind));
-	}
-	/* the backward's slot is free once its input gradient is sent (or at once on stage 0),
-	 * and with a split backward its W has run */
-	if (a->kind == PP_SEND_B || ((a->kind == PP_B || a->kind == PP_I) && a->stage == 0))
-		ch->slots[ch->slot_of[m]].sent_b = true;
-	if (a->kind == PP_SEND_B || a->kind == PP_B || a->kind == PP_I || a->kind == PP_W) {
-		struct pp_slot *s = &ch->slots[ch->slot_of[m]];
-		if (s->sent_b && (s->w_done || !pp->split))
-			slot_put(pp, c, m);
-	}
+	slot_release(pp, c, m);
 }
 
-/* ---------------------------------------------------------------- step */
+static int64_t be_pp_transfer(void *ctx, const struct sched_node *n)
+{
+	struct pp *pp = ctx;
+	int c = n->stage / pp->p, m = n->micro;
+	const struct pp_vstage *ch = &pp->vstages[c];
+	bool backward = n->phase == SCHED_PH_BWD;
+	if (n->kind == SCHED_PP_SEND) {
+		struct model *mm = &slot_of(pp, c, m)->m;
+		send_buf(pp, c, m, backward,
+		         backward ? model_residual_grad(mm) : model_unit_output(mm, ch->u1 - 1));
+		if (backward) {
+			slot_of(pp, c, m)->sent_b = true;
+			slot_release(pp, c, m);
+		}
+	} else {
+		struct model *mm = backward ? &slot_of(pp, c, m)->m : &slot_get(pp, c, m)->m;
+		recv_buf(pp, c, m, backward,
+		         backward ? model_residual_grad(mm) : model_unit_output(mm, ch->u0 - 1));
+	}
+	return boundary_bytes(pp);
+}
+
+static void be_pp_wait(void *ctx, const struct sched_node *n)
+{
+	struct pp *pp = ctx;
+	int c = n->stage / pp->p;
+	bool backward = n->phase == SCHED_PH_BWD;
+	if (n->wait_kind == SCHED_PP_RECV) {
+		wait_recv(pp, c, n->micro, backward);
+		return;
+	}
+	wait_send(pp, c, n->micro, backward);
+	struct pp_vstage *ch = &pp->vstages[c];
+	for (int k = 0; k < ch->n_slots; k++) /* the slot no longer waits for it */
+		if (ch->slots[k].send_open && ch->slots[k].send_micro == n->micro &&
+		    ch->slots[k].send_backward == backward)
+			ch->slots[k].send_open = false;
+}
+
+/* ---------------------------------------------------------------- the backend: shards */
+
+/* Parameters are gathered (and gradients reduced) on the calling thread, once per step: the
+ * collective is complete when its node returns (ticket 0). */
+static int64_t be_all_gather(void *ctx, int c, int64_t *bytes)
+{
+	struct pp *pp = ctx;
+	const struct pp_vstage *ch = &pp->vstages[c];
+	gather_vstage(pp, c, pp->full_w + ch->full_off);
+	*bytes = pp->mesh->dp_shard > 1 ? ch->shard_numel * (int64_t)sizeof(float) : 0;
+	return 0;
+}
+
+static int64_t be_reduce_scatter(void *ctx, int c, int64_t *bytes)
+{
+	struct pp *pp = ctx;
+	reduce_vstage(pp, c);
+	*bytes = pp->mesh->dp_shard > 1 ? pp->vstages[c].full_numel * (int64_t)sizeof(float) : 0;
+	return 0;
+}
+
+static void be_done(void *ctx, int c)
+{
+	(void)ctx, (void)c;
+}
 
 /* This rank's rows of table tensor i in the shard gradients (optim/grad_norm). */
 static bool pp_grad_slice(const void *ctx, int i, int64_t *at, int64_t *n)
@@ -614,115 +663,112 @@ static bool pp_grad_slice(const void *ctx, int i, int64_t *at, int64_t *n)
 	return pt->vstage >= 0;
 }
 
-int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
-                  double lr, double max_norm, struct train_step_result *res)
+/* Loss: only the last stage has it (every TP rank of it the whole sum: TP rank 0's counts);
+ * norm: each shard element lives on one (pp, shard) coordinate (replicas hold copies),
+ * TP-split tensors on one TP rank, replicated ones (norms) on all of them. */
+static int be_clip(void *ctx)
 {
+	struct pp *pp = ctx;
 	const struct mesh *mesh = pp->mesh;
-	int64_t N = pp->o.micro_rows * pp->o.T;
-	int64_t valid = model_count_valid(targets, pp->o.n_micro * N);
-	comm_all_reduce_i64(&mesh->dp_group, &valid, 1);
-	pp->dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
-	pp->tokens = tokens;
-	pp->targets = targets;
-	pp->loss_sum = 0;
-	pp->inflight = pp->peak_inflight = 0;
-	pp->n_rec = 0;
-	pp->link_free = 0;
-	for (int c = 0; c < pp->v; c++) {
-		const struct pp_vstage *ch = &pp->vstages[c];
-		gather_vstage(pp, c, pp->full_w + ch->full_off);
-	}
-	memset(pp->full_g, 0, (size_t)pp->full_numel * sizeof(float));
-	pp->step_t0 = timer_now();
-	const struct pp_action *acts = pp->sched.a[pp->r];
-	for (int i = 0; i < pp->sched.n[pp->r]; i++) {
-		double t0 = timer_now();
-		if (mem_timeline_on()) { /* the memory snapshot's samples name the action */
-			char label[48];
-			pp_action_str(&acts[i], label, sizeof(label));
-			mem_timeline_label(label);
-		}
-		run_action(pp, &acts[i]);
-		/* a compute action starts after its input wait (recorded by the action) */
-		if (pp->n_rec > 0 && pp->rec[pp->n_rec - 1].wait && pp->rec[pp->n_rec - 1].t0 >= t0)
-			t0 = pp->rec[pp->n_rec - 1].t1;
-		pp->rec[pp->n_rec++] = (struct pp_record){acts[i], t0, timer_now(), false};
-		progress(pp);
-	}
-	for (int c = 0; c < pp->v; c++)
-		for (int k = 0; k < pp->vstages[c].n_slots; k++)
-			slot_wait_sends(pp, &pp->vstages[c].slots[k]);
-	pp->step_t1 = timer_now();
-	for (int c = 0; c < pp->v; c++)
-		reduce_vstage(pp, c);
-	/* loss: only the last stage has it (every TP rank of it the whole sum: TP rank 0's
-	 * counts); norm: each shard element lives on one (pp, shard) coordinate (replicas hold
-	 * copies), TP-split tensors on one TP rank, replicated ones (norms) on all of them */
 	double loss = mesh->tp_rank == 0 ? pp->loss_sum : 0.0;
 	double sq = grad_norm_sumsq(pp->shard_g, pp->shard_numel, &pp->table, pp_grad_slice, pp,
 	                            &mesh->tp_group);
 	comm_all_reduce_f64(&mesh->world_group, &loss, 1);
 	comm_all_reduce_f64(&mesh->dp_shard_group, &sq, 1);
 	comm_all_reduce_f64(&mesh->pp_group, &sq, 1);
-	double gscale;
-	int rc = grad_norm_finish(res, loss, sq, valid, max_norm, &gscale);
-	if (rc)
-		return rc;
+	return grad_norm_finish(pp->in.res, loss, sq, pp->valid, pp->in.max_norm, &pp->gscale);
+}
+
+static int be_optim(void *ctx)
+{
+	struct pp *pp = ctx;
+	struct adamw *opt = pp->in.opt;
 	adamw_begin_step(opt);
 	for (int i = 0; i < pp->table.count; i++) {
 		const struct pp_tensor *pt = &pp->t[i];
 		if (pt->vstage < 0)
 			continue;
 		adamw_update_slice(opt, pp->shard_w + pt->shard_off, pp->shard_g + pt->shard_off,
-		                   pt->shard_off, pt->my_rows * pt->cols, lr, pt->decay, gscale);
+		                   pt->shard_off, pt->my_rows * pt->cols, pp->in.lr, pt->decay,
+		                   pp->gscale);
 	}
 	return CT_OK;
 }
 
+/* ---------------------------------------------------------------- step */
+
+static int pp_begin(void *ctx, const struct engine_step_in *in, const struct sched **s,
+                    struct sched_record **rec)
+{
+	struct pp *pp = ctx;
+	int64_t N = pp->o.micro_rows * pp->o.T;
+	pp->in = *in;
+	pp->valid = model_count_valid(in->targets, pp->o.n_micro * N);
+	comm_all_reduce_i64(&pp->mesh->dp_group, &pp->valid, 1);
+	pp->dscale = pp->valid > 0 ? 1.0 / (double)pp->valid : 0.0;
+	pp->tokens = in->tokens;
+	pp->targets = in->targets;
+	pp->loss_sum = 0;
+	pp->inflight = pp->peak_inflight = 0;
+	pp->link_free = 0;
+	memset(pp->full_g, 0, (size_t)pp->full_numel * sizeof(float));
+	*s = &pp->step;
+	*rec = pp->rec;
+	return CT_OK;
+}
+
+void pp_engine(struct pp *pp, struct engine *e)
+{
+	*e = (struct engine){.ctx = pp,
+	                     .begin = pp_begin,
+	                     .be = {.ctx = pp,
+	                            .all_gather = be_all_gather,
+	                            .reduce_scatter = be_reduce_scatter,
+	                            .all_gather_done = be_done,
+	                            .reduce_scatter_done = be_done,
+	                            .clip = be_clip,
+	                            .optim = be_optim,
+	                            .pp_compute = be_pp_compute,
+	                            .pp_transfer = be_pp_transfer,
+	                            .pp_wait = be_pp_wait,
+	                            .progress = progress}};
+}
+
+/* The span of the last step's pipeline: from its first action to its last send's wait. */
+static void pp_span(const struct pp *pp, double *t0, double *t1)
+{
+	*t0 = *t1 = 0;
+	bool first = true;
+	for (int i = 0; i < pp->step.n_nodes; i++) {
+		const struct sched_node *n = &pp->step.nodes[i];
+		bool pp_node = sched_kind_pp(n->kind) ||
+		               (n->kind == SCHED_WAIT && sched_kind_pp(n->wait_kind));
+		if (!pp_node)
+			continue;
+		if (first)
+			*t0 = pp->rec[i].t0;
+		first = false;
+		*t1 = pp->rec[i].t1;
+	}
+}
+
 double pp_measured_bubble(const struct pp *pp)
 {
-	double busy = 0, span = pp->step_t1 - pp->step_t0;
-	for (int i = 0; i < pp->n_rec; i++)
-		if (pp->rec[i].a.kind <= PP_W && !pp->rec[i].wait)
+	double busy = 0, t0, t1;
+	pp_span(pp, &t0, &t1);
+	for (int i = 0; i < pp->step.n_nodes; i++)
+		if (sched_kind_pp_compute(pp->step.nodes[i].kind))
 			busy += pp->rec[i].t1 - pp->rec[i].t0;
-	return span > 0 ? 1.0 - busy / span : 0.0;
+	return t1 > t0 ? 1.0 - busy / (t1 - t0) : 0.0;
 }
 
 double pp_wait_seconds(const struct pp *pp)
 {
 	double w = 0;
-	for (int i = 0; i < pp->n_rec; i++)
-		if (pp->rec[i].wait)
+	for (int i = 0; i < pp->step.n_nodes; i++) {
+		const struct sched_node *n = &pp->step.nodes[i];
+		if (n->kind == SCHED_WAIT && sched_kind_pp(n->wait_kind))
 			w += pp->rec[i].t1 - pp->rec[i].t0;
+	}
 	return w;
-}
-
-int pp_trace_write(const struct pp *pp, const char *path, int rank)
-{
-	FILE *f = fopen(path, "w");
-	if (!f) {
-		LOG_ERROR("profiling: cannot write '%s'", path);
-		return CT_ERR_RUNTIME;
-	}
-	fprintf(f, "{\"traceEvents\": [\n");
-	char name[32];
-	for (int i = 0; i < pp->n_rec; i++) {
-		const struct pp_record *r = &pp->rec[i];
-		pp_action_str(&r->a, name, sizeof(name));
-		bool compute = r->a.kind <= PP_W && !r->wait;
-		if (r->wait)
-			snprintf(name, sizeof(name), "wait %d%s%d", r->a.stage,
-			         r->a.kind == PP_RECV_F ? "F" : "B", r->a.micro);
-		fprintf(f,
-		        "  {\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": "
-		        "%d, \"ts\": %.3f, \"dur\": %.3f, \"args\": {\"stage\": %d, \"micro\": "
-		        "%d}},\n",
-		        name, compute ? "compute" : (r->wait ? "wait" : "p2p"), rank, compute ? 0 : 1,
-		        (r->t0 - pp->step_t0) * 1e6, (r->t1 - r->t0) * 1e6, r->a.stage, r->a.micro);
-	}
-	fprintf(f,
-	        "  {\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
-	        "\"rank %d (pipeline %s, bubble %.3f)\"}}\n]}\n",
-	        rank, rank, pp_style_name(pp->sched.style), pp_measured_bubble(pp));
-	return fclose(f) == 0 ? CT_OK : CT_ERR_RUNTIME;
 }

@@ -30,9 +30,11 @@
  * stage. The loss is counted on TP rank 0 (every TP rank holds the whole sum), TP-split
  * gradients are summed over the TP group for the norm and replicated ones counted once.
  *
- * Transfers: SEND posts a non-blocking send of the slot's boundary buffer (its output
- * activation, or the gradient of its input), RECV posts a receive into the slot, and the
- * compute that needs the data waits for it; open transfers are tested after every action so
+ * The step is this rank's action list as schedule nodes (schedule/sched_pp.c), run by the one
+ * executor: this file is its backend. Transfers: SEND posts a non-blocking send of the slot's
+ * boundary buffer (its output activation, or the gradient of its input), RECV posts a receive
+ * into the slot, and a WAIT node before the compute that needs the data completes it; every
+ * send is waited for after the last action. Open transfers are tested after every node so
  * they advance between compute. A simulated link (comm.simulate_bandwidth_gbps) gives each
  * transfer an arrival time, latency + bytes / bandwidth after this rank's outgoing link is
  * free, sent along in a small header message; the receiver treats the data as arrived only
@@ -54,8 +56,10 @@
 #include "comm/comm.h"
 #include "comm/p2p.h"
 #include "model/model.h"
+#include "parallel/engine.h"
 #include "parallel/tp_coll.h"
 #include "schedule/pp_schedule.h"
+#include "schedule/sched_exec.h"
 #include "optim/optim.h"
 
 struct pp_opts {
@@ -90,12 +94,18 @@ struct pp_tensor {
 struct pp_slot {
 	struct model m;
 	int micro; /* -1: free */
-	struct comm_p2p send;
-	struct comm_p2p send_hdr; /* simulated link: the arrival time travels with the data */
-	double hdr;
-	int send_stage, send_micro; /* the open send's destination and micro-batch (messages) */
-	bool send_backward;
+	/* its last send (of its virtual stage's micro-batch send_micro): the slot's boundary
+	 * buffer may not be reused before it completed */
+	bool send_open, send_backward;
+	int send_micro;
 	bool sent_b, w_done; /* split backward: the slot is free once both happened */
+};
+
+/* Transfers of a virtual stage, per direction (0: the activation forward, 1: the input
+ * gradient backward) and micro-batch. */
+struct pp_xfer {
+	struct comm_p2p data, hdr; /* hdr: the simulated arrival time (simulated link only) */
+	double at;                 /* that time */
 };
 
 struct pp_vstage {
@@ -104,17 +114,8 @@ struct pp_vstage {
 	int n_slots;
 	int64_t slot_bytes; /* MEM_ACTIVATIONS one slot (in-flight micro-batch) holds, measured */
 	struct pp_slot *slots;
-	int *slot_of;       /* n_micro: slot of micro-batch m, -1 none */
-	struct comm_p2p *recv; /* n_micro: the open receive of micro-batch m */
-	struct comm_p2p *recv_hdr;
-	double *hdr; /* n_micro: simulated arrival time of micro-batch m's data */
-};
-
-/* One executed action of the last step (traces, bubble measurement). */
-struct pp_record {
-	struct pp_action a;
-	double t0, t1;
-	bool wait; /* the wait for the action's input before its compute */
+	int *slot_of; /* n_micro: slot of micro-batch m, -1 none */
+	struct pp_xfer *send[2], *recv[2]; /* n_micro each */
 };
 
 struct pp {
@@ -123,8 +124,10 @@ struct pp {
 	struct tp_coll tp;        /* the slots' TP collectives (mesh->tp > 1) */
 	struct param_table table; /* the whole model's table */
 	struct pp_opts o;
-	struct pp_sched sched;
-	struct pp_sim sim; /* the schedule's unit-time prediction */
+	struct pp_sched sched; /* every rank's action lists */
+	struct pp_sim sim;     /* the schedule's unit-time prediction */
+	struct sched step;     /* this rank's step as schedule nodes (sched_build_pp) */
+	struct sched_record *rec; /* the executor's record of the last step */
 	int p, r, v, S;
 	bool split; /* the schedule splits backwards into I and W (zero-bubble) */
 	int *stage_u0; /* S + 1 */
@@ -138,11 +141,10 @@ struct pp {
 	int tag_max;
 	/* the step */
 	const int32_t *tokens, *targets;
-	double dscale, loss_sum;
+	struct engine_step_in in;
+	int64_t valid;
+	double dscale, loss_sum, gscale;
 	int inflight, peak_inflight;
-	struct pp_record *rec;
-	int n_rec;
-	double step_t0, step_t1;
 	double link_free; /* simulated link: when this rank's outgoing link is next free */
 };
 
@@ -152,22 +154,19 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 void pp_free(struct pp *pp);
 /* Initialise this rank's shards with the model's init (same values as a one-rank init). */
 void pp_init_params(struct pp *pp, uint64_t seed);
-/* One step over n_micro micro-batches of micro_rows x T tokens laid out one after another:
- * the schedule, then reduce-scatter, clip over all stages, AdamW. Sets res (loss and grad
- * norm are the same on every rank). CT_ERR_RUNTIME on a non-finite loss or norm. */
-struct train_step_result;
-int pp_train_step(struct pp *pp, struct adamw *opt, const int32_t *tokens, const int32_t *targets,
-                  double lr, double max_norm, struct train_step_result *res);
+/* The layout's engine (parallel/engine.h): a step over n_micro micro-batches of micro_rows x
+ * T tokens laid out one after another (the rank's rows; engine_step_in.accum is not read)
+ * runs pp->step: the gathers, the rank's actions with their transfers, the reduce-scatters,
+ * CLIP over all stages, AdamW. */
+void pp_engine(struct pp *pp, struct engine *e);
 /* Where this rank's rows of table tensor i live (false: the tensor is on another stage). */
 bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at);
 /* The full flat parameter buffer (table layout) on every rank (tests, export). */
 void pp_gather_full(struct pp *pp, float *out);
-/* Measured idle fraction of the last step on this rank: 1 - compute time / step time (waits
- * for a compute action's input are idle time, recorded separately). */
+/* Measured idle fraction of the last step on this rank: 1 - compute time / the span from its
+ * first action to its last send's completion (waits for transfers are idle time). */
 double pp_measured_bubble(const struct pp *pp);
 /* Seconds the last step waited for transfers (its exposed communication). */
 double pp_wait_seconds(const struct pp *pp);
-/* Chrome trace of the last step's actions on this rank. */
-int pp_trace_write(const struct pp *pp, const char *path, int rank);
 
 #endif

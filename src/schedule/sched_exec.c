@@ -55,6 +55,10 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 			rs_node[n->bucket] = i;
 			break;
 		case SCHED_WAIT: {
+			if (sched_kind_pp(n->wait_kind)) {
+				be->pp_wait(be->ctx, n);
+				break;
+			}
 			bool ag = n->wait_kind == SCHED_ALL_GATHER;
 			int64_t *tk = ag ? &ag_ticket[n->bucket] : &rs_ticket[n->bucket];
 			bool *open = ag ? &ag_open[n->bucket] : &rs_open[n->bucket];
@@ -91,6 +95,16 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 		case SCHED_TP_REDUCE_SCATTER:
 			bytes = be->tp_collective(be->ctx, n->unit, n->pass, 2 * n->seg + 1);
 			break;
+		case SCHED_PP_F:
+		case SCHED_PP_B:
+		case SCHED_PP_I:
+		case SCHED_PP_W:
+			be->pp_compute(be->ctx, n);
+			break;
+		case SCHED_PP_SEND:
+		case SCHED_PP_RECV:
+			bytes = be->pp_transfer(be->ctx, n);
+			break;
 		case SCHED_CLIP:
 			rc = be->clip(be->ctx);
 			break;
@@ -103,16 +117,19 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 		if (rec) {
 			rec[i].t0 = t0;
 			rec[i].t1 = timer_now();
-			if (n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER)
+			if (n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER ||
+			    n->kind == SCHED_PP_SEND || n->kind == SCHED_PP_RECV)
 				rec[i].bytes = bytes;
 			if (n->kind == SCHED_ALL_GATHER || n->kind == SCHED_REDUCE_SCATTER) {
 				rec[i].bytes = bytes;
 				rec[i].ticket = ticket;
 			}
 		}
+		if (be->progress)
+			be->progress(be->ctx);
 	}
 	comm_flight_node(-1, NULL);
-	if (rc != CT_OK)
+	if (rc != CT_OK && stream)
 		comm_stream_sync(stream);
 	free(ag_ticket), free(rs_ticket), free(ag_node), free(rs_node);
 	free(ag_open), free(rs_open);

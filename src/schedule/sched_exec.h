@@ -1,7 +1,8 @@
 /* schedule/sched_exec: the executor — runs a schedule's nodes in order.
  *
  * Compute nodes run on the calling thread, and so do tensor-parallel collectives (TP_*: the
- * activations they move are needed at once); FSDP collectives are issued to the comm stream and
+ * activations they move are needed at once) and pipeline transfers (PP_SEND / PP_RECV: posted
+ * non-blocking, completed by their WAIT); FSDP collectives are issued to the comm stream and
  * completed by their WAIT node, which blocks on the stream's ticket and then lets the backend
  * finish the collective (copy-out of gathered parameters, accumulation of reduced gradients).
  * What a node *does* belongs to the backend (parallel/fsdp provides one); the executor owns
@@ -41,6 +42,14 @@ struct sched_backend {
 	int64_t (*tp_collective)(void *ctx, int unit, enum model_pass pass, int op);
 	int (*clip)(void *ctx);  /* ct_err code */
 	int (*optim)(void *ctx); /* ct_err code */
+	/* pipeline steps (SCHED_PP_*): a stage's compute; the issue of a transfer (returns the
+	 * bytes it moves); the WAIT that completes one (the executor records how long it
+	 * stalled); NULL for backends without pipeline nodes */
+	void (*pp_compute)(void *ctx, const struct sched_node *n);
+	int64_t (*pp_transfer)(void *ctx, const struct sched_node *n);
+	void (*pp_wait)(void *ctx, const struct sched_node *n);
+	/* after every node (NULL: none): lets open point-to-point transfers advance */
+	void (*progress)(void *ctx);
 };
 
 struct sched_record {

@@ -61,8 +61,17 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
 			snprintf(args + strlen(args), sizeof(args) - strlen(args),
 			         ",\"unit\":%d,\"bytes\":%lld%s", n->unit, (long long)r->bytes,
 			         sched_node_prog(s, n)->c[n->seg].ring ? ",\"ring\":true" : "");
+		bool p2p = n->kind == SCHED_PP_SEND || n->kind == SCHED_PP_RECV;
+		if (sched_kind_pp(n->kind) ||
+		    (n->kind == SCHED_WAIT && sched_kind_pp(n->wait_kind)))
+			snprintf(args + strlen(args), sizeof(args) - strlen(args), ",\"stage\":%d",
+			         n->stage);
+		if (p2p) /* posted here, completed by its WAIT */
+			snprintf(args + strlen(args), sizeof(args) - strlen(args), ",\"bytes\":%lld",
+			         (long long)r->bytes);
 		const char *cat = coll                    ? "issue"
 		                  : tp                    ? "tp"
+		                  : p2p                   ? "p2p"
 		                  : n->kind == SCHED_WAIT ? "wait"
 		                  : n->kind == SCHED_FREE ? "free"
 		                                          : "compute";

@@ -6,9 +6,9 @@
 
 #include "base/log.h"
 
-static const char *const sched_kind_names[] = {"BATCH", "AG",    "RS",    "WAIT",
-                                               "FREE",  "FWD",   "BWD",   "RECOMPUTE",
-                                               "CLIP",  "OPTIM", "TP-AG", "TP-RS"};
+static const char *const sched_kind_names[] = {
+    "BATCH", "AG",    "RS",    "WAIT", "FREE", "FWD", "BWD",  "RECOMPUTE", "CLIP",
+    "OPTIM", "TP-AG", "TP-RS", "F",    "B",    "I",   "W",    "SEND",      "RECV"};
 _Static_assert(sizeof(sched_kind_names) / sizeof(sched_kind_names[0]) == SCHED_KIND_COUNT,
                "one name per node kind");
 
@@ -58,6 +58,9 @@ void sched_init_like(struct sched *dst, const struct sched *src)
 	dst->ac = src->ac;
 	dst->prefetch = src->prefetch;
 	dst->lowered = src->lowered;
+	dst->n_stages = src->n_stages;
+	dst->pp_size = src->pp_size;
+	dst->pp_rank = src->pp_rank;
 	dst->units = xcalloc((size_t)src->n_units, sizeof(*dst->units));
 	memcpy(dst->units, src->units, (size_t)src->n_units * sizeof(*dst->units));
 	dst->n_buckets = src->n_buckets;
@@ -274,6 +277,8 @@ void sched_build(struct sched *s, const struct sched_unit *units, int n_units, i
 
 bool sched_validate(const struct sched *s, char *why, size_t why_size)
 {
+	if (s->n_stages > 0)
+		return sched_validate_pp(s, why, why_size);
 	bool ok = true;
 	int B = s->n_buckets, U = s->n_units;
 	bool *ag = xcalloc((size_t)B, sizeof(bool)), *res = xcalloc((size_t)B, sizeof(bool));
@@ -438,6 +443,16 @@ void sched_bucket_name(const struct sched *s, int b, char *buf, size_t size)
 	}
 }
 
+/* A pipeline node as the action lists write it: "1F3", "0SEND_F3", "1RECV_B2". */
+static void sched_pp_label(enum sched_kind k, const struct sched_node *n, char *buf, size_t size)
+{
+	if (k == SCHED_PP_SEND || k == SCHED_PP_RECV)
+		snprintf(buf, size, "%d%s_%c%d", n->stage, sched_kind_name(k),
+		         n->phase == SCHED_PH_BWD ? 'B' : 'F', n->micro);
+	else
+		snprintf(buf, size, "%d%s%d", n->stage, sched_kind_name(k), n->micro);
+}
+
 void sched_node_label(const struct sched *s, int i, char *buf, size_t size)
 {
 	const struct sched_node *n = &s->nodes[i];
@@ -464,7 +479,22 @@ void sched_node_label(const struct sched *s, int i, char *buf, size_t size)
 		         n->recompute ? " (recomputed)" : "");
 		break;
 	case SCHED_WAIT:
-		snprintf(buf, size, "WAIT %s b%d", sched_kind_name(n->wait_kind), n->bucket);
+		if (sched_kind_pp(n->wait_kind)) {
+			char t[40];
+			sched_pp_label(n->wait_kind, n, t, sizeof(t));
+			snprintf(buf, size, "WAIT %s", t);
+		} else {
+			snprintf(buf, size, "WAIT %s b%d", sched_kind_name(n->wait_kind),
+			         n->bucket);
+		}
+		break;
+	case SCHED_PP_F:
+	case SCHED_PP_B:
+	case SCHED_PP_I:
+	case SCHED_PP_W:
+	case SCHED_PP_SEND:
+	case SCHED_PP_RECV:
+		sched_pp_label(n->kind, n, buf, size);
 		break;
 	case SCHED_BATCH:
 		snprintf(buf, size, "BATCH %d", n->micro);

@@ -15,8 +15,15 @@
  * A WAIT names the collective it completes by (kind, bucket): at most one all-gather and one
  * reduce-scatter per bucket are in flight at any time (sched_validate checks this, and every
  * other rule the executor relies on). Tensor parallelism adds its collectives inside a unit
- * as nodes (SCHED_TP_*, by lowering the unit's pass program after the passes); pipeline
- * parallelism has its own action lists (schedule/pp_schedule.h).
+ * as nodes (SCHED_TP_*, by lowering the unit's pass program after the passes).
+ *
+ * Pipeline parallelism is the same list with node kinds of its own (SCHED_PP_*, built from a
+ * rank's action list of schedule/pp_schedule.h by sched_build_pp, schedule/sched_pp.c): the
+ * forward (F), backward (B) or its input (I) and weight (W) halves of micro-batch `micro` on
+ * stage `stage`, and the point-to-point SEND / RECV of a stage boundary (phase FWD: the
+ * activation to the next stage; BWD: the input gradient to the previous one), each completed
+ * by a WAIT naming it; a pipeline rank's buckets are its virtual stages, gathered before the
+ * first action and reduce-scattered after the last.
  */
 #ifndef CT_SCHEDULE_SCHEDULE_H
 #define CT_SCHEDULE_SCHEDULE_H
@@ -43,6 +50,14 @@ enum sched_kind {
 	 * its compute segments `seg` and `seg + 1`, on the TP group and the compute thread */
 	SCHED_TP_ALL_GATHER,
 	SCHED_TP_REDUCE_SCATTER,
+	/* pipeline parallelism: compute of (stage, micro) over the stage's units, and the
+	 * transfers of its boundary (issued here, completed by a WAIT with this wait_kind) */
+	SCHED_PP_F,
+	SCHED_PP_B,
+	SCHED_PP_I,
+	SCHED_PP_W,
+	SCHED_PP_SEND,
+	SCHED_PP_RECV,
 	SCHED_KIND_COUNT
 };
 
@@ -50,7 +65,7 @@ enum sched_phase { SCHED_PH_FWD, SCHED_PH_BWD, SCHED_PH_TAIL };
 
 struct sched_node {
 	enum sched_kind kind;
-	enum sched_kind wait_kind; /* WAIT: SCHED_ALL_GATHER or SCHED_REDUCE_SCATTER */
+	enum sched_kind wait_kind; /* WAIT: SCHED_ALL_GATHER, _REDUCE_SCATTER, _PP_SEND, _PP_RECV */
 	int unit;                  /* FWD, BWD, RECOMPUTE; else -1 */
 	int bucket;                /* collectives, WAIT, FREE; else -1 */
 	int micro;                 /* micro-batch index */
@@ -61,6 +76,7 @@ struct sched_node {
 	 * (model/model_prog.h), TP_* its collective `seg`; `pass` names the program */
 	int seg;
 	enum model_pass pass;
+	int stage; /* SCHED_PP_* and their WAITs: the pipeline stage (phase: the direction) */
 };
 
 struct sched_unit {
@@ -75,6 +91,16 @@ struct sched_bucket {
 	int unit0, n_units; /* units [unit0, unit0 + n_units) */
 };
 
+static inline bool sched_kind_pp(enum sched_kind k)
+{
+	return k >= SCHED_PP_F && k <= SCHED_PP_RECV;
+}
+/* A pipeline node that computes (F, B, I, W). */
+static inline bool sched_kind_pp_compute(enum sched_kind k)
+{
+	return k >= SCHED_PP_F && k <= SCHED_PP_W;
+}
+
 enum sched_reshard { SCHED_RESHARD_DEFAULT, SCHED_RESHARD_ALWAYS, SCHED_RESHARD_NEVER };
 
 struct sched {
@@ -86,6 +112,9 @@ struct sched {
 	enum model_ac ac; /* set by the activation-checkpointing pass */
 	int prefetch;     /* set by the reordering pass (for printing) */
 	bool lowered;     /* sched_lower_tp ran: TP units' passes are segments and TP nodes */
+	/* a pipeline rank's step (sched_build_pp): n_stages stages over pp_size ranks, this is
+	 * rank pp_rank; bucket c is its virtual stage c (stage c * pp_size + pp_rank). 0: none */
+	int n_stages, pp_size, pp_rank;
 	int n_nodes, cap;
 	struct sched_node *nodes;
 };
@@ -121,8 +150,27 @@ void sched_push(struct sched *s, struct sched_node n);
 /* Replace *s by *next (frees the old one). */
 void sched_replace(struct sched *s, struct sched *next);
 
-/* Check the invariants the executor relies on; returns false and fills why (if not NULL). */
+/* Check the invariants the executor relies on; returns false and fills why (if not NULL).
+ * A pipeline step is checked by sched_validate_pp. */
 bool sched_validate(const struct sched *s, char *why, size_t why_size);
+
+/* Pipeline parallelism (schedule/sched_pp.c). Pipeline rank `rank`'s step of the checked
+ * action lists ps: the units (n_units, copied) are the whole model's, stage k holds units
+ * [stage_u0[k], stage_u0[k + 1]); the rank's virtual stages are its buckets. The nodes: every
+ * bucket's ALL_GATHER and WAIT; the rank's actions in order, each compute action of a stage
+ * that receives its input (F of stage > 0) or its output's gradient (B, I of stage < S - 1)
+ * after the WAIT of that RECV; the WAITs of every SEND; every bucket's REDUCE_SCATTER and
+ * WAIT; CLIP, OPTIM. */
+struct pp_sched;
+void sched_build_pp(struct sched *out, const struct pp_sched *ps, int rank,
+                    const struct sched_unit *units, int n_units, const int *stage_u0);
+/* Per rank: every transfer issued once and waited once after its issue, every compute action
+ * of each (stage, micro) once in dependency order (F before B or I, I before W, a RECV's WAIT
+ * before the compute that reads it, a SEND after the compute that writes it), the buckets
+ * gathered before and reduce-scattered after every compute node, CLIP and OPTIM last. Across
+ * ranks (that sends match receives and nothing deadlocks) the action lists are checked by
+ * pp_sched_check. */
+bool sched_validate_pp(const struct sched *s, char *why, size_t why_size);
 
 /* Elements of a bucket: full parameters, and one rank's shard. */
 int64_t sched_bucket_full(const struct sched *s, int b);

@@ -48,6 +48,7 @@ struct trainer {
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
 	bool sharded;
 	struct pp pp; /* pipeline parallelism (parallelism.pipeline_parallel_degree > 1) */
+	struct engine engine; /* the step of whichever layout (parallel/engine.h) */
 	bool piped;
 	struct sched_cost_model cost; /* the step's cost model, when the config needs one */
 	bool have_cost;
@@ -186,12 +187,14 @@ static int trainer_build_model(struct trainer *tr)
 		                     &tr->have_cost);
 		if (rc)
 			return rc;
+		fsdp_engine(&tr->fsdp, &tr->engine);
 	} else if (tr->piped) {
 		rc = trainer_pp_build(tr, &mc, ac);
 		if (rc)
 			return rc;
 		pp_init_params(&tr->pp, seed);
 		opt_numel = tr->pp.shard_numel;
+		pp_engine(&tr->pp, &tr->engine);
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
 	           cfg->optimizer.eps, cfg->optimizer.weight_decay);
@@ -443,7 +446,7 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 		return rc;
 	snprintf(path, sizeof(path), "%s/rank%d_trace.json", dir, tr->mesh.rank);
 	if (tr->piped)
-		return pp_trace_write(&tr->pp, path, tr->mesh.rank);
+		return sched_trace_write(path, &tr->pp.step, tr->pp.rec, tr->mesh.rank, t0);
 	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
 }
 
@@ -471,11 +474,14 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	}
 	double lr = lr_schedule_at(&tr->lr, step - tr->lr_step0);
 	struct train_step_result res;
-	int rc = tr->piped ? pp_train_step(&tr->pp, &tr->opt, tr->batch_tokens, tr->batch_targets,
-	                                   lr, cfg->training.max_norm, &res)
-	                   : fsdp_train_step(&tr->fsdp, &tr->opt, tr->batch_tokens,
-	                                     tr->batch_targets, tr->accum, lr,
-	                                     cfg->training.max_norm, &res);
+	const struct engine_step_in in = {.tokens = tr->batch_tokens,
+	                                  .targets = tr->batch_targets,
+	                                  .accum = tr->accum,
+	                                  .opt = &tr->opt,
+	                                  .lr = lr,
+	                                  .max_norm = cfg->training.max_norm,
+	                                  .res = &res};
+	int rc = engine_step(&tr->engine, &in);
 	if (rc) {
 		LOG_ERROR("step %lld failed", (long long)step + 1);
 		return rc;

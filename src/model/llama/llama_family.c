@@ -55,6 +55,15 @@ static void llama_op_logits(void *impl, float *logits)
 {
 	llama_logits(impl, logits);
 }
+static float *llama_op_unit_output(void *impl, int u)
+{
+	struct llama_model *lm = impl;
+	return u < lm->cfg.n_layers ? lm->acts[u].x : lm->x_final;
+}
+static float *llama_op_residual_grad(void *impl)
+{
+	return ((struct llama_model *)impl)->dres;
+}
 static double llama_op_flops(const struct model_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
@@ -76,6 +85,8 @@ static const struct model_ops llama_ops = {
     .unit_op = llama_op_unit_op,
     .set_loss_dscale = llama_op_dscale,
     .logits = llama_op_logits,
+    .unit_output = llama_op_unit_output,
+    .residual_grad = llama_op_residual_grad,
     .flops_per_token = llama_op_flops,
     .free = llama_op_free,
 };
