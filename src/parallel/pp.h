@@ -163,6 +163,18 @@ void pp_engine(struct pp *pp, struct engine *e);
 bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at);
 /* The full flat parameter buffer (table layout) on every rank (tests, export). */
 void pp_gather_full(struct pp *pp, float *out);
+/* The step's cost model (parallel/pp_cost.c): cm calibrated at the stages' shapes (the
+ * rates, median over ranks), the stage link measured, and the prediction of the step from
+ * every pipeline rank's schedule nodes. Collective over the mesh. CT_ERR_USAGE (warned) where
+ * not modelled: tensor parallelism inside the stages, a family without a cost model. */
+struct sched_cost_model;
+struct sched_pp_link;
+struct sched_pp_prediction;
+int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_model *cm,
+                  struct sched_pp_link *link, struct sched_pp_prediction *pred);
+/* The prediction alone, under a given cost model and link (`ctitan plan`). */
+void pp_predict(const struct pp *pp, const struct sched_cost_model *cm,
+                const struct sched_pp_link *link, struct sched_pp_prediction *pred);
 /* Measured idle fraction of the last step on this rank: 1 - compute time / the span from its
  * first action to its last send's completion (waits for transfers are idle time). */
 double pp_measured_bubble(const struct pp *pp);

@@ -151,4 +151,37 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
                    struct sched_prediction *p, double *node_t);
 
+/* ---------------------------------------------------------------- pipelines (sched_cost_pp.c)
+ * A pipeline step is every pipeline rank's node list (sched_build_pp) timed together: each
+ * rank's nodes in order on its compute thread, a stage's F / B / I / W the sum of its units'
+ * FWD, BWD + RECOMPUTE terms (I and W split a block's matmul term in halves), a WAIT on a
+ * receive stalling until the matching SEND's data crossed the link (latency + bytes / rate,
+ * one transfer at a time per rank on a serial link), the gathers and reduce-scatters on the
+ * compute thread (parallel/pp runs them blocking, once per step), and CLIP meeting every rank
+ * (its all-reduces) before OPTIM. The FSDP shard size is cm->dp_shard's. */
+struct sched_pp_link {
+	double latency_s, bytes_s;
+	int64_t bytes; /* one stage boundary */
+	bool serial;   /* a rank's sends queue on its link (the simulated one) */
+};
+struct sched_pp_prediction {
+	double step_s;     /* the slowest rank's end of OPTIM */
+	double pipeline_s; /* the longest span from a rank's first action to its last send */
+	double compute_s;  /* the busiest rank's F / B / I / W seconds */
+	double bubble;     /* the most idle rank: 1 - compute / its span */
+	double wait_s;     /* stalls on receives, all ranks */
+	double fsdp_s;     /* rank 0's gathers and reduce-scatters (blocking) */
+};
+/* A pipeline compute node's seconds under cm. */
+double sched_cost_pp_node_s(const struct sched *s, const struct sched_cost_model *cm,
+                            const struct sched_node *n);
+/* ranks: pp_size schedules of one pipeline (ranks[r] is rank r's). */
+void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *cm,
+                      const struct sched_pp_link *link, struct sched_pp_prediction *out);
+/* The stage link: the simulated one (sim_gbps > 0), else one-way times of 8 bytes and of a
+ * boundary between pipeline neighbours, the mean over `world`. Collective on pp and world. */
+void sched_cost_calibrate_pp_link(struct sched_pp_link *link, const struct comm_group *pp,
+                                  const struct comm_group *world, int64_t bytes,
+                                  double sim_gbps, double sim_latency_us);
+
 #endif

@@ -49,6 +49,8 @@ struct trainer {
 	bool sharded;
 	struct pp pp; /* pipeline parallelism (parallelism.pipeline_parallel_degree > 1) */
 	struct engine engine; /* the step of whichever layout (parallel/engine.h) */
+	struct sched_pp_link pp_link;       /* pipeline: the stage link of its cost model */
+	struct sched_pp_prediction pp_pred; /* and its prediction of the step */
 	bool piped;
 	struct sched_cost_model cost; /* the step's cost model, when the config needs one */
 	bool have_cost;
@@ -195,6 +197,20 @@ static int trainer_build_model(struct trainer *tr)
 		pp_init_params(&tr->pp, seed);
 		opt_numel = tr->pp.shard_numel;
 		pp_engine(&tr->pp, &tr->engine);
+		/* profiling compares the step with the cost model of the same schedule nodes */
+		if (cfg->profiling.enable_profiling &&
+		    pp_cost_model(&tr->pp, tr->stream, &tr->cost, &tr->pp_link, &tr->pp_pred) ==
+		        CT_OK) {
+			tr->have_cost = true;
+			if (tr->mesh.rank == 0)
+				LOG_INFO("cost model: step %.3f s (pipeline %.3f s, busiest rank's "
+				         "compute %.3f s, bubble %.3f, receive stalls %.3f s, gathers "
+				         "and reduce-scatters %.3f s); stage link %.0f us + %.2f GB/s",
+				         tr->pp_pred.step_s, tr->pp_pred.pipeline_s,
+				         tr->pp_pred.compute_s, tr->pp_pred.bubble, tr->pp_pred.wait_s,
+				         tr->pp_pred.fsdp_s, tr->pp_link.latency_s * 1e6,
+				         tr->pp_link.bytes_s / 1e9);
+		}
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
 	           cfg->optimizer.eps, cfg->optimizer.weight_decay);
@@ -438,6 +454,18 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 {
 	if (tr->sharded && tr->have_cost)
 		step_plan_log_compare(&tr->fsdp.sched, &tr->cost, tr->fsdp.rec, t0, timer_now());
+	if (tr->piped && tr->have_cost) {
+		double meas = timer_now() - t0;
+		float mb = (float)pp_measured_bubble(&tr->pp); /* the most idle rank's, as predicted */
+		comm_all_reduce_f64(&tr->mesh.world_group, &meas, 1);
+		comm_all_reduce_max_f32(&tr->mesh.world_group, &mb, 1);
+		if (tr->mesh.rank == 0)
+			LOG_INFO("cost model vs this step (pipeline): predicted %.3f s, measured %.3f s "
+			         "(mean over ranks); bubble predicted %.3f, measured %.3f (the most "
+			         "idle rank)",
+			         tr->pp_pred.step_s, meas / tr->mesh.world, tr->pp_pred.bubble,
+			         (double)mb);
+	}
 	char dir[2200], path[2300];
 	snprintf(dir, sizeof(dir), "%s/%s/iteration_%lld", tr->cfg->job.dump_folder,
 	         tr->cfg->profiling.save_traces_folder, (long long)step);
