@@ -1,6 +1,7 @@
-/* `ctitan plan` with pipeline parallelism: the pipeline schedule simulated with each stage's
- * predicted forward / backward time and the stage-boundary transfer time, plus FSDP's
- * per-step gathers and reduce-scatters inside each stage.
+/* `ctitan plan` with pipeline parallelism: every pipeline rank's step as the schedule nodes the
+ * run executes (sched_build_pp), timed together by the cost model (sched_predict_pp) with each
+ * stage's forward / backward from its units' terms, the stage-boundary transfers on the link,
+ * and FSDP's per-step gathers and reduce-scatters inside each stage.
  *
  * Assumptions (printed with the plan):
  *  - compute: each unit's FLOPs (the cost model's, per micro-batch) over metrics.peak_tflops x
@@ -12,8 +13,8 @@
  *    plan.activation_dtype, split over tp by sequence parallelism) at comm.bandwidth_gbps +
  *    comm.latency_us;
  *  - FSDP under PP gathers each stage's parameters once per step and reduce-scatters once
- *    (reshard never); all of it overlaps compute except the first unit's gather and the last
- *    unit's reduce-scatter; HSDP's replica all-reduce is exposed; AdamW is not counted;
+ *    (reshard never), blocking on the compute thread as parallel/pp does; HSDP's replica
+ *    all-reduce is exposed; AdamW runs at plan.memory_bandwidth_gbs;
  *  - memory: shards (fp32 master, gradients, two moments), the stage's gathered parameters
  *    and gradients, and the schedule's peak in-flight micro-batches of activations. */
 #include "cli/plan_pp.h"
@@ -105,14 +106,18 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	struct param_table t;
 	llama_table_build(&t, &mc);
 	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
-	double *dur = xcalloc((size_t)S * PP_KIND_COUNT, sizeof(double));
 	struct sched naive = {0};
 	struct sched_cost_model cm = {0};
 	struct pp_sim sim = {0};
+	struct sched *ranks = xcalloc((size_t)pp, sizeof(*ranks));
+	struct param_table tt; /* a TP rank's slice: what its stages gather and reduce */
+	memset(&tt, 0, sizeof(tt));
 	rc = pp_split_stages(mc.n_layers, S, fl, ll, u0);
+	if (!rc)
+		rc = llama_table_build_tp(&tt, &mc, (int)tp, 0);
 	if (rc)
 		goto out;
-	sched_units_from_table(&t, shard, units);
+	sched_units_from_table(&tt, shard, units);
 	sched_build(&naive, units, t.n_units, 1, SCHED_RESHARD_NEVER);
 	bool bf16 = compute_bf16(c);
 	char peak_why[256];
@@ -127,41 +132,38 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	 * efficiency (x tp: a TP group shares a stage's work), bytes at its memory bandwidth */
 	cm.matmul_flops = cm.attn_flops = rate;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9 * (double)tp;
+	cm.ag_latency_s = cm.rs_latency_s = lat;
+	cm.ag_bytes_s = cm.rs_bytes_s = bw;
+	cm.overlap = false;
 	double tf_max = 0, tb_max = 0;
-	for (int st = 0; st < S; st++) {
-		double f = 0, b = 0;
-		for (int u = u0[st]; u < u0[st + 1]; u++) {
-			f += sched_cost_node_s(&cm, SCHED_WORK_FWD, u, NULL);
-			b += sched_cost_node_s(&cm, SCHED_WORK_BWD, u, NULL) +
-			     sched_cost_node_s(&cm, SCHED_WORK_REC, u, NULL);
-		}
-		dur[st * PP_KIND_COUNT + PP_F] = f;
-		dur[st * PP_KIND_COUNT + PP_B] = b;
-		dur[st * PP_KIND_COUNT + PP_I] = dur[st * PP_KIND_COUNT + PP_W] = b / 2;
-		tf_max = fmax(tf_max, f);
-		tb_max = fmax(tb_max, b);
+	for (int r = 0; r < (int)pp; r++)
+		sched_build_pp(&ranks[r], &s, r, units, t.n_units, u0);
+	for (int st = 0; st < S; st++) { /* the slowest stage's F and B, for the summary line */
+		struct sched_node f = {.kind = SCHED_PP_F, .stage = st},
+		                  b = {.kind = SCHED_PP_B, .stage = st};
+		const struct sched *rs = &ranks[st % pp];
+		tf_max = fmax(tf_max, sched_cost_pp_node_s(rs, &cm, &f));
+		tb_max = fmax(tb_max, sched_cost_pp_node_s(rs, &cm, &b));
 	}
 	double xfer_bytes = (double)(mbs * T * mc.dim * eb) / (double)tp;
 	double xfer = lat + xfer_bytes / bw;
 	char why[256];
-	if (!pp_sched_simulate(&s, dur, xfer, &sim, why, sizeof(why))) {
+	if (!pp_sched_check(&s, &sim, why, sizeof(why))) { /* in-flight micro-batches */
 		LOG_ERROR("ctitan plan: the pipeline schedule does not run: %s", why);
 		rc = CT_ERR_USAGE;
 		goto out;
 	}
+	/* the step: every rank's schedule nodes, as the run executes them */
+	struct sched_pp_link link = {.latency_s = lat, .bytes_s = bw, .bytes = (int64_t)xfer_bytes};
+	struct sched_pp_prediction pred;
+	sched_predict_pp(ranks, &cm, &link, &pred);
 	/* FSDP inside the stage (rank 0's virtual stages; every rank's are about the same) */
-	double ag_first = 0, rs_last = 0, ar = 0, stage_params = 0, act_stage = 0;
+	double ar = 0, stage_params = 0, act_stage = 0;
 	int64_t act_model = sched_cost_activation_bytes(&mc, mbs, T, ac, eb);
 	for (int ch = 0; ch < v; ch++) {
 		int st = ch * (int)pp;
 		for (int u = u0[st]; u < u0[st + 1]; u++)
-			stage_params += (double)units[u].full_numel / (double)tp;
-		double ag = (double)units[u0[st]].shard_numel / (double)tp * (double)(shard - 1) *
-		            (bf16 ? 2.0 : 4.0);
-		double rs = (double)units[u0[st + 1] - 1].shard_numel / (double)tp *
-		            (double)(shard - 1) * 4.0;
-		ag_first += shard > 1 ? lat + ag / bw : 0;
-		rs_last += shard > 1 ? lat + rs / bw : 0;
+			stage_params += (double)units[u].full_numel; /* the TP slice */
 		int blocks = 0;
 		for (int u = u0[st]; u < u0[st + 1]; u++)
 			blocks += units[u].is_block;
@@ -169,7 +171,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	}
 	if (rep > 1)
 		ar = lat + 2.0 * stage_params / (double)shard * 4.0 * (double)(rep - 1) / (double)rep / bw;
-	double step = sim.makespan + ag_first + rs_last + ar;
+	double step = pred.step_s + ar;
 	double tokens = (double)(global * T);
 	double tps_gpu = tokens / step / (double)world;
 	double fpt = llama_flops_per_token(&mc, &t, T);
@@ -196,8 +198,8 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	       peak_flops / 1e12, peak_why, c->plan.compute_efficiency, c->comm.bandwidth_gbps,
 	       c->comm.latency_us, act16 ? "bf16" : "fp32");
 	printf("assumptions: tensor-parallel compute divided by %lld with its collectives hidden "
-	       "(async TP; TP is planned, not implemented); FSDP gathers once per step under PP, "
-	       "only the first gather and last reduce-scatter exposed; AdamW not counted\n\n",
+	       "(async TP); FSDP gathers and reduce-scatters once per step under PP, blocking, as "
+	       "the run does; AdamW at the memory bandwidth\n\n",
 	       (long long)tp);
 	if (all_nodes) {
 		pp_sched_print(&s, stdout);
@@ -213,16 +215,17 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	printf("per stage and micro-batch: forward %.1f ms, backward %.1f ms (slowest stage); "
 	       "transfer %.2f ms\n\n",
 	       tf_max * 1e3, tb_max * 1e3, xfer * 1e3);
-	printf("bubble fraction          %.3f  (simulated with these times; unit-time theory %.3f)\n",
-	       sim.bubble, theory);
+	printf("bubble fraction          %.3f  (every rank's schedule nodes timed together; unit-time "
+	       "theory %.3f)\n",
+	       pred.bubble, theory);
 	printf("in-flight activations    %d micro-batches on rank 0 = %.2f GiB (rank:",
 	       inflight0, gib(mem_act));
 	for (int r = 0; r < s.p && r < 16; r++)
 		printf(" %d", sim.peak_inflight[r]);
 	printf(")\n");
-	printf("predicted step time      %.3f s  (pipeline %.3f s, exposed FSDP %.3f s, HSDP "
-	       "all-reduce %.3f s)\n",
-	       step, sim.makespan, ag_first + rs_last, ar);
+	printf("predicted step time      %.3f s  (pipeline %.3f s, FSDP gathers and reduce-scatters "
+	       "%.3f s, HSDP all-reduce %.3f s)\n",
+	       step, pred.pipeline_s, pred.fsdp_s, ar);
 	printf("throughput               %.0f tokens/s per GPU, MFU %.1f%% (model FLOPs %.3g per "
 	       "token)\n",
 	       tps_gpu, 100.0 * fpt * tps_gpu / peak, fpt);
@@ -234,8 +237,11 @@ out:
 	if (cm.work[0][0])
 		sched_cost_free(&cm);
 	sched_free(&naive);
-	free(dur), free(units), free(u0);
+	for (int r = 0; r < (int)pp; r++)
+		sched_free(&ranks[r]);
+	free(ranks), free(units), free(u0);
 	param_table_free(&t);
+	param_table_free(&tt);
 	pp_sched_free(&s);
 	return rc;
 }

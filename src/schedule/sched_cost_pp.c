@@ -55,8 +55,10 @@ static double other_node_s(const struct sched *s, const struct sched_cost_model 
 	double full = n->bucket >= 0 ? (double)sched_bucket_full(s, n->bucket) : 0.0;
 	switch (n->kind) {
 	case SCHED_ALL_GATHER: /* blocking, then the copy-out into the stage's full buffer */
-		return (N > 1 ? cm->ag_latency_s + (N - 1) * S * 4.0 / cm->ag_bytes_s : 0.0) +
-		       (N * S * 4.0 + full * 4.0) / mem;
+		return (N > 1 ? cm->ag_latency_s +
+		                    (N - 1) * S * (double)cm->ag_elem_bytes / cm->ag_bytes_s
+		              : 0.0) +
+		       (N * S * (double)cm->ag_elem_bytes + full * 4.0) / mem;
 	case SCHED_REDUCE_SCATTER: /* the rank-major copy-in, blocking, then nothing to add */
 		return 2.0 * N * S * 4.0 / mem +
 		       (N > 1 ? cm->rs_latency_s + (N - 1) * S * 4.0 / cm->rs_bytes_s : 0.0);
