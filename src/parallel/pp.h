@@ -44,8 +44,8 @@
  * (input gradients only, llama_build_opts.split_backward) and W its deferred weight
  * gradients; a slot is freed once its W has run and its input gradient is sent.
  *
- * Not yet supported: split-backward schedules under tensor parallelism, Hyena, activation checkpointing modes other than the
- * model's own (they work per slot), validation under PP.
+ * Not yet supported: split-backward schedules under tensor parallelism, families without
+ * pipeline stages (Hyena), validation under PP.
  */
 #ifndef CT_PARALLEL_PP_H
 #define CT_PARALLEL_PP_H
@@ -172,7 +172,7 @@ struct sched_pp_link;
 struct sched_pp_prediction;
 int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_model *cm,
                   struct sched_pp_link *link, struct sched_pp_prediction *pred);
-/* The prediction alone, under a given cost model and link (`ctitan plan`). */
+/* The prediction alone, under a given cost model and link. */
 void pp_predict(const struct pp *pp, const struct sched_cost_model *cm,
                 const struct sched_pp_link *link, struct sched_pp_prediction *pred);
 /* Measured idle fraction of the last step on this rank: 1 - compute time / the span from its
