@@ -214,10 +214,11 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		return CT_ERR_USAGE;
 	}
 	int accum = (int)(global / (Bm * dpw));
-	struct llama_config mc;
-	int rc = model_spec_llama(cfg, &mc);
+	struct model_config mcfg = {.kind = MODEL_LLAMA};
+	int rc = model_spec_llama(cfg, &mcfg.llama);
 	if (rc)
 		return rc;
+	struct llama_config mc = mcfg.llama;
 	enum model_ac ac;
 	rc = step_plan_ac(cfg, &ac);
 	if (rc)
@@ -226,8 +227,6 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	rc = llama_table_build_tp(&t, &mc, (int)tp, 0); /* a TP rank's slice, FSDP-sharded */
 	if (rc)
 		return rc;
-	/* The cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary. */
-	struct llama_config lc = llama_config_tp_slice(&mc, tp);
 	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
 	sched_units_from_table(&t, shard, units);
 	enum fsdp_reshard reshard;
@@ -244,9 +243,9 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	struct sched naive, s;
 	sched_build(&naive, units, t.n_units, accum, (enum sched_reshard)reshard);
 	struct sched_cost_model cm;
-	sched_cost_init(&cm, &lc, Bm, T, &naive, shard, bf16, ac, act16 ? 2 : 4);
-	if (tp > 1) /* sequence parallelism: the residual stream is sharded too */
-		cm.act_bytes = sched_cost_activation_bytes(&mc, Bm, T, ac, act16 ? 2 : 4) / tp;
+	/* The cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary. */
+	const struct model_cost_shape sh = {.B = Bm, .T = T, .ac = ac, .tp = tp, .elem_bytes = act16 ? 2 : 4};
+	sched_cost_init(&cm, &mcfg, &sh, &naive, shard, bf16);
 	/* the target's peak for the run's compute dtype: metrics.peak_tflops, else this CPU's */
 	char peak_why[256];
 	double peak = compute_peak_flops(c, peak_why, sizeof(peak_why));

@@ -73,10 +73,11 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		return CT_ERR_USAGE;
 	}
 	int m = (int)(rows / mbs);
-	struct llama_config mc;
-	int rc = model_spec_llama(c, &mc);
+	struct model_config mcfg = {.kind = MODEL_LLAMA};
+	int rc = model_spec_llama(c, &mcfg.llama);
 	if (rc)
 		return rc;
+	struct llama_config mc = mcfg.llama;
 	enum model_ac ac;
 	rc = step_plan_ac(c, &ac);
 	if (rc)
@@ -120,7 +121,9 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	int64_t eb = act16 ? 2 : 4;
-	sched_cost_init(&cm, &mc, mbs, T, &naive, shard, bf16, ac, eb);
+	/* the whole model's work per stage (tp divides it below) */
+	const struct model_cost_shape sh = {.B = mbs, .T = T, .ac = ac, .tp = 1, .elem_bytes = eb};
+	sched_cost_init(&cm, &mcfg, &sh, &naive, shard, bf16);
 	double rate = peak_flops * c->plan.compute_efficiency * (double)tp;
 	double bw = c->comm.bandwidth_gbps * 1e9 / 8.0, lat = c->comm.latency_us * 1e-6;
 	/* stage times from the cost model's per-node-kind terms: FLOPs at the target's peak x
@@ -151,7 +154,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	}
 	/* FSDP inside the stage (rank 0's virtual stages; every rank's are about the same) */
 	double ag_first = 0, rs_last = 0, ar = 0, stage_params = 0, act_stage = 0;
-	int64_t act_model = sched_cost_activation_bytes(&mc, mbs, T, ac, eb);
+	int64_t act_model = model_cost_activation_bytes(&mcfg, &sh);
 	for (int ch = 0; ch < v; ch++) {
 		int st = ch * (int)pp;
 		for (int u = u0[st]; u < u0[st + 1]; u++)

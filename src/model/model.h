@@ -105,6 +105,7 @@ struct model {
 };
 
 struct cJSON;
+struct model_cost_ops;
 
 /* A model family (one folder under src/model/, listed once in the family table in
  * model/model.c): what the layers above ask of a model instead of its kind — its config's
@@ -131,6 +132,8 @@ struct model_family {
 	void (*describe)(const struct model *m, char *buf, size_t n);
 	/* its config's fields in a checkpoint manifest (object o; the name is added for it) */
 	void (*manifest_fields)(const struct model_config *c, struct cJSON *o);
+	/* with cost_model: its figures for the cost model (model/model_cost.h) */
+	const struct model_cost_ops *cost;
 };
 
 /* Add a family to the table (one defined outside src/model/, e.g. by a test); its `kind`

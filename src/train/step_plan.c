@@ -130,14 +130,11 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 		struct model *m = f->model;
 		bool bf16 = compute_bf16(cfg);
 		/* a TP rank computes its slice of the shapes (sequence-parallel norms: 1/tp) */
-		int64_t tp = f->mesh->tp;
-		struct llama_config lc = llama_config_tp_slice(&m->cfg.llama, tp);
-		sched_cost_init(cm, &lc, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac, 4);
-		if (tp > 1)
-			cm->act_bytes =
-			    sched_cost_activation_bytes(&m->cfg.llama, m->B, m->T, ac, 4) / tp;
+		const struct model_cost_shape sh = {
+		    .B = m->B, .T = m->T, .ac = ac, .tp = f->mesh->tp, .elem_bytes = 4};
+		sched_cost_init(cm, &m->cfg, &sh, &naive, f->mesh->dp_shard, bf16);
 		bool overlap = strcmp(cfg->comm.progress, "thread") == 0;
-		sched_cost_calibrate(cm, &lc, m->B, m->T, stream, &f->mesh->dp_shard_group,
+		sched_cost_calibrate(cm, &m->cfg, &sh, stream, &f->mesh->dp_shard_group,
 		                     &f->mesh->world_group, overlap);
 		if (cfg->comm.bandwidth_gbps > 0) {
 			cm->ag_bytes_s = cm->rs_bytes_s = cfg->comm.bandwidth_gbps * 1e9 / 8;

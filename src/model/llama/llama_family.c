@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "model/family.h"
 #include "model/llama/llama.h"
+#include "model/llama/llama_cost.h"
 #include "model/model_group.h"
 
 static void llama_op_bind(void *impl, int u, float *params, float *grads)
@@ -201,4 +202,5 @@ const struct model_family llama_family = {
     .build = llama_family_build,
     .describe = llama_describe,
     .manifest_fields = llama_manifest_fields,
+    .cost = &llama_cost_ops,
 };
