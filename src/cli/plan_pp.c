@@ -24,13 +24,13 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "model/llama/llama.h"
+#include "model/model_cost.h"
 #include "parallel/pp.h"
 #include "schedule/pp_schedule.h"
 #include "schedule/sched_cost.h"
-#include "train/step_plan.h"
 #include "train/compute.h"
 #include "train/model_spec.h"
+#include "train/step_config.h"
 
 static double gib(double b)
 {
@@ -73,15 +73,23 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		return CT_ERR_USAGE;
 	}
 	int m = (int)(rows / mbs);
-	struct model_config mcfg = {.kind = MODEL_LLAMA};
-	int rc = model_spec_llama(c, &mcfg.llama);
+	struct model_config mc;
+	int rc = model_spec_from_config(c, &mc);
 	if (rc)
 		return rc;
-	struct llama_config mc = mcfg.llama;
-	enum model_ac ac;
-	rc = step_plan_ac(c, &ac);
+	const struct model_family *fam = model_family_of(mc.kind);
+	if (!model_cost_of(&mc)) {
+		LOG_ERROR("ctitan plan: model.name = \"%s\": not yet supported (the family has no "
+		          "cost model)",
+		          fam->name);
+		return CT_ERR_USAGE;
+	}
+	int64_t n_layers = model_config_n_layers(&mc);
+	struct step_plan_opts so;
+	rc = step_config_opts(c, &so);
 	if (rc)
 		return rc;
+	enum model_ac ac = so.ac;
 	enum pp_style style = PP_1F1B;
 	struct pp_sched s;
 	int v = 1;
@@ -92,7 +100,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	} else {
 		rc = pp_style_parse(c->parallelism.pipeline_parallel_schedule, &style);
 		if (!rc)
-			rc = pp_stages_per_rank(mc.n_layers, (int)pp, style,
+			rc = pp_stages_per_rank(n_layers, (int)pp, style,
 			                        c->parallelism.pipeline_parallel_layers_per_stage, fl,
 			                        ll, &v);
 		if (!rc)
@@ -104,13 +112,13 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	v = s.v;
 	int *u0 = xcalloc((size_t)S + 1, sizeof(int));
 	struct param_table t;
-	llama_table_build(&t, &mc);
+	model_table_build(&t, &mc);
 	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
 	double *dur = xcalloc((size_t)S * PP_KIND_COUNT, sizeof(double));
 	struct sched naive = {0};
 	struct sched_cost_model cm = {0};
 	struct pp_sim sim = {0};
-	rc = pp_split_stages(mc.n_layers, S, fl, ll, u0);
+	rc = pp_split_stages(n_layers, S, fl, ll, u0);
 	if (rc)
 		goto out;
 	sched_units_from_table(&t, shard, units);
@@ -123,7 +131,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	int64_t eb = act16 ? 2 : 4;
 	/* the whole model's work per stage (tp divides it below) */
 	const struct model_cost_shape sh = {.B = mbs, .T = T, .ac = ac, .tp = 1, .elem_bytes = eb};
-	sched_cost_init(&cm, &mcfg, &sh, &naive, shard, bf16);
+	sched_cost_init(&cm, &mc, &sh, &naive, shard, bf16);
 	double rate = peak_flops * c->plan.compute_efficiency * (double)tp;
 	double bw = c->comm.bandwidth_gbps * 1e9 / 8.0, lat = c->comm.latency_us * 1e-6;
 	/* stage times from the cost model's per-node-kind terms: FLOPs at the target's peak x
@@ -144,7 +152,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		tf_max = fmax(tf_max, f);
 		tb_max = fmax(tb_max, b);
 	}
-	double xfer_bytes = (double)(mbs * T * mc.dim * eb) / (double)tp;
+	double xfer_bytes = (double)(mbs * T * model_config_dim(&mc) * eb) / (double)tp;
 	double xfer = lat + xfer_bytes / bw;
 	char why[256];
 	if (!pp_sched_simulate(&s, dur, xfer, &sim, why, sizeof(why))) {
@@ -154,7 +162,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	}
 	/* FSDP inside the stage (rank 0's virtual stages; every rank's are about the same) */
 	double ag_first = 0, rs_last = 0, ar = 0, stage_params = 0, act_stage = 0;
-	int64_t act_model = model_cost_activation_bytes(&mcfg, &sh);
+	int64_t act_model = model_cost_activation_bytes(&mc, &sh);
 	for (int ch = 0; ch < v; ch++) {
 		int st = ch * (int)pp;
 		for (int u = u0[st]; u < u0[st + 1]; u++)
@@ -168,14 +176,14 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		int blocks = 0;
 		for (int u = u0[st]; u < u0[st + 1]; u++)
 			blocks += units[u].is_block;
-		act_stage += (double)act_model * blocks / (double)mc.n_layers / (double)tp;
+		act_stage += (double)act_model * blocks / (double)n_layers / (double)tp;
 	}
 	if (rep > 1)
 		ar = lat + 2.0 * stage_params / (double)shard * 4.0 * (double)(rep - 1) / (double)rep / bw;
 	double step = sim.makespan + ag_first + rs_last + ar;
 	double tokens = (double)(global * T);
 	double tps_gpu = tokens / step / (double)world;
-	double fpt = llama_flops_per_token(&mc, &t, T);
+	double fpt = model_cost_flops_per_token(&mc, T);
 	double peak = peak_flops;
 	double theory = pp_bubble_theory(style, (int)pp, v, m);
 	int inflight0 = sim.peak_inflight[0];
@@ -184,10 +192,10 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	double mem_full = stage_params * (bf16 ? 2.0 : 4.0) * 2.0; /* gathered params + grads */
 	double mem_act = act_stage / (double)v * (double)inflight0;
 
-	printf("model llama3 %s: %.3g parameters (%lld layers, dim %lld); %lld sequences of %lld "
+	printf("model %s %s: %.3g parameters (%lld layers, dim %lld); %lld sequences of %lld "
 	       "per step\n",
-	       mc.flavor, (double)t.numel, (long long)mc.n_layers, (long long)mc.dim,
-	       (long long)global, (long long)T);
+	       fam->name, model_config_flavor(&mc), (double)t.numel, (long long)n_layers,
+	       (long long)model_config_dim(&mc), (long long)global, (long long)T);
 	printf("mesh: %lld ranks = %lld pipeline x %lld tensor x %lld replicas x %lld shards "
 	       "(FSDP inside each stage); activation checkpointing %s\n",
 	       (long long)world, (long long)pp, (long long)tp, (long long)rep, (long long)shard,

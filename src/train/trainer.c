@@ -35,7 +35,7 @@
 #include "train/metrics.h"
 #include "train/model_spec.h"
 #include "optim/optim.h"
-#include "train/step_plan.h"
+#include "train/step_config.h"
 #include "train/tp_check.h"
 #include "schedule/sched_trace.h"
 
@@ -148,12 +148,13 @@ static int trainer_build_model(struct trainer *tr)
 		          cfg->activation_checkpoint.mode, fam->name);
 		return CT_ERR_USAGE;
 	}
-	enum model_ac ac;
-	rc = step_plan_ac(cfg, &ac);
+	struct step_plan_opts so;
+	rc = step_config_opts(cfg, &so);
 	if (!rc)
-		rc = step_plan_check_buckets(cfg, (int)fam->n_layers(&mc) + 2);
+		rc = step_plan_check_buckets(so.buckets, (int)model_config_n_layers(&mc) + 2);
 	if (rc)
 		return rc;
+	enum model_ac ac = so.ac;
 	const struct model_build_opts opts = {
 	    .own_params = false,
 	    .ac = ac,
@@ -173,16 +174,12 @@ static int trainer_build_model(struct trainer *tr)
 	uint64_t seed = (uint64_t)cfg->debug.seed;
 	int64_t opt_numel = m->table->numel;
 	if (tr->sharded) {
-		enum fsdp_reshard reshard;
-		rc = fsdp_reshard_parse(cfg->parallelism.fsdp_reshard_after_forward, &reshard);
-		if (rc)
-			return rc;
-		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, reshard, tr->stream);
+		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, (enum fsdp_reshard)so.reshard, tr->stream);
 		if (compute_fp8_all_gather(cfg))
 			fsdp_set_fp8_all_gather(&tr->fsdp, true);
 		fsdp_init_params(&tr->fsdp, seed);
 		opt_numel = tr->fsdp.shard_numel;
-		rc = step_plan_setup(&tr->fsdp, cfg, (int)tr->accum, tr->stream, &tr->cost,
+		rc = step_plan_setup(&tr->fsdp, &so, (int)tr->accum, tr->stream, &tr->cost,
 		                     &tr->have_cost);
 		if (rc)
 			return rc;
