@@ -23,8 +23,8 @@
 #include "io/file.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
-#include "model/llama/llama_hf.h"
 #include "model/model.h"
+#include "model/model_hf.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp.h"
 #include "parallel/tp_coll.h"
@@ -243,7 +243,7 @@ static int trainer_open_data(struct trainer *tr)
 	    .rank = tr->mesh.dp_group.rank,
 	    .ranks = (int)tr->dp,
 	    .seed = (uint64_t)cfg->debug.seed,
-	    .ignore_index = LLAMA_IGNORE_INDEX,
+	    .ignore_index = MODEL_IGNORE_INDEX,
 	    .prefetch = true,
 	};
 	int rc = loader_open(&tr->train_ld, &lc);
@@ -657,17 +657,18 @@ static int trainer_load(struct trainer *tr, const char *root, int64_t step, bool
 static int trainer_load_hf(struct trainer *tr, const char *dir)
 {
 	const struct param_table *t = tr->model.table;
-	if (!model_family_of(tr->model.cfg.kind)->export_hf) {
+	const struct model_config *mc = &tr->model.cfg;
+	if (!model_hf_of(mc)) {
 		LOG_ERROR("checkpoint.initial_load_in_hf: model.name = \"%s\" has no Hugging "
 		          "Face names; not supported",
-		          model_kind_name(tr->model.cfg.kind));
+		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}
 	struct param_table g; /* the global table (this rank's may be a TP piece of it) */
-	llama_table_build(&g, &tr->model.cfg.llama);
+	CHECK(model_table_build(&g, mc) == CT_OK, "the built model's table");
 	size_t bytes = (size_t)g.numel * sizeof(float);
 	float *full = mem_alloc(MEM_OTHER, bytes);
-	int rc = llama_hf_load(dir, &tr->model.cfg.llama, &g, full);
+	int rc = model_hf_load(dir, mc, &g, full);
 	if (!rc) {
 		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 		for (int i = 0; i < t->count; i++) {
