@@ -44,7 +44,8 @@ static void build(const struct setup *x, struct sched *naive, struct sched_cost_
 	sched_units_from_table(&t, x->dp, u);
 	sched_build(naive, u, t.n_units, 1, x->reshard);
 	const struct model_config mc = {.kind = MODEL_LLAMA, .llama = c};
-	const struct model_cost_shape sh = {.B = x->B, .T = x->T, .ac = x->ac, .tp = 1, .elem_bytes = 4};
+	const struct model_cost_shape sh = {
+	    .B = x->B, .T = x->T, .ac = x->ac, .tp = 1, .elem_bytes = 4};
 	sched_cost_init(cm, &mc, &sh, naive, x->dp, false);
 	cm->matmul_flops = x->flops;
 	cm->attn_flops = x->flops / 3;

@@ -223,8 +223,12 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	/* the cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary */
-	const struct step_plan_layout lay = {
-	    .B = Bm, .T = T, .tp = tp, .dp_shard = shard, .elem_bytes = act16 ? 2 : 4, .accum = accum};
+	const struct step_plan_layout lay = {.B = Bm,
+	                                     .T = T,
+	                                     .tp = tp,
+	                                     .dp_shard = shard,
+	                                     .elem_bytes = act16 ? 2 : 4,
+	                                     .accum = accum};
 	const struct model_cost_shape sh = step_plan_shape(&o, &lay);
 	enum model_ac ac = o.ac;
 	struct param_table t;

@@ -75,8 +75,8 @@ struct model_cost_ops {
 	int64_t (*activation_bytes)(const struct model_config *c, const struct model_cost_shape *s);
 	double (*flops_per_token)(const struct model_config *c, int64_t seq_len);
 	/* unit u's pass p as the model sliced over s->tp ranks makes it (async: ring steps) */
-	void (*unit_prog)(const struct model_config *c, const struct model_cost_shape *s, bool async,
-	                  int u, enum model_pass p, struct model_prog *out);
+	void (*unit_prog)(const struct model_config *c, const struct model_cost_shape *s,
+	                  bool async, int u, enum model_pass p, struct model_prog *out);
 	void (*calib_init)(struct model_cost_calib *cal, const struct model_config *c,
 	                   const struct model_cost_shape *s);
 };

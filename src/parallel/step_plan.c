@@ -30,13 +30,12 @@ int step_plan_check_buckets(const char *buckets, int n_units)
 	return CT_OK;
 }
 
-int step_plan_needs_cost(const struct step_plan_opts *o, const struct model_config *c,
-                         bool *needs)
+int step_plan_needs_cost(const struct step_plan_opts *o, const struct model_config *c, bool *needs)
 {
 	bool has = model_cost_of(c) != NULL;
 	/* profiling compares the step with the cost model where the family has one */
-	*needs = strcmp(o->buckets, "auto") == 0 || o->reorder.memory_bytes > 0 ||
-	         (o->profile && has);
+	*needs =
+	    strcmp(o->buckets, "auto") == 0 || o->reorder.memory_bytes > 0 || (o->profile && has);
 	if (*needs && !has) {
 		LOG_ERROR("comm.buckets = \"auto\", comm.memory budget and profiling need the cost "
 		          "model, which does not yet support model.name = \"%s\"",
@@ -51,7 +50,8 @@ void step_plan_unit_progs(struct sched_unit *units, int n_units, const struct mo
 {
 	for (int u = 0; u < n_units; u++)
 		for (int p = 0; p < MODEL_PASS_COUNT; p++)
-			model_cost_unit_prog(c, sh, async, u, (enum model_pass)p, &units[u].prog[p]);
+			model_cost_unit_prog(c, sh, async, u, (enum model_pass)p,
+			                     &units[u].prog[p]);
 }
 
 int step_plan_naive_shapes(const struct model_config *c, const struct step_plan_opts *o,
@@ -123,8 +123,8 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 		    "+ %.2f GB/s; comm thread CPU %.3f s, compute loses %.0f%% of it (%.3f s)",
 		    p.step_s, p.compute_s, p.comm_s, p.exposed_s, (double)p.peak_bytes / (1 << 30),
 		    cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
-		    cm->rs_bytes_s / 1e9, p.comm_cpu_s, 100.0 * (cm->overlap ? cm->interference : 0.0),
-		    p.comm_cpu_paid_s);
+		    cm->rs_bytes_s / 1e9, p.comm_cpu_s,
+		    100.0 * (cm->overlap ? cm->interference : 0.0), p.comm_cpu_paid_s);
 	if (cm->tp_bytes_s > 0)
 		LOG_INFO(
 		    "cost model: tensor-parallel collectives %.3f s of the step on the compute "
@@ -203,8 +203,8 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
 		step_plan_cost_link(cm, o);
 		cm->overlap = o->overlap;
 		/* one shard computed in place (fsdp.c): no collectives, no copies */
-		cm->single = f->mesh->dp_shard == 1 && f->mesh->dp_replicate == 1 && !o->bf16 &&
-		             !f->fp8_ag;
+		cm->single =
+		    f->mesh->dp_shard == 1 && f->mesh->dp_replicate == 1 && !o->bf16 && !f->fp8_ag;
 		if (f->mesh->tp > 1)
 			sched_cost_calibrate_tp(cm, &f->mesh->tp_group, &f->mesh->world_group,
 			                        o->tp_sim_gbps, o->tp_sim_latency_us);

@@ -20,15 +20,15 @@
 #include "schedule/sched_pass.h"
 
 struct step_plan_opts {
-	enum model_ac ac;           /* activation checkpointing */
-	const char *buckets;        /* "auto", "per_block" or unit groups (sched_bucket_plan_parse) */
-	int64_t bucket_cap_bytes;   /* auto: gathered bytes of a bucket of more than one unit */
+	enum model_ac ac;         /* activation checkpointing */
+	const char *buckets;      /* "auto", "per_block" or unit groups (sched_bucket_plan_parse) */
+	int64_t bucket_cap_bytes; /* auto: gathered bytes of a bucket of more than one unit */
 	struct sched_reorder_opts reorder; /* prefetch, reduce-scatter deferral, memory budget */
-	enum sched_reshard reshard; /* the naive step's reshard-after-forward policy */
-	bool bf16;                  /* bf16 compute and all-gather */
-	bool tp_async;              /* async TP: each TP collective as ring steps beside a matmul */
-	bool profile;               /* profiled steps are compared with the cost model */
-	bool overlap;               /* a progress thread runs the collectives beside compute */
+	enum sched_reshard reshard;        /* the naive step's reshard-after-forward policy */
+	bool bf16;                         /* bf16 compute and all-gather */
+	bool tp_async; /* async TP: each TP collective as ring steps beside a matmul */
+	bool profile;  /* profiled steps are compared with the cost model */
+	bool overlap;  /* a progress thread runs the collectives beside compute */
 	/* the data-parallel link: link_gbps > 0 gives it (Gbit/s + us), else it is measured */
 	double link_gbps, link_latency_us;
 	/* the simulated TP link (tp_sim_gbps > 0: TP collectives stretched to it), else the TP
@@ -52,8 +52,7 @@ int step_plan_check_buckets(const char *buckets, int n_units);
 
 /* Whether the step needs a cost model (automatic buckets, a memory budget, or profiling of a
  * family that has one), and CT_ERR_USAGE (logged) when it does and c's family has none. */
-int step_plan_needs_cost(const struct step_plan_opts *o, const struct model_config *c,
-                         bool *needs);
+int step_plan_needs_cost(const struct step_plan_opts *o, const struct model_config *c, bool *needs);
 
 /* Every unit's pass programs (its TP collectives) from the shapes alone; none for tp 1. */
 void step_plan_unit_progs(struct sched_unit *units, int n_units, const struct model_config *c,

@@ -126,10 +126,10 @@ static double time_op(struct comm_stream *st, struct comm_op *op, double *cpu)
 }
 
 /* The share of the comm thread's CPU time that compute loses: the family's busy part (a
- * block's forward matmuls), repeated to fill at least 60 ms, alone and then with the largest all-gather running
- * back to back beside them (as many as fill about half that window), in 3 interleaved pairs
- * (so load changes hit both alike); the slowdown over the CPU seconds the comm thread spent
- * in the collectives that ran inside the window, median of the pairs. */
+ * block's forward matmuls), repeated to fill at least 60 ms, alone and then with the largest
+ * all-gather running back to back beside them (as many as fill about half that window), in 3
+ * interleaved pairs (so load changes hit both alike); the slowdown over the CPU seconds the
+ * comm thread spent in the collectives that ran inside the window, median of the pairs. */
 static double measure_interference(struct cal *c, struct comm_stream *stream,
                                    const struct comm_group *group, struct comm_op *ag, double ag_s)
 {
@@ -191,12 +191,7 @@ static void median_over_ranks(const struct comm_group *world, double *vals, int 
 
 /* Indices into the measurement vector shared across ranks (every rank's family has as many
  * parts). */
-enum {
-	V_PARTS = 0,
-	V_COMM = CAL_PARTS_MAX,
-	V_INTERF = CAL_PARTS_MAX + 6 * CAL_SIZES,
-	V_COUNT
-};
+enum { V_PARTS = 0, V_COMM = CAL_PARTS_MAX, V_INTERF = CAL_PARTS_MAX + 6 * CAL_SIZES, V_COUNT };
 
 void sched_cost_calibrate(struct sched_cost_model *cm, const struct model_config *mc,
                           const struct model_cost_shape *sh, struct comm_stream *stream,

@@ -4,9 +4,10 @@
  * Compute: a node's time is a sum of terms, each work / rate, kept per node kind (FWD, BWD,
  * RECOMPUTE) so new node kinds add rows: matmul FLOPs, attention FLOPs, elementwise bytes
  * (norms, RoPE, SwiGLU: memory-bandwidth bound), the fused output projection + cross-entropy
- * (FLOPs) and the embedding (bytes). The work comes from the model's shapes and the
- * activation-checkpointing mode; the rates are measured at start-up at the model's real
- * shapes (sched_calib.c), or, for planning, the target's peak FLOP/s times an efficiency and
+ * (FLOPs) and the embedding (bytes). The work is the model family's (model/model_cost.h:
+ * from its shapes, the activation-checkpointing mode and the TP slice); the rates are measured
+ * at start-up at the model's real shapes (sched_calib.c, running the family's calibration
+ * kernels), or, for planning, the target's peak FLOP/s times an efficiency and
  * its memory bandwidth. Copies (collective copy-in/out, gradient zeroing), the clip norm and
  * AdamW are memory-bound terms of their own. Communication: latency + wire bytes / bandwidth
  * per collective kind, fitted over sizes at start-up or given.

@@ -39,8 +39,8 @@ static void block_work(const struct llama_config *c, int64_t B, int64_t T,
 
 /* Units: 0 the embedding, 1..L the blocks, L + 1 the final norm + output (+ loss). A TP rank
  * computes its slice of the shapes (its heads, FFN columns and vocabulary piece). */
-static void llama_unit_work(const struct model_config *mc, const struct model_cost_shape *s,
-                            int u, model_cost_work wk)
+static void llama_unit_work(const struct model_config *mc, const struct model_cost_shape *s, int u,
+                            model_cost_work wk)
 {
 	const struct llama_config c = llama_config_tp_slice(&mc->llama, s->tp);
 	const int L = (int)c.n_layers;
