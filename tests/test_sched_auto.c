@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "model/model.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
 #include "testutil.h"
@@ -42,7 +43,10 @@ static void build(const struct setup *x, struct sched *naive, struct sched_cost_
 	struct sched_unit *u = calloc((size_t)t.n_units, sizeof(*u));
 	sched_units_from_table(&t, x->dp, u);
 	sched_build(naive, u, t.n_units, 1, x->reshard);
-	sched_cost_init(cm, &c, x->B, x->T, naive, x->dp, false, x->ac, 4);
+	const struct model_config mc = {.kind = MODEL_LLAMA, .llama = c};
+	const struct model_cost_shape sh = {
+	    .B = x->B, .T = x->T, .ac = x->ac, .tp = 1, .elem_bytes = 4};
+	sched_cost_init(cm, &mc, &sh, naive, x->dp, false);
 	cm->matmul_flops = x->flops;
 	cm->attn_flops = x->flops / 3;
 	cm->mem_bytes_s = 2e10;
@@ -465,7 +469,10 @@ TEST_CASE(test_tp_lowering)
 	broken(&lo, first + 1, 3, "not lowered");
 	/* the cost model: the same step lowered or not; each collective priced once */
 	struct sched_cost_model cm;
-	sched_cost_init(&cm, &c, x.B, x.T, &naive, x.dp, false, MODEL_AC_FULL, 4);
+	const struct model_config mc = {.kind = MODEL_LLAMA, .llama = c};
+	const struct model_cost_shape sh = {
+	    .B = x.B, .T = x.T, .ac = MODEL_AC_FULL, .tp = 1, .elem_bytes = 4};
+	sched_cost_init(&cm, &mc, &sh, &naive, x.dp, false);
 	cm.matmul_flops = x.flops;
 	cm.attn_flops = x.flops / 3;
 	cm.mem_bytes_s = 2e10;

@@ -43,9 +43,10 @@ static void config(struct llama_config *c)
 /* A fixed cost model (every rank the same, no timing): auto bucketing is deterministic. */
 static void fixed_cost(struct sched_cost_model *cm, const struct sched *s, enum model_ac ac)
 {
-	struct llama_config c;
-	config(&c);
-	sched_cost_init(cm, &c, B, T, s, mesh.dp_shard, false, ac, 4);
+	struct model_config c = {.kind = MODEL_LLAMA};
+	config(&c.llama);
+	const struct model_cost_shape sh = {B, T, ac, 1, 4}; /* B, T, ac, tp, elem_bytes */
+	sched_cost_init(cm, &c, &sh, s, mesh.dp_shard, false);
 	cm->matmul_flops = cm->attn_flops = 2e10;
 	cm->mem_bytes_s = 1e10;
 	cm->ag_latency_s = cm->rs_latency_s = 5e-3; /* slow start-up: merging pays */
@@ -320,7 +321,9 @@ TEST_CASE(test_checkpoint_memory)
 		const struct llama_build_opts opts = {.own_params = true, .ac = modes[i]};
 		CHECK(llama_build_ex(&m, &c, Bm, Tm, &opts) == CT_OK, "build");
 		measured[i] = mem_current(MEM_ACTIVATIONS) - before;
-		predicted[i] = sched_cost_activation_bytes(&c, Bm, Tm, modes[i], 4);
+		const struct model_config mc = {.kind = MODEL_LLAMA, .llama = c};
+		const struct model_cost_shape sh = {Bm, Tm, modes[i], 1, 4}; /* tp 1, fp32 */
+		predicted[i] = model_cost_activation_bytes(&mc, &sh);
 		n = m.table.numel;
 		if (!params) {
 			params = malloc((size_t)n * sizeof(float));

@@ -1,9 +1,10 @@
 /* ctitan export CHECKPOINT OUT_DIR
  *
  * Loads a checkpoint (a step folder, or a folder of them: the newest) on one process, whatever
- * number of ranks saved it, and writes OUT_DIR/model.safetensors with Hugging Face
- * LlamaForCausalLM tensor names, OUT_DIR/config.json, and the tokenizer if the checkpoint has
- * one. Names, the RoPE row permutation and config.json come from model/llama_hf. */
+ * number of ranks saved it, and writes OUT_DIR/model.safetensors with the family's Hugging
+ * Face tensor names (Llama: LlamaForCausalLM's), OUT_DIR/config.json, and the tokenizer if the
+ * checkpoint has one. Names, layout (Llama's RoPE row permutation) and config.json come from
+ * the family (model/model_hf.h); a family without them is refused. */
 #include "cli/export_cmd.h"
 
 #include <cjson/cJSON.h>
@@ -17,8 +18,7 @@
 #include "comm/comm.h"
 #include "io/config.h"
 #include "io/safetensors.h"
-#include "model/llama/llama.h"
-#include "model/llama/llama_hf.h"
+#include "model/model_hf.h"
 #include "train/checkpoint.h"
 #include "train/metrics.h"
 #include "train/model_spec.h"
@@ -53,15 +53,21 @@ static int export_run(const char *ckpt, const char *out)
 	snprintf(path, sizeof(path), "%s/step-%08lld/config.toml", root, (long long)step);
 	if ((rc = config_load_file(&cfg, path)))
 		return rc;
-	struct llama_config mc;
-	if ((rc = model_spec_llama(&cfg, &mc)))
+	struct model_config mc;
+	if ((rc = model_spec_from_config(&cfg, &mc)))
 		return rc;
+	if (!model_hf_of(&mc)) {
+		LOG_ERROR("export: model.name = \"%s\": not yet supported (the family has no Hugging "
+		          "Face names)",
+		          model_kind_name(mc.kind));
+		return CT_ERR_USAGE;
+	}
 	struct param_table t;
-	llama_table_build(&t, &mc);
+	if ((rc = model_table_build(&t, &mc)))
+		return rc;
 	size_t bytes = (size_t)t.numel * sizeof(float);
 	float *params = mem_alloc(MEM_PARAMS, bytes), *perm = mem_alloc(MEM_OTHER, bytes);
-	rc = ckpt_load_params(root, step, &(struct model_config){.kind = MODEL_LLAMA, .llama = mc},
-	                      &t, params);
+	rc = ckpt_load_params(root, step, &mc, &t, params);
 	if (!rc)
 		rc = metrics_mkdirs(out);
 	struct st_file f;
@@ -70,15 +76,10 @@ static int export_run(const char *ckpt, const char *out)
 	for (int i = 0; !rc && i < t.count; i++) {
 		const struct param_entry *p = &t.p[i];
 		char name[160];
-		CHECK(llama_hf_name(p->name, name, sizeof(name)), "export: no HF name for %s",
-		      p->name);
-		const float *src = params + p->offset;
-		int64_t heads = llama_hf_rope_heads(&mc, p->name);
-		if (heads) {
-			llama_hf_permute_rows(src, perm + p->offset, heads, mc.head_dim,
-			                      p->shape[1]);
-			src = perm + p->offset;
-		}
+		const float *src;
+		CHECK(model_hf_tensor(&mc, p, params + p->offset, perm + p->offset, name,
+		                      sizeof(name), &src),
+		      "export: no HF name for %s", p->name);
 		names[i] = xstrdup(name);
 		st_add(&f, names[i], ST_F32, p->ndim, p->shape, src);
 	}
@@ -88,7 +89,7 @@ static int export_run(const char *ckpt, const char *out)
 		rc = st_write(&f, path);
 	}
 	if (!rc) {
-		char *js = llama_hf_config_json(&mc);
+		char *js = model_hf_config_json(&mc);
 		snprintf(path, sizeof(path), "%s/config.json", out);
 		FILE *cf = fopen(path, "w");
 		rc = cf && fputs(js, cf) >= 0 && fclose(cf) == 0 ? CT_OK : CT_ERR_RUNTIME;

@@ -18,12 +18,12 @@
 #include "base/log.h"
 #include "io/config.h"
 #include "kernels/fp8_linear.h"
-#include "model/llama/llama.h"
+#include "model/model_cost.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
 #include "train/compute.h"
-#include "train/step_plan.h"
 #include "train/model_spec.h"
+#include "train/step_config.h"
 #include "train/trainer.h"
 
 static void plan_usage(FILE *f)
@@ -52,22 +52,12 @@ static double gib(int64_t b)
 	return (double)b / (double)(1ll << 30);
 }
 
-/* Tensor parallelism: every unit pass's TP collectives (llama_tp_prog, as the run's model
- * makes them: per block and micro-batch forward all-gathers the norm output before attention
- * and the FFN and reduce-scatters after wo and w2; backward gathers the output gradient and
- * the norm output again before each half, reduce-scatters the input gradient and gathers the
- * norm weights' partial gradients; recomputation repeats the forward's), plain or async. */
-static void plan_tp_units(struct sched_unit *units, int n_units, const struct llama_config *mc,
-                          int64_t tp, bool async, enum model_ac ac, int64_t B, int64_t T,
-                          int64_t elem)
-{
-	for (int u = 0; u < n_units; u++)
-		for (int p = 0; p < MODEL_PASS_COUNT; p++)
-			llama_tp_prog(mc, (int)tp, async, ac, B, T, elem, u, (enum model_pass)p,
-			              &units[u].prog[p]);
-}
-
-/* The step of the lowered schedule s with plain (async false) or async TP programs. */
+/* The step of the lowered schedule s with plain (async false) or async TP programs: every
+ * unit pass's TP collectives as the family's model makes them (for Llama: per block and
+ * micro-batch forward all-gathers the norm output before attention and the FFN and
+ * reduce-scatters after wo and w2; backward gathers the output gradient and the norm output
+ * again before each half, reduce-scatters the input gradient and gathers the norm weights'
+ * partial gradients; recomputation repeats the forward's). */
 struct plan_tp {
 	struct sched_prediction p;
 	int64_t n;     /* TP collectives per step */
@@ -75,12 +65,12 @@ struct plan_tp {
 };
 
 static void plan_tp_variant(const struct sched *s, const struct sched_cost_model *cm,
-                            const struct llama_config *mc, int64_t tp, bool async, enum model_ac ac,
-                            int64_t B, int64_t T, int64_t elem, struct plan_tp *o)
+                            const struct model_config *mc, const struct model_cost_shape *sh,
+                            bool async, struct plan_tp *o)
 {
 	struct sched v;
 	sched_copy(&v, s);
-	plan_tp_units(v.units, v.n_units, mc, tp, async, ac, B, T, elem);
+	step_plan_unit_progs(v.units, v.n_units, mc, sh, async);
 	sched_predict(&v, cm, &o->p, NULL);
 	o->n = 0;
 	o->comm_s = 0.0;
@@ -214,39 +204,40 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		return CT_ERR_USAGE;
 	}
 	int accum = (int)(global / (Bm * dpw));
-	struct llama_config mc;
-	int rc = model_spec_llama(cfg, &mc);
+	struct model_config mc;
+	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)
 		return rc;
-	enum model_ac ac;
-	rc = step_plan_ac(cfg, &ac);
+	const struct model_family *fam = model_family_of(mc.kind);
+	if (!model_cost_of(&mc)) {
+		LOG_ERROR("ctitan plan: model.name = \"%s\": not yet supported (the family has no "
+		          "cost model)",
+		          fam->name);
+		return CT_ERR_USAGE;
+	}
+	struct step_plan_opts o;
+	rc = step_config_opts(cfg, &o);
 	if (rc)
 		return rc;
-	struct param_table t;
-	rc = llama_table_build_tp(&t, &mc, (int)tp, 0); /* a TP rank's slice, FSDP-sharded */
-	if (rc)
-		return rc;
-	/* The cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary. */
-	struct llama_config lc = llama_config_tp_slice(&mc, tp);
-	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
-	sched_units_from_table(&t, shard, units);
-	enum fsdp_reshard reshard;
-	rc = fsdp_reshard_parse(c->parallelism.fsdp_reshard_after_forward, &reshard);
-	if (rc)
-		goto out_table;
-	bool bf16 = compute_bf16(c);
+	bool bf16 = o.bf16;
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
-	if (tp > 1)
-		plan_tp_units(units, t.n_units, &mc, tp,
-		              c->parallelism.enable_async_tensor_parallel, ac, Bm, T,
-		              act16 ? 2 : 4);
+	/* the cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary */
+	const struct step_plan_layout lay = {.B = Bm,
+	                                     .T = T,
+	                                     .tp = tp,
+	                                     .dp_shard = shard,
+	                                     .elem_bytes = act16 ? 2 : 4,
+	                                     .accum = accum};
+	const struct model_cost_shape sh = step_plan_shape(&o, &lay);
+	enum model_ac ac = o.ac;
+	struct param_table t;
 	struct sched naive, s;
-	sched_build(&naive, units, t.n_units, accum, (enum sched_reshard)reshard);
+	rc = step_plan_naive_shapes(&mc, &o, &lay, &t, &naive);
+	if (rc)
+		return rc;
 	struct sched_cost_model cm;
-	sched_cost_init(&cm, &lc, Bm, T, &naive, shard, bf16, ac, act16 ? 2 : 4);
-	if (tp > 1) /* sequence parallelism: the residual stream is sharded too */
-		cm.act_bytes = sched_cost_activation_bytes(&mc, Bm, T, ac, act16 ? 2 : 4) / tp;
+	step_plan_cost_init(&cm, &mc, &o, &lay, &naive);
 	/* the target's peak for the run's compute dtype: metrics.peak_tflops, else this CPU's */
 	char peak_why[256];
 	double peak = compute_peak_flops(c, peak_why, sizeof(peak_why));
@@ -256,47 +247,40 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	double *f8esz = compute_float8(c) ? plan_float8(c, &t, shard, Bm * T, bf16, peak, &cm,
 	                                                f8note, sizeof(f8note))
 	                                  : NULL;
-	cm.ag_bytes_s = cm.rs_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
-	cm.ag_latency_s = cm.rs_latency_s = c->comm.latency_us * 1e-6;
+	step_plan_cost_link(&cm, &o);
 	cm.tp_latency_s = c->comm.latency_us * 1e-6;
 	cm.tp_bytes_s = c->parallelism.tp_bandwidth_gbps * 1e9 / 8.0;
 	cm.full_elem_bytes = act16 ? 2 : 4;
 	cm.full_twin_bytes = 0; /* the target keeps gathered weights in one dtype */
 	cm.overlap = true;
-	struct sched_reorder_opts o;
-	step_plan_reorder_opts(cfg, &o);
 	/* the plans the automatic search compares, also when the config names a manual plan */
-	int64_t cap = (int64_t)(c->comm.bucket_cap_mb * (double)(1 << 20));
 	struct sched_auto_report arep;
 	struct sched as;
-	bool is_auto = strcmp(c->comm.buckets, "auto") == 0;
-	rc = sched_pipeline(&naive, ac, "auto", cap, &o, &cm, &as, &arep);
+	bool is_auto = strcmp(o.buckets, "auto") == 0;
+	struct step_plan_opts ao = o;
+	ao.buckets = "auto";
+	rc = step_plan_passes(&naive, &ao, &cm, &as, &arep);
 	if (rc == CT_OK)
 		sched_free(&as);
-	if (rc == CT_OK && !is_auto)
-		rc = sched_pipeline(&naive, ac, c->comm.buckets, cap, &o, &cm, &s, NULL);
-	else if (rc == CT_OK)
-		rc = sched_pipeline(&naive, ac, "auto", cap, &o, &cm, &s, NULL);
+	if (rc == CT_OK)
+		rc = step_plan_passes(&naive, is_auto ? &ao : &o, &cm, &s, NULL);
 	if (rc) {
 		sched_auto_report_free(&arep);
 		goto out_sched;
 	}
 	struct sched_prediction p;
 	sched_predict(&s, &cm, &p, NULL);
-	struct param_table gt;
-	llama_table_build(&gt, &mc);
-	double fpt = llama_flops_per_token(&mc, &gt, T);
-	param_table_free(&gt);
+	double fpt = model_cost_flops_per_token(&mc, T);
 	double tokens = (double)(Bm * T * accum) / (double)tp; /* per rank: TP shares tokens */
 	struct plan_tp tpv[2];                                 /* plain, async */
 	if (tp > 1)
 		for (int v = 0; v < 2; v++)
-			plan_tp_variant(&s, &cm, &mc, tp, v == 1, ac, Bm, T, act16 ? 2 : 4,
-			                &tpv[v]);
-	printf("model llama3 %s: %.3g parameters (%lld layers, dim %lld); batch %lld x seq %lld "
+			plan_tp_variant(&s, &cm, &mc, &sh, v == 1, &tpv[v]);
+	printf("model %s %s: %.3g parameters (%lld layers, dim %lld); batch %lld x seq %lld "
 	       "x %d micro-batches per rank\n",
-	       mc.flavor, (double)t.numel, (long long)mc.n_layers, (long long)mc.dim, (long long)Bm,
-	       (long long)T, accum);
+	       fam->name, model_config_flavor(&mc), (double)t.numel,
+	       (long long)model_config_n_layers(&mc), (long long)model_config_dim(&mc),
+	       (long long)Bm, (long long)T, accum);
 	printf("mesh: %lld ranks = %lld replicas x %lld shards (FSDP, reshard %s) x %lld "
 	       "tensor-parallel; activation checkpointing %s\n",
 	       (long long)world, (long long)rep, (long long)shard,
@@ -308,15 +292,15 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       act16 ? "bf16" : "fp32");
 	printf("schedule after passes (checkpoint %s -> buckets %s -> reorder prefetch %d, "
 	       "reduce-scatter defer %d):\n",
-	       sched_ac_name(ac), c->comm.buckets, o.prefetch, o.rs_defer);
+	       sched_ac_name(ac), o.buckets, o.reorder.prefetch, o.reorder.rs_defer);
 	sched_print(&s, stdout, !all_nodes);
 	printf("\nplans compared (comm.buckets = \"auto\", prefetch 0..%d, reduce-scatter defer "
 	       "0..%d, bucket cap %.0f MiB%s):\n",
-	       o.prefetch, o.rs_defer, c->comm.bucket_cap_mb,
-	       o.memory_bytes > 0 ? ", memory budget" : "");
+	       o.reorder.prefetch, o.reorder.rs_defer, c->comm.bucket_cap_mb,
+	       o.reorder.memory_bytes > 0 ? ", memory budget" : "");
 	sched_auto_report_print(&arep, naive.n_units, stdout, "  ");
 	if (!is_auto)
-		printf("  (the configured plan '%s' is the one below)\n", c->comm.buckets);
+		printf("  (the configured plan '%s' is the one below)\n", o.buckets);
 	sched_auto_report_free(&arep);
 	printf("\nbucket sizes (gathered parameters):");
 	for (int b = 0; b < s.n_buckets && b < 12; b++)
@@ -366,8 +350,6 @@ out_sched:
 	free(f8esz);
 	sched_cost_free(&cm);
 	sched_free(&naive);
-out_table:
-	free(units);
 	param_table_free(&t);
 	return rc;
 }

@@ -25,13 +25,13 @@
 #include <string.h>
 
 #include "base/log.h"
-#include "model/llama/llama.h"
+#include "model/model_cost.h"
 #include "parallel/pp.h"
 #include "schedule/pp_schedule.h"
 #include "schedule/sched_cost.h"
-#include "train/step_plan.h"
 #include "train/compute.h"
 #include "train/model_spec.h"
+#include "train/step_config.h"
 
 static double gib(double b)
 {
@@ -74,14 +74,23 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		return CT_ERR_USAGE;
 	}
 	int m = (int)(rows / mbs);
-	struct llama_config mc;
-	int rc = model_spec_llama(c, &mc);
+	struct model_config mc;
+	int rc = model_spec_from_config(c, &mc);
 	if (rc)
 		return rc;
-	enum model_ac ac;
-	rc = step_plan_ac(c, &ac);
+	const struct model_family *fam = model_family_of(mc.kind);
+	if (!model_cost_of(&mc)) {
+		LOG_ERROR("ctitan plan: model.name = \"%s\": not yet supported (the family has no "
+		          "cost model)",
+		          fam->name);
+		return CT_ERR_USAGE;
+	}
+	int64_t n_layers = model_config_n_layers(&mc);
+	struct step_plan_opts so;
+	rc = step_config_opts(c, &so);
 	if (rc)
 		return rc;
+	enum model_ac ac = so.ac;
 	enum pp_style style = PP_1F1B;
 	struct pp_sched s;
 	int v = 1;
@@ -92,7 +101,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	} else {
 		rc = pp_style_parse(c->parallelism.pipeline_parallel_schedule, &style);
 		if (!rc)
-			rc = pp_stages_per_rank(mc.n_layers, (int)pp, style,
+			rc = pp_stages_per_rank(n_layers, (int)pp, style,
 			                        c->parallelism.pipeline_parallel_layers_per_stage, fl,
 			                        ll, &v);
 		if (!rc)
@@ -104,7 +113,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	v = s.v;
 	int *u0 = xcalloc((size_t)S + 1, sizeof(int));
 	struct param_table t;
-	llama_table_build(&t, &mc);
+	model_table_build(&t, &mc);
 	struct sched_unit *units = xcalloc((size_t)t.n_units, sizeof(*units));
 	struct sched naive = {0};
 	struct sched_cost_model cm = {0};
@@ -112,9 +121,9 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	struct sched *ranks = xcalloc((size_t)pp, sizeof(*ranks));
 	struct param_table tt; /* a TP rank's slice: what its stages gather and reduce */
 	memset(&tt, 0, sizeof(tt));
-	rc = pp_split_stages(mc.n_layers, S, fl, ll, u0);
+	rc = pp_split_stages(n_layers, S, fl, ll, u0);
 	if (!rc)
-		rc = llama_table_build_tp(&tt, &mc, (int)tp, 0);
+		rc = model_table_build_tp(&tt, &mc, (int)tp, 0);
 	if (rc)
 		goto out;
 	sched_units_from_table(&tt, shard, units);
@@ -125,7 +134,9 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	int64_t eb = act16 ? 2 : 4;
-	sched_cost_init(&cm, &mc, mbs, T, &naive, shard, bf16, ac, eb);
+	/* the whole model's work per stage (tp divides it below) */
+	const struct model_cost_shape sh = {.B = mbs, .T = T, .ac = ac, .tp = 1, .elem_bytes = eb};
+	sched_cost_init(&cm, &mc, &sh, &naive, shard, bf16);
 	double rate = peak_flops * c->plan.compute_efficiency * (double)tp;
 	double bw = c->comm.bandwidth_gbps * 1e9 / 8.0, lat = c->comm.latency_us * 1e-6;
 	/* stage times from the cost model's per-node-kind terms: FLOPs at the target's peak x
@@ -145,7 +156,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		tf_max = fmax(tf_max, sched_cost_pp_node_s(rs, &cm, &f));
 		tb_max = fmax(tb_max, sched_cost_pp_node_s(rs, &cm, &b));
 	}
-	double xfer_bytes = (double)(mbs * T * mc.dim * eb) / (double)tp;
+	double xfer_bytes = (double)(mbs * T * model_config_dim(&mc) * eb) / (double)tp;
 	double xfer = lat + xfer_bytes / bw;
 	char why[256];
 	if (!pp_sched_check(&s, &sim, why, sizeof(why))) { /* in-flight micro-batches */
@@ -159,7 +170,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	sched_predict_pp(ranks, &cm, &link, &pred);
 	/* FSDP inside the stage (rank 0's virtual stages; every rank's are about the same) */
 	double ar = 0, stage_params = 0, act_stage = 0;
-	int64_t act_model = sched_cost_activation_bytes(&mc, mbs, T, ac, eb);
+	int64_t act_model = model_cost_activation_bytes(&mc, &sh);
 	for (int ch = 0; ch < v; ch++) {
 		int st = ch * (int)pp;
 		for (int u = u0[st]; u < u0[st + 1]; u++)
@@ -167,14 +178,14 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		int blocks = 0;
 		for (int u = u0[st]; u < u0[st + 1]; u++)
 			blocks += units[u].is_block;
-		act_stage += (double)act_model * blocks / (double)mc.n_layers / (double)tp;
+		act_stage += (double)act_model * blocks / (double)n_layers / (double)tp;
 	}
 	if (rep > 1)
 		ar = lat + 2.0 * stage_params / (double)shard * 4.0 * (double)(rep - 1) / (double)rep / bw;
 	double step = pred.step_s + ar;
 	double tokens = (double)(global * T);
 	double tps_gpu = tokens / step / (double)world;
-	double fpt = llama_flops_per_token(&mc, &t, T);
+	double fpt = model_cost_flops_per_token(&mc, T);
 	double peak = peak_flops;
 	double theory = pp_bubble_theory(style, (int)pp, v, m);
 	int inflight0 = sim.peak_inflight[0];
@@ -183,10 +194,10 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	double mem_full = stage_params * (bf16 ? 2.0 : 4.0) * 2.0; /* gathered params + grads */
 	double mem_act = act_stage / (double)v * (double)inflight0;
 
-	printf("model llama3 %s: %.3g parameters (%lld layers, dim %lld); %lld sequences of %lld "
+	printf("model %s %s: %.3g parameters (%lld layers, dim %lld); %lld sequences of %lld "
 	       "per step\n",
-	       mc.flavor, (double)t.numel, (long long)mc.n_layers, (long long)mc.dim,
-	       (long long)global, (long long)T);
+	       fam->name, model_config_flavor(&mc), (double)t.numel, (long long)n_layers,
+	       (long long)model_config_dim(&mc), (long long)global, (long long)T);
 	printf("mesh: %lld ranks = %lld pipeline x %lld tensor x %lld replicas x %lld shards "
 	       "(FSDP inside each stage); activation checkpointing %s\n",
 	       (long long)world, (long long)pp, (long long)tp, (long long)rep, (long long)shard,

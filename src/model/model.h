@@ -111,6 +111,8 @@ struct model {
 };
 
 struct cJSON;
+struct model_cost_ops;
+struct model_hf_ops;
 
 /* A model family (one folder under src/model/, listed once in the family table in
  * model/model.c): what the layers above ask of a model instead of its kind — its config's
@@ -130,6 +132,9 @@ struct model_family {
 	/* tensor-parallel rank tp_rank's slice (families with tp) */
 	int (*table_build_tp)(struct param_table *t, const struct model_config *c, int tp,
 	                      int tp_rank);
+	/* families with tp: CT_OK when tp ranks can split c, else CT_ERR_USAGE with a message
+	 * naming what tp must divide */
+	int (*tp_check)(const struct model_config *c, int64_t tp);
 	void (*init_params)(const struct model_config *c, const struct param_table *t, uint64_t seed,
 	                    float *out, int64_t first, int64_t n);
 	int (*build)(struct model *m, const struct model_config *c, int64_t B, int64_t T,
@@ -137,6 +142,11 @@ struct model_family {
 	void (*describe)(const struct model *m, char *buf, size_t n);
 	/* its config's fields in a checkpoint manifest (object o; the name is added for it) */
 	void (*manifest_fields)(const struct model_config *c, struct cJSON *o);
+	/* with cost_model: its figures for the cost model (model/model_cost.h) */
+	const struct model_cost_ops *cost;
+	/* with export_hf: its Hugging Face names, layout, config.json and loader
+	 * (model/model_hf.h) */
+	const struct model_hf_ops *hf;
 };
 
 /* Add a family to the table (one defined outside src/model/, e.g. by a test); its `kind`

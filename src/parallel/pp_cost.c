@@ -19,10 +19,11 @@ int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_m
 		return CT_ERR_USAGE;
 	}
 	/* the whole model's units, sharded over dp_shard as the stages' shards are */
-	sched_cost_init(cm, &pp->cfg.llama, pp->o.micro_rows, pp->o.T, &pp->step, mesh->dp_shard,
-	                false, pp->o.ac, 4);
-	sched_cost_calibrate(cm, &pp->cfg.llama, pp->o.micro_rows, pp->o.T, stream,
-	                     &mesh->dp_shard_group, &mesh->world_group, false);
+	const struct model_cost_shape sh = {
+	    .B = pp->o.micro_rows, .T = pp->o.T, .ac = pp->o.ac, .tp = 1, .elem_bytes = 4};
+	sched_cost_init(cm, &pp->cfg, &sh, &pp->step, mesh->dp_shard, false);
+	sched_cost_calibrate(cm, &pp->cfg, &sh, stream, &mesh->dp_shard_group, &mesh->world_group,
+	                     false);
 	cm->overlap = false; /* the stages' collectives run blocking (pp.c) */
 	int64_t N = pp->o.micro_rows * pp->o.T;
 	sched_cost_calibrate_pp_link(link, &mesh->pp_group, &mesh->world_group,

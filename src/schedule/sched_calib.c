@@ -1,17 +1,18 @@
 /* schedule/sched_calib: measure the cost model's rates on this machine, at the model's shapes.
  *
- * Each term of each compute node kind is timed by running the kernels a Llama unit runs, in
- * the same sequence and at the same shapes (batch x sequence tokens, capped for time; the
- * rate then scales by FLOPs or bytes): a block's forward matmuls, attention and elementwise
- * kernels; its backward's; the fused output projection + cross-entropy; the embedding; AdamW;
- * a large copy — each once per round over 5 rounds, median. The rate of a term is its work
- * (sched_cost_init's FLOP and byte counts) over the measured time, so the prediction at these
- * shapes reproduces the measurement. Matmuls go through matmul_forward/backward, so the rates
- * follow whatever engine those dispatch to. Collectives: all-gather and reduce-scatter timed on the
- * stream at 5 sizes (median of 3), latency + bytes / bandwidth fitted by least squares, for the
- * wall time and for the CPU time of the thread that ran them; with a progress thread, the share
- * of that CPU time compute loses when the two run together. Every figure is the median over
- * ranks, so every rank picks the same schedule. */
+ * Each term of each compute node kind is timed by running the kernels a unit of the model
+ * runs, in the same sequence and at the same shapes (batch x sequence tokens, capped for
+ * time; the rate then scales by FLOPs or bytes): the family's calibration parts
+ * (model/model_cost.h: for Llama a block's forward matmuls, attention and elementwise
+ * kernels; its backward's; the fused output projection + cross-entropy; the embedding), then
+ * AdamW and a large copy — each once per round over 5 rounds, median. The rate of a term is
+ * its work (the family's FLOP and byte counts) over the measured time, so the prediction at
+ * these shapes reproduces the measurement. Matmuls go through matmul_forward/backward, so the
+ * rates follow whatever engine those dispatch to. Collectives: all-gather and reduce-scatter
+ * timed on the stream at 5 sizes (median of 3), latency + bytes / bandwidth fitted by least
+ * squares, for the wall time and for the CPU time of the thread that ran them; with a
+ * progress thread, the share of that CPU time compute loses when the two run together. Every
+ * figure is the median over ranks, so every rank picks the same schedule. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,155 +49,31 @@ static void fit_line(const double *bytes, const double *t, int n, double *lat, d
 	*rate = 1.0 / b;
 }
 
-/* The buffers of one block at (Bc, T) and the head, filled with small values. */
+/* What calibration times: the family's parts at the model's shapes, then AdamW and a copy over
+ * `big` (4 x optim_n floats). */
 struct cal {
-	int64_t B, T, N, C, H, KV, D, HD, KVD, F, V, chunk;
-	float *x, *xn, *q, *k, *v, *att, *lse, *h1, *h3, *gate, *out, *rstd, *cos, *sin;
-	float *dq, *dk, *dv, *dx, *dxn, *dh1, *dh3, *dres;
-	float *wq, *wk, *wv, *wo, *w1, *w2, *w3, *wout, *nw, *dw, *scratch;
-	int32_t *tok;
-	float *all, *big; /* big: 4 x optim_n floats for AdamW and the copy */
+	struct model_cost_calib m;
+	int64_t optim_n;
+	float *big;
 };
 
-static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, int64_t T)
+enum { CAL_OPTIM, CAL_COPY, CAL_OWN }; /* the parts after the family's */
+#define CAL_PARTS_MAX (MODEL_COST_PARTS_MAX + CAL_OWN)
+
+static int cal_parts(const struct cal *c)
 {
-	memset(c, 0, sizeof(*c));
-	c->T = T > 1024 ? 1024 : T;
-	c->B = B;
-	while (c->B > 1 && c->B * c->T > 2048)
-		c->B--;
-	c->N = c->B * c->T, c->C = lc->dim, c->H = lc->n_heads, c->KV = lc->n_kv_heads;
-	c->D = lc->head_dim, c->HD = c->H * c->D, c->KVD = c->KV * c->D, c->F = lc->ffn_hidden;
-	c->V = lc->vocab_size;
-	c->chunk = llama_ce_rows(c->V, c->N);
-	int64_t N = c->N, C = c->C, F = c->F, HD = c->HD, KVD = c->KVD, V = c->V;
-	struct {
-		float **p;
-		int64_t n;
-	} parts[] = {{&c->x, N * C},
-	             {&c->xn, N * C},
-	             {&c->q, N * HD},
-	             {&c->k, N * KVD},
-	             {&c->v, N * KVD},
-	             {&c->att, N * HD},
-	             {&c->lse, N * c->H},
-	             {&c->h1, N * F},
-	             {&c->h3, N * F},
-	             {&c->gate, N * F},
-	             {&c->out, N * C},
-	             {&c->rstd, N},
-	             {&c->cos, c->T * c->D},
-	             {&c->sin, c->T * c->D},
-	             {&c->dq, N * HD},
-	             {&c->dk, N * KVD},
-	             {&c->dv, N * KVD},
-	             {&c->dx, N * C},
-	             {&c->dxn, N * C},
-	             {&c->dh1, N * F},
-	             {&c->dh3, N * F},
-	             {&c->dres, N * C},
-	             {&c->wq, HD * C},
-	             {&c->wk, KVD * C},
-	             {&c->wv, KVD * C},
-	             {&c->wo, C * HD},
-	             {&c->w1, F * C},
-	             {&c->w2, C * F},
-	             {&c->w3, F * C},
-	             {&c->wout, V * C},
-	             {&c->nw, C},
-	             {&c->dw, (V > F ? V : F) * C},
-	             {&c->scratch, c->chunk * V}};
-	int64_t total = 0;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
-		total += parts[i].n;
-	c->all = malloc((size_t)total * sizeof(float));
-	c->tok = malloc((size_t)N * sizeof(int32_t));
-	CHECK(c->all && c->tok, "out of memory (cost model calibration, %lld floats)",
-	      (long long)total);
-	for (int64_t i = 0; i < total; i++)
-		c->all[i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
-	for (int64_t i = 0; i < N; i++)
-		c->tok[i] = (int32_t)((i * 104729) % V);
-	float *at = c->all;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
-		*parts[i].p = at;
-		at += parts[i].n;
-	}
+	return c->m.n_parts + CAL_OWN;
 }
 
-enum cal_part {
-	CAL_FWD_MM,
-	CAL_FWD_ATTN,
-	CAL_FWD_ELEM,
-	CAL_BWD_MM,
-	CAL_BWD_ATTN,
-	CAL_BWD_ELEM,
-	CAL_HEAD,
-	CAL_EMBED,
-	CAL_OPTIM,
-	CAL_COPY,
-	CAL_PARTS
-};
-
-/* Run one part of a unit's work once. */
-static void cal_run(struct cal *c, enum cal_part p, int64_t optim_n)
+/* Run part p once: the family's, or AdamW / the copy. */
+static void cal_run(struct cal *c, int p)
 {
-	int64_t B = c->B, T = c->T, N = c->N, C = c->C, H = c->H, KV = c->KV, D = c->D;
-	int64_t HD = c->HD, KVD = c->KVD, F = c->F, V = c->V;
-	int64_t nv;
-	switch (p) {
-	case CAL_FWD_MM:
-		matmul_forward_f32(c->q, c->xn, c->wq, N, C, HD, 0);
-		matmul_forward_f32(c->k, c->xn, c->wk, N, C, KVD, 0);
-		matmul_forward_f32(c->v, c->xn, c->wv, N, C, KVD, 0);
-		matmul_forward_f32(c->out, c->att, c->wo, N, HD, C, 1);
-		matmul_forward_f32(c->h1, c->xn, c->w1, N, C, F, 0);
-		matmul_forward_f32(c->h3, c->xn, c->w3, N, C, F, 0);
-		matmul_forward_f32(c->out, c->gate, c->w2, N, F, C, 1);
-		break;
-	case CAL_FWD_ATTN:
-		attention_forward_f32(c->att, c->lse, c->q, c->k, c->v, B, T, H, KV, D);
-		break;
-	case CAL_FWD_ELEM:
-		rmsnorm_forward_f32(c->xn, c->rstd, c->x, c->nw, N, C, 1e-5);
-		rope_forward_f32(c->q, c->cos, c->sin, B, T, H, D);
-		rope_forward_f32(c->k, c->cos, c->sin, B, T, KV, D);
-		rmsnorm_forward_f32(c->xn, c->rstd, c->out, c->nw, N, C, 1e-5);
-		swiglu_forward_f32(c->gate, c->h1, c->h3, N * F);
-		break;
-	case CAL_BWD_MM:
-		matmul_backward_f32(NULL, c->dw, c->dres, c->gate, c->w2, N, F, C);
-		matmul_backward_f32(c->gate, NULL, c->dres, NULL, c->w2, N, F, C);
-		matmul_backward_f32(c->dxn, c->dw, c->dh1, c->xn, c->w1, N, C, F);
-		matmul_backward_f32(c->dxn, c->dw, c->dh3, c->xn, c->w3, N, C, F);
-		matmul_backward_f32(c->dq, c->dw, c->dres, c->att, c->wo, N, HD, C);
-		matmul_backward_f32(c->dxn, c->dw, c->dq, c->xn, c->wq, N, C, HD);
-		matmul_backward_f32(c->dxn, c->dw, c->dk, c->xn, c->wk, N, C, KVD);
-		matmul_backward_f32(c->dxn, c->dw, c->dv, c->xn, c->wv, N, C, KVD);
-		break;
-	case CAL_BWD_ATTN:
-		attention_backward_f32(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k,
-		                       c->v, B, T, H, KV, D);
-		break;
-	case CAL_BWD_ELEM:
-		rmsnorm_forward_f32(c->xn, c->rstd, c->out, c->nw, N, C, 1e-5);
-		swiglu_forward_f32(c->gate, c->h1, c->h3, N * F);
-		swiglu_backward_f32(c->dh1, c->dh3, c->gate, c->h1, c->h3, N * F);
-		rmsnorm_backward_f32(c->dres, c->dw, c->dxn, c->out, c->nw, c->rstd, N, C);
-		rope_backward_f32(c->dq, c->cos, c->sin, B, T, H, D);
-		rope_backward_f32(c->dk, c->cos, c->sin, B, T, KV, D);
-		rmsnorm_forward_f32(c->xn, c->rstd, c->x, c->nw, N, C, 1e-5);
-		rmsnorm_backward_f32(c->dres, c->dw, c->dxn, c->x, c->nw, c->rstd, N, C);
-		break;
-	case CAL_HEAD:
-		rmsnorm_forward_f32(c->xn, c->rstd, c->x, c->nw, N, C, 1e-5);
-		cross_entropy_fused_f32(c->dx, c->dw, c->xn, c->wout, c->tok, N, C, V, -100, 1e-3,
-		                        c->scratch, c->chunk, &nv);
-		break;
-	case CAL_EMBED:
-		embedding_forward_f32(c->x, c->tok, c->wout, N, C);
-		embedding_backward_f32(c->dw, c->dres, c->tok, N, C);
-		break;
+	int64_t optim_n = c->optim_n;
+	if (p < c->m.n_parts) {
+		c->m.run(c->m.impl, p);
+		return;
+	}
+	switch (p - c->m.n_parts) {
 	case CAL_OPTIM: /* over buffers as large as the shards (to 4 x 16 MiB): not in cache */
 		adamw_update(c->big, c->big + optim_n, c->big + 2 * optim_n, c->big + 3 * optim_n,
 		             optim_n, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1, 1.0);
@@ -214,17 +91,18 @@ static void cal_run(struct cal *c, enum cal_part p, int64_t optim_n)
 /* Every part once per round, round-robin, after a warm-up round; each part's median over the
  * rounds: the typical time as a step sees it, with load that changes during calibration
  * spread over all parts alike. */
-static void cal_time_all(struct cal *c, int64_t optim_n, double *out)
+static void cal_time_all(struct cal *c, double *out)
 {
-	double t[CAL_PARTS][CAL_ROUNDS];
+	double t[CAL_PARTS_MAX][CAL_ROUNDS];
+	int n = cal_parts(c);
 	for (int r = -1; r < CAL_ROUNDS; r++)
-		for (int p = 0; p < CAL_PARTS; p++) {
+		for (int p = 0; p < n; p++) {
 			double t0 = timer_now();
-			cal_run(c, (enum cal_part)p, optim_n);
+			cal_run(c, p);
 			if (r >= 0)
 				t[p][r] = timer_now() - t0;
 		}
-	for (int p = 0; p < CAL_PARTS; p++)
+	for (int p = 0; p < n; p++)
 		out[p] = median(t[p], CAL_ROUNDS);
 }
 
@@ -247,19 +125,18 @@ static double time_op(struct comm_stream *st, struct comm_op *op, double *cpu)
 	return median(t, 3);
 }
 
-/* The share of the comm thread's CPU time that compute loses: a block's forward matmuls,
- * repeated to fill at least 60 ms, alone and then with the largest all-gather running
- * back to back beside them (as many as fill about half that window), in 3 interleaved pairs
- * (so load changes hit both alike); the slowdown over the CPU seconds the comm thread spent
- * in the collectives that ran inside the window, median of the pairs. */
-static double measure_interference(struct cal *c, int64_t optim_n, struct comm_stream *stream,
-                                   const struct comm_group *group, struct comm_op *ag,
-                                   double ag_s)
+/* The share of the comm thread's CPU time that compute loses: the family's busy part (a
+ * block's forward matmuls), repeated to fill at least 60 ms, alone and then with the largest
+ * all-gather running back to back beside them (as many as fill about half that window), in 3
+ * interleaved pairs (so load changes hit both alike); the slowdown over the CPU seconds the
+ * comm thread spent in the collectives that ran inside the window, median of the pairs. */
+static double measure_interference(struct cal *c, struct comm_stream *stream,
+                                   const struct comm_group *group, struct comm_op *ag, double ag_s)
 {
 	double t0 = timer_now();
 	int reps = 0;
 	do {
-		cal_run(c, CAL_FWD_MM, optim_n);
+		cal_run(c, c->m.busy_part);
 		reps++;
 	} while (timer_now() - t0 < 0.06 && reps < 1000);
 	double window = timer_now() - t0;
@@ -274,14 +151,14 @@ static double measure_interference(struct cal *c, int64_t optim_n, struct comm_s
 		comm_barrier(group);
 		t0 = timer_now();
 		for (int i = 0; i < reps; i++)
-			cal_run(c, CAL_FWD_MM, optim_n);
+			cal_run(c, c->m.busy_part);
 		double alone = timer_now() - t0;
 		comm_barrier(group);
 		t0 = timer_now();
 		for (int i = 0; i < n_ops; i++)
 			tk[i] = comm_stream_enqueue(stream, ag);
 		for (int i = 0; i < reps; i++)
-			cal_run(c, CAL_FWD_MM, optim_n);
+			cal_run(c, c->m.busy_part);
 		double t1 = timer_now(), cpu = 0;
 		comm_stream_sync(stream);
 		for (int i = 0; i < n_ops; i++) {
@@ -312,28 +189,37 @@ static void median_over_ranks(const struct comm_group *world, double *vals, int 
 	free(all), free(col);
 }
 
-/* Indices into the measurement vector shared across ranks. */
-enum { V_PARTS = 0, V_COMM = CAL_PARTS, V_INTERF = CAL_PARTS + 6 * CAL_SIZES, V_COUNT };
+/* Indices into the measurement vector shared across ranks (every rank's family has as many
+ * parts). */
+enum { V_PARTS = 0, V_COMM = CAL_PARTS_MAX, V_INTERF = CAL_PARTS_MAX + 6 * CAL_SIZES, V_COUNT };
 
-void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config *lc, int64_t B,
-                          int64_t T, struct comm_stream *stream, const struct comm_group *group,
-                          const struct comm_group *world, bool overlap)
+void sched_cost_calibrate(struct sched_cost_model *cm, const struct model_config *mc,
+                          const struct model_cost_shape *sh, struct comm_stream *stream,
+                          const struct comm_group *group, const struct comm_group *world,
+                          bool overlap)
 {
+	/* the model's shapes, capped for time: sequences up to 1024, up to 2048 tokens */
+	struct model_cost_shape cs = *sh;
+	cs.T = sh->T > 1024 ? 1024 : sh->T;
+	while (cs.B > 1 && cs.B * cs.T > 2048)
+		cs.B--;
+	cs.elem_bytes = 4; /* the kernels compute in fp32 */
 	struct cal c;
-	cal_alloc(&c, lc, B, T);
+	model_cost_calib_init(&c.m, mc, &cs);
 	/* AdamW and copies over the shards' size (at least 4 Mi floats per array, out of cache;
 	 * at most 4 x 16 MiB) */
 	int64_t optim_n = cm->params_bytes / 4;
 	optim_n = optim_n < (int64_t)1 << 20   ? (int64_t)1 << 20
 	          : optim_n > (int64_t)1 << 22 ? (int64_t)1 << 22
 	                                       : optim_n;
+	c.optim_n = optim_n;
 	c.big = malloc((size_t)(4 * optim_n) * sizeof(float));
 	CHECK(c.big, "out of memory (cost model calibration)");
 	for (int64_t i = 0; i < 4 * optim_n; i++)
 		c.big[i] = (float)(i % 1000) * 1e-4f + 0.01f;
 	double vals[V_COUNT];
 	memset(vals, 0, sizeof(vals));
-	cal_time_all(&c, optim_n, vals + V_PARTS);
+	cal_time_all(&c, vals + V_PARTS);
 
 	/* collectives on the stream (the simulated link applies), bytes per rank */
 	static const int64_t sizes[CAL_SIZES] = {64 << 10, 512 << 10, 2 << 20, 8 << 20, 16 << 20};
@@ -371,33 +257,31 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config
 		                     .count = big,
 		                     .scratch = NULL,
 		                     .what = "calibration all-gather beside compute"};
-		vals[V_INTERF] = measure_interference(&c, optim_n, stream, group, &ag,
+		vals[V_INTERF] = measure_interference(&c, stream, group, &ag,
 		                                      vals[V_COMM + 6 * (CAL_SIZES - 1) + 1]);
 	}
 	free(send), free(recv), free(scr);
-	free(c.all), free(c.tok), free(c.big);
+	free(c.big);
 
 	median_over_ranks(world, vals, V_COUNT); /* every rank holds the same model */
 
-	/* rates: the work sched_cost_init counts for these shapes over the measured time */
-	struct sched_cost_work w;
-	sched_cost_block_work(lc, c.B, c.T, &w);
+	/* rates: each part's work (the family's count for these shapes) over its measured time;
+	 * a pass without a part of a term takes the forward's rate */
 	const double *t = vals + V_PARTS;
-	cm->rate[SCHED_WORK_FWD][SCHED_TERM_MATMUL] = w.fwd_mm / t[CAL_FWD_MM];
-	cm->rate[SCHED_WORK_FWD][SCHED_TERM_ATTN] = w.fwd_attn / t[CAL_FWD_ATTN];
-	cm->rate[SCHED_WORK_FWD][SCHED_TERM_ELEM] = w.fwd_elem / t[CAL_FWD_ELEM];
-	cm->rate[SCHED_WORK_BWD][SCHED_TERM_MATMUL] = w.bwd_mm / t[CAL_BWD_MM];
-	cm->rate[SCHED_WORK_BWD][SCHED_TERM_ATTN] = w.bwd_attn / t[CAL_BWD_ATTN];
-	cm->rate[SCHED_WORK_BWD][SCHED_TERM_ELEM] = w.bwd_elem / t[CAL_BWD_ELEM];
-	for (int k = 0; k < SCHED_TERM_COUNT; k++)
-		cm->rate[SCHED_WORK_REC][k] = cm->rate[SCHED_WORK_FWD][k];
-	double head = w.head / t[CAL_HEAD], embed = w.embed / t[CAL_EMBED];
-	for (int k = 0; k < SCHED_WORK_COUNT; k++) {
-		cm->rate[k][SCHED_TERM_HEAD] = head;
-		cm->rate[k][SCHED_TERM_EMBED] = embed;
+	for (int p = 0; p < c.m.n_parts; p++) {
+		const struct model_cost_part *q = &c.m.part[p];
+		for (int k = 0; k < SCHED_WORK_COUNT; k++)
+			if (q->pass == MODEL_PASS_COUNT || (int)q->pass == k)
+				cm->rate[k][q->term] = q->work / t[p];
 	}
-	cm->optim_bytes_s = SCHED_OPTIM_BYTES * (double)optim_n / t[CAL_OPTIM];
-	cm->mem_bytes_s = 2.0 * (double)(2 * optim_n) * 4.0 / t[CAL_COPY];
+	for (int k = 0; k < SCHED_WORK_COUNT; k++)
+		for (int x = 0; x < SCHED_TERM_COUNT; x++)
+			if (cm->rate[k][x] == 0)
+				cm->rate[k][x] = cm->rate[SCHED_WORK_FWD][x];
+	int own = c.m.n_parts; /* AdamW and the copy follow the family's parts */
+	model_cost_calib_free(&c.m);
+	cm->optim_bytes_s = SCHED_OPTIM_BYTES * (double)optim_n / t[own + CAL_OPTIM];
+	cm->mem_bytes_s = 2.0 * (double)(2 * optim_n) * 4.0 / t[own + CAL_COPY];
 	cm->matmul_flops = cm->rate[SCHED_WORK_FWD][SCHED_TERM_MATMUL];
 	cm->attn_flops = cm->rate[SCHED_WORK_FWD][SCHED_TERM_ATTN];
 	/* at most the whole of the comm thread's time taken from compute */

@@ -11,38 +11,6 @@
 
 /* ---------------------------------------------------------------- model side */
 
-int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
-                                    enum model_ac ac, int64_t e)
-{
-	int64_t N = B * T, C = c->dim, H = c->n_heads, D = c->head_dim, HD = H * D;
-	int64_t KVD = c->n_kv_heads * D, F = c->ffn_hidden, V = c->vocab_size, L = c->n_layers;
-	/* one block's saved tensors, by name */
-	int64_t x = N * C, rstd = N, q = N * HD, k = N * KVD, v = N * KVD, att = N * HD;
-	int64_t lse = N * H, xmid = N * C, h = N * F;
-	int64_t per_block, shared = 0, scratch_extra = 0;
-	switch (ac) {
-	case MODEL_AC_FULL: /* keep the block input; everything else once, recomputed */
-		per_block = x;
-		shared = 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
-		break;
-	case MODEL_AC_SELECTIVE: /* keep wq, wv, w1 matmul and attention outputs */
-		per_block = x + q + v + att + lse + h;
-		shared = 2 * rstd + k + xmid + h;
-		break;
-	case MODEL_AC_FFN: /* w1, w3 outputs recomputed into backward scratch */
-		per_block = x + 2 * rstd + q + k + v + att + lse + xmid;
-		scratch_extra = 2 * h;
-		break;
-	default:
-		per_block = x + 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
-	}
-	int64_t ce_rows = llama_ce_rows(V, N);
-	int64_t head = N * C + N + N * C + T * D; /* x_final, rstd_f, xn_final, rope tables */
-	int64_t scratch = 3 * N * C + 3 * h + 2 * q + 2 * k + ce_rows * V + scratch_extra;
-	int64_t tokens = 2 * N * 4; /* tokens + targets, int32 */
-	return tokens + e * (L * per_block + shared + head + scratch);
-}
-
 void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struct sched_unit *out)
 {
 	for (int u = 0; u < t->n_units; u++)
@@ -55,28 +23,9 @@ void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struc
 	}
 }
 
-void sched_cost_block_work(const struct llama_config *c, int64_t B, int64_t T,
-                           struct sched_cost_work *w)
-{
-	double N = (double)(B * T), C = (double)c->dim, H = (double)c->n_heads;
-	double D = (double)c->head_dim, HD = H * D, KVD = (double)c->n_kv_heads * D;
-	double F = (double)c->ffn_hidden, V = (double)c->vocab_size, e = 4.0;
-	w->fwd_mm = 2.0 * N * (C * HD + 2.0 * C * KVD + HD * C + 3.0 * C * F);
-	w->fwd_attn = 2.0 * (double)B * H * (double)T * (double)T * D; /* causal half of 4BHT^2D */
-	w->bwd_mm = 2.0 * w->fwd_mm;
-	w->bwd_attn = 2.5 * w->fwd_attn; /* scores recomputed tile by tile, then 4 products */
-	/* two norms (read x, write xn), RoPE on q and k in place, SwiGLU (read 2, write 1) */
-	w->fwd_elem = e * (4.0 * N * C + 2.0 * N * (HD + KVD) + 3.0 * N * F);
-	/* norm backward x2 (read dout, x; write dx; dw), both norms and SwiGLU recomputed,
-	 * RoPE backward, SwiGLU backward (read 3, write 2) */
-	w->bwd_elem = e * (8.0 * N * C + 4.0 * N * C + 2.0 * N * (HD + KVD) + 8.0 * N * F);
-	w->head = 6.0 * N * C * V;  /* logits, their input and weight gradients, fused */
-	w->embed = e * 5.0 * N * C; /* lookup: read + write; scatter: read dout, update rows */
-}
-
-void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
-                     int64_t T, const struct sched *s, int64_t dp_shard, bool bf16_gather,
-                     enum model_ac ac, int64_t act_elem_bytes)
+void sched_cost_init(struct sched_cost_model *cm, const struct model_config *c,
+                     const struct model_cost_shape *sh, const struct sched *s, int64_t dp_shard,
+                     bool bf16_gather)
 {
 	memset(cm, 0, sizeof(*cm));
 	int U = s->n_units;
@@ -84,44 +33,22 @@ void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, 
 	for (int k = 0; k < SCHED_WORK_COUNT; k++)
 		for (int t = 0; t < SCHED_TERM_COUNT; t++)
 			cm->work[k][t] = xcalloc((size_t)U, sizeof(double));
-	struct sched_cost_work w;
-	sched_cost_block_work(c, B, T, &w);
-	double N = (double)(B * T), C = (double)c->dim, F = (double)c->ffn_hidden;
-	double KVD = (double)c->n_kv_heads * (double)c->head_dim;
-	double HD = (double)c->n_heads * (double)c->head_dim;
-	double es = (double)act_elem_bytes / 4.0; /* elementwise traffic scales with the dtype */
-	double *const *fw = cm->work[SCHED_WORK_FWD], *const *bw = cm->work[SCHED_WORK_BWD],
-	              *const *rc = cm->work[SCHED_WORK_REC];
-	for (int u = 1; u < U - 1; u++) {
-		fw[SCHED_TERM_MATMUL][u] = w.fwd_mm;
-		fw[SCHED_TERM_ATTN][u] = w.fwd_attn;
-		fw[SCHED_TERM_ELEM][u] = es * w.fwd_elem;
-		bw[SCHED_TERM_MATMUL][u] = w.bwd_mm + (ac == MODEL_AC_FFN ? 4.0 * N * C * F : 0.0);
-		bw[SCHED_TERM_ATTN][u] = w.bwd_attn;
-		bw[SCHED_TERM_ELEM][u] = es * w.bwd_elem;
-		if (ac == MODEL_AC_FULL) {
-			rc[SCHED_TERM_MATMUL][u] = w.fwd_mm;
-			rc[SCHED_TERM_ATTN][u] = w.fwd_attn;
-			rc[SCHED_TERM_ELEM][u] = es * w.fwd_elem;
-		} else if (ac == MODEL_AC_SELECTIVE) {
-			rc[SCHED_TERM_MATMUL][u] =
-			    2.0 * N * (C * KVD + HD * C + C * F); /* wk, wo, w3 */
-			rc[SCHED_TERM_ELEM][u] = es * 4.0 * (4.0 * N * C + 2.0 * N * KVD);
-		}
+	for (int u = 0; u < U; u++) {
+		model_cost_work w;
+		model_cost_unit_work(c, sh, u, w);
+		for (int k = 0; k < SCHED_WORK_COUNT; k++)
+			for (int t = 0; t < SCHED_TERM_COUNT; t++)
+				cm->work[k][t][u] = w[k][t];
 	}
-	fw[SCHED_TERM_HEAD][U - 1] = w.head;
-	bw[SCHED_TERM_ELEM][U - 1] = es * 4.0 * 4.0 * N * C; /* final norm backward */
-	fw[SCHED_TERM_EMBED][0] = es * 4.0 * 2.0 * N * C;
-	bw[SCHED_TERM_EMBED][0] = es * 4.0 * 3.0 * N * C;
 	cm->dp_shard = dp_shard;
 	cm->ag_elem_bytes = bf16_gather ? 2 : 4;
-	cm->act_elem_bytes = act_elem_bytes;
+	cm->act_elem_bytes = sh->elem_bytes;
 	int64_t shard = 0;
 	for (int u = 0; u < U; u++)
 		shard += s->units[u].shard_numel;
 	cm->params_bytes = cm->grads_bytes = shard * 4;
 	cm->optim_bytes = 2 * shard * 4;
-	cm->act_bytes = sched_cost_activation_bytes(c, B, T, ac, act_elem_bytes);
+	cm->act_bytes = model_cost_activation_bytes(c, sh);
 	cm->full_elem_bytes = 4;
 	cm->full_twin_bytes = mm_engine_dtype() == MM_BF16 ? 2 : 0;
 	cm->mem_bytes_s = 10e9;

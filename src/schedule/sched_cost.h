@@ -4,9 +4,10 @@
  * Compute: a node's time is a sum of terms, each work / rate, kept per node kind (FWD, BWD,
  * RECOMPUTE) so new node kinds add rows: matmul FLOPs, attention FLOPs, elementwise bytes
  * (norms, RoPE, SwiGLU: memory-bandwidth bound), the fused output projection + cross-entropy
- * (FLOPs) and the embedding (bytes). The work comes from the model's shapes and the
- * activation-checkpointing mode; the rates are measured at start-up at the model's real
- * shapes (sched_calib.c), or, for planning, the target's peak FLOP/s times an efficiency and
+ * (FLOPs) and the embedding (bytes). The work is the model family's (model/model_cost.h:
+ * from its shapes, the activation-checkpointing mode and the TP slice); the rates are measured
+ * at start-up at the model's real shapes (sched_calib.c, running the family's calibration
+ * kernels), or, for planning, the target's peak FLOP/s times an efficiency and
  * its memory bandwidth. Copies (collective copy-in/out, gradient zeroing), the clip norm and
  * AdamW are memory-bound terms of their own. Communication: latency + wire bytes / bandwidth
  * per collective kind, fitted over sizes at start-up or given.
@@ -29,19 +30,26 @@
 #include <stdint.h>
 
 #include "comm/stream.h"
-#include "model/llama/llama.h"
+#include "model/model_cost.h"
+#include "model/param_table.h"
 #include "schedule/schedule.h"
 
-/* Terms of a compute node's time, and the node kinds that carry per-unit work. */
+/* Terms of a compute node's time (the family's, model/model_cost.h), and the node kinds that
+ * carry per-unit work (a unit's passes). */
 enum sched_term {
-	SCHED_TERM_MATMUL, /* FLOPs */
-	SCHED_TERM_ATTN,   /* FLOPs */
-	SCHED_TERM_ELEM,   /* bytes: norms, RoPE, SwiGLU */
-	SCHED_TERM_HEAD,   /* FLOPs: output projection + cross-entropy, fused */
-	SCHED_TERM_EMBED,  /* bytes: embedding lookup / scatter */
-	SCHED_TERM_COUNT
+	SCHED_TERM_MATMUL = MODEL_COST_MATMUL, /* FLOPs */
+	SCHED_TERM_ATTN = MODEL_COST_ATTN,     /* FLOPs */
+	SCHED_TERM_ELEM = MODEL_COST_ELEM,     /* bytes: norms, RoPE, SwiGLU */
+	SCHED_TERM_HEAD = MODEL_COST_HEAD,     /* FLOPs: output projection + cross-entropy, fused */
+	SCHED_TERM_EMBED = MODEL_COST_EMBED,   /* bytes: embedding lookup / scatter */
+	SCHED_TERM_COUNT = MODEL_COST_TERM_COUNT
 };
-enum sched_work { SCHED_WORK_FWD, SCHED_WORK_BWD, SCHED_WORK_REC, SCHED_WORK_COUNT };
+enum sched_work {
+	SCHED_WORK_FWD = MODEL_PASS_FWD,
+	SCHED_WORK_BWD = MODEL_PASS_BWD,
+	SCHED_WORK_REC = MODEL_PASS_REC,
+	SCHED_WORK_COUNT = MODEL_PASS_COUNT
+};
 
 /* AdamW traffic per parameter: read p, g, m, v; write p, m, v (fp32). */
 #define SCHED_OPTIM_BYTES 28.0
@@ -105,30 +113,20 @@ double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
 double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, int unit,
                          double terms[SCHED_TERM_COUNT]);
 
-/* The work of one block (and the head, embedding) at (B, T), fp32: what calibration divides
- * by its measured times. */
-struct sched_cost_work {
-	double fwd_mm, fwd_attn, fwd_elem, bwd_mm, bwd_attn, bwd_elem, head, embed;
-};
-void sched_cost_block_work(const struct llama_config *c, int64_t B, int64_t T,
-                           struct sched_cost_work *w);
-
-/* Units of a Llama table sharded dim-0 over dp_shard ranks (chunk = ceil(rows / dp_shard),
+/* Units of a table sharded dim-0 over dp_shard ranks (chunk = ceil(rows / dp_shard),
  * padded): what fsdp_sched_units gives, without building anything. */
 void sched_units_from_table(const struct param_table *t, int64_t dp_shard, struct sched_unit *out);
 
-/* Fill the model-dependent parts: per-unit FLOPs of a (B, T) micro-batch and activation
- * bytes under `ac` (act_elem_bytes per activation element), shard sizes of s's units, the
- * all-gather dtype. Rates and latencies are left for the caller (or sched_cost_calibrate). */
-void sched_cost_init(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
-                     int64_t T, const struct sched *s, int64_t dp_shard, bool bf16_gather,
-                     enum model_ac ac, int64_t act_elem_bytes);
+/* Fill the model-dependent parts from the family's figures (model/model_cost.h; c's family
+ * must have a cost model): per-unit work of a micro-batch of sh (its B, T, activation
+ * checkpointing, TP slice, sh->elem_bytes per activation element) and the activation bytes,
+ * shard sizes of s's units, the all-gather dtype. Rates and latencies are left for the
+ * caller (or sched_cost_calibrate). */
+struct model_config;
+void sched_cost_init(struct sched_cost_model *cm, const struct model_config *c,
+                     const struct model_cost_shape *sh, const struct sched *s, int64_t dp_shard,
+                     bool bf16_gather);
 void sched_cost_free(struct sched_cost_model *cm);
-
-/* Activation bytes a model with these shapes allocates under `ac` (saved activations plus
- * backward scratch), elem_bytes per element: what MEM_ACTIVATIONS peaks at. */
-int64_t sched_cost_activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
-                                    enum model_ac ac, int64_t elem_bytes);
 
 /* The tensor-parallel link (cm->tp_*): the simulated one when sim_gbps > 0 (the model
  * stretches its TP collectives to it), else blocking all-gathers on `tp` fitted over 4
@@ -137,14 +135,16 @@ void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_grou
                              const struct comm_group *world, double sim_gbps,
                              double sim_latency_us);
 
-/* Measure every rate here at the model's shapes (sched_calib.c), collective latency and
+/* Measure every rate here at the model's shapes (sched_calib.c: the family's calibration
+ * kernels at sh's B x T tokens, capped for time, and its TP slice), collective latency and
  * bandwidth on `stream` over `group` (5 sizes), and, when `overlap` (a progress thread), the
  * interference; then take the median over `world` so every rank holds the same model.
  * Collective calls on world and group: all ranks must call it. */
 struct comm_group;
-void sched_cost_calibrate(struct sched_cost_model *cm, const struct llama_config *c, int64_t B,
-                          int64_t T, struct comm_stream *stream, const struct comm_group *group,
-                          const struct comm_group *world, bool overlap);
+void sched_cost_calibrate(struct sched_cost_model *cm, const struct model_config *c,
+                          const struct model_cost_shape *sh, struct comm_stream *stream,
+                          const struct comm_group *group, const struct comm_group *world,
+                          bool overlap);
 
 /* Predict s's step. node_t (2 * n_nodes: start, end on the compute thread) may be NULL.
  * The step also pays zeroing the gradient shards before the first node. */

@@ -43,20 +43,6 @@ int tp_check_config(const struct ct_config *cfg)
 	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)
 		return rc;
-	const struct llama_config *c = &mc.llama;
-	/* Heads are split, never replicated: tp > n_kv_heads (KV-head replication) is refused. */
-	if (c->n_heads % tp || c->n_kv_heads % tp) {
-		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the model's "
-		          "n_heads (%lld) and n_kv_heads (%lld) (model.flavor = %s; KV heads are "
-		          "not replicated, so tp may not exceed n_kv_heads)",
-		          (long long)tp, (long long)c->n_heads, (long long)c->n_kv_heads, c->flavor);
-		return CT_ERR_USAGE;
-	}
-	if (c->ffn_hidden % tp) {
-		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the FFN hidden "
-		          "size %lld (model.flavor = %s)",
-		          (long long)tp, (long long)c->ffn_hidden, c->flavor);
-		return CT_ERR_USAGE;
-	}
-	return CT_OK;
+	const struct model_family *f = model_family_of(mc.kind);
+	return f->tp_check ? f->tp_check(&mc, tp) : CT_OK;
 }

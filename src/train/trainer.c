@@ -23,8 +23,8 @@
 #include "io/file.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
-#include "model/llama/llama_hf.h"
 #include "model/model.h"
+#include "model/model_hf.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp.h"
 #include "parallel/tp_coll.h"
@@ -35,7 +35,7 @@
 #include "train/metrics.h"
 #include "train/model_spec.h"
 #include "optim/optim.h"
-#include "train/step_plan.h"
+#include "train/step_config.h"
 #include "train/tp_check.h"
 #include "schedule/sched_trace.h"
 
@@ -151,12 +151,13 @@ static int trainer_build_model(struct trainer *tr)
 		          cfg->activation_checkpoint.mode, fam->name);
 		return CT_ERR_USAGE;
 	}
-	enum model_ac ac;
-	rc = step_plan_ac(cfg, &ac);
+	struct step_plan_opts so;
+	rc = step_config_opts(cfg, &so);
 	if (!rc)
-		rc = step_plan_check_buckets(cfg, (int)fam->n_layers(&mc) + 2);
+		rc = step_plan_check_buckets(so.buckets, (int)model_config_n_layers(&mc) + 2);
 	if (rc)
 		return rc;
+	enum model_ac ac = so.ac;
 	const struct model_build_opts opts = {
 	    .own_params = false,
 	    .ac = ac,
@@ -176,16 +177,12 @@ static int trainer_build_model(struct trainer *tr)
 	uint64_t seed = (uint64_t)cfg->debug.seed;
 	int64_t opt_numel = m->table->numel;
 	if (tr->sharded) {
-		enum fsdp_reshard reshard;
-		rc = fsdp_reshard_parse(cfg->parallelism.fsdp_reshard_after_forward, &reshard);
-		if (rc)
-			return rc;
-		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, reshard, tr->stream);
+		fsdp_build(&tr->fsdp, m, &tr->mesh, bf16, (enum fsdp_reshard)so.reshard, tr->stream);
 		if (compute_fp8_all_gather(cfg))
 			fsdp_set_fp8_all_gather(&tr->fsdp, true);
 		fsdp_init_params(&tr->fsdp, seed);
 		opt_numel = tr->fsdp.shard_numel;
-		rc = step_plan_setup(&tr->fsdp, cfg, (int)tr->accum, tr->stream, &tr->cost,
+		rc = step_plan_setup(&tr->fsdp, &so, (int)tr->accum, tr->stream, &tr->cost,
 		                     &tr->have_cost);
 		if (rc)
 			return rc;
@@ -265,7 +262,7 @@ static int trainer_open_data(struct trainer *tr)
 	    .rank = tr->mesh.dp_group.rank,
 	    .ranks = (int)tr->dp,
 	    .seed = (uint64_t)cfg->debug.seed,
-	    .ignore_index = LLAMA_IGNORE_INDEX,
+	    .ignore_index = MODEL_IGNORE_INDEX,
 	    .prefetch = true,
 	};
 	int rc = loader_open(&tr->train_ld, &lc);
@@ -694,17 +691,18 @@ static int trainer_load(struct trainer *tr, const char *root, int64_t step, bool
 static int trainer_load_hf(struct trainer *tr, const char *dir)
 {
 	const struct param_table *t = tr->model.table;
-	if (!model_family_of(tr->model.cfg.kind)->export_hf) {
+	const struct model_config *mc = &tr->model.cfg;
+	if (!model_hf_of(mc)) {
 		LOG_ERROR("checkpoint.initial_load_in_hf: model.name = \"%s\" has no Hugging "
 		          "Face names; not supported",
-		          model_kind_name(tr->model.cfg.kind));
+		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}
 	struct param_table g; /* the global table (this rank's may be a TP piece of it) */
-	llama_table_build(&g, &tr->model.cfg.llama);
+	CHECK(model_table_build(&g, mc) == CT_OK, "the built model's table");
 	size_t bytes = (size_t)g.numel * sizeof(float);
 	float *full = mem_alloc(MEM_OTHER, bytes);
-	int rc = llama_hf_load(dir, &tr->model.cfg.llama, &g, full);
+	int rc = model_hf_load(dir, mc, &g, full);
 	if (!rc) {
 		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 		for (int i = 0; i < t->count; i++) {

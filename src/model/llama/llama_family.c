@@ -8,6 +8,8 @@
 #include "base/log.h"
 #include "model/family.h"
 #include "model/llama/llama.h"
+#include "model/llama/llama_cost.h"
+#include "model/llama/llama_hf.h"
 #include "model/model_group.h"
 
 static void llama_op_bind(void *impl, int u, float *params, float *grads)
@@ -164,6 +166,25 @@ static int llama_family_table_tp(struct param_table *t, const struct model_confi
 {
 	return llama_table_build_tp(t, &c->llama, tp, tp_rank);
 }
+static int llama_family_tp_check(const struct model_config *mc, int64_t tp)
+{
+	const struct llama_config *c = &mc->llama;
+	/* Heads are split, never replicated: tp > n_kv_heads (KV-head replication) is refused. */
+	if (c->n_heads % tp || c->n_kv_heads % tp) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the model's "
+		          "n_heads (%lld) and n_kv_heads (%lld) (model.flavor = %s; KV heads are "
+		          "not replicated, so tp may not exceed n_kv_heads)",
+		          (long long)tp, (long long)c->n_heads, (long long)c->n_kv_heads, c->flavor);
+		return CT_ERR_USAGE;
+	}
+	if (c->ffn_hidden % tp) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the FFN hidden "
+		          "size %lld (model.flavor = %s)",
+		          (long long)tp, (long long)c->ffn_hidden, c->flavor);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}
 static const char *llama_family_flavor(const struct model_config *c)
 {
 	return c->llama.flavor;
@@ -208,8 +229,11 @@ const struct model_family llama_family = {
     .flavor = llama_family_flavor,
     .table_build = llama_family_table,
     .table_build_tp = llama_family_table_tp,
+    .tp_check = llama_family_tp_check,
     .init_params = llama_family_init,
     .build = llama_family_build,
     .describe = llama_describe,
     .manifest_fields = llama_manifest_fields,
+    .cost = &llama_cost_ops,
+    .hf = &llama_hf_ops,
 };

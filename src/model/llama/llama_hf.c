@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "io/file.h"
 #include "io/safetensors.h"
+#include "model/model.h"
 
 bool llama_hf_name(const char *name, char *out, size_t n)
 {
@@ -270,3 +271,36 @@ int llama_hf_load(const char *dir, const struct llama_config *c, const struct pa
 	cJSON_Delete(index);
 	return rc;
 }
+
+/* ---------------------------------------------------------------- the family's interop */
+
+static bool llama_hf_tensor(const struct model_config *mc, const struct param_entry *e,
+                            const float *src, float *tmp, char *name, size_t n, const float **data)
+{
+	if (!llama_hf_name(e->name, name, n))
+		return false;
+	*data = src;
+	int64_t heads = llama_hf_rope_heads(&mc->llama, e->name);
+	if (heads) {
+		llama_hf_permute_rows(src, tmp, heads, mc->llama.head_dim, e->shape[1]);
+		*data = tmp;
+	}
+	return true;
+}
+
+static char *llama_hf_json(const struct model_config *mc)
+{
+	return llama_hf_config_json(&mc->llama);
+}
+
+static int llama_hf_read(const char *dir, const struct model_config *mc,
+                         const struct param_table *t, float *params)
+{
+	return llama_hf_load(dir, &mc->llama, t, params);
+}
+
+const struct model_hf_ops llama_hf_ops = {
+    .tensor = llama_hf_tensor,
+    .config_json = llama_hf_json,
+    .load = llama_hf_read,
+};

@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "model/llama/llama.h"
+#include "model/model_hf.h"
 
 /* ctitan (TorchTitan) name -> Hugging Face name; false for an unknown name. */
 bool llama_hf_name(const char *name, char *out, size_t n);
@@ -34,5 +35,8 @@ char *llama_hf_config_json(const struct llama_config *c);
  * tie_word_embeddings copies the embedding. */
 int llama_hf_load(const char *dir, const struct llama_config *c, const struct param_table *t,
                   float *params);
+
+/* The family's entry (model_family.hf): the above through the model interface. */
+extern const struct model_hf_ops llama_hf_ops;
 
 #endif

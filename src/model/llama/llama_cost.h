@@ -1,0 +1,11 @@
+/* model/llama_cost: the Llama family's figures for the cost model (model/model_cost.h): the
+ * work of its units' passes, its activation bytes, its FLOPs per token, its TP programs from
+ * the shapes, and the kernels calibration times at its shapes. */
+#ifndef CT_MODEL_LLAMA_COST_H
+#define CT_MODEL_LLAMA_COST_H
+
+#include "model/model_cost.h"
+
+extern const struct model_cost_ops llama_cost_ops;
+
+#endif

@@ -1,0 +1,35 @@
+/* model/model_hf: the family's Hugging Face interop (model/model_hf.h), through the table. */
+#include "model/model_hf.h"
+
+#include "base/log.h"
+#include "model/model.h"
+
+const struct model_hf_ops *model_hf_of(const struct model_config *c)
+{
+	const struct model_family *f = model_family_of(c->kind);
+	return f->export_hf ? f->hf : NULL;
+}
+
+static const struct model_hf_ops *hf_ops(const struct model_config *c)
+{
+	const struct model_hf_ops *o = model_hf_of(c);
+	CHECK(o, "model %s: no Hugging Face interop", model_kind_name(c->kind));
+	return o;
+}
+
+bool model_hf_tensor(const struct model_config *c, const struct param_entry *e, const float *src,
+                     float *tmp, char *name, size_t n, const float **data)
+{
+	return hf_ops(c)->tensor(c, e, src, tmp, name, n, data);
+}
+
+char *model_hf_config_json(const struct model_config *c)
+{
+	return hf_ops(c)->config_json(c);
+}
+
+int model_hf_load(const char *dir, const struct model_config *c, const struct param_table *t,
+                  float *params)
+{
+	return hf_ops(c)->load(dir, c, t, params);
+}

@@ -1,0 +1,38 @@
+/* model/model_hf: a family's Hugging Face interop (model_family.hf, families with export_hf):
+ * each table tensor's Hugging Face name and layout, config.json, and reading an HF folder into
+ * the family's table layout — what `ctitan export` and checkpoint.initial_load_in_hf use
+ * without naming the family. */
+#ifndef CT_MODEL_MODEL_HF_H
+#define CT_MODEL_MODEL_HF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+struct model_config;
+struct param_entry;
+struct param_table;
+
+struct model_hf_ops {
+	/* Entry e of the whole-model table as Hugging Face stores it: its name into name (n
+	 * bytes; false when it has none) and *data: src (e's values) as they are, or rewritten
+	 * into tmp (e->numel floats), e.g. permuted rows. */
+	bool (*tensor)(const struct model_config *c, const struct param_entry *e, const float *src,
+	               float *tmp, char *name, size_t n, const float **data);
+	/* config.json text (malloc'd) */
+	char *(*config_json)(const struct model_config *c);
+	/* Read an HF folder into params (layout of t, the whole model's table); CT_OK or an
+	 * error code with a message naming the file, key or tensor. */
+	int (*load)(const char *dir, const struct model_config *c, const struct param_table *t,
+	            float *params);
+};
+
+/* The family's interop (NULL: it has none; callers refuse, naming what is not supported). */
+const struct model_hf_ops *model_hf_of(const struct model_config *c);
+/* The calls of the family's model_hf_ops (it must have one). */
+bool model_hf_tensor(const struct model_config *c, const struct param_entry *e, const float *src,
+                     float *tmp, char *name, size_t n, const float **data);
+char *model_hf_config_json(const struct model_config *c);
+int model_hf_load(const char *dir, const struct model_config *c, const struct param_table *t,
+                  float *params);
+
+#endif
