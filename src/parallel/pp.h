@@ -24,7 +24,7 @@
  * result equals a one-rank step over the same rows; the gradient norm for clipping is taken
  * over all stages (shards summed over dp_shard, then over pp).
  *
- * Tensor parallelism (mesh->tp > 1): the table is this TP rank's slice (llama_table_build_tp)
+ * Tensor parallelism (mesh->tp > 1): the table is this TP rank's slice (model_table_build_tp)
  * and every slot a TP model over the TP group; a stage boundary is the rank's sequence shard
  * of the residual stream (Ns = ceil(N / tp) rows), sent to the same TP rank of the neighbour
  * stage. The loss is counted on TP rank 0 (every TP rank holds the whole sum), TP-split
@@ -41,7 +41,7 @@
  * then (one machine, one clock).
  *
  * Zero-bubble schedules (ZB-H1): I runs a stage's backward with the model's split backward
- * (input gradients only, llama_build_opts.split_backward) and W its deferred weight
+ * (input gradients only, model_build_opts.split_backward) and W its deferred weight
  * gradients; a slot is freed once its W has run and its input gradient is sent.
  *
  * Not yet supported: split-backward schedules under tensor parallelism, families without
