@@ -59,9 +59,9 @@ int step_plan_naive_shapes(const struct model_config *c, const struct step_plan_
                            struct sched *naive)
 {
 	const struct model_family *fam = model_family_of(c->kind);
-	if (l->tp > 1 && !fam->tp) {
+	if (l->tp > 1 && (!fam->tp || !model_cost_of(c))) { /* its programs come from the shapes */
 		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not yet supported for "
-		          "model.name = \"%s\"",
+		          "model.name = \"%s\" without a built model",
 		          (long long)l->tp, fam->name);
 		return CT_ERR_USAGE;
 	}

@@ -61,7 +61,7 @@ void step_plan_unit_progs(struct sched_unit *units, int n_units, const struct mo
 /* The naive step of a model that is not built (`ctitan plan`): tensor-parallel rank 0's slice
  * of c's table into *t (param_table_free it), its units sharded dim-0 over l->dp_shard with
  * their TP programs, l->accum micro-batches under o->reshard and o->ac. CT_ERR_USAGE (logged)
- * when the family cannot be sliced so. */
+ * when the family cannot be sliced so (tp > 1 needs TP and a cost model). */
 int step_plan_naive_shapes(const struct model_config *c, const struct step_plan_opts *o,
                            const struct step_plan_layout *l, struct param_table *t,
                            struct sched *naive);
