@@ -1,6 +1,6 @@
-/* Llama 3: presets, parameter table, init, and units (forward, backward, recompute).
- * Reads top to bottom: configs, table, init, build, then the units with backward mirroring
- * forward. */
+/* Llama 3: presets, parameter table, init, build, and the units' entry points, which run
+ * the units' programs (llama_impl.h; the block is in llama_block.c, the embedding and the
+ * head in llama_head.c). Reads top to bottom: configs, table, init, build, units. */
 #include "model/llama/llama.h"
 
 #include <math.h>
@@ -13,7 +13,6 @@
 #include "base/rng.h"
 #include "kernels/kernels.h"
 #include "model/llama/llama_impl.h"
-#include "model/model_group.h"
 
 /* ---------------------------------------------------------------- configs */
 
@@ -261,15 +260,14 @@ void llama_init_params(const struct llama_config *c, const struct param_table *t
 
 /* ---------------------------------------------------------------- build */
 
-/* Address of tensor i inside its unit's current buffer (params or grads). */
-static float *tensor_at(const struct llama_model *m, float *const *unit_base, int i)
+float *llama_tensor_at(const struct llama_model *m, float *const *unit_base, int i)
 {
 	const struct param_entry *p = &m->table.p[i];
 	return unit_base[p->unit] + (p->offset - m->table.unit_begin[p->unit]);
 }
 
-static struct llama_block_ptrs block_ptrs(const struct llama_model *m, float *const *unit_base,
-                                          int l)
+struct llama_block_ptrs llama_block_ptrs_of(const struct llama_model *m, float *const *unit_base,
+                                            int l)
 {
 	struct llama_block_ptrs b;
 	float **dst[LB_COUNT] = {
@@ -284,19 +282,8 @@ static struct llama_block_ptrs block_ptrs(const struct llama_model *m, float *co
 	    [LB_W3] = &b.w3,
 	};
 	for (int k = 0; k < LB_COUNT; k++)
-		*dst[k] = tensor_at(m, unit_base, llama_param_index(l, k));
+		*dst[k] = llama_tensor_at(m, unit_base, llama_param_index(l, k));
 	return b;
-}
-
-float *llama_tensor_at(const struct llama_model *m, float *const *unit_base, int i)
-{
-	return tensor_at(m, unit_base, i);
-}
-
-struct llama_block_ptrs llama_block_ptrs_of(const struct llama_model *m, float *const *unit_base,
-                                            int l)
-{
-	return block_ptrs(m, unit_base, l);
 }
 
 void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
@@ -354,37 +341,39 @@ static void *carve(struct carver *cv, int64_t bytes)
 	return cv->base ? cv->base + at : NULL;
 }
 
-/* This rank's sizes: without tensor parallelism the model's; with it the residual stream
- * holds Ns tokens and heads, FFN hidden and vocabulary are this rank's share. */
-struct llama_dims {
-	int64_t Nr, H, HD, KVD, F, V;
-};
-
-static struct llama_dims local_dims(const struct llama_model *m)
+struct llama_dims llama_dims_of(const struct llama_model *m)
 {
 	const struct llama_config *c = &m->cfg;
-	int64_t S = m->tp ? m->table.tp_size : 1;
-	return (struct llama_dims){.Nr = m->tp ? m->Ns : m->N,
-	                           .H = c->n_heads / S,
-	                           .HD = c->n_heads / S * c->head_dim,
-	                           .KVD = c->n_kv_heads / S * c->head_dim,
-	                           .F = c->ffn_hidden / S,
-	                           .V = (c->vocab_size + S - 1) / S};
+	int64_t S = m->tp ? m->tp->size : 1;
+	struct llama_dims d = {.B = m->B,
+	                       .T = m->T,
+	                       .N = m->N,
+	                       .Ns = m->Ns,
+	                       .C = c->dim,
+	                       .D = c->head_dim,
+	                       .H = c->n_heads / S,
+	                       .KV = c->n_kv_heads / S,
+	                       .F = c->ffn_hidden / S,
+	                       .V = (c->vocab_size + S - 1) / S};
+	d.HD = d.H * d.D;
+	d.KVD = d.KV * d.D;
+	return d;
 }
 
 /* What each activation-checkpointing mode keeps per block (K) and what is re-derived (-):
  *
  *              x  rstd1  q  k  v  att  lse  xmid  rstd2  h1  h3   re-derived by
  *   NONE       K    K    K  K  K   K    K    K     K     K   K    -
- *   FFN        K    K    K  K  K   K    K    K     K     -   -    block_backward (h1s, h3s)
- *   SELECTIVE  K    -    K  -  K   K    K    -     -     K   -    block_recompute_selective
- *   FULL       K    -    -  -  -   -    -    -     -     -   -    block_forward
+ *   FFN        K    K    K  K  K   K    K    K     K     -   -    the backward (h1s, h3s)
+ *   SELECTIVE  K    -    K  -  K   K    K    -     -     K   -    the selective recompute
+ *   FULL       K    -    -  -  -   -    -    -     -     -   -    the forward again
  *
  * The input x is always kept. What a mode re-derives lives once, in buffers shared by every
  * block (FFN's h1/h3 in the backward scratch h1s/h3s instead). SELECTIVE is TorchTitan's
  * per-op policy: keep matmul and attention outputs except every second matmul (wk, wo, w3),
- * and recompute the norms. The three walkers (forward, selective recompute, backward) read
- * and write exactly these buffers; block_keeps below is the table in code. */
+ * and recompute the norms. The block's three walkers in llama_block.c (forward, selective
+ * recompute, backward) read and write exactly these buffers; block_keeps below is the table
+ * in code. */
 enum block_act {
 	BA_RSTD1,
 	BA_Q,
@@ -420,8 +409,8 @@ static float **block_act_slot(struct llama_block_acts *a, enum block_act k)
 static void plan_acts(struct llama_model *m, struct carver *cv)
 {
 	const struct llama_config *c = &m->cfg;
-	const struct llama_dims d = local_dims(m);
-	int64_t N = m->N, Nr = d.Nr, C = c->dim, f = sizeof(float);
+	const struct llama_dims d = llama_dims_of(m);
+	int64_t N = m->N, Nr = d.Ns, C = c->dim, f = sizeof(float);
 	const int64_t bytes[BA_COUNT] = {
 	    [BA_RSTD1] = Nr * f,    [BA_Q] = N * d.HD * f,   [BA_K] = N * d.KVD * f,
 	    [BA_V] = N * d.KVD * f, [BA_ATT] = N * d.HD * f, [BA_LSE] = N * d.H * f,
@@ -452,7 +441,7 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 	}
 	m->x_final = hi > L ? carve(cv, Nr * C * f) : NULL;
 	m->rstd_f = head ? carve(cv, Nr * f) : NULL;
-	m->xn_final = head ? carve(cv, (m->tp ? m->Np : N) * C * f) : NULL; /* TP: gathered */
+	m->xn_final = head ? carve(cv, m->Np * C * f) : NULL; /* TP: gathered */
 	m->rope_cos = carve(cv, m->T * (c->head_dim / 2) * f);
 	m->rope_sin = carve(cv, m->T * (c->head_dim / 2) * f);
 }
@@ -461,8 +450,8 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 static void plan_scratch(struct llama_model *m, struct carver *cv)
 {
 	const struct llama_config *c = &m->cfg;
-	const struct llama_dims d = local_dims(m);
-	int64_t N = m->N, Nr = d.Nr, C = c->dim, HD = d.HD;
+	const struct llama_dims d = llama_dims_of(m);
+	int64_t N = m->N, Nr = d.Ns, C = c->dim, HD = d.HD;
 	int64_t KVD = d.KVD, F = d.F;
 	int64_t f = sizeof(float);
 	m->dres = carve(cv, Nr * C * f);
@@ -482,29 +471,21 @@ static void plan_scratch(struct llama_model *m, struct carver *cv)
 	m->ce_scratch = m->unit_hi == c->n_layers + 2 ? carve(cv, m->ce_rows * d.V * f) : NULL;
 }
 
-/* What the weight-gradient half (W) of a split backward needs of block l: each matmul's
- * output gradient and input, copied out by the input-gradient half (I). Unit 0 keeps the
- * embedding's output gradient (in the dout2 slot). */
-struct wkeep {
-	float *dout2, *gate, *dh1, *dh3, *xn2, *dout1, *att, *dq, *dk, *dv, *xn1;
-};
-
+/* What a split backward keeps per unit (struct llama_wkeep): the gathered activations and
+ * gradients of all N tokens, this rank's heads and FFN features. */
 static int64_t wkeep_floats(const struct llama_model *m)
 {
-	const struct llama_config *c = &m->cfg;
-	int64_t N = m->N, C = c->dim, F = c->ffn_hidden, HD = c->n_heads * c->head_dim;
-	return N * (4 * C + 3 * F + 2 * HD + 2 * c->n_kv_heads * c->head_dim);
+	const struct llama_dims d = llama_dims_of(m);
+	return d.N * (4 * d.C + 3 * d.F + 2 * d.HD + 2 * d.KVD);
 }
 
-/* unit u's kept buffers (u = 0: the embedding; 1..L: blocks), NULL-filled if not kept */
-static struct wkeep wkeep_at(const struct llama_model *m, int u)
+struct llama_wkeep llama_wkeep_at(const struct llama_model *m, int u)
 {
-	struct wkeep k = {0};
+	struct llama_wkeep k = {0};
 	if (!m->wkeep || u < m->unit_lo || u >= m->unit_hi || u > m->cfg.n_layers)
 		return k;
-	const struct llama_config *c = &m->cfg;
-	int64_t N = m->N, C = c->dim, F = c->ffn_hidden, HD = c->n_heads * c->head_dim;
-	int64_t KVD = c->n_kv_heads * c->head_dim;
+	const struct llama_dims d = llama_dims_of(m);
+	int64_t N = d.N, C = d.C, F = d.F, HD = d.HD, KVD = d.KVD;
 	float *p = m->wkeep + (int64_t)(u - m->unit_lo) * wkeep_floats(m);
 	float **slot[] = {&k.dout2, &k.gate, &k.dh1, &k.dh3, &k.xn2, &k.dout1,
 	                  &k.att,   &k.dq,   &k.dk,  &k.dv,  &k.xn1};
@@ -535,10 +516,9 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	m->B = B;
 	m->T = T;
 	m->N = B * T;
-	if (m->tp) {
-		m->Ns = (m->N + m->tp->size - 1) / m->tp->size;
-		m->Np = m->Ns * m->tp->size;
-	}
+	int S = m->tp ? m->tp->size : 1; /* one rank: the group of one */
+	m->Ns = (m->N + S - 1) / S;
+	m->Np = m->Ns * S;
 	int L = (int)c->n_layers;
 	m->unit_lo = opts->unit_hi > 0 ? opts->unit_lo : 0;
 	m->unit_hi = opts->unit_hi > 0 ? opts->unit_hi : L + 2;
@@ -547,7 +527,7 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 		          m->unit_hi, L + 2);
 		return CT_ERR_USAGE;
 	}
-	m->ce_rows = llama_ce_rows(local_dims(m).V, m->N);
+	m->ce_rows = llama_ce_rows(llama_dims_of(m).V, m->N);
 
 	m->unit_w = xcalloc((size_t)m->table.n_units, sizeof(float *));
 	m->unit_dw = xcalloc((size_t)m->table.n_units, sizeof(float *));
@@ -617,274 +597,89 @@ int64_t llama_count_valid(const int32_t *targets, int64_t n)
 	return v;
 }
 
-/* ---------------------------------------------------------------- units: forward */
+/* ---------------------------------------------------------------- units
+ *
+ * Every pass of a unit is its program (llama_impl.h). Under tensor parallelism the schedule
+ * runs it op by op (llama_unit_op); one rank runs all of its segments in order as one pass,
+ * and has no collectives to run between them. */
 
-static float *block_output(struct llama_model *m, int l)
+float *llama_block_output(struct llama_model *m, int l)
 {
 	return l + 1 < m->cfg.n_layers ? m->acts[l + 1].x : m->x_final;
 }
 
-float *llama_block_output(struct llama_model *m, int l)
+struct llama_prog llama_prog_of(int L, bool async, enum model_ac ac, int u, enum model_pass p)
 {
-	return block_output(m, l);
+	if (u == 0)
+		return llama_embed_prog(p);
+	if (u > L)
+		return llama_head_prog(p);
+	return llama_block_prog(async, ac, p);
 }
 
-/* h = x + wo(attn(rope(wq xn), rope(wk xn), wv xn)),  xn = rmsnorm(x)
- * out = h + w2(silu(w1 hn) * w3 hn),                  hn = rmsnorm(h) */
-static void block_forward(struct llama_model *m, int l)
+static struct llama_prog model_prog_of(const struct llama_model *m, int u, enum model_pass p)
 {
-	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
-	struct llama_block_acts *a = &m->acts[l];
-	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
-	int64_t H = c->n_heads, KV = c->n_kv_heads, HD = H * D, KVD = KV * D, F = c->ffn_hidden;
-	float *out = block_output(m, l);
-
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
-	matmul_forward_f32(a->q, m->xn, w->wq, N, C, HD, 0);
-	matmul_forward_f32(a->k, m->xn, w->wk, N, C, KVD, 0);
-	matmul_forward_f32(a->v, m->xn, w->wv, N, C, KVD, 0);
-	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, B, T, H, D);
-	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, B, T, KV, D);
-	attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, B, T, H, KV, D);
-	memcpy(a->xmid, a->x, (size_t)(N * C) * sizeof(float));
-	matmul_forward_f32(a->xmid, a->att, w->wo, N, HD, C, 1);
-
-	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
-	float *h1 = m->recompute_ffn ? m->h1s : a->h1, *h3 = m->recompute_ffn ? m->h3s : a->h3;
-	matmul_forward_f32(h1, m->xn, w->w1, N, C, F, 0);
-	matmul_forward_f32(h3, m->xn, w->w3, N, C, F, 0);
-	swiglu_forward_f32(m->gate, h1, h3, N * F);
-	memcpy(out, a->xmid, (size_t)(N * C) * sizeof(float));
-	matmul_forward_f32(out, m->gate, w->w2, N, F, C, 1);
+	return llama_prog_of((int)m->cfg.n_layers, m->tp && m->tpb->async, m->ac, u, p);
 }
 
-/* Final norm + fused output/loss. When the step's loss scale is known (m->loss_dscale > 0,
- * set by the trainer), the loss gradient is produced in the same pass over the logits, so the
- * (N,V) projection runs once per step instead of twice. */
-static double head_forward(struct llama_model *m, int64_t *n_valid)
+/* Ops [lo, hi) of unit u's pass p: the segments, and under TP the collectives (*ran: whether
+ * the last one ran). Returns the loss sum when they end the head's forward (else 0). */
+static double run_ops(struct llama_model *m, int u, enum model_pass p, int lo, int hi,
+                      double dscale, int64_t *n_valid, bool *ran)
 {
-	const struct llama_config *c = &m->cfg;
-	bool grads = m->loss_dscale > 0.0;
-	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final,
-	                    tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, c->dim, c->norm_eps);
-	if (grads)
-		memset(m->dxn, 0, (size_t)(m->N * c->dim) * sizeof(float));
-	double loss = cross_entropy_fused_f32(
-	    grads ? m->dxn : NULL, grads ? tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)) : NULL,
-	    m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
-	    c->vocab_size, LLAMA_IGNORE_INDEX, m->loss_dscale, m->ce_scratch, m->ce_rows, n_valid);
-	m->head_grads_ready = grads;
-	return loss;
+	struct llama_prog g = model_prog_of(m, u, p);
+	bool r = false;
+	m->pass_dscale = dscale;
+	for (int op = lo; op < hi; op++) {
+		const struct llama_op *o = &g.ops[op];
+		if (op % 2)
+			r = m->tp ? o->coll(m, u - 1) : false;
+		else if (o->seg)
+			o->seg(m, u - 1);
+	}
+	if (ran)
+		*ran = r;
+	if (n_valid)
+		*n_valid = 0;
+	if (p != MODEL_PASS_FWD || u <= m->cfg.n_layers || hi != g.n_ops)
+		return 0.0;
+	if (n_valid) /* the head's forward is done: its loss (h_loss left it here) */
+		*n_valid = m->pass_valid;
+	return m->pass_loss;
+}
+
+static double run_pass(struct llama_model *m, int u, enum model_pass p, double dscale,
+                       int64_t *n_valid)
+{
+	return run_ops(m, u, p, 0, model_prog_of(m, u, p).n_ops, dscale, n_valid, NULL);
 }
 
 double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
 {
-	int L = (int)m->cfg.n_layers;
-	if (n_valid)
-		*n_valid = 0;
-	if (m->tp)
-		return llama_tp_unit_forward(m, u, n_valid);
-	if (u == 0) {
-		float *x0 = L > 0 ? m->acts[0].x : m->x_final;
-		embedding_forward_f32(x0, m->tokens, tensor_at(m, m->unit_w, PARAM_TOK_EMB), m->N,
-		                      m->cfg.dim);
-		return 0.0;
-	}
-	if (u <= L) {
-		block_forward(m, u - 1);
-		return 0.0;
-	}
-	return head_forward(m, n_valid);
+	return run_pass(m, u, MODEL_PASS_FWD, 0.0, n_valid);
 }
 
-/* SELECTIVE: the activations the per-op policy dropped — k (wk, the 2nd matmul), the
- * residual after attention (wo, the 4th), h3 (w3, the 6th) and both norms — from the saved
- * x and attention output, with the same kernels in the same order as block_forward. */
-static void block_recompute_selective(struct llama_model *m, int l)
-{
-	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
-	struct llama_block_acts *a = &m->acts[l];
-	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
-	int64_t KV = c->n_kv_heads, HD = c->n_heads * D, KVD = KV * D, F = c->ffn_hidden;
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
-	matmul_forward_f32(a->k, m->xn, w->wk, N, C, KVD, 0);
-	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, B, T, KV, D);
-	memcpy(a->xmid, a->x, (size_t)(N * C) * sizeof(float));
-	matmul_forward_f32(a->xmid, a->att, w->wo, N, HD, C, 1);
-	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
-	matmul_forward_f32(a->h3, m->xn, w->w3, N, C, F, 0);
-}
-
+/* Every unit's forward is a pure function of its saved input and its parameters (and the
+ * collectives are deterministic), so recomputing is running it again: all of it, or under
+ * SELECTIVE a block's dropped activations. */
 void llama_unit_recompute(struct llama_model *m, int u)
 {
-	/* Every unit's forward is a pure function of its saved input and its parameters, so
-	 * recomputing is running it again. */
-	if (m->tp) {
-		llama_tp_unit_recompute(m, u);
-		return;
-	}
-	if (u > 0 && u <= m->cfg.n_layers && m->ac == MODEL_AC_SELECTIVE)
-		block_recompute_selective(m, u - 1);
-	else if (u > 0 && u <= m->cfg.n_layers)
-		block_forward(m, u - 1);
-	else if (u == 0)
-		llama_unit_forward(m, 0, NULL);
-	else
-		rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final,
-		                    tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, m->cfg.dim,
-		                    m->cfg.norm_eps);
-}
-
-/* ---------------------------------------------------------------- units: backward */
-
-void llama_attention_backward(struct llama_model *m, const struct llama_block_acts *a, int64_t B,
-                              int64_t T, int64_t H, int64_t KV, int64_t D)
-{
-	int64_t N = B * T;
-	memset(m->dq, 0, (size_t)(N * H * D) * sizeof(float));
-	memset(m->dk, 0, (size_t)(N * KV * D) * sizeof(float));
-	memset(m->dv, 0, (size_t)(N * KV * D) * sizeof(float));
-	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, B, T,
-	                       H, KV, D);
-	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, B, T, H, D);
-	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, B, T, KV, D);
-}
-
-/* Mirrors block_forward bottom-up. On entry m->dres = dL/d(out); on exit dL/d(x). With a
- * split backward the weight gradients of the matmuls are left to block_backward_weight. */
-static void block_backward(struct llama_model *m, int l)
-{
-	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
-	const struct llama_block_ptrs dwb = block_ptrs(m, m->unit_dw, l), *dw = &dwb;
-	struct llama_block_acts *a = &m->acts[l];
-	int64_t B = m->B, T = m->T, N = m->N, C = c->dim, D = c->head_dim;
-	int64_t H = c->n_heads, KV = c->n_kv_heads, HD = H * D, KVD = KV * D, F = c->ffn_hidden;
-	size_t nc = (size_t)(N * C) * sizeof(float), nf = (size_t)(N * F) * sizeof(float);
-
-	/* feed-forward: out = xmid + w2(gate), gate = silu(h1) * h3, h = w(1|3) hn */
-	rmsnorm_forward_f32(m->xn, a->rstd2, a->xmid, w->ffn_norm, N, C, c->norm_eps);
-	const float *h1 = a->h1, *h3 = a->h3;
-	if (m->recompute_ffn) {
-		matmul_forward_f32(m->h1s, m->xn, w->w1, N, C, F, 0);
-		matmul_forward_f32(m->h3s, m->xn, w->w3, N, C, F, 0);
-		h1 = m->h1s;
-		h3 = m->h3s;
-	}
-	swiglu_forward_f32(m->gate, h1, h3, N * F);
-	const struct wkeep k = wkeep_at(m, l + 1);
-	bool split = k.dout2 != NULL;
-	if (split) {
-		memcpy(k.dout2, m->dres, nc);
-		memcpy(k.gate, m->gate, nf);
-	} else {
-		matmul_backward_f32(NULL, dw->w2, m->dres, m->gate, w->w2, N, F, C);
-	}
-	/* the first write of each activation gradient overwrites it (beta 0): no zeroing pass */
-	matmul_backward_set_f32(m->gate, NULL, m->dres, NULL, w->w2, N, F, C); /* d(gate) */
-	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, N * F);
-	matmul_backward_set_f32(m->dxn, split ? NULL : dw->w1, m->dh1, m->xn, w->w1, N, C, F);
-	matmul_backward_f32(m->dxn, split ? NULL : dw->w3, m->dh3, m->xn, w->w3, N, C, F);
-	if (split) {
-		memcpy(k.dh1, m->dh1, nf);
-		memcpy(k.dh3, m->dh3, nf);
-		memcpy(k.xn2, m->xn, nc);
-	}
-	rmsnorm_backward_f32(m->dres, dw->ffn_norm, m->dxn, a->xmid, w->ffn_norm, a->rstd2, N, C);
-
-	/* attention: xmid = x + wo(att) */
-	matmul_backward_set_f32(m->datt, split ? NULL : dw->wo, m->dres, a->att, w->wo, N, HD, C);
-	if (split) { /* att may live in a buffer the next block's recompute reuses */
-		memcpy(k.dout1, m->dres, nc);
-		memcpy(k.att, a->att, (size_t)(N * HD) * sizeof(float));
-	}
-	llama_attention_backward(m, a, B, T, H, KV, D);
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, w->attn_norm, N, C, c->norm_eps);
-	matmul_backward_set_f32(m->dxn, split ? NULL : dw->wq, m->dq, m->xn, w->wq, N, C, HD);
-	matmul_backward_f32(m->dxn, split ? NULL : dw->wk, m->dk, m->xn, w->wk, N, C, KVD);
-	matmul_backward_f32(m->dxn, split ? NULL : dw->wv, m->dv, m->xn, w->wv, N, C, KVD);
-	if (split) {
-		memcpy(k.dq, m->dq, (size_t)(N * HD) * sizeof(float));
-		memcpy(k.dk, m->dk, (size_t)(N * KVD) * sizeof(float));
-		memcpy(k.dv, m->dv, (size_t)(N * KVD) * sizeof(float));
-		memcpy(k.xn1, m->xn, nc);
-	}
-	rmsnorm_backward_f32(m->dres, dw->attn_norm, m->dxn, a->x, w->attn_norm, a->rstd1, N, C);
-}
-
-/* The weight-gradient half of block l's split backward, in block_backward's order. */
-static void block_backward_weight(struct llama_model *m, int l, const struct wkeep *k)
-{
-	const struct llama_config *c = &m->cfg;
-	const struct llama_block_ptrs wb = block_ptrs(m, m->unit_w, l), *w = &wb;
-	const struct llama_block_ptrs dwb = block_ptrs(m, m->unit_dw, l), *dw = &dwb;
-	int64_t N = m->N, C = c->dim, F = c->ffn_hidden, HD = c->n_heads * c->head_dim;
-	int64_t KVD = c->n_kv_heads * c->head_dim;
-	matmul_backward_f32(NULL, dw->w2, k->dout2, k->gate, w->w2, N, F, C);
-	matmul_backward_f32(NULL, dw->w1, k->dh1, k->xn2, w->w1, N, C, F);
-	matmul_backward_f32(NULL, dw->w3, k->dh3, k->xn2, w->w3, N, C, F);
-	matmul_backward_f32(NULL, dw->wo, k->dout1, k->att, w->wo, N, HD, C);
-	matmul_backward_f32(NULL, dw->wq, k->dq, k->xn1, w->wq, N, C, HD);
-	matmul_backward_f32(NULL, dw->wk, k->dk, k->xn1, w->wk, N, C, KVD);
-	matmul_backward_f32(NULL, dw->wv, k->dv, k->xn1, w->wv, N, C, KVD);
-}
-
-void llama_unit_backward_weight(struct llama_model *m, int u)
-{
-	const struct wkeep k = wkeep_at(m, u);
-	CHECK(k.dout2, "llama: unit %d has no split backward to finish", u);
-	if (u >= 1)
-		block_backward_weight(m, u - 1, &k);
-	else
-		embedding_backward_f32(tensor_at(m, m->unit_dw, PARAM_TOK_EMB), k.dout2, m->tokens,
-		                       m->N, m->cfg.dim);
+	run_pass(m, u, MODEL_PASS_REC, 0.0, NULL);
 }
 
 void llama_unit_backward(struct llama_model *m, int u, double dscale)
 {
-	const struct llama_config *c = &m->cfg;
-	if (m->tp) {
-		llama_tp_unit_backward(m, u, dscale);
-		return;
-	}
-	int L = (int)c->n_layers;
-	size_t nc = (size_t)(m->N * c->dim) * sizeof(float);
-	if (u == L + 1) {
-		/* loss -> d(xn_final) -> d(x_final), starting the residual gradient chain */
-		if (!m->head_grads_ready || m->loss_dscale != dscale) {
-			CHECK(!m->head_grads_ready,
-			      "loss gradient made with scale %g, asked for %g", m->loss_dscale,
-			      dscale);
-			memset(m->dxn, 0, nc);
-			cross_entropy_fused_f32(
-			    m->dxn, tensor_at(m, m->unit_dw, PARAM_OUTPUT(m)), m->xn_final,
-			    tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->targets, m->N, c->dim,
-			    c->vocab_size, LLAMA_IGNORE_INDEX, dscale, m->ce_scratch, m->ce_rows,
-			    NULL);
-		}
-		m->head_grads_ready = false;
-		memset(m->dres, 0, nc);
-		rmsnorm_backward_f32(m->dres, tensor_at(m, m->unit_dw, PARAM_NORM(m)), m->dxn,
-		                     m->x_final, tensor_at(m, m->unit_w, PARAM_NORM(m)), m->rstd_f,
-		                     m->N, c->dim);
-	} else if (u >= 1) {
-		block_backward(m, u - 1);
-	} else if (wkeep_at(m, 0).dout2) {
-		memcpy(wkeep_at(m, 0).dout2, m->dres, nc); /* the embedding's gradient is W's */
-	} else {
-		embedding_backward_f32(tensor_at(m, m->unit_dw, PARAM_TOK_EMB), m->dres, m->tokens,
-		                       m->N, c->dim);
-	}
+	run_pass(m, u, MODEL_PASS_BWD, dscale, NULL);
 }
 
-double llama_forward(struct llama_model *m, int64_t *n_valid)
+void llama_unit_backward_weight(struct llama_model *m, int u)
 {
-	double loss = 0.0;
-	for (int u = 0; u < m->table.n_units; u++)
-		loss += llama_unit_forward(m, u, n_valid);
-	return loss;
+	const struct llama_wkeep k = llama_wkeep_at(m, u);
+	CHECK(k.dout2, "llama: unit %d has no split backward to finish", u);
+	if (u >= 1)
+		llama_block_backward_weight(m, u - 1, &k);
+	else
+		llama_embed_backward_weight(m, &k);
 }
 
 bool llama_unit_needs_recompute(const struct llama_model *m, int u)
@@ -895,18 +690,33 @@ bool llama_unit_needs_recompute(const struct llama_model *m, int u)
 
 void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out)
 {
-	if (m->tp) {
-		llama_tp_unit_prog(m, u, p, out);
-		return;
-	}
-	memset(out, 0, sizeof(*out));
+	if (m->tp)
+		llama_tp_prog(&m->cfg, m->tp->size, m->tpb->async, m->ac, m->B, m->T, sizeof(float),
+		              u, p, out);
+	else
+		memset(out, 0, sizeof(*out)); /* one segment */
 }
 
 double llama_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
                      int64_t *n_valid, bool *ran)
 {
-	CHECK(m->tp, "llama_unit_op: unit %d is one segment without tensor parallelism", u);
-	return llama_tp_unit_op(m, u, p, op, dscale, n_valid, ran);
+	int n = model_prog_of(m, u, p).n_ops;
+	if (!m->tp) {
+		CHECK(op == 0, "llama unit %d: op %d of a one-segment pass", u, op);
+		return run_ops(m, u, p, 0, n, dscale, n_valid, ran);
+	}
+	CHECK(op >= 0 && op < n, "TP unit %d: op %d of %d", u, op, n);
+	return run_ops(m, u, p, op, op + 1, dscale, n_valid, ran);
+}
+
+/* ---------------------------------------------------------------- the whole model */
+
+double llama_forward(struct llama_model *m, int64_t *n_valid)
+{
+	double loss = 0.0;
+	for (int u = 0; u < m->table.n_units; u++)
+		loss += llama_unit_forward(m, u, n_valid);
+	return loss;
 }
 
 void llama_backward(struct llama_model *m, double dscale)
@@ -916,16 +726,4 @@ void llama_backward(struct llama_model *m, double dscale)
 			llama_unit_recompute(m, u);
 		llama_unit_backward(m, u, dscale);
 	}
-}
-
-void llama_logits(struct llama_model *m, float *logits)
-{
-	CHECK(!m->tp, "llama_logits: not available on a tensor-parallel model");
-	for (int u = 0; u < m->table.n_units - 1; u++)
-		llama_unit_forward(m, u, NULL);
-	rmsnorm_forward_f32(m->xn_final, m->rstd_f, m->x_final,
-	                    tensor_at(m, m->unit_w, PARAM_NORM(m)), m->N, m->cfg.dim,
-	                    m->cfg.norm_eps);
-	matmul_forward_f32(logits, m->xn_final, tensor_at(m, m->unit_w, PARAM_OUTPUT(m)), m->N,
-	                   m->cfg.dim, m->cfg.vocab_size, 0);
 }

@@ -124,8 +124,8 @@ struct llama_build_opts {
 	enum model_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
 	/* Tensor parallelism over this group's collectives (NULL or size 1: none; model/
 	 * model_group.h, run by parallel/tp_coll): Megatron column/row parallel blocks with
-	 * sequence parallelism and a vocabulary-parallel loss (model/llama_tp.c). Every
-	 * activation-checkpointing mode. */
+	 * sequence parallelism and a vocabulary-parallel loss, the same block as one rank's
+	 * (llama_impl.h). Every activation-checkpointing mode. */
 	const struct model_group *tp;
 	/* Plan activations only for units [unit_lo, unit_hi) (unit_hi = 0: all): the blocks in
 	 * the range, the input of the first (the previous unit's output) and the output of the
@@ -182,12 +182,18 @@ struct llama_model {
 	 * sets 1/global valid tokens); backward of that unit then reuses it. */
 	double loss_dscale;
 	bool head_grads_ready;
-	/* tensor parallelism: NULL without. The residual stream (x, xmid, x_final, dres, xn,
-	 * dxn, rstd) holds this rank's Ns = ceil(N/tp) tokens; q/k/v/att/h1/h3 the local heads
-	 * and hidden features of all N tokens. */
+	/* tensor parallelism: NULL without (one rank is the group of one). The residual stream
+	 * (x, xmid, x_final, dres, xn, dxn, rstd) holds this rank's Ns = ceil(N/tp) tokens;
+	 * q/k/v/att/h1/h3 the local heads and hidden features of all N tokens. */
 	const struct model_group *tp;
-	int64_t Ns, Np; /* sequence shard rows, padded rows Ns * tp */
-	struct llama_tp_bufs *tpb;
+	int64_t Ns, Np;            /* sequence shard rows, padded rows Ns * tp (without TP: N, N) */
+	struct llama_tp_bufs *tpb; /* the collectives' buffers (NULL without TP) */
+	/* between the ops of a unit's pass (llama_unit_op): the head's loss sum and valid
+	 * targets, the backward's loss scale, and whether the loss gradient still needs its
+	 * reduce-scatter in backward */
+	double pass_loss, pass_dscale;
+	int64_t pass_valid;
+	bool loss_rs_pending;
 };
 
 /* Build a model for micro-batches of (B, T): plans and allocates activations; with own_params
@@ -233,10 +239,10 @@ struct llama_config llama_config_tp_slice(const struct llama_config *c, int64_t 
  * in fp32; 2 for a bf16 target). */
 void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_ac ac, int64_t B,
                    int64_t T, int64_t elem_bytes, int u, enum model_pass p, struct model_prog *out);
-/* Under tensor parallelism (a pass without it is one segment: the three calls above run
- * it), op `op` of that program (segment op / 2 or collective op / 2); *ran (may be NULL) says
- * whether a collective ran. Returns the loss sum after the head's last forward op (else 0),
- * with its valid targets in *n_valid (may be NULL). Ops in order are the unit's pass. */
+/* Op `op` of that program (segment op / 2 or collective op / 2; without tensor parallelism
+ * op 0 is the whole pass); *ran (may be NULL) says whether a collective ran. Returns the
+ * loss sum after the head's last forward op (else 0), with its valid targets in *n_valid
+ * (may be NULL). Ops in order are the unit's pass. */
 double llama_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
                      int64_t *n_valid, bool *ran);
 

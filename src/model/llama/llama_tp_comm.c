@@ -1,14 +1,17 @@
-/* Llama under tensor parallelism: its buffers and the collectives its programs name — the
- * sequence-parallel all-gather and reduce-scatter on the compute path, and async TP's ring
- * steps that hide them behind the matmul beside them — called through the model's collective
- * interface (model/model_group.h), which parallel/tp_coll runs. The programs that call them
- * are in llama_tp.c. */
+/* Llama under tensor parallelism: its buffers, the collectives its programs name — the
+ * sequence-parallel all-gather and reduce-scatter on the compute path, the norm weights'
+ * partial gradients, and async TP's ring steps that hide them behind the matmul beside them —
+ * called through the model's collective interface (model/model_group.h), which parallel/
+ * tp_coll runs; and the programs' collectives as descriptors for a schedule and the cost
+ * model (llama_tp_prog). The programs that name them are in llama_block.c and llama_head.c.
+ */
 #include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
 #include "base/mem.h"
-#include "model/llama/llama_tp_impl.h"
+#include "kernels/kernels.h"
+#include "model/llama/llama_impl.h"
 #include "model/model_group.h"
 
 void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts)
@@ -64,6 +67,65 @@ void llama_tp_reduce_scatter(struct llama_model *m, float *part, float *out)
 	int64_t C = m->cfg.dim;
 	memset(part + m->N * C, 0, (size_t)((m->Np - m->N) * C) * sizeof(float));
 	m->tp->reduce_scatter_f32(m->tp->ctx, part, out, m->Ns * C, m->tpb->rs_scratch);
+}
+
+/* the norm output, along the tokens */
+bool llama_c_ag_xn(struct llama_model *m, int l)
+{
+	(void)l;
+	llama_tp_gather(m, m->xn, m->tpb->xg);
+	return true;
+}
+
+/* the residual gradient */
+bool llama_c_ag_dres(struct llama_model *m, int l)
+{
+	(void)l;
+	llama_tp_gather(m, m->dres, m->tpb->part);
+	return true;
+}
+
+/* row-parallel partial sums */
+bool llama_c_rs_part(struct llama_model *m, int l)
+{
+	(void)l;
+	llama_tp_reduce_scatter(m, m->tpb->part, m->tpb->rs_out);
+	return true;
+}
+
+/* A norm weight's gradient is partial over the token shards: every rank's, in rank order
+ * (llama_norm_backward left this rank's in tpb->rs_scratch, free between collectives). */
+bool llama_c_ag_dnorm(struct llama_model *m, int l)
+{
+	(void)l;
+	m->tp->all_gather(m->tp->ctx, m->tpb->rs_scratch, m->tpb->dnorm,
+	                  m->cfg.dim * (int64_t)sizeof(float), false);
+	return true;
+}
+
+/* ---------------------------------------------------------------- norm weights' gradients */
+
+void llama_norm_backward(struct llama_model *m, float *dw, float *dx, const float *dout,
+                         const float *x, const float *w, const float *rstd)
+{
+	if (!m->tp) {
+		rmsnorm_backward_f32(dx, dw, dout, x, w, rstd, m->N, m->cfg.dim);
+		return;
+	}
+	float *mine = m->tpb->rs_scratch;
+	memset(mine, 0, (size_t)m->cfg.dim * sizeof(float));
+	rmsnorm_backward_f32(dx, mine, dout, x, w, rstd, m->Ns, m->cfg.dim);
+}
+
+/* Sum the gathered partial gradients in rank order (identical on every rank) into dw. */
+void llama_norm_sum(struct llama_model *m, float *dw)
+{
+	if (!m->tp)
+		return;
+	int64_t C = m->cfg.dim, S = m->tp->size;
+	for (int64_t r = 0; r < S; r++)
+		for (int64_t j = 0; j < C; j++)
+			dw[j] += m->tpb->dnorm[r * C + j];
 }
 
 /* ---------------------------------------------------------------- async TP: ring steps
@@ -131,4 +193,62 @@ void llama_tp_ring_reduce_scatter(struct llama_model *m, float *out, llama_tp_ri
 			m->tp->ring_post(m->tp->ctx, acc, rin, bytes, (int)k,
 			                 "async TP reduce-scatter ring step");
 	}
+}
+
+/* ---------------------------------------------------------------- descriptors */
+
+/* FLOPs of the matmul a ring hides behind, on one rank (its heads and FFN columns), for N
+ * tokens: 2 x rows x in x out. A backward ring carries both gradient matmuls of w2 and wo
+ * (the input gradient and the weight gradient, block by block) and one of the others'. */
+static double ring_flops(const struct llama_config *c, int S, int64_t N, enum model_pass p,
+                         enum llama_ring_mm mm)
+{
+	double N2 = 2.0 * (double)N, C = (double)c->dim, D = (double)c->head_dim;
+	double HD = (double)(c->n_heads / S) * D, KVD = (double)(c->n_kv_heads / S) * D;
+	double F = (double)(c->ffn_hidden / S), both = p == MODEL_PASS_BWD ? 2.0 : 1.0;
+	switch (mm) {
+	case LLAMA_MM_QKV:
+		return N2 * C * (HD + 2 * KVD);
+	case LLAMA_MM_WO:
+		return both * N2 * HD * C;
+	case LLAMA_MM_W13:
+		return N2 * C * 2 * F;
+	case LLAMA_MM_W2:
+		return both * N2 * F * C;
+	case LLAMA_MM_NONE:
+		break;
+	}
+	return 0.0;
+}
+
+void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_ac ac, int64_t B,
+                   int64_t T, int64_t elem_bytes, int u, enum model_pass p, struct model_prog *out)
+{
+	struct llama_prog g = llama_prog_of((int)c->n_layers, async, ac, u, p);
+	int64_t N = B * T, Ns = (N + tp - 1) / tp;
+	memset(out, 0, sizeof(*out));
+	for (int i = 1; i < g.n_ops; i += 2) {
+		const struct llama_op *o = &g.ops[i];
+		CHECK(out->n < MODEL_PROG_MAX, "TP program of unit %d: too many collectives", u);
+		int64_t blk =
+		    (o->size == LLAMA_COLL_NORM ? (int64_t)sizeof(float) : Ns * elem_bytes) *
+		    c->dim;
+		out->c[out->n++] = (struct model_coll_desc){
+		    .kind = o->kind,
+		    .when = o->when,
+		    .bytes = (int64_t)(tp - 1) * blk,
+		    .group = tp,
+		    .ring = o->ring,
+		    .ring_flops = o->ring ? ring_flops(c, tp, N, p, o->ring_mm) : 0.0};
+	}
+}
+
+struct llama_config llama_config_tp_slice(const struct llama_config *c, int64_t tp)
+{
+	struct llama_config r = *c;
+	r.n_heads /= tp;
+	r.n_kv_heads /= tp;
+	r.ffn_hidden /= tp;
+	r.vocab_size = (c->vocab_size + tp - 1) / tp;
+	return r;
 }
