@@ -16,37 +16,32 @@
 
 /* ---- the schema (config_schema.c) ---- */
 
-enum cfg_type { CFG_STRING, CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_TYPE_COUNT };
-
-enum cfg_bound { BOUND_NONE, BOUND_INCL, BOUND_EXCL };
-
-struct cfg_range {
-	enum cfg_bound lo_kind, hi_kind;
-	double lo, hi;
-	bool minus_one_ok; /* -1 ("unset") is accepted besides the range */
-};
-
 struct cfg_key {
 	const char *section;
 	const char *name;
-	enum cfg_type type;
+	enum config_type type;
 	size_t offset;
 	size_t size;                /* bytes of the field; a string holds size - 1 bytes */
 	const char *def;            /* the default, written as on the command line */
-	struct cfg_range range;     /* numbers only */
+	struct config_range range;  /* numbers only */
 	const char *const *choices; /* strings only; NULL-terminated, or NULL for any string */
 	bool list; /* strings only: a TOML array of strings (or a comma list), stored "a,b" */
 	const char *help;
 };
 
-extern const char *const cfg_type_names[]; /* CFG_TYPE_COUNT of each */
+extern const char *const cfg_type_names[]; /* CONFIG_TYPE_COUNT of each */
 extern const char *const cfg_type_nouns[]; /* "expected <noun>" */
 extern const char *const cfg_sections[];   /* in printing order */
 extern const size_t cfg_n_sections;
-extern const struct cfg_key cfg_schema[];
+extern const struct cfg_key cfg_schema[]; /* the built-in rows, grouped by section */
 extern const size_t cfg_n_keys;
 #define CFG_N_SECTIONS cfg_n_sections
-#define CFG_N_KEYS     cfg_n_keys
+/* Every key: the schema's rows, then those added by the layers above (config_add_keys), in
+ * the order they were added; built on first use (config.c). */
+const struct cfg_key *cfg_key_table(void);
+size_t cfg_key_count(void);
+#define CFG_KEYS   cfg_key_table()
+#define CFG_N_KEYS cfg_key_count()
 /* Capacities for per-key arrays (the table's size is not a constant outside its file);
  * config_defaults checks the table fits. */
 #define CFG_MAX_SECTIONS 32
