@@ -980,25 +980,6 @@ static int cfg_validate_inert(const struct ct_config *cfg)
 		if (rc)
 			return rc;
 	}
-	bool hyena = strcmp(c->model.name, "hyena") == 0;
-	if (!hyena) {
-		const struct {
-			const char *name;
-			bool set;
-		} hk[] = {{"hyena_order", c->model.hyena_order != -1},
-		          {"hyena_filter_order", c->model.hyena_filter_order != -1},
-		          {"hyena_emb_dim", c->model.hyena_emb_dim != -1},
-		          {"hyena_sin_freq", c->model.hyena_sin_freq != -1},
-		          {"hyena_l_max", c->model.hyena_l_max != -1}};
-		for (size_t i = 0; i < ARRAY_SIZE(hk); i++)
-			if (hk[i].set)
-				return cfg_fail(&w,
-				                "model.%s: only read when model.name = \"hyena\" "
-				                "(this is %s)",
-				                hk[i].name, c->model.name);
-	}
-	if (hyena && c->model.rope_scaling)
-		return cfg_fail(&w, "model.rope_scaling: Hyena has no RoPE (only read for llama3)");
 	if (strcmp(c->activation_checkpoint.mode, "selective") != 0 &&
 	    strcmp(c->activation_checkpoint.selective_ac_option, "op") != 0)
 		return cfg_fail(&w,

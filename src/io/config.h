@@ -31,19 +31,14 @@ struct ct_config {
 	} job;
 	struct {
 		char name[64];      /* "llama3" */
-		char flavor[64];    /* "debugmodel": debugmodel | 125M | 1B | 8B | 70B | 405B */
+		char flavor[64];    /* "debugmodel": a preset of the family (config_set_choices) */
 		int64_t vocab_size; /* -1: the flavor's vocab */
 		bool rope_scaling;  /* false: Llama 3.1 RoPE frequency scaling (factor 8, low 1,
 		                       high 4, original context 8192) */
 		char converters[64]; /* "": comma list of model converters ("float8") */
 		char tokenizer_path[CONFIG_STR_MAX]; /* "": the tokenizer of the dataset (rank
 		                                        file or tokenizer.json) */
-		/* Hyena (name = "hyena"); -1: the flavor's value */
-		int64_t hyena_order;        /* -1, >= 2: long convolutions + 1 per block */
-		int64_t hyena_filter_order; /* -1, >= 1: width of the implicit filter MLP */
-		int64_t hyena_emb_dim;      /* -1, odd >= 3: positional features of the filter */
-		double hyena_sin_freq;      /* -1, > 0: initial frequency of the sine activations */
-		int64_t hyena_l_max;        /* -1 (= training.seq_len), >= 1: filter length */
+		/* a family's own keys are added by it (config_add_keys; model/model.h) */
 	} model;
 	struct {
 		char name[32];       /* "AdamW" (only choice) */
@@ -202,12 +197,12 @@ void config_print(const struct ct_config *cfg, FILE *f);
 void config_print_help(FILE *f);
 
 /* ---- keys of the layers above ----
- * io/ sits below the model families, yet each family has `[model]` keys of its own (Hyena's
- * order, filter sizes, ...). A layer above adds them at start-up, before the first
- * config_defaults: an added key is parsed, checked, printed, listed in --help and suggested
- * in "did you mean" exactly like a row of the schema, and its value lives in ct_config.ext,
- * read with config_get_* by name ("model.hyena_order"). Misuse (an unknown key, a wrong
- * type, a full table) is a broken invariant (CHECK). */
+ * io/ sits below the model families, yet a family may have `[model]` keys of its own (a
+ * long convolution's order, a filter's size, ...). A layer above adds them at start-up,
+ * before the first config_defaults: an added key is parsed, checked, printed, listed in
+ * --help and suggested in "did you mean" exactly like a row of the schema, and its value
+ * lives in ct_config.ext, read with config_get_* by "section.name". Misuse (an unknown key,
+ * a wrong type, a full table) is a broken invariant (CHECK). */
 
 enum config_type { CONFIG_STRING, CONFIG_INT, CONFIG_FLOAT, CONFIG_BOOL, CONFIG_TYPE_COUNT };
 

@@ -60,10 +60,8 @@ const struct cfg_key cfg_schema[] = {
      .help = "Least severe log message shown."},
 
     {ROW(model, name), .def = "llama3", .help = "Model family."},
-    {ROW(model, flavor), .def = "debugmodel",
-     CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B", "hyena-debug", "hyena-small"),
-     .help = "Model size within the family (llama3: debugmodel .. 405B; hyena: hyena-debug, "
-             "hyena-small)."},
+    /* its choices and help: the families' presets (model_config_schema_init) */
+    {ROW(model, flavor), .def = "debugmodel", .help = "Model size within the family."},
     {ROW(model, vocab_size), .def = "-1", UNSET_OR_GE(1),
      .help = "Vocabulary size; -1: the flavor's vocabulary."},
     {ROW(model, rope_scaling), .def = "false",
@@ -80,16 +78,7 @@ const struct cfg_key cfg_schema[] = {
              "fp8 matmuls are EMULATED: fp8-valued operands through the bf16/fp32 engine with "
              "fp32 accumulation and the scales applied after - the numerics of a float8 "
              "recipe, not its speed."},
-    {ROW(model, hyena_order), .def = "-1", UNSET_OR_GE(2),
-     .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
-    {ROW(model, hyena_filter_order), .def = "-1", UNSET_OR_GE(1),
-     .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
-    {ROW(model, hyena_emb_dim), .def = "-1", UNSET_OR_GE(3),
-     .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
-    {ROW(model, hyena_sin_freq), .def = "-1", UNSET_OR_GT(0),
-     .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
-    {ROW(model, hyena_l_max), .def = "-1", UNSET_OR_GE(1),
-     .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
+    /* then each family's own keys (model_config_schema_init) */
 
     {ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer."},
     {ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate."},

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/config.h"
 #include "model/family.h"
 #include "kernels/fp8_linear.h"
 
@@ -47,6 +48,88 @@ const char *model_family_list(void)
 		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? ", " : "",
 		         model_families[i]->name);
 	return list;
+}
+
+const struct model_family *model_family_of_flavor(const char *flavor)
+{
+	for (int i = 0; i < model_n_families; i++) {
+		const struct model_family *f = model_families[i];
+		for (int j = 0; f->flavor_name && f->flavor_name(j); j++)
+			if (strcmp(f->flavor_name(j), flavor) == 0)
+				return f;
+	}
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- run configuration */
+
+/* config_validate's check of the families' keys: a family's key set for another family
+ * would do nothing, so it is refused; then the named family's own checks. */
+static int model_config_check(const struct ct_config *cfg)
+{
+	char key[160];
+	for (int i = 0; i < model_n_families; i++) {
+		const struct model_family *f = model_families[i];
+		if (strcmp(cfg->model.name, f->name) == 0)
+			continue;
+		for (int j = 0; j < f->n_keys; j++) {
+			snprintf(key, sizeof(key), "model.%s", f->keys[j].name);
+			if (!config_is_default(cfg, key))
+				return config_error(
+				    "%s: only read when model.name = \"%s\" (this is %s)", key,
+				    f->name, cfg->model.name);
+		}
+	}
+	const struct model_family *f = model_family_named(cfg->model.name);
+	return f && f->check_config ? f->check_config(cfg) : 0;
+}
+
+/* "a .. z" for a long list of presets, "a, b" for a short one */
+static void model_flavors_text(const struct model_family *f, char *buf, size_t n)
+{
+	int count = 0;
+	while (f->flavor_name(count))
+		count++;
+	if (count > 2) {
+		snprintf(buf, n, "%s .. %s", f->flavor_name(0), f->flavor_name(count - 1));
+		return;
+	}
+	buf[0] = 0;
+	for (int j = 0; j < count; j++)
+		snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", j ? ", " : "",
+		         f->flavor_name(j));
+}
+
+void model_config_schema_init(void)
+{
+	static bool done;
+	static const char *flavors[64];
+	static char help[512];
+	char one[160];
+	int n = 0;
+	if (done)
+		return;
+	done = true;
+	snprintf(help, sizeof(help), "Model size within the family (");
+	for (int i = 0; i < model_n_families; i++) {
+		const struct model_family *f = model_families[i];
+		if (f->n_keys)
+			config_add_keys("model", f->keys, (size_t)f->n_keys);
+		if (!f->flavor_name)
+			continue;
+		for (int j = 0; f->flavor_name(j); j++) {
+			CHECK(n + 1 < (int)(sizeof(flavors) / sizeof(flavors[0])),
+			      "too many flavors");
+			flavors[n++] = f->flavor_name(j);
+		}
+		model_flavors_text(f, one, sizeof(one));
+		snprintf(help + strlen(help), sizeof(help) - strlen(help), "%s%s: %s",
+		         help[strlen(help) - 1] == '(' ? "" : "; ", f->name, one);
+	}
+	snprintf(help + strlen(help), sizeof(help) - strlen(help), ").");
+	flavors[n] = NULL;
+	config_set_choices("model.flavor", flavors, help);
+	config_add_check(model_config_check);
 }
 
 const char *model_kind_name(enum model_kind k)

@@ -105,6 +105,8 @@ struct model {
 };
 
 struct cJSON;
+struct config_key_def;
+struct ct_config;
 
 /* A model family (one folder under src/model/, listed once in the family table in
  * model/model.c): what the layers above ask of a model instead of its kind — its config's
@@ -112,6 +114,19 @@ struct cJSON;
 struct model_family {
 	const char *name; /* `[model] name` and the manifests: "llama3", "hyena" */
 	enum model_kind kind;
+	/* its presets (`[model] flavor`): the i-th one's name, NULL past the last */
+	const char *(*flavor_name)(int i);
+	/* its own `[model]` keys (io/config.h rows; n_keys of them), which
+	 * model_config_schema_init adds to the run configuration: only read with
+	 * `[model] name` = name, so a key set for another family is refused */
+	const struct config_key_def *keys;
+	int n_keys;
+	/* the model a run configuration describes (CT_ERR_USAGE with a message naming the
+	 * key); NULL: the family is built from code only */
+	int (*from_config)(const struct ct_config *cfg, struct model_config *mc);
+	/* cross-key checks of a run configuration naming this family, at config_validate
+	 * (0, or CT_ERR_USAGE after config_error); NULL: none */
+	int (*check_config)(const struct ct_config *cfg);
 	/* what it supports: tensor / pipeline parallelism, activation checkpointing modes
 	 * other than none, float8 linears, `ctitan export` to Hugging Face, the cost model
 	 * (comm.buckets = auto, memory budgets, profiled predictions, `ctitan plan`) */
@@ -142,6 +157,11 @@ const struct model_family *model_family_of(enum model_kind k);
 const struct model_family *model_family_named(const char *name);
 /* The families' names, comma-separated, for messages: "llama3, hyena". */
 const char *model_family_list(void);
+/* Add what the families bring to the run configuration (io/config.h): their `[model]`
+ * keys, their presets as model.flavor's choices, and the check that a family's keys are set
+ * only for it. Once, before the first config_defaults (the CLI's main calls it; later
+ * calls do nothing); families registered after it bring no keys. */
+void model_config_schema_init(void);
 
 /* Build a model of family c->kind for micro-batches of (B, T). CT_OK or an error code. */
 int model_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,

@@ -58,6 +58,8 @@ int hyena_config_preset(struct hyena_config *c, const char *flavor);
 int hyena_config_finish(struct hyena_config *c);
 const char *hyena_flavor_list(void);
 bool hyena_is_flavor(const char *flavor);
+/* The i-th preset's name; NULL past the last. */
+const char *hyena_flavor_name(int i);
 
 /* Table indices of a block's tensors, relative to the block's first tensor. */
 enum hyena_block_tensor {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/config.h"
 #include "model/family.h"
 #include "model/hyena/hyena.h"
 #include "model/model_group.h"
@@ -165,9 +166,76 @@ static void hyena_manifest_fields(const struct model_config *mc, cJSON *o)
 	cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
 }
 
+/* ---------------------------------------------------------------- run configuration */
+
+/* Hyena's own `[model]` keys (-1: the flavor's value). */
+static const struct config_key_def hyena_keys[] = {
+    {.name = "hyena_order", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(2),
+     .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
+    {.name = "hyena_filter_order", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(1),
+     .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
+    {.name = "hyena_emb_dim", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(3),
+     .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
+    {.name = "hyena_sin_freq", .type = CONFIG_FLOAT, .def = "-1", CONFIG_UNSET_OR_GT(0),
+     .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
+    {.name = "hyena_l_max", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(1),
+     .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
+};
+
+/* The flavor's shape, then model.vocab_size and the model.hyena_* overrides; l_max =
+ * model.hyena_l_max or training.seq_len. */
+static int hyena_from_config(const struct ct_config *cfg, struct model_config *mc)
+{
+	if (!hyena_is_flavor(cfg->model.flavor)) {
+		LOG_ERROR("model.flavor: '%s' is not a hyena flavor (%s)", cfg->model.flavor,
+		          hyena_flavor_list());
+		return CT_ERR_USAGE;
+	}
+	memset(mc, 0, sizeof(*mc));
+	mc->kind = MODEL_HYENA;
+	struct hyena_config *hc = &mc->hyena;
+	int rc = hyena_config_preset(hc, cfg->model.flavor);
+	if (rc)
+		return rc;
+	const struct int_override {
+		int64_t value, *field;
+	} keys[] = {
+	    {cfg->model.vocab_size, &hc->vocab_size},
+	    {config_get_int(cfg, "model.hyena_order"), &hc->order},
+	    {config_get_int(cfg, "model.hyena_filter_order"), &hc->filter_order},
+	    {config_get_int(cfg, "model.hyena_emb_dim"), &hc->emb_dim},
+	};
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (keys[i].value > 0)
+			*keys[i].field = keys[i].value;
+	double sin_freq = config_get_float(cfg, "model.hyena_sin_freq");
+	int64_t l_max = config_get_int(cfg, "model.hyena_l_max");
+	if (sin_freq > 0)
+		hc->sin_freq = sin_freq;
+	hc->l_max = l_max > 0 ? l_max : cfg->training.seq_len;
+	if (hc->l_max < cfg->training.seq_len) {
+		LOG_ERROR("model.hyena_l_max: %lld is shorter than training.seq_len %lld",
+		          (long long)hc->l_max, (long long)cfg->training.seq_len);
+		return CT_ERR_USAGE;
+	}
+	return hyena_config_finish(hc);
+}
+
+static int hyena_check_config(const struct ct_config *cfg)
+{
+	if (cfg->model.rope_scaling)
+		return config_error("model.rope_scaling: Hyena has no RoPE (only read for llama3)");
+	return 0;
+}
+
 const struct model_family hyena_family = {
     .name = "hyena",
     .kind = MODEL_HYENA,
+    .flavor_name = hyena_flavor_name,
+    .keys = hyena_keys,
+    .n_keys = sizeof(hyena_keys) / sizeof(hyena_keys[0]),
+    .from_config = hyena_from_config,
+    .check_config = hyena_check_config,
     .vocab = hyena_family_vocab,
     .n_layers = hyena_family_layers,
     .dim = hyena_family_dim,

@@ -43,6 +43,8 @@ int llama_config_preset(struct llama_config *c, const char *flavor);
 /* Recompute the derived fields after changing the shape fields; CT_ERR_USAGE if invalid. */
 int llama_config_finish(struct llama_config *c);
 const char *llama_flavor_list(void);
+/* The i-th preset's name; NULL past the last. */
+const char *llama_flavor_name(int i);
 
 int llama_table_build(struct param_table *t, const struct llama_config *c);
 /* The table of tensor-parallel rank tp_rank of tp_size (Megatron layout, see tp_dim): heads,

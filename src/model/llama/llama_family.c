@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/config.h"
 #include "model/family.h"
 #include "model/llama/llama.h"
 #include "model/model_group.h"
@@ -182,9 +183,32 @@ static void llama_manifest_fields(const struct model_config *mc, cJSON *o)
 	cJSON_AddBoolToObject(o, "rope_scaling", c->rope_scaling);
 }
 
+/* The flavor's shape, then model.vocab_size and model.rope_scaling. */
+static int llama_from_config(const struct ct_config *cfg, struct model_config *mc)
+{
+	const struct model_family *other = model_family_of_flavor(cfg->model.flavor);
+	if (other && other != &llama_family) {
+		LOG_ERROR("model.flavor: '%s' is a %s flavor; set model.name = \"%s\"",
+		          cfg->model.flavor, other->name, other->name);
+		return CT_ERR_USAGE;
+	}
+	memset(mc, 0, sizeof(*mc));
+	mc->kind = MODEL_LLAMA;
+	struct llama_config *c = &mc->llama;
+	int rc = llama_config_preset(c, cfg->model.flavor);
+	if (rc)
+		return rc;
+	if (cfg->model.vocab_size > 0)
+		c->vocab_size = cfg->model.vocab_size;
+	c->rope_scaling = cfg->model.rope_scaling;
+	return llama_config_finish(c);
+}
+
 const struct model_family llama_family = {
     .name = "llama3",
     .kind = MODEL_LLAMA,
+    .flavor_name = llama_flavor_name,
+    .from_config = llama_from_config,
     .tp = true,
     .pp = true,
     .ac = true,
