@@ -60,8 +60,9 @@ static int export_run(const char *ckpt, const char *out)
 	llama_table_build(&t, &mc);
 	size_t bytes = (size_t)t.numel * sizeof(float);
 	float *params = mem_alloc(MEM_PARAMS, bytes), *perm = mem_alloc(MEM_OTHER, bytes);
-	rc = ckpt_load_params(root, step, &(struct model_config){.kind = MODEL_LLAMA, .llama = mc},
-	                      &t, params);
+	struct model_config mcfg;
+	*llama_cfg_init(&mcfg) = mc;
+	rc = ckpt_load_params(root, step, &mcfg, &t, params);
 	if (!rc)
 		rc = metrics_mkdirs(out);
 	struct st_file f;

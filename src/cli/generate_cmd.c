@@ -177,7 +177,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	int rc = model_spec_from_config(cfg, &spec);
 	if (rc)
 		return rc;
-	const bool hyena = spec.kind == MODEL_HYENA;
+	const bool hyena = strcmp(model_kind_name(spec.kind), "hyena") == 0;
 	if (a->model_kind && strcmp(a->model_kind, model_kind_name(spec.kind)) != 0) {
 		LOG_ERROR("--model-kind %s: the checkpoint's config holds a %s model",
 		          a->model_kind, model_kind_name(spec.kind));
@@ -257,13 +257,14 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 			                       .n_prompt = n_prompt};
 			CHECK(oc_mode_parse(a->mixer_mode ? a->mixer_mode : "flash", &ho.mode) == 0,
 			      "mixer mode validated while parsing");
-			hg = hgen_create_f32(&spec.hyena, &t, params, &ho);
+			hg = hgen_create_f32(hyena_cfg(&spec), &t, params, &ho);
 			if (!hg)
 				rc = CT_ERR_USAGE;
 			else
 				n = hgen_generate(hg, prompt, &o, out);
 		} else {
-			g = gen_create(&spec.llama, &t, params, n_prompt + o.max_new_tokens + 1);
+			g = gen_create(llama_cfg(&spec), &t, params,
+			               n_prompt + o.max_new_tokens + 1);
 			n = gen_generate(g, prompt, n_prompt, &o, out);
 		}
 		if (rc) {

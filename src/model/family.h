@@ -5,8 +5,8 @@
 
 #include "model/model.h"
 
-/* Each family's entry of the table (defined in its folder). */
-extern const struct model_family llama_family, hyena_family;
+/* The kind of a family in the table (its index; CHECK: it is in the table). */
+enum model_kind model_family_kind(const struct model_family *f);
 
 /* The family with a preset of that name (NULL: none). */
 const struct model_family *model_family_of_flavor(const char *flavor);

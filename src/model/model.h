@@ -1,5 +1,6 @@
-/* model/model: one interface over the model families (Llama 3, Hyena), so the trainer, FSDP
- * and checkpoints run any of them.
+/* model/model: one interface over the model families (one folder each under src/model/,
+ * listed once in the family table in model/model.c), so the trainer, FSDP and checkpoints
+ * run any of them.
  *
  * A family is a list of units over one flat parameter buffer described by a `struct
  * param_table` (model/param_table.h: name, shape, offset, unit): FSDP gathers and
@@ -18,19 +19,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/hyena/hyena.h"
-#include "model/llama/llama.h"
+#include "model/model_ac.h"
+#include "model/model_prog.h"
+#include "model/param_table.h"
 
-enum model_kind { MODEL_LLAMA, MODEL_HYENA, MODEL_KIND_COUNT };
+/* A family's index in the family table (model/model.c): the built-in families in the
+ * table's order, then those model_family_register added. A number, not a name: the layers
+ * above ask the family (model_family_of), never compare kinds. */
+enum model_kind { MODEL_KIND_NONE = -1 };
 
-/* What a checkpoint manifest and `[model] name` call the family: "llama3", "hyena". */
+/* What a checkpoint manifest and `[model] name` call the family ("llama3", ...). */
 const char *model_kind_name(enum model_kind k);
 
+/* Bytes a family's own config may take inside a model_config (each family checks that its
+ * config fits with a _Static_assert). */
+#define MODEL_CONFIG_BYTES 256
+
+/* A model's config, of any family: the kind, and the family's own config (struct
+ * llama_config, ...) by value in `family`, which only the family's folder reads, through its
+ * accessor (llama_cfg in model/llama/llama.h, ...). Copying a model_config copies it all. */
 struct model_config {
 	enum model_kind kind; /* a built-in kind, or one model_family_register returned */
-	struct llama_config llama; /* kind == MODEL_LLAMA */
-	struct hyena_config hyena; /* kind == MODEL_HYENA */
-	const void *ext;           /* a registered family's own config (it owns the pointee) */
+	_Alignas(max_align_t) unsigned char family[MODEL_CONFIG_BYTES];
+	const void *ext; /* a registered family's own config (it owns the pointee) */
 };
 
 int64_t model_config_vocab(const struct model_config *c);
@@ -91,7 +102,7 @@ struct model_ops {
 struct model {
 	struct model_config cfg;
 	const struct model_ops *ops;
-	void *impl; /* struct llama_model * or struct hyena_model * */
+	void *impl; /* the family's model (struct llama_model *, ...) */
 	bool owns_impl;
 	/* views of the implementation's buffers (valid while it lives) */
 	const struct param_table *table;
@@ -112,8 +123,7 @@ struct ct_config;
  * model/model.c): what the layers above ask of a model instead of its kind — its config's
  * sizes, its table and init, how to build it, and what it supports. */
 struct model_family {
-	const char *name; /* `[model] name` and the manifests: "llama3", "hyena" */
-	enum model_kind kind;
+	const char *name; /* `[model] name` and the manifests: "llama3", ... */
 	/* its presets (`[model] flavor`): the i-th one's name, NULL past the last */
 	const char *(*flavor_name)(int i);
 	/* its own `[model]` keys (io/config.h rows; n_keys of them), which
@@ -148,14 +158,14 @@ struct model_family {
 	void (*manifest_fields)(const struct model_config *c, struct cJSON *o);
 };
 
-/* Add a family to the table (one defined outside src/model/, e.g. by a test); its `kind`
- * is set to the kind it gets, which is returned (-1: the table is full or the name taken). */
+/* Add a family to the table (one defined outside src/model/, e.g. by a test); returns the
+ * kind it gets (-1: the table is full or the name taken). */
 #define MODEL_FAMILY_MAX 8
 int model_family_register(struct model_family *f);
 /* The family of a kind, or of a `[model] name` (NULL: no such family). */
 const struct model_family *model_family_of(enum model_kind k);
 const struct model_family *model_family_named(const char *name);
-/* The families' names, comma-separated, for messages: "llama3, hyena". */
+/* The families' names, comma-separated, in the table's order, for messages. */
 const char *model_family_list(void);
 /* Add what the families bring to the run configuration (io/config.h): their `[model]`
  * keys, their presets as model.flavor's choices, and the check that a family's keys are set
@@ -166,9 +176,8 @@ void model_config_schema_init(void);
 /* Build a model of family c->kind for micro-batches of (B, T). CT_OK or an error code. */
 int model_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
                 const struct model_build_opts *opts);
-/* View an already built family model (not owned: model_free leaves it alone). */
-void model_wrap_llama(struct model *m, struct llama_model *lm);
-void model_wrap_hyena(struct model *m, struct hyena_model *hm);
+/* (A family's own header declares how to view an already built model of it as a struct
+ * model: model_wrap_llama, ...) */
 void model_free(struct model *m);
 
 /* Whether table entry e is a float8 linear under the current float8 set-up

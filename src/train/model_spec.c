@@ -28,6 +28,6 @@ int model_spec_llama(const struct ct_config *cfg, struct llama_config *lc)
 	struct model_config mc;
 	int rc = model_spec_from_config(cfg, &mc);
 	if (!rc)
-		*lc = mc.llama;
+		*lc = *llama_cfg(&mc);
 	return rc;
 }

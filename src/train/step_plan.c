@@ -131,11 +131,11 @@ int step_plan_setup(struct fsdp *f, const struct ct_config *cfg, int accum,
 		bool bf16 = compute_bf16(cfg);
 		/* a TP rank computes its slice of the shapes (sequence-parallel norms: 1/tp) */
 		int64_t tp = f->mesh->tp;
-		struct llama_config lc = llama_config_tp_slice(&m->cfg.llama, tp);
+		struct llama_config lc = llama_config_tp_slice(llama_cfg(&m->cfg), tp);
 		sched_cost_init(cm, &lc, m->B, m->T, &naive, f->mesh->dp_shard, bf16, ac, 4);
 		if (tp > 1)
 			cm->act_bytes =
-			    sched_cost_activation_bytes(&m->cfg.llama, m->B, m->T, ac, 4) / tp;
+			    sched_cost_activation_bytes(llama_cfg(&m->cfg), m->B, m->T, ac, 4) / tp;
 		bool overlap = strcmp(cfg->comm.progress, "thread") == 0;
 		sched_cost_calibrate(cm, &lc, m->B, m->T, stream, &f->mesh->dp_shard_group,
 		                     &f->mesh->world_group, overlap);

@@ -43,7 +43,7 @@ int tp_check_config(const struct ct_config *cfg)
 	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)
 		return rc;
-	const struct llama_config *c = &mc.llama;
+	const struct llama_config *c = llama_cfg(&mc);
 	/* Heads are split, never replicated: tp > n_kv_heads (KV-head replication) is refused. */
 	if (c->n_heads % tp || c->n_kv_heads % tp) {
 		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the model's "

@@ -667,10 +667,10 @@ static int trainer_load_hf(struct trainer *tr, const char *dir)
 		return CT_ERR_USAGE;
 	}
 	struct param_table g; /* the global table (this rank's may be a TP piece of it) */
-	llama_table_build(&g, &tr->model.cfg.llama);
+	llama_table_build(&g, llama_cfg(&tr->model.cfg));
 	size_t bytes = (size_t)g.numel * sizeof(float);
 	float *full = mem_alloc(MEM_OTHER, bytes);
-	int rc = llama_hf_load(dir, &tr->model.cfg.llama, &g, full);
+	int rc = llama_hf_load(dir, llama_cfg(&tr->model.cfg), &g, full);
 	if (!rc) {
 		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 		for (int i = 0; i < t->count; i++) {

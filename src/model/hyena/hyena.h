@@ -191,4 +191,17 @@ void hyena_backward(struct hyena_model *m, double dscale);
 void hyena_logits(struct hyena_model *m, float *logits);
 void hyena_logits_f64(struct hyena_model *m, double *logits);
 
+/* ---- the Hyena family behind the model interface (model/model.h; hyena_family.c) ---- */
+
+struct model;
+struct model_config;
+/* The hyena_config a model_config of this family holds (CHECK: it is one). */
+const struct hyena_config *hyena_cfg(const struct model_config *mc);
+struct hyena_config *hyena_cfg_mut(struct model_config *mc);
+/* Make *mc an empty Hyena model_config; returns its hyena_config to fill in. */
+struct hyena_config *hyena_cfg_init(struct model_config *mc);
+/* View an already built float model as a struct model (not owned: model_free leaves it
+ * alone). */
+void model_wrap_hyena(struct model *m, struct hyena_model *hm);
+
 #endif

@@ -11,6 +11,34 @@
 #include "model/hyena/hyena.h"
 #include "model/model_group.h"
 
+/* This family's entry of the table (below; model/model.c lists it). */
+extern const struct model_family hyena_family;
+
+/* ---------------------------------------------------------------- its config */
+
+_Static_assert(sizeof(struct hyena_config) <= MODEL_CONFIG_BYTES &&
+                   _Alignof(struct hyena_config) <= _Alignof(max_align_t),
+               "a hyena_config fits a model_config");
+
+struct hyena_config *hyena_cfg_mut(struct model_config *mc)
+{
+	CHECK(mc->kind == model_family_kind(&hyena_family), "model: a %s config read as %s",
+	      model_kind_name(mc->kind), hyena_family.name);
+	return (struct hyena_config *)(void *)mc->family;
+}
+
+const struct hyena_config *hyena_cfg(const struct model_config *mc)
+{
+	return hyena_cfg_mut((struct model_config *)mc);
+}
+
+struct hyena_config *hyena_cfg_init(struct model_config *mc)
+{
+	memset(mc, 0, sizeof(*mc));
+	mc->kind = model_family_kind(&hyena_family);
+	return (struct hyena_config *)(void *)mc->family;
+}
+
 static void hyena_op_bind(void *impl, int u, float *params, float *grads)
 {
 	hyena_bind_unit(impl, u, params, grads);
@@ -44,7 +72,7 @@ static double hyena_op_flops(const struct model_config *c, const struct param_ta
                              int64_t seq_len)
 {
 	(void)t;
-	return hyena_flops_per_token(&c->hyena, seq_len);
+	return hyena_flops_per_token(hyena_cfg(c), seq_len);
 }
 static void hyena_op_free(void *impl)
 {
@@ -67,8 +95,7 @@ void model_wrap_hyena(struct model *m, struct hyena_model *hm)
 {
 	CHECK(!hm->f64, "model: the trainer runs float models");
 	memset(m, 0, sizeof(*m));
-	m->cfg.kind = MODEL_HYENA;
-	m->cfg.hyena = hm->cfg;
+	*hyena_cfg_init(&m->cfg) = hm->cfg;
 	m->ops = &hyena_ops;
 	m->impl = hm;
 	m->table = &hm->table;
@@ -103,7 +130,7 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 	}
 	struct hyena_model *hm = xcalloc(1, sizeof(*hm));
 	const struct hyena_build_opts ho = {.own_params = opts->own_params};
-	int rc = hyena_build(hm, &c->hyena, B, T, &ho);
+	int rc = hyena_build(hm, hyena_cfg(c), B, T, &ho);
 	if (rc) {
 		free(hm);
 		return rc;
@@ -114,7 +141,7 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 
 static void hyena_describe(const struct model *m, char *buf, size_t n)
 {
-	const struct hyena_config *c = &m->cfg.hyena;
+	const struct hyena_config *c = hyena_cfg(&m->cfg);
 	snprintf(buf, n,
 	         "hyena %s: %lld parameters (dim %lld, %lld layers, order %lld, filter "
 	         "order %lld, emb_dim %lld, ffn %lld, l_max %lld, vocab %lld)",
@@ -126,33 +153,33 @@ static void hyena_describe(const struct model *m, char *buf, size_t n)
 
 static int64_t hyena_family_vocab(const struct model_config *c)
 {
-	return c->hyena.vocab_size;
+	return hyena_cfg(c)->vocab_size;
 }
 static int64_t hyena_family_layers(const struct model_config *c)
 {
-	return c->hyena.n_layers;
+	return hyena_cfg(c)->n_layers;
 }
 static int64_t hyena_family_dim(const struct model_config *c)
 {
-	return c->hyena.dim;
+	return hyena_cfg(c)->dim;
 }
 static const char *hyena_family_flavor(const struct model_config *c)
 {
-	return c->hyena.flavor;
+	return hyena_cfg(c)->flavor;
 }
 static int hyena_family_table(struct param_table *t, const struct model_config *c)
 {
-	return hyena_table_build(t, &c->hyena);
+	return hyena_table_build(t, hyena_cfg(c));
 }
 static void hyena_family_init(const struct model_config *c, const struct param_table *t,
                               uint64_t seed, float *out, int64_t first, int64_t n)
 {
-	hyena_init_params(&c->hyena, t, seed, out, first, n);
+	hyena_init_params(hyena_cfg(c), t, seed, out, first, n);
 }
 
 static void hyena_manifest_fields(const struct model_config *mc, cJSON *o)
 {
-	const struct hyena_config *c = &mc->hyena;
+	const struct hyena_config *c = hyena_cfg(mc);
 	cJSON_AddStringToObject(o, "flavor", c->flavor);
 	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
 	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
@@ -191,9 +218,7 @@ static int hyena_from_config(const struct ct_config *cfg, struct model_config *m
 		          hyena_flavor_list());
 		return CT_ERR_USAGE;
 	}
-	memset(mc, 0, sizeof(*mc));
-	mc->kind = MODEL_HYENA;
-	struct hyena_config *hc = &mc->hyena;
+	struct hyena_config *hc = hyena_cfg_init(mc);
 	int rc = hyena_config_preset(hc, cfg->model.flavor);
 	if (rc)
 		return rc;
@@ -230,7 +255,6 @@ static int hyena_check_config(const struct ct_config *cfg)
 
 const struct model_family hyena_family = {
     .name = "hyena",
-    .kind = MODEL_HYENA,
     .flavor_name = hyena_flavor_name,
     .keys = hyena_keys,
     .n_keys = sizeof(hyena_keys) / sizeof(hyena_keys[0]),
