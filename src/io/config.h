@@ -1,9 +1,10 @@
 /* io/config: the run configuration — TOML files in TorchTitan's TOML-era sections and keys,
  * with `--section.key=value` / `--section.key value` overrides.
  *
- * A typed schema table in config.c (section, key, type, field offset, default, range or
- * choices, help) is the single source of truth: parsing, defaults, validation, `--help` and
- * `--job.print_config` all read it. Unknown keys, type errors and out-of-range values are
+ * A typed schema table in config_schema.c (section, key, type, field offset, default, range
+ * or choices, help), with the rows the layers above add (config_add_keys: a model family's
+ * own `[model]` keys), is the single source of truth: parsing, defaults, validation, `--help`
+ * and `--job.print_config` all read it. Unknown keys, type errors and out-of-range values are
  * CT_ERR_USAGE errors whose message names the key, the file and line (or the argument), and
  * the expected type. No C TOML library ships in Debian, so the small TOML subset parser that
  * ctitan needs lives here: [section] headers, `key = value` with strings ("..." with escapes,
