@@ -30,10 +30,10 @@ static const struct model_family *model_family_at(int i)
 	return i < MODEL_N_BUILTIN ? model_builtin[i] : model_added[i - MODEL_N_BUILTIN];
 }
 
-int model_family_register(struct model_family *f)
+int model_family_register(const struct model_family *f)
 {
 	if (model_n_families() == MODEL_FAMILY_MAX || model_family_named(f->name))
-		return -1;
+		return MODEL_KIND_NONE;
 	model_added[model_n_added++] = f;
 	return model_n_families() - 1;
 }

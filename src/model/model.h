@@ -26,7 +26,7 @@
 /* A family's index in the family table (model/model.c): the built-in families in the
  * table's order, then those model_family_register added. A number, not a name: the layers
  * above ask the family (model_family_of), never compare kinds. */
-enum model_kind { MODEL_KIND_NONE = -1 };
+enum model_kind { MODEL_KIND_NONE = -1 /* no family */ };
 
 /* What a checkpoint manifest and `[model] name` call the family ("llama3", ...). */
 const char *model_kind_name(enum model_kind k);
@@ -159,9 +159,9 @@ struct model_family {
 };
 
 /* Add a family to the table (one defined outside src/model/, e.g. by a test); returns the
- * kind it gets (-1: the table is full or the name taken). */
+ * kind it gets (MODEL_KIND_NONE: the table is full or the name taken). */
 #define MODEL_FAMILY_MAX 8
-int model_family_register(struct model_family *f);
+int model_family_register(const struct model_family *f);
 /* The family of a kind, or of a `[model] name` (NULL: no such family). */
 const struct model_family *model_family_of(enum model_kind k);
 const struct model_family *model_family_named(const char *name);
