@@ -93,6 +93,16 @@ struct cfg_parser {
 
 /* ---- shared functions ---- */
 
+int cfg_section_index(const char *s, size_t n);                /* in cfg_sections, or -1 */
+int cfg_key_index(const char *sec, const char *key, size_t n); /* in CFG_KEYS, or -1 */
+/* Report an error at w (file:line or the argument); returns CT_ERR_USAGE. */
+__attribute__((format(printf, 2, 3))) int cfg_fail(const struct cfg_where *w, const char *fmt, ...);
+/* Assign a value written as on the command line (or as a schema default). */
+int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const char *text,
+                    const struct cfg_where *w);
+/* The checks config_add_check added, in order (config_keys.c); 0 or the first error. */
+int cfg_run_checks(const struct ct_config *cfg);
+
 const void *cfg_field_const(const struct ct_config *cfg, const struct cfg_key *k);
 void cfg_snippet(const char *s, size_t n, size_t max, char *buf, size_t size);
 void cfg_constraint_text(const struct cfg_key *k, char *buf, size_t n);
