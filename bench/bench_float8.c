@@ -38,9 +38,9 @@ static void run_row(struct row *r, const struct mesh *mesh, int64_t B, int64_t T
 {
 	struct model_config c;
 	memset(&c, 0, sizeof(c));
-	c.kind = MODEL_LLAMA;
-	llama_config_preset(&c.llama, "125M");
-	llama_config_finish(&c.llama);
+	struct llama_config *lc = llama_cfg_init(&c);
+	llama_config_preset(lc, "125M");
+	llama_config_finish(lc);
 	fp8_linear_configure(r->float8, FP8_TENSORWISE, "output");
 	struct model m;
 	const struct model_build_opts opts = {.own_params = false};

@@ -93,9 +93,9 @@ static void save(bool async, const char *root, int64_t step)
 {
 	struct model_config cfg;
 	memset(&cfg, 0, sizeof(cfg));
-	cfg.kind = MODEL_LLAMA;
-	llama_config_preset(&cfg.llama, "debugmodel");
-	llama_config_finish(&cfg.llama);
+	struct llama_config *lc = llama_cfg_init(&cfg);
+	llama_config_preset(lc, "debugmodel");
+	llama_config_finish(lc);
 	float w[6] = {1, 2, 3, 4, 5, 6}, m[6] = {0}, v[6] = {0};
 	struct ckpt_tensor t = {.name = "tok_embeddings.weight",
 	                        .ndim = 2,

@@ -6,6 +6,7 @@
  * CT_TEST_VERBOSE=1 to see every captured message.
  */
 #include "io/config.h"
+#include "model/model.h"
 
 #include "base/log.h"
 #include "testutil.h"
@@ -886,8 +887,66 @@ TEST_CASE(validate_cross_field)
 	EXPECT(config_validate(&c) == 0, "valid parallel config rejected");
 }
 
+/* ---- keys a family adds (model_config_schema_init: Hyena's [model] keys) ---- */
+
+TEST_CASE(family_keys)
+{
+	struct ct_config c;
+	config_defaults(&c);
+	EXPECT(config_get_int(&c, "model.hyena_order") == -1, "hyena_order default");
+	EXPECT(config_get_float(&c, "model.hyena_sin_freq") == -1.0, "hyena_sin_freq default");
+	EXPECT(config_is_default(&c, "model.hyena_l_max"), "hyena_l_max is its default");
+	char *args[] = {"--model.name=hyena", "--model.flavor=hyena-small", "--model.hyena_order",
+	                "3", "--model.hyena_sin_freq=2.5"};
+	EXPECT(config_apply_args(&c, 5, args) == 0, "hyena keys on the command line");
+	EXPECT(config_get_int(&c, "model.hyena_order") == 3 &&
+	           config_get_float(&c, "model.hyena_sin_freq") == 2.5 &&
+	           !config_is_default(&c, "model.hyena_order"),
+	       "hyena keys set");
+	EXPECT(config_validate(&c) == 0, "hyena keys of a hyena model validate");
+	roundtrip(&c, "hyena keys");
+
+	struct ct_config f;
+	EXPECT(load_text(&f, "hyena.toml",
+	                 "[model]\nname = \"hyena\"\nflavor = \"hyena-small\"\n"
+	                 "hyena_order = 3\nhyena_sin_freq = 2.5\n") == 0,
+	       "hyena keys in a file");
+	EXPECT(same_config(&f, &c), "file and command line agree");
+
+	char *llama[] = {"--model.name=llama3", "--model.flavor=8B"};
+	EXPECT(config_apply_args(&c, 2, llama) == 0, "back to llama3");
+	capture_begin();
+	int rc = config_validate(&c);
+	capture_end();
+	EXPECT(rc == CT_ERR_USAGE, "a hyena key with llama3: rc %d", rc);
+	const char *words[] = {"model.hyena_order: only read when model.name = \"hyena\"",
+	                       "(this is llama3)"};
+	expect_words("hyena key with llama3", words, 2);
+
+	config_defaults(&c);
+	char *rope[] = {"--model.name=hyena", "--model.rope_scaling=true"};
+	EXPECT(config_apply_args(&c, 2, rope) == 0, "rope_scaling parses");
+	capture_begin();
+	rc = config_validate(&c);
+	capture_end();
+	EXPECT(rc == CT_ERR_USAGE && strstr(msg, "model.rope_scaling: Hyena has no RoPE"),
+	       "rope_scaling with hyena: rc %d: %s", rc, msg);
+
+	config_defaults(&c);
+	char *bad[] = {"--model.hyena_emb_dim=2"};
+	struct ct_config before = c;
+	capture_begin();
+	rc = config_apply_args(&c, 1, bad);
+	capture_end();
+	EXPECT(rc == CT_ERR_USAGE &&
+	           strstr(msg, "model.hyena_emb_dim: expected -1 or an integer >= 3"),
+	       "a hyena key out of range: rc %d: %s", rc, msg);
+	EXPECT(memcmp(&c, &before, sizeof(c)) == 0, "a failed hyena key changed the config");
+}
+
 int main(void)
 {
+	model_config_schema_init(); /* the families' [model] keys and flavors, as in ctitan */
 	snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/ct_test_config.XXXXXX");
 	if (!mkdtemp(tmp_dir)) {
 		perror("mkdtemp");
@@ -898,6 +957,7 @@ int main(void)
 	RUN(every_key_on_command_line);
 	RUN(print_roundtrip);
 	RUN(print_help_lists_every_key);
+	RUN(family_keys);
 	RUN(malformed_files);
 	RUN(missing_and_unreadable_files);
 	RUN(load_string_with_any_bytes);

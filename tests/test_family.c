@@ -396,7 +396,9 @@ int main(int argc, char **argv)
 	CHECK(mesh_build(&mesh, 1, 1, -1, 1) == CT_OK, "mesh");
 	seed = test_seed_all(&mesh.world_group);
 	int kind = model_family_register(&tiny_family);
-	CHECK(kind >= MODEL_KIND_COUNT, "register the test family");
+	CHECK(kind >= 0 && model_family_of((enum model_kind)kind) == &tiny_family &&
+	          model_family_named("llama3") != &tiny_family,
+	      "register the test family");
 	cfg = (struct model_config){.kind = (enum model_kind)kind, .ext = &tiny};
 	RUN(test_registry);
 	RUN(test_gradients);

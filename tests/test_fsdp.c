@@ -41,6 +41,8 @@
 #include "parallel/fsdp.h"
 #include "kernels/fp8_linear.h"
 #include "kernels/mm_engine.h"
+#include "model/hyena/hyena.h"
+#include "model/llama/llama.h"
 #include "schedule/schedule.h"
 #include "testutil.h"
 #include "train/compute.h"
@@ -63,18 +65,18 @@ static void config(struct model_config *c)
 {
 	memset(c, 0, sizeof(*c));
 	if (hyena) {
-		c->kind = MODEL_HYENA;
-		hyena_config_preset(&c->hyena, "hyena-debug");
-		c->hyena.vocab_size = 509;
-		c->hyena.dim = 33; /* odd rows everywhere */
-		c->hyena.l_max = T;
-		CHECK(hyena_config_finish(&c->hyena) == CT_OK, "hyena config");
+		struct hyena_config *hc = hyena_cfg_init(c);
+		hyena_config_preset(hc, "hyena-debug");
+		hc->vocab_size = 509;
+		hc->dim = 33; /* odd rows everywhere */
+		hc->l_max = T;
+		CHECK(hyena_config_finish(hc) == CT_OK, "hyena config");
 		return;
 	}
-	c->kind = MODEL_LLAMA;
-	llama_config_preset(&c->llama, "debugmodel");
-	c->llama.vocab_size = 509; /* rows not divisible by 2, 3 or 4: exercises padding */
-	llama_config_finish(&c->llama);
+	struct llama_config *lc = llama_cfg_init(c);
+	llama_config_preset(lc, "debugmodel");
+	lc->vocab_size = 509; /* rows not divisible by 2, 3 or 4: exercises padding */
+	llama_config_finish(lc);
 }
 
 /* Rows of micro-batch a on data-parallel rank d: step*G + (a*dp + d)*B. */
@@ -270,7 +272,7 @@ static int64_t c_layers(void)
 {
 	struct model_config c;
 	config(&c);
-	return c.llama.n_layers;
+	return llama_cfg(&c)->n_layers;
 }
 
 static int64_t numel(void)

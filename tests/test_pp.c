@@ -39,14 +39,14 @@ static uint64_t seed;
 static void config(struct model_config *mc)
 {
 	memset(mc, 0, sizeof(*mc));
-	mc->kind = MODEL_LLAMA;
-	llama_config_preset(&mc->llama, "debugmodel");
-	mc->llama.n_layers = 6; /* 6 + 2 splits into 2, 4 and 8 stages */
-	mc->llama.dim = 64;
-	mc->llama.n_heads = 4;
-	mc->llama.n_kv_heads = 2;
-	mc->llama.vocab_size = 509;
-	llama_config_finish(&mc->llama);
+	struct llama_config *lc = llama_cfg_init(mc);
+	llama_config_preset(lc, "debugmodel");
+	lc->n_layers = 6; /* 6 + 2 splits into 2, 4 and 8 stages */
+	lc->dim = 64;
+	lc->n_heads = 4;
+	lc->n_kv_heads = 2;
+	lc->vocab_size = 509;
+	llama_config_finish(lc);
 }
 
 struct run {
@@ -77,7 +77,7 @@ static void reference(int dp, struct run *out)
 	int64_t acc = (int64_t)dp * NMICRO, n = acc * MROWS * SEQ;
 	int32_t *tok = malloc((size_t)n * 4), *tgt = malloc((size_t)n * 4);
 	for (int s = 0; s < STEPS; s++) {
-		batch(s, acc, tok, tgt, mc.llama.vocab_size);
+		batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
 		struct train_step_result res;
 		train_step(&m, &opt, tok, tgt, acc, 1e-3, 0.5, &res);
 		out->loss[s] = res.loss;
@@ -124,7 +124,7 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 	int32_t *tok = malloc((size_t)(acc * N) * 4), *tgt = malloc((size_t)(acc * N) * 4);
 	int32_t *mt = malloc((size_t)(NMICRO * N) * 4), *mg = malloc((size_t)(NMICRO * N) * 4);
 	for (int s = 0; s < STEPS; s++) {
-		batch(s, acc, tok, tgt, mc.llama.vocab_size);
+		batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
 		for (int a = 0; a < NMICRO; a++) { /* the trainer's row layout: a * dp + d */
 			memcpy(mt + a * N, tok + (a * dp + d) * N, (size_t)N * 4);
 			memcpy(mg + a * N, tgt + (a * dp + d) * N, (size_t)N * 4);
@@ -142,7 +142,7 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 		out->n_slots += pp.vstages[c].n_slots;
 	out->blocks = 0;
 	for (int u = pp.vstages[0].u0; u < pp.vstages[0].u1; u++)
-		out->blocks += u >= 1 && u <= mc.llama.n_layers;
+		out->blocks += u >= 1 && u <= llama_cfg(&mc)->n_layers;
 	*predicted = pp.sim.peak_inflight[pp.r];
 	float *local = malloc((size_t)pp.table.numel * sizeof(float));
 	pp_gather_full(&pp, local);
@@ -203,7 +203,7 @@ static int64_t full_slot_bytes(int64_t L)
 {
 	struct model_config mc;
 	config(&mc);
-	mc.llama.n_layers = L;
+	llama_cfg_mut(&mc)->n_layers = L;
 	int64_t before = mem_current(MEM_ACTIVATIONS);
 	struct model m;
 	const struct model_build_opts o = {.own_params = false};
@@ -221,7 +221,7 @@ static void check_memory(const char *what, const struct run *r, int pred, bool b
 {
 	struct model_config mc;
 	config(&mc);
-	int64_t L = mc.llama.n_layers, full = full_slot_bytes(L);
+	int64_t L = llama_cfg(&mc)->n_layers, full = full_slot_bytes(L);
 	int64_t block = full - full_slot_bytes(L - 1);
 	int64_t bound = full - (L - r->blocks - 1) * block;
 	EXPECT(r->n_slots == pred && r->act_peak == (int64_t)pred * r->slot_bytes,

@@ -15,6 +15,7 @@
 
 #include "base/log.h"
 #include "model/model.h"
+#include "model/llama/llama.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
 #include "testutil.h"
@@ -43,7 +44,8 @@ static void build(const struct setup *x, struct sched *naive, struct sched_cost_
 	struct sched_unit *u = calloc((size_t)t.n_units, sizeof(*u));
 	sched_units_from_table(&t, x->dp, u);
 	sched_build(naive, u, t.n_units, 1, x->reshard);
-	const struct model_config mc = {.kind = MODEL_LLAMA, .llama = c};
+	struct model_config mc;
+	*llama_cfg_init(&mc) = c;
 	const struct model_cost_shape sh = {
 	    .B = x->B, .T = x->T, .ac = x->ac, .tp = 1, .elem_bytes = 4};
 	sched_cost_init(cm, &mc, &sh, naive, x->dp, false);
@@ -469,7 +471,8 @@ TEST_CASE(test_tp_lowering)
 	broken(&lo, first + 1, 3, "not lowered");
 	/* the cost model: the same step lowered or not; each collective priced once */
 	struct sched_cost_model cm;
-	const struct model_config mc = {.kind = MODEL_LLAMA, .llama = c};
+	struct model_config mc;
+	*llama_cfg_init(&mc) = c;
 	const struct model_cost_shape sh = {
 	    .B = x.B, .T = x.T, .ac = MODEL_AC_FULL, .tp = 1, .elem_bytes = 4};
 	sched_cost_init(&cm, &mc, &sh, &naive, x.dp, false);

@@ -43,8 +43,8 @@ static void config(struct llama_config *c)
 /* A fixed cost model (every rank the same, no timing): auto bucketing is deterministic. */
 static void fixed_cost(struct sched_cost_model *cm, const struct sched *s, enum model_ac ac)
 {
-	struct model_config c = {.kind = MODEL_LLAMA};
-	config(&c.llama);
+	struct model_config c;
+	config(llama_cfg_init(&c));
 	const struct model_cost_shape sh = {B, T, ac, 1, 4}; /* B, T, ac, tp, elem_bytes */
 	sched_cost_init(cm, &c, &sh, s, mesh.dp_shard, false);
 	cm->matmul_flops = cm->attn_flops = 2e10;
@@ -321,7 +321,8 @@ TEST_CASE(test_checkpoint_memory)
 		const struct llama_build_opts opts = {.own_params = true, .ac = modes[i]};
 		CHECK(llama_build_ex(&m, &c, Bm, Tm, &opts) == CT_OK, "build");
 		measured[i] = mem_current(MEM_ACTIVATIONS) - before;
-		const struct model_config mc = {.kind = MODEL_LLAMA, .llama = c};
+		struct model_config mc;
+		*llama_cfg_init(&mc) = c;
 		const struct model_cost_shape sh = {Bm, Tm, modes[i], 1, 4}; /* tp 1, fp32 */
 		predicted[i] = model_cost_activation_bytes(&mc, &sh);
 		n = m.table.numel;

@@ -37,12 +37,12 @@ static uint64_t seed;
 static void config(struct model_config *c)
 {
 	memset(c, 0, sizeof(*c));
-	c->kind = MODEL_LLAMA;
-	llama_config_preset(&c->llama, "debugmodel");
-	c->llama.n_layers = 3;
-	c->llama.n_kv_heads = 8;   /* GQA: 2 query heads per kv head */
-	c->llama.vocab_size = 509; /* not divisible by 2 or 4: a padded vocabulary piece */
-	CHECK(llama_config_finish(&c->llama) == CT_OK, "config");
+	struct llama_config *lc = llama_cfg_init(c);
+	llama_config_preset(lc, "debugmodel");
+	lc->n_layers = 3;
+	lc->n_kv_heads = 8;   /* GQA: 2 query heads per kv head */
+	lc->vocab_size = 509; /* not divisible by 2 or 4: a padded vocabulary piece */
+	CHECK(llama_config_finish(lc) == CT_OK, "config");
 }
 
 static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum, int32_t *tok,
@@ -134,7 +134,7 @@ static void run_sharded(struct run *out, const struct mesh *ms, int accum, bool 
 		out->norms[s] = r.grad_norm;
 	}
 	if (ms->tp > 1)
-		check_tp_nodes(&f, &c.llama, accum);
+		check_tp_nodes(&f, llama_cfg(&c), accum);
 	float *local = malloc((size_t)m.table->numel * sizeof(float));
 	fsdp_gather_full(&f, local);
 	struct param_table g;

@@ -2,8 +2,8 @@
  *                 [--temperature X] [--top-k K] [--seed S] [--mixer-mode M] [--model-kind K]
  * Loads the model's newest (or checkpoint.load_step) checkpoint from
  * <job.dump_folder>/<checkpoint.folder> on one process, with any number of ranks having saved
- * it, and generates: Llama with a KV cache, Hyena with an online long convolution (lazy,
- * eager, recompute or flash; infer/hyena_gen). The config ([model] name) says which. */
+ * it, and generates with the decoder of the model's family (infer/generator: Llama with a
+ * KV cache, Hyena with an online long convolution). The config ([model] name) says which. */
 #include "cli/generate_cmd.h"
 
 #include <errno.h>
@@ -18,10 +18,9 @@
 #include "base/mem.h"
 #include "comm/comm.h"
 #include "data/tokenizer.h"
-#include "infer/generate.h"
-#include "infer/hyena_gen.h"
+#include "infer/generator.h"
+#include "infer/online_conv.h"
 #include "io/config.h"
-#include "model/llama/llama.h"
 #include "train/checkpoint.h"
 #include "train/model_spec.h"
 #include "train/trainer.h"
@@ -33,32 +32,35 @@ struct gen_args {
 	int64_t step;           /* ... and the step (-1: newest) */
 	struct gen_opts o;
 	const char *model_kind; /* NULL, or what the user expects the checkpoint to hold */
-	const char *mixer_mode; /* Hyena: NULL = flash */
-	int64_t flash_thr;      /* Hyena flash: direct tiles up to this side */
+	struct generator_opts x; /* --mixer-mode, --flash-threshold (long convolutions) */
 };
 
 static void gen_usage(FILE *f)
 {
-	fprintf(f, "usage: ctitan generate CONFIG.toml [--section.key=value ...] [options]\n"
-	           "       ctitan generate --checkpoint DIR [--section.key=value ...] [options]\n\n"
-	           "Samples from the newest checkpoint in <job.dump_folder>/<checkpoint.folder>\n"
-	           "(or checkpoint.load_step).\n\n"
-	           "options:\n"
-	           "  --checkpoint DIR      a step-NNNNNNNN folder, or a folder of them (newest);\n"
-	           "                        its config.toml and tokenizer.model are used\n"
-	           "  --prompt TEXT         text to continue (needs a tokenizer)\n"
-	           "  --prompt-ids IDS      comma-separated token ids to start from\n"
-	           "  --max-new-tokens N    tokens to generate (default 64; also --max-tokens)\n"
-	           "  --temperature X       0 = greedy (default 0.8)\n"
-	           "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
-	           "  --top-p P             then among the most likely up to mass P (default 1)\n"
-	           "  --seed S              sampling seed (default 0)\n"
-	           "  --model-kind K        llama3 | hyena: fail unless the checkpoint holds that\n"
-	           "                        family (its config's [model] name decides)\n"
-	           "  --mixer-mode M        Hyena long convolutions: lazy | eager | recompute |\n"
-	           "                        flash (default; all give the same logits)\n"
-	           "  --flash-threshold T   Hyena flash: tiles up to T wide as direct sums\n"
-	           "                        (default 32)\n");
+	char kinds[128];
+	generator_names(kinds, sizeof(kinds), " | ");
+	fprintf(f,
+	        "usage: ctitan generate CONFIG.toml [--section.key=value ...] [options]\n"
+	        "       ctitan generate --checkpoint DIR [--section.key=value ...] [options]\n\n"
+	        "Samples from the newest checkpoint in <job.dump_folder>/<checkpoint.folder>\n"
+	        "(or checkpoint.load_step).\n\n"
+	        "options:\n"
+	        "  --checkpoint DIR      a step-NNNNNNNN folder, or a folder of them (newest);\n"
+	        "                        its config.toml and tokenizer.model are used\n"
+	        "  --prompt TEXT         text to continue (needs a tokenizer)\n"
+	        "  --prompt-ids IDS      comma-separated token ids to start from\n"
+	        "  --max-new-tokens N    tokens to generate (default 64; also --max-tokens)\n"
+	        "  --temperature X       0 = greedy (default 0.8)\n"
+	        "  --top-k K             sample among the K most likely, 0 = all (default 40)\n"
+	        "  --top-p P             then among the most likely up to mass P (default 1)\n"
+	        "  --seed S              sampling seed (default 0)\n"
+	        "  --model-kind K        %s: fail unless the checkpoint holds that\n"
+	        "                        family (its config's [model] name decides)\n"
+	        "  --mixer-mode M        Hyena long convolutions: lazy | eager | recompute |\n"
+	        "                        flash (default; all give the same logits)\n"
+	        "  --flash-threshold T   Hyena flash: tiles up to T wide as direct sums\n"
+	        "                        (default 32)\n",
+	        kinds);
 }
 
 /* Split argv into generate options and config overrides (kept in place, compacted). */
@@ -96,12 +98,14 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 			continue;
 		}
 		if (strcmp(k, "--model-kind") == 0) {
-			if (strcmp(v, "llama3") != 0 && strcmp(v, "llama") != 0 &&
-			    strcmp(v, "hyena") != 0) {
-				LOG_ERROR("--model-kind: '%s' is not llama3 or hyena", v);
+			const struct generator *gen = generator_of(v);
+			if (!gen) {
+				char kinds[128];
+				generator_names(kinds, sizeof(kinds), " or ");
+				LOG_ERROR("--model-kind: '%s' is not %s", v, kinds);
 				return CT_ERR_USAGE;
 			}
-			a->model_kind = strcmp(v, "llama") == 0 ? "llama3" : v;
+			a->model_kind = gen->family;
 			continue;
 		}
 		if (strcmp(k, "--mixer-mode") == 0) {
@@ -111,7 +115,7 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 				    "--mixer-mode: '%s' is not lazy, eager, recompute or flash", v);
 				return CT_ERR_USAGE;
 			}
-			a->mixer_mode = v;
+			a->x.mixer_mode = v;
 			continue;
 		}
 		bool integer = strcmp(k, "--temperature") != 0 && strcmp(k, "--top-p") != 0;
@@ -130,7 +134,7 @@ static int parse_gen_args(int *argc, char **argv, struct gen_args *a)
 			else if (strcmp(k, "--top-k") == 0)
 				a->o.top_k = (int64_t)u;
 			else if (strcmp(k, "--flash-threshold") == 0)
-				a->flash_thr = (int64_t)u;
+				a->x.flash_thr = (int64_t)u;
 			else
 				a->o.seed = (uint64_t)u;
 			continue;
@@ -177,13 +181,18 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	int rc = model_spec_from_config(cfg, &spec);
 	if (rc)
 		return rc;
-	const bool hyena = spec.kind == MODEL_HYENA;
 	if (a->model_kind && strcmp(a->model_kind, model_kind_name(spec.kind)) != 0) {
 		LOG_ERROR("--model-kind %s: the checkpoint's config holds a %s model",
 		          a->model_kind, model_kind_name(spec.kind));
 		return CT_ERR_USAGE;
 	}
-	if (!hyena && (a->mixer_mode || a->flash_thr >= 0)) {
+	const struct generator *gen = generator_of(model_kind_name(spec.kind));
+	if (!gen) {
+		LOG_ERROR("generate: model.name = \"%s\": not yet supported (no decoder)",
+		          model_kind_name(spec.kind));
+		return CT_ERR_USAGE;
+	}
+	if (!gen->mixer_opts && (a->x.mixer_mode || a->x.flash_thr >= 0)) {
 		LOG_ERROR("--mixer-mode / --flash-threshold: only for Hyena models (this is %s)",
 		          model_kind_name(spec.kind));
 		return CT_ERR_USAGE;
@@ -201,8 +210,6 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	else
 		snprintf(root, sizeof(root), "%s/%s", cfg->job.dump_folder, cfg->checkpoint.folder);
 	int32_t *prompt = NULL, *out = NULL;
-	struct gen_state *g = NULL;
-	struct hgen_f32 *hg = NULL;
 	if (step < 0)
 		rc = ckpt_find(root, a->root ? -1 : cfg->checkpoint.load_step, &step);
 	if (!rc && step < 0) {
@@ -249,23 +256,7 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 		o.stop_id = tok ? tok_special_id(tok, "<|end_of_text|>") : -1;
 		out = xcalloc((size_t)o.max_new_tokens + 1, sizeof(int32_t));
 		int64_t n = 0;
-		if (hyena) {
-			/* the filters are l_max taps long: prompt + new tokens must fit */
-			struct hgen_opts ho = {.thr = a->flash_thr >= 0 ? a->flash_thr : 32,
-			                       .B = 1,
-			                       .max_len = n_prompt + o.max_new_tokens,
-			                       .n_prompt = n_prompt};
-			CHECK(oc_mode_parse(a->mixer_mode ? a->mixer_mode : "flash", &ho.mode) == 0,
-			      "mixer mode validated while parsing");
-			hg = hgen_create_f32(&spec.hyena, &t, params, &ho);
-			if (!hg)
-				rc = CT_ERR_USAGE;
-			else
-				n = hgen_generate(hg, prompt, &o, out);
-		} else {
-			g = gen_create(&spec.llama, &t, params, n_prompt + o.max_new_tokens + 1);
-			n = gen_generate(g, prompt, n_prompt, &o, out);
-		}
+		rc = gen->generate(&spec, &t, params, prompt, n_prompt, &o, &a->x, out, &n);
 		if (rc) {
 			/* nothing generated */
 		} else if (tok) {
@@ -291,8 +282,6 @@ static int generate_run(const struct ct_config *cfg, const struct gen_args *a)
 	tok_bytes_free(&text);
 	if (tok)
 		tok_free(tok);
-	gen_free(g);
-	hgen_free_f32(hg);
 	free(prompt), free(out);
 	mem_free(MEM_PARAMS, params, (size_t)t.numel * sizeof(float));
 	param_table_free(&t);
@@ -307,7 +296,7 @@ int cmd_generate(int argc, char **argv)
 			return 0;
 		}
 	struct gen_args a = {.step = -1,
-	                     .flash_thr = -1,
+	                     .x = {.flash_thr = -1},
 	                     .o = {.max_new_tokens = 64,
 	                           .temperature = 0.8,
 	                           .top_k = 40,

@@ -14,6 +14,7 @@
 #include "cli/trace_comm_cmd.h"
 #include "comm/comm.h"
 #include "io/config.h"
+#include "model/model.h"
 #include "train/trainer.h"
 
 #define CTITAN_VERSION "0.1.0"
@@ -113,6 +114,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *cmd = argv[1];
+	model_config_schema_init(); /* the families' [model] keys and presets */
 	if (strcmp(cmd, "train") == 0)
 		return cmd_train(argc - 2, argv + 2);
 	if (strcmp(cmd, "generate") == 0)

@@ -1,6 +1,7 @@
 /* io/config: loading (files, command-line overrides), assignment, defaults and validation.
- * The schema table is io/config_schema.c, the TOML literals io/config_toml.c, printing and
- * help io/config_print.c.
+ * The schema table is io/config_schema.c, the table of every key (with the keys the layers
+ * above add) io/config_keys.c, the TOML literals io/config_toml.c, printing and help
+ * io/config_print.c.
  *
  * Everything about a key lives in one row of cfg_schema: where it is stored, its type (taken
  * from the struct field itself with _Generic, so the two cannot disagree), its default
@@ -32,7 +33,7 @@ const void *cfg_field_const(const struct ct_config *cfg, const struct cfg_key *k
 	return (const char *)cfg + k->offset;
 }
 
-static int cfg_section_index(const char *s, size_t n)
+int cfg_section_index(const char *s, size_t n)
 {
 	for (size_t i = 0; i < CFG_N_SECTIONS; i++)
 		if (strlen(cfg_sections[i]) == n && memcmp(cfg_sections[i], s, n) == 0)
@@ -40,11 +41,11 @@ static int cfg_section_index(const char *s, size_t n)
 	return -1;
 }
 
-static int cfg_key_index(const char *sec, const char *key, size_t n)
+int cfg_key_index(const char *sec, const char *key, size_t n)
 {
 	for (size_t i = 0; i < CFG_N_KEYS; i++)
-		if (strcmp(cfg_schema[i].section, sec) == 0 && strlen(cfg_schema[i].name) == n &&
-		    memcmp(cfg_schema[i].name, key, n) == 0)
+		if (strcmp(CFG_KEYS[i].section, sec) == 0 && strlen(CFG_KEYS[i].name) == n &&
+		    memcmp(CFG_KEYS[i].name, key, n) == 0)
 			return (int)i;
 	return -1;
 }
@@ -69,8 +70,7 @@ void cfg_snippet(const char *s, size_t n, size_t max, char *buf, size_t size)
 	buf[j] = '\0';
 }
 
-__attribute__((format(printf, 2, 3))) static int cfg_fail(const struct cfg_where *w,
-                                                          const char *fmt, ...)
+__attribute__((format(printf, 2, 3))) int cfg_fail(const struct cfg_where *w, const char *fmt, ...)
 {
 	char msg[2048], name[1100];
 	va_list ap;
@@ -85,15 +85,15 @@ __attribute__((format(printf, 2, 3))) static int cfg_fail(const struct cfg_where
 	return CT_ERR_USAGE;
 }
 
-static void cfg_range_text(const struct cfg_range *r, char *buf, size_t n)
+static void cfg_range_text(const struct config_range *r, char *buf, size_t n)
 {
-	if (r->lo_kind != BOUND_NONE && r->hi_kind != BOUND_NONE)
-		snprintf(buf, n, "in %c%g, %g%c", r->lo_kind == BOUND_INCL ? '[' : '(', r->lo,
-		         r->hi, r->hi_kind == BOUND_INCL ? ']' : ')');
-	else if (r->lo_kind != BOUND_NONE)
-		snprintf(buf, n, "%s %g", r->lo_kind == BOUND_INCL ? ">=" : ">", r->lo);
-	else if (r->hi_kind != BOUND_NONE)
-		snprintf(buf, n, "%s %g", r->hi_kind == BOUND_INCL ? "<=" : "<", r->hi);
+	if (r->lo_kind != CONFIG_BOUND_NONE && r->hi_kind != CONFIG_BOUND_NONE)
+		snprintf(buf, n, "in %c%g, %g%c", r->lo_kind == CONFIG_BOUND_INCL ? '[' : '(',
+		         r->lo, r->hi, r->hi_kind == CONFIG_BOUND_INCL ? ']' : ')');
+	else if (r->lo_kind != CONFIG_BOUND_NONE)
+		snprintf(buf, n, "%s %g", r->lo_kind == CONFIG_BOUND_INCL ? ">=" : ">", r->lo);
+	else if (r->hi_kind != CONFIG_BOUND_NONE)
+		snprintf(buf, n, "%s %g", r->hi_kind == CONFIG_BOUND_INCL ? "<=" : "<", r->hi);
 	else
 		buf[0] = '\0';
 }
@@ -111,9 +111,9 @@ void cfg_constraint_text(const struct cfg_key *k, char *buf, size_t n)
 {
 	char r[96];
 	buf[0] = '\0';
-	if (k->type == CFG_STRING && k->choices) {
+	if (k->type == CONFIG_STRING && k->choices) {
 		cfg_choices_text(k->choices, buf, n);
-	} else if (k->type == CFG_INT || k->type == CFG_FLOAT) {
+	} else if (k->type == CONFIG_INT || k->type == CONFIG_FLOAT) {
 		cfg_range_text(&k->range, r, sizeof(r));
 		snprintf(buf, n, "%s%s", k->range.minus_one_ok ? "-1 or " : "", r);
 	}
@@ -123,15 +123,15 @@ void cfg_constraint_text(const struct cfg_key *k, char *buf, size_t n)
 static void cfg_expect_text(const struct cfg_key *k, char *buf, size_t n)
 {
 	char c[192];
-	if (k->type == CFG_STRING && k->list) {
+	if (k->type == CONFIG_STRING && k->list) {
 		if (k->choices)
 			cfg_choices_text(k->choices, c, sizeof(c));
 		snprintf(buf, n, "a list of strings%s%s", k->choices ? " from " : "",
 		         k->choices ? c : "");
-	} else if (k->type == CFG_STRING && k->choices) {
+	} else if (k->type == CONFIG_STRING && k->choices) {
 		cfg_choices_text(k->choices, c, sizeof(c));
 		snprintf(buf, n, "one of %s", c);
-	} else if (k->type == CFG_INT || k->type == CFG_FLOAT) {
+	} else if (k->type == CONFIG_INT || k->type == CONFIG_FLOAT) {
 		cfg_range_text(&k->range, c, sizeof(c));
 		snprintf(buf, n, "%s%s%s%s", k->range.minus_one_ok ? "-1 or " : "",
 		         cfg_type_nouns[k->type], c[0] ? " " : "", c);
@@ -195,16 +195,16 @@ static const struct cfg_key *cfg_suggest_key(const char *sec, size_t sn, const c
 	const struct cfg_key *best = NULL;
 	size_t best_d = (size_t)-1;
 	for (size_t i = 0; i < CFG_N_KEYS; i++)
-		if (strlen(cfg_schema[i].name) == kn && memcmp(cfg_schema[i].name, key, kn) == 0)
-			return &cfg_schema[i];
+		if (strlen(CFG_KEYS[i].name) == kn && memcmp(CFG_KEYS[i].name, key, kn) == 0)
+			return &CFG_KEYS[i];
 	int nw = snprintf(want, sizeof(want), "%.*s.%.*s", (int)(sn < 64 ? sn : 64), sec,
 	                  (int)(kn < 64 ? kn : 64), key);
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
-		int nh = snprintf(have, sizeof(have), "%s.%s", cfg_schema[i].section,
-		                  cfg_schema[i].name);
+		int nh =
+		    snprintf(have, sizeof(have), "%s.%s", CFG_KEYS[i].section, CFG_KEYS[i].name);
 		size_t d = cfg_distance(want, (size_t)nw, have, (size_t)nh);
 		if (d < best_d && cfg_close_enough(d, (size_t)nh)) {
-			best = &cfg_schema[i];
+			best = &CFG_KEYS[i];
 			best_d = d;
 		}
 	}
@@ -235,9 +235,9 @@ static int cfg_unknown_key(const struct cfg_where *w, const char *sec, const cha
 		return cfg_fail(w, "unknown key '%s.%s' (did you mean '%s.%s'?)", sec, shown,
 		                hint->section, hint->name);
 	for (size_t i = 0; i < CFG_N_KEYS && j < sizeof(all); i++)
-		if (strcmp(cfg_schema[i].section, sec) == 0)
+		if (strcmp(CFG_KEYS[i].section, sec) == 0)
 			j += (size_t)snprintf(all + j, sizeof(all) - j, "%s%s", j ? ", " : "",
-			                      cfg_schema[i].name);
+			                      CFG_KEYS[i].name);
 	return cfg_fail(w, "unknown key '%s.%s'; the keys of [%s] are %s", sec, shown, sec, all);
 }
 
@@ -246,17 +246,17 @@ static int cfg_unknown_key(const struct cfg_where *w, const char *sec, const cha
  * Assignment: the one place a value reaches a field.
  */
 
-static bool cfg_in_range(const struct cfg_range *r, double x)
+static bool cfg_in_range(const struct config_range *r, double x)
 {
 	if (isnan(x))
 		return false;
 	if (r->minus_one_ok && x == -1)
 		return true;
-	if ((r->lo_kind == BOUND_INCL && !(x >= r->lo)) ||
-	    (r->lo_kind == BOUND_EXCL && !(x > r->lo)))
+	if ((r->lo_kind == CONFIG_BOUND_INCL && !(x >= r->lo)) ||
+	    (r->lo_kind == CONFIG_BOUND_EXCL && !(x > r->lo)))
 		return false;
-	if ((r->hi_kind == BOUND_INCL && !(x <= r->hi)) ||
-	    (r->hi_kind == BOUND_EXCL && !(x < r->hi)))
+	if ((r->hi_kind == CONFIG_BOUND_INCL && !(x <= r->hi)) ||
+	    (r->hi_kind == CONFIG_BOUND_EXCL && !(x < r->hi)))
 		return false;
 	return true;
 }
@@ -298,7 +298,7 @@ static int cfg_type_error(const struct cfg_where *w, const struct cfg_key *k,
 	cfg_value_text(v, got, sizeof(got));
 	if (v->kind == VAL_INVALID) {
 		const char *note = v->note;
-		if (!note && k->type == CFG_STRING && w->line > 0)
+		if (!note && k->type == CONFIG_STRING && w->line > 0)
 			note = "strings need quotes in a TOML file";
 		return cfg_fail(w, "%s.%s: expected %s, got '%s'%s%s%s", k->section, k->name, want,
 		                got, note ? " (" : "", note ? note : "", note ? ")" : "");
@@ -341,7 +341,7 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 	cfg_expect_text(k, want, sizeof(want));
 	cfg_value_text(v, got, sizeof(got));
 	switch (k->type) {
-	case CFG_STRING:
+	case CONFIG_STRING:
 		if (k->list && v->kind == VAL_ARRAY && v->strings)
 			return cfg_assign_list(field, k, v, w, want);
 		if (v->kind != VAL_STRING)
@@ -357,7 +357,7 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 		memset(field, 0, k->size);
 		memcpy(field, v->s, v->len);
 		return 0;
-	case CFG_INT:
+	case CONFIG_INT:
 		if (v->kind != VAL_INTEGER)
 			return cfg_type_error(w, k, v, want);
 		if (!cfg_in_range(&k->range, (double)v->i))
@@ -365,7 +365,7 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 			                got);
 		memcpy(field, &v->i, sizeof(v->i));
 		return 0;
-	case CFG_FLOAT:
+	case CONFIG_FLOAT:
 		if (v->kind != VAL_INTEGER && v->kind != VAL_FLOAT)
 			return cfg_type_error(w, k, v, want);
 		x = v->kind == VAL_INTEGER ? (double)v->i : v->f;
@@ -374,12 +374,12 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 			                got);
 		memcpy(field, &x, sizeof(x));
 		return 0;
-	case CFG_BOOL:
+	case CONFIG_BOOL:
 		if (v->kind != VAL_BOOL)
 			return cfg_type_error(w, k, v, want);
 		memcpy(field, &v->b, sizeof(v->b));
 		return 0;
-	case CFG_TYPE_COUNT:
+	case CONFIG_TYPE_COUNT:
 		break;
 	}
 	CHECK(0, "bad type %d for %s.%s", (int)k->type, k->section, k->name);
@@ -387,13 +387,13 @@ static int cfg_assign(struct ct_config *cfg, const struct cfg_key *k, const stru
 
 /* A value as written on the command line (and in the schema's defaults): strings as they
  * are, everything else as a TOML literal. */
-static int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const char *text,
-                           const struct cfg_where *w)
+int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const char *text,
+                    const struct cfg_where *w)
 {
 	struct cfg_value v = {.kind = VAL_INVALID};
 	char want[256], here[64];
 	struct cfg_parser ps = {.p = text, .end = text + strlen(text)};
-	if (k->type == CFG_STRING && !(k->list && text[0] == '[')) {
+	if (k->type == CONFIG_STRING && !(k->list && text[0] == '[')) {
 		for (const char *c = text; *c; c++)
 			if ((unsigned char)*c < 0x20 ? *c != '\t' : *c == 0x7f)
 				return cfg_fail(w, "%s.%s: control character 0x%02x in a string",
@@ -506,10 +506,10 @@ static const char *cfg_section_of(const char *key, size_t n)
 {
 	const char *found = NULL;
 	for (size_t i = 0; i < CFG_N_KEYS; i++)
-		if (strlen(cfg_schema[i].name) == n && memcmp(cfg_schema[i].name, key, n) == 0) {
-			if (found && strcmp(found, cfg_schema[i].section) != 0)
+		if (strlen(CFG_KEYS[i].name) == n && memcmp(CFG_KEYS[i].name, key, n) == 0) {
+			if (found && strcmp(found, CFG_KEYS[i].section) != 0)
 				return NULL;
-			found = cfg_schema[i].section;
+			found = CFG_KEYS[i].section;
 		}
 	return found;
 }
@@ -557,7 +557,7 @@ static int cfg_parse_keyval(struct cfg_parser *ps, struct cfg_file_state *st, st
 	int idx = cfg_key_index(sec, key, n);
 	if (idx < 0)
 		return cfg_unknown_key(&w, sec, key, n);
-	const struct cfg_key *k = &cfg_schema[idx];
+	const struct cfg_key *k = &CFG_KEYS[idx];
 	if (st->key_line[idx])
 		return cfg_fail(&w, "duplicate key '%s.%s' (first set at line %d)", k->section,
 		                k->name, st->key_line[idx]);
@@ -726,7 +726,7 @@ static int cfg_apply_args(struct ct_config *cfg, int argc, char **argv)
 			snprintf(joined, sizeof(joined), "%s %s", a, val);
 			w.name = joined;
 		}
-		int rc = cfg_assign_text(cfg, &cfg_schema[idx], val, &w);
+		int rc = cfg_assign_text(cfg, &CFG_KEYS[idx], val, &w);
 		if (rc)
 			return rc;
 	}
@@ -756,16 +756,17 @@ static void cfg_schema_check(void)
 	      CFG_N_SECTIONS);
 	int last_section = 0;
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
-		const struct cfg_key *k = &cfg_schema[i];
+		const struct cfg_key *k = &CFG_KEYS[i];
 		int s = cfg_section_index(k->section, strlen(k->section));
-		CHECK(s >= last_section, "schema: %s.%s: unknown section or rows out of order",
-		      k->section, k->name);
-		last_section = s;
+		CHECK(s >= (i < cfg_n_keys ? last_section : 0),
+		      "schema: %s.%s: unknown section or rows out of order", k->section, k->name);
+		if (i < cfg_n_keys) /* the schema's rows are grouped by section; added ones not */
+			last_section = s;
 		CHECK(cfg_key_index(k->section, k->name, strlen(k->name)) == (int)i,
 		      "schema: %s.%s appears twice", k->section, k->name);
-		CHECK(k->type != CFG_STRING || (k->size >= 2 && k->size <= CONFIG_STR_MAX),
+		CHECK(k->type != CONFIG_STRING || (k->size >= 2 && k->size <= CONFIG_STR_MAX),
 		      "schema: %s.%s: bad string size %zu", k->section, k->name, k->size);
-		CHECK(!k->choices || k->type == CFG_STRING,
+		CHECK(!k->choices || k->type == CONFIG_STRING,
 		      "schema: %s.%s: choices on a non-string", k->section, k->name);
 		CHECK(k->def && k->help, "schema: %s.%s: no default or help", k->section, k->name);
 	}
@@ -776,7 +777,7 @@ void config_defaults(struct ct_config *cfg)
 	memset(cfg, 0, sizeof(*cfg));
 	cfg_schema_check();
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
-		const struct cfg_key *k = &cfg_schema[i];
+		const struct cfg_key *k = &CFG_KEYS[i];
 		struct cfg_where w = {"schema default", 0};
 		int rc = cfg_assign_text(cfg, k, k->def, &w);
 		CHECK(rc == 0, "schema: default of %s.%s is invalid", k->section, k->name);
@@ -790,7 +791,7 @@ static int cfg_validate_field(const struct ct_config *cfg, const struct cfg_key 
 	const void *field = cfg_field_const(cfg, k);
 	char want[256];
 	cfg_expect_text(k, want, sizeof(want));
-	if (k->type == CFG_STRING) {
+	if (k->type == CONFIG_STRING) {
 		const char *s = field;
 		size_t len = strnlen(s, k->size);
 		if (len == k->size)
@@ -804,13 +805,13 @@ static int cfg_validate_field(const struct ct_config *cfg, const struct cfg_key 
 		if (k->choices && !k->list && !cfg_is_choice(k->choices, s))
 			return cfg_fail(&w, "%s.%s: expected %s, got \"%s\"", k->section, k->name,
 			                want, s);
-	} else if (k->type == CFG_INT) {
+	} else if (k->type == CONFIG_INT) {
 		int64_t v;
 		memcpy(&v, field, sizeof(v));
 		if (!cfg_in_range(&k->range, (double)v))
 			return cfg_fail(&w, "%s.%s: expected %s, got %lld", k->section, k->name,
 			                want, (long long)v);
-	} else if (k->type == CFG_FLOAT) {
+	} else if (k->type == CONFIG_FLOAT) {
 		double v;
 		memcpy(&v, field, sizeof(v));
 		if (!isfinite(v) || !cfg_in_range(&k->range, v))
@@ -826,25 +827,9 @@ static int cfg_validate_inert(const struct ct_config *cfg)
 {
 	const struct cfg_where w = {"config", 0};
 	const struct ct_config *c = cfg;
-	bool hyena = strcmp(c->model.name, "hyena") == 0;
-	if (!hyena) {
-		const struct {
-			const char *name;
-			bool set;
-		} hk[] = {{"hyena_order", c->model.hyena_order != -1},
-		          {"hyena_filter_order", c->model.hyena_filter_order != -1},
-		          {"hyena_emb_dim", c->model.hyena_emb_dim != -1},
-		          {"hyena_sin_freq", c->model.hyena_sin_freq != -1},
-		          {"hyena_l_max", c->model.hyena_l_max != -1}};
-		for (size_t i = 0; i < ARRAY_SIZE(hk); i++)
-			if (hk[i].set)
-				return cfg_fail(&w,
-				                "model.%s: only read when model.name = \"hyena\" "
-				                "(this is %s)",
-				                hk[i].name, c->model.name);
-	}
-	if (hyena && c->model.rope_scaling)
-		return cfg_fail(&w, "model.rope_scaling: Hyena has no RoPE (only read for llama3)");
+	int rc = cfg_run_checks(cfg); /* the layers above: e.g. a family's keys */
+	if (rc)
+		return rc;
 	if (strcmp(c->activation_checkpoint.mode, "selective") != 0 &&
 	    strcmp(c->activation_checkpoint.selective_ac_option, "op") != 0)
 		return cfg_fail(&w,
@@ -864,7 +849,7 @@ int config_validate(const struct ct_config *cfg)
 {
 	const struct cfg_where w = {"config", 0};
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
-		int rc = cfg_validate_field(cfg, &cfg_schema[i]);
+		int rc = cfg_validate_field(cfg, &CFG_KEYS[i]);
 		if (rc)
 			return rc;
 	}

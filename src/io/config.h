@@ -1,9 +1,10 @@
 /* io/config: the run configuration — TOML files in TorchTitan's TOML-era sections and keys,
  * with `--section.key=value` / `--section.key value` overrides.
  *
- * A typed schema table in config.c (section, key, type, field offset, default, range or
- * choices, help) is the single source of truth: parsing, defaults, validation, `--help` and
- * `--job.print_config` all read it. Unknown keys, type errors and out-of-range values are
+ * A typed schema table in config_schema.c (section, key, type, field offset, default, range
+ * or choices, help), with the rows the layers above add (config_add_keys: a model family's
+ * own `[model]` keys), is the single source of truth: parsing, defaults, validation, `--help`
+ * and `--job.print_config` all read it. Unknown keys, type errors and out-of-range values are
  * CT_ERR_USAGE errors whose message names the key, the file and line (or the argument), and
  * the expected type. No C TOML library ships in Debian, so the small TOML subset parser that
  * ctitan needs lives here: [section] headers, `key = value` with strings ("..." with escapes,
@@ -19,6 +20,9 @@
 
 #define CONFIG_STR_MAX 512
 
+/* Bytes for the values of the keys the layers above add (config_add_keys). */
+#define CONFIG_EXT_BYTES 4096
+
 struct ct_config {
 	struct {
 		char dump_folder[CONFIG_STR_MAX]; /* "./outputs" */
@@ -28,19 +32,14 @@ struct ct_config {
 	} job;
 	struct {
 		char name[64];      /* "llama3" */
-		char flavor[64];    /* "debugmodel": debugmodel | 125M | 1B | 8B | 70B | 405B */
+		char flavor[64];    /* "debugmodel": a preset of the family (config_set_choices) */
 		int64_t vocab_size; /* -1: the flavor's vocab */
 		bool rope_scaling;  /* false: Llama 3.1 RoPE frequency scaling (factor 8, low 1,
 		                       high 4, original context 8192) */
 		char converters[64]; /* "": comma list of model converters ("float8") */
 		char tokenizer_path[CONFIG_STR_MAX]; /* "": the tokenizer of the dataset (rank
 		                                        file or tokenizer.json) */
-		/* Hyena (name = "hyena"); -1: the flavor's value */
-		int64_t hyena_order;        /* -1, >= 2: long convolutions + 1 per block */
-		int64_t hyena_filter_order; /* -1, >= 1: width of the implicit filter MLP */
-		int64_t hyena_emb_dim;      /* -1, odd >= 3: positional features of the filter */
-		double hyena_sin_freq;      /* -1, > 0: initial frequency of the sine activations */
-		int64_t hyena_l_max;        /* -1 (= training.seq_len), >= 1: filter length */
+		/* a family's own keys are added by it (config_add_keys; model/model.h) */
 	} model;
 	struct {
 		char name[32];       /* "AdamW" (only choice) */
@@ -174,6 +173,8 @@ struct ct_config {
 		int64_t skip_collective_seq;  /* 1: in place of its collective number seq on */
 		char skip_collective_group[16]; /* "dp_shard": this group (a desync, for tests) */
 	} debug;
+	/* the values of the keys added by config_add_keys (read them with config_get_*) */
+	_Alignas(8) unsigned char ext[CONFIG_EXT_BYTES];
 };
 
 /* Fill *cfg with every default from the schema. */
@@ -195,5 +196,76 @@ int config_validate(const struct ct_config *cfg);
 void config_print(const struct ct_config *cfg, FILE *f);
 /* Every key with type, default, range/choices and help, grouped by section. */
 void config_print_help(FILE *f);
+
+/* ---- keys of the layers above ----
+ * io/ sits below the model families, yet a family may have `[model]` keys of its own (a
+ * long convolution's order, a filter's size, ...). A layer above adds them at start-up,
+ * before the first config_defaults: an added key is parsed, checked, printed, listed in
+ * --help and suggested in "did you mean" exactly like a row of the schema, and its value
+ * lives in ct_config.ext, read with config_get_* by "section.name". Misuse (an unknown key,
+ * a wrong type, a full table) is a broken invariant (CHECK). */
+
+enum config_type { CONFIG_STRING, CONFIG_INT, CONFIG_FLOAT, CONFIG_BOOL, CONFIG_TYPE_COUNT };
+
+enum config_bound { CONFIG_BOUND_NONE, CONFIG_BOUND_INCL, CONFIG_BOUND_EXCL };
+
+struct config_range {
+	enum config_bound lo_kind, hi_kind;
+	double lo, hi;
+	bool minus_one_ok; /* -1 ("unset") is accepted besides the range */
+};
+
+/* A key as a layer above declares it: a schema row without its place in struct ct_config. */
+struct config_key_def {
+	const char *name; /* within its section */
+	enum config_type type;
+	const char *def;            /* the default, written as on the command line */
+	struct config_range range;  /* numbers only */
+	const char *const *choices; /* strings only; NULL-terminated, or NULL for any string */
+	bool list; /* strings only: a TOML array of strings (or a comma list), stored "a,b" */
+	const char *help;
+};
+
+/* Ranges and choices of a key, as designated initializers (.range = ..., .choices = ...). */
+#define CONFIG_GE(a) .range = {.lo_kind = CONFIG_BOUND_INCL, .lo = (a)}
+#define CONFIG_GT(a) .range = {.lo_kind = CONFIG_BOUND_EXCL, .lo = (a)}
+#define CONFIG_IN_CO(a, b)                                                                         \
+	.range = {.lo_kind = CONFIG_BOUND_INCL, .lo = (a), .hi_kind = CONFIG_BOUND_EXCL, .hi = (b)}
+#define CONFIG_IN_CC(a, b)                                                                         \
+	.range = {.lo_kind = CONFIG_BOUND_INCL, .lo = (a), .hi_kind = CONFIG_BOUND_INCL, .hi = (b)}
+#define CONFIG_UNSET_OR_GE(a)                                                                      \
+	.range = {.lo_kind = CONFIG_BOUND_INCL, .lo = (a), .minus_one_ok = true}
+#define CONFIG_UNSET_OR_GT(a)                                                                      \
+	.range = {.lo_kind = CONFIG_BOUND_EXCL, .lo = (a), .minus_one_ok = true}
+#define CONFIG_UNSET_OR_IN_CC(a, b)                                                                \
+	.range = {.lo_kind = CONFIG_BOUND_INCL,                                                    \
+	          .lo = (a),                                                                       \
+	          .hi_kind = CONFIG_BOUND_INCL,                                                    \
+	          .hi = (b),                                                                       \
+	          .minus_one_ok = true}
+#define CONFIG_CHOICES(...)                                                                        \
+	.choices = (const char *const[])                                                           \
+	{                                                                                          \
+		__VA_ARGS__, NULL                                                                  \
+	}
+
+/* Add n keys to an existing section (printed after its own rows, in this order). */
+void config_add_keys(const char *section, const struct config_key_def *defs, size_t n);
+/* Set what a string key accepts, and its help (NULL: keep it), e.g. model.flavor: the
+ * families' presets. */
+void config_set_choices(const char *key, const char *const *choices, const char *help);
+/* A cross-field check of the layers above, run by config_validate (0, or CT_ERR_USAGE after
+ * config_error), before its own checks of keys that would do nothing. At most 8. */
+void config_add_check(int (*check)(const struct ct_config *cfg));
+/* "config: <message>" as config_validate reports an error; returns CT_ERR_USAGE. */
+__attribute__((format(printf, 1, 2))) int config_error(const char *fmt, ...);
+
+/* The value of any key, built-in or added, by "section.name". */
+int64_t config_get_int(const struct ct_config *cfg, const char *key);
+double config_get_float(const struct ct_config *cfg, const char *key);
+bool config_get_bool(const struct ct_config *cfg, const char *key);
+const char *config_get_string(const struct ct_config *cfg, const char *key);
+/* Whether the key holds its default (was not set, or was set to it). */
+bool config_is_default(const struct ct_config *cfg, const char *key);
 
 #endif

@@ -16,37 +16,32 @@
 
 /* ---- the schema (config_schema.c) ---- */
 
-enum cfg_type { CFG_STRING, CFG_INT, CFG_FLOAT, CFG_BOOL, CFG_TYPE_COUNT };
-
-enum cfg_bound { BOUND_NONE, BOUND_INCL, BOUND_EXCL };
-
-struct cfg_range {
-	enum cfg_bound lo_kind, hi_kind;
-	double lo, hi;
-	bool minus_one_ok; /* -1 ("unset") is accepted besides the range */
-};
-
 struct cfg_key {
 	const char *section;
 	const char *name;
-	enum cfg_type type;
+	enum config_type type;
 	size_t offset;
 	size_t size;                /* bytes of the field; a string holds size - 1 bytes */
 	const char *def;            /* the default, written as on the command line */
-	struct cfg_range range;     /* numbers only */
+	struct config_range range;  /* numbers only */
 	const char *const *choices; /* strings only; NULL-terminated, or NULL for any string */
 	bool list; /* strings only: a TOML array of strings (or a comma list), stored "a,b" */
 	const char *help;
 };
 
-extern const char *const cfg_type_names[]; /* CFG_TYPE_COUNT of each */
+extern const char *const cfg_type_names[]; /* CONFIG_TYPE_COUNT of each */
 extern const char *const cfg_type_nouns[]; /* "expected <noun>" */
 extern const char *const cfg_sections[];   /* in printing order */
 extern const size_t cfg_n_sections;
-extern const struct cfg_key cfg_schema[];
+extern const struct cfg_key cfg_schema[]; /* the built-in rows, grouped by section */
 extern const size_t cfg_n_keys;
 #define CFG_N_SECTIONS cfg_n_sections
-#define CFG_N_KEYS     cfg_n_keys
+/* Every key: the schema's rows, then those added by the layers above (config_add_keys), in
+ * the order they were added; built on first use (config.c). */
+const struct cfg_key *cfg_key_table(void);
+size_t cfg_key_count(void);
+#define CFG_KEYS   cfg_key_table()
+#define CFG_N_KEYS cfg_key_count()
 /* Capacities for per-key arrays (the table's size is not a constant outside its file);
  * config_defaults checks the table fits. */
 #define CFG_MAX_SECTIONS 32
@@ -97,6 +92,16 @@ struct cfg_parser {
 #define CFG_MAX_DEPTH 32
 
 /* ---- shared functions ---- */
+
+int cfg_section_index(const char *s, size_t n);                /* in cfg_sections, or -1 */
+int cfg_key_index(const char *sec, const char *key, size_t n); /* in CFG_KEYS, or -1 */
+/* Report an error at w (file:line or the argument); returns CT_ERR_USAGE. */
+__attribute__((format(printf, 2, 3))) int cfg_fail(const struct cfg_where *w, const char *fmt, ...);
+/* Assign a value written as on the command line (or as a schema default). */
+int cfg_assign_text(struct ct_config *cfg, const struct cfg_key *k, const char *text,
+                    const struct cfg_where *w);
+/* The checks config_add_check added, in order (config_keys.c); 0 or the first error. */
+int cfg_run_checks(const struct ct_config *cfg);
 
 const void *cfg_field_const(const struct ct_config *cfg, const struct cfg_key *k);
 void cfg_snippet(const char *s, size_t n, size_t max, char *buf, size_t size);

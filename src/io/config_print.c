@@ -81,26 +81,26 @@ static void cfg_print_value(const struct ct_config *cfg, const struct cfg_key *k
 	double x;
 	bool b;
 	switch (k->type) {
-	case CFG_STRING:
+	case CONFIG_STRING:
 		if (k->list)
 			cfg_print_list(field, f);
 		else
 			cfg_print_string(field, f);
 		break;
-	case CFG_INT:
+	case CONFIG_INT:
 		memcpy(&i, field, sizeof(i));
 		fprintf(f, "%lld", (long long)i);
 		break;
-	case CFG_FLOAT:
+	case CONFIG_FLOAT:
 		memcpy(&x, field, sizeof(x));
 		cfg_format_float(x, buf, sizeof(buf));
 		fputs(buf, f);
 		break;
-	case CFG_BOOL:
+	case CONFIG_BOOL:
 		memcpy(&b, field, sizeof(b));
 		fputs(b ? "true" : "false", f);
 		break;
-	case CFG_TYPE_COUNT:
+	case CONFIG_TYPE_COUNT:
 		break;
 	}
 }
@@ -109,8 +109,8 @@ static size_t cfg_section_width(const char *sec)
 {
 	size_t w = 0;
 	for (size_t i = 0; i < CFG_N_KEYS; i++)
-		if (strcmp(cfg_schema[i].section, sec) == 0 && strlen(cfg_schema[i].name) > w)
-			w = strlen(cfg_schema[i].name);
+		if (strcmp(CFG_KEYS[i].section, sec) == 0 && strlen(CFG_KEYS[i].name) > w)
+			w = strlen(CFG_KEYS[i].name);
 	return w;
 }
 
@@ -121,7 +121,7 @@ void config_print(const struct ct_config *cfg, FILE *f)
 		int width = (int)cfg_section_width(cfg_sections[s]);
 		fprintf(f, "\n[%s]\n", cfg_sections[s]);
 		for (size_t i = 0; i < CFG_N_KEYS; i++) {
-			const struct cfg_key *k = &cfg_schema[i];
+			const struct cfg_key *k = &CFG_KEYS[i];
 			if (strcmp(k->section, cfg_sections[s]) != 0)
 				continue;
 			fprintf(f, "%-*s = ", width, k->name);
@@ -145,8 +145,8 @@ void config_print_help(FILE *f)
 	int wname = 0, wdef = 0;
 	char def[CONFIG_STR_MAX + 8], cons[256], line[1024];
 	for (size_t i = 0; i < CFG_N_KEYS; i++) {
-		const struct cfg_key *k = &cfg_schema[i];
-		int dn = (int)strlen(k->def) + (k->type == CFG_STRING ? 2 : 0);
+		const struct cfg_key *k = &CFG_KEYS[i];
+		int dn = (int)strlen(k->def) + (k->type == CONFIG_STRING ? 2 : 0);
 		if ((int)strlen(k->name) > wname)
 			wname = (int)strlen(k->name);
 		if (dn > wdef)
@@ -160,10 +160,11 @@ void config_print_help(FILE *f)
 	for (size_t s = 0; s < CFG_N_SECTIONS; s++) {
 		fprintf(f, "\n[%s]\n", cfg_sections[s]);
 		for (size_t i = 0; i < CFG_N_KEYS; i++) {
-			const struct cfg_key *k = &cfg_schema[i];
+			const struct cfg_key *k = &CFG_KEYS[i];
 			if (strcmp(k->section, cfg_sections[s]) != 0)
 				continue;
-			snprintf(def, sizeof(def), k->type == CFG_STRING ? "\"%s\"" : "%s", k->def);
+			snprintf(def, sizeof(def), k->type == CONFIG_STRING ? "\"%s\"" : "%s",
+			         k->def);
 			cfg_constraint_text(k, cons, sizeof(cons));
 			snprintf(line, sizeof(line), "  %-*s  %-6s  %-*s  %s", wname, k->name,
 			         cfg_type_names[k->type], wdef, def, cons);

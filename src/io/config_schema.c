@@ -9,12 +9,12 @@
  */
 
 const char *const cfg_type_names[] = {"string", "int", "float", "bool"};
-_Static_assert(ARRAY_SIZE(cfg_type_names) == CFG_TYPE_COUNT, "one name per type");
+_Static_assert(ARRAY_SIZE(cfg_type_names) == CONFIG_TYPE_COUNT, "one name per type");
 
 /* "expected <noun>" */
 const char *const cfg_type_nouns[] = {"a string", "an integer", "a float",
                                              "a boolean (true or false)"};
-_Static_assert(ARRAY_SIZE(cfg_type_nouns) == CFG_TYPE_COUNT, "one noun per type");
+_Static_assert(ARRAY_SIZE(cfg_type_nouns) == CONFIG_TYPE_COUNT, "one noun per type");
 
 /* Sections in the order they are printed; rows below are grouped in this order. */
 const char *const cfg_sections[] = {"job",          "model",      "optimizer",
@@ -28,8 +28,8 @@ const size_t cfg_n_sections = ARRAY_SIZE(cfg_sections);
 
 #define CFG_FIELD(sec, key) (((struct ct_config *)0)->sec.key)
 #define CFG_TYPE_OF(sec, key)                                                                      \
-	_Generic(CFG_FIELD(sec, key), char *: CFG_STRING, int64_t: CFG_INT, double: CFG_FLOAT, \
-		 bool: CFG_BOOL)
+	_Generic(CFG_FIELD(sec, key), char *: CONFIG_STRING, int64_t: CONFIG_INT,                  \
+		 double: CONFIG_FLOAT, bool: CONFIG_BOOL)
 #define ROW(sec, key)                                                                              \
 	.section = #sec, .name = #key, .type = CFG_TYPE_OF(sec, key),                              \
 	.offset = offsetof(struct ct_config, sec.key), .size = sizeof(CFG_FIELD(sec, key))
@@ -40,23 +40,15 @@ const size_t cfg_n_sections = ARRAY_SIZE(cfg_sections);
 	.offset = offsetof(struct ct_config, sec.key), .size = sizeof(CFG_FIELD(sec, key))
 #define ROW_F8(key) ROW_AS("quantize.linear.float8", float8, key)
 
-#define GE(a)          .range = {.lo_kind = BOUND_INCL, .lo = (a)}
-#define GT(a)          .range = {.lo_kind = BOUND_EXCL, .lo = (a)}
-#define IN_CO(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_EXCL, .hi = (b)}
-#define IN_CC(a, b)    .range = {.lo_kind = BOUND_INCL, .lo = (a), .hi_kind = BOUND_INCL, .hi = (b)}
-#define UNSET_OR_GE(a) .range = {.lo_kind = BOUND_INCL, .lo = (a), .minus_one_ok = true}
-#define UNSET_OR_GT(a) .range = {.lo_kind = BOUND_EXCL, .lo = (a), .minus_one_ok = true}
-#define UNSET_OR_IN_CC(a, b)                                                                       \
-	.range = {.lo_kind = BOUND_INCL,                                                           \
-	          .lo = (a),                                                                       \
-	          .hi_kind = BOUND_INCL,                                                           \
-	          .hi = (b),                                                                       \
-	          .minus_one_ok = true}
-#define CHOICES(...)                                                                               \
-	.choices = (const char *const[])                                                           \
-	{                                                                                          \
-		__VA_ARGS__, NULL                                                                  \
-	}
+/* The range and choice macros of io/config.h, short. */
+#define GE             CONFIG_GE
+#define GT             CONFIG_GT
+#define IN_CO          CONFIG_IN_CO
+#define IN_CC          CONFIG_IN_CC
+#define UNSET_OR_GE    CONFIG_UNSET_OR_GE
+#define UNSET_OR_GT    CONFIG_UNSET_OR_GT
+#define UNSET_OR_IN_CC CONFIG_UNSET_OR_IN_CC
+#define CHOICES        CONFIG_CHOICES
 
 const struct cfg_key cfg_schema[] = {
     {ROW(job, dump_folder), .def = "./outputs",
@@ -68,10 +60,8 @@ const struct cfg_key cfg_schema[] = {
      .help = "Least severe log message shown."},
 
     {ROW(model, name), .def = "llama3", .help = "Model family."},
-    {ROW(model, flavor), .def = "debugmodel",
-     CHOICES("debugmodel", "125M", "1B", "8B", "70B", "405B", "hyena-debug", "hyena-small"),
-     .help = "Model size within the family (llama3: debugmodel .. 405B; hyena: hyena-debug, "
-             "hyena-small)."},
+    /* its choices and help: the families' presets (model_config_schema_init) */
+    {ROW(model, flavor), .def = "debugmodel", .help = "Model size within the family."},
     {ROW(model, vocab_size), .def = "-1", UNSET_OR_GE(1),
      .help = "Vocabulary size; -1: the flavor's vocabulary."},
     {ROW(model, rope_scaling), .def = "false",
@@ -88,16 +78,7 @@ const struct cfg_key cfg_schema[] = {
              "fp8 matmuls are EMULATED: fp8-valued operands through the bf16/fp32 engine with "
              "fp32 accumulation and the scales applied after - the numerics of a float8 "
              "recipe, not its speed."},
-    {ROW(model, hyena_order), .def = "-1", UNSET_OR_GE(2),
-     .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
-    {ROW(model, hyena_filter_order), .def = "-1", UNSET_OR_GE(1),
-     .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
-    {ROW(model, hyena_emb_dim), .def = "-1", UNSET_OR_GE(3),
-     .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
-    {ROW(model, hyena_sin_freq), .def = "-1", UNSET_OR_GT(0),
-     .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
-    {ROW(model, hyena_l_max), .def = "-1", UNSET_OR_GE(1),
-     .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
+    /* then each family's own keys (model_config_schema_init) */
 
     {ROW(optimizer, name), .def = "AdamW", CHOICES("AdamW"), .help = "Optimizer."},
     {ROW(optimizer, lr), .def = "8e-4", GT(0), .help = "Peak learning rate."},

@@ -5,8 +5,11 @@
 
 #include "model/model.h"
 
-/* Each family's entry of the table (defined in its folder). */
-extern const struct model_family llama_family, hyena_family;
+/* The kind of a family in the table (its index; CHECK: it is in the table). */
+enum model_kind model_family_kind(const struct model_family *f);
+
+/* The family with a preset of that name (NULL: none). */
+const struct model_family *model_family_of_flavor(const char *flavor);
 
 /* A one-segment program's op 0: the whole pass through ops (model_ops.unit_op's default). */
 double model_unit_pass(const struct model_ops *ops, void *impl, int u, enum model_pass p, int op,

@@ -6,36 +6,57 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/config.h"
 #include "model/family.h"
 #include "kernels/fp8_linear.h"
 
-/* The family table: the one place that lists the built-in families, indexed by kind;
- * families registered at run time follow them. */
-static const struct model_family *model_families[MODEL_FAMILY_MAX] = {&llama_family,
-                                                                      &hyena_family};
-static int model_n_families = MODEL_KIND_COUNT;
+/* Each built-in family's entry (defined in its folder, src/model/<family>/). */
+extern const struct model_family llama_family, hyena_family;
 
-int model_family_register(struct model_family *f)
+/* The family table: the one place that lists the built-in families; a family's kind is its
+ * index; families registered at run time follow them. */
+static const struct model_family *const model_builtin[] = {&llama_family, &hyena_family};
+#define MODEL_N_BUILTIN ((int)(sizeof(model_builtin) / sizeof(model_builtin[0])))
+static const struct model_family *model_added[MODEL_FAMILY_MAX];
+static int model_n_added;
+
+static int model_n_families(void)
 {
-	if (model_n_families == MODEL_FAMILY_MAX || model_family_named(f->name))
-		return -1;
-	f->kind = (enum model_kind)model_n_families;
-	model_families[model_n_families] = f;
-	return model_n_families++;
+	return MODEL_N_BUILTIN + model_n_added;
+}
+
+static const struct model_family *model_family_at(int i)
+{
+	return i < MODEL_N_BUILTIN ? model_builtin[i] : model_added[i - MODEL_N_BUILTIN];
+}
+
+int model_family_register(const struct model_family *f)
+{
+	if (model_n_families() == MODEL_FAMILY_MAX || model_family_named(f->name))
+		return MODEL_KIND_NONE;
+	model_added[model_n_added++] = f;
+	return model_n_families() - 1;
 }
 
 const struct model_family *model_family_of(enum model_kind k)
 {
-	CHECK((int)k >= 0 && (int)k < model_n_families && model_families[k]->kind == k,
-	      "model: no family for kind %d", (int)k);
-	return model_families[k];
+	CHECK((int)k >= 0 && (int)k < model_n_families(), "model: no family for kind %d", (int)k);
+	return model_family_at(k);
+}
+
+enum model_kind model_family_kind(const struct model_family *f)
+{
+	for (int i = 0; i < model_n_families(); i++)
+		if (model_family_at(i) == f)
+			return (enum model_kind)i;
+	CHECK(false, "model: family %s is not in the table", f->name);
 }
 
 const struct model_family *model_family_named(const char *name)
 {
-	for (int i = 0; i < model_n_families; i++)
-		if (strcmp(model_families[i]->name, name) == 0)
-			return model_families[i];
+	for (int i = 0; i < model_n_families(); i++)
+		if (strcmp(model_family_at(i)->name, name) == 0)
+			return model_family_at(i);
 	return NULL;
 }
 
@@ -43,15 +64,97 @@ const char *model_family_list(void)
 {
 	static char list[256];
 	list[0] = 0;
-	for (int i = 0; i < model_n_families; i++)
+	for (int i = 0; i < model_n_families(); i++)
 		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? ", " : "",
-		         model_families[i]->name);
+		         model_family_at(i)->name);
 	return list;
+}
+
+const struct model_family *model_family_of_flavor(const char *flavor)
+{
+	for (int i = 0; i < model_n_families(); i++) {
+		const struct model_family *f = model_family_at(i);
+		for (int j = 0; f->flavor_name && f->flavor_name(j); j++)
+			if (strcmp(f->flavor_name(j), flavor) == 0)
+				return f;
+	}
+	return NULL;
+}
+
+/* ---------------------------------------------------------------- run configuration */
+
+/* config_validate's check of the families' keys: a family's key set for another family
+ * would do nothing, so it is refused; then the named family's own checks. */
+static int model_config_check(const struct ct_config *cfg)
+{
+	char key[160];
+	for (int i = 0; i < model_n_families(); i++) {
+		const struct model_family *f = model_family_at(i);
+		if (strcmp(cfg->model.name, f->name) == 0)
+			continue;
+		for (int j = 0; j < f->n_keys; j++) {
+			snprintf(key, sizeof(key), "model.%s", f->keys[j].name);
+			if (!config_is_default(cfg, key))
+				return config_error(
+				    "%s: only read when model.name = \"%s\" (this is %s)", key,
+				    f->name, cfg->model.name);
+		}
+	}
+	const struct model_family *f = model_family_named(cfg->model.name);
+	return f && f->check_config ? f->check_config(cfg) : 0;
+}
+
+/* "a .. z" for a long list of presets, "a, b" for a short one */
+static void model_flavors_text(const struct model_family *f, char *buf, size_t n)
+{
+	int count = 0;
+	while (f->flavor_name(count))
+		count++;
+	if (count > 2) {
+		snprintf(buf, n, "%s .. %s", f->flavor_name(0), f->flavor_name(count - 1));
+		return;
+	}
+	buf[0] = 0;
+	for (int j = 0; j < count; j++)
+		snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", j ? ", " : "",
+		         f->flavor_name(j));
+}
+
+void model_config_schema_init(void)
+{
+	static bool done;
+	static const char *flavors[64];
+	static char help[512];
+	char one[160];
+	int n = 0;
+	if (done)
+		return;
+	done = true;
+	snprintf(help, sizeof(help), "Model size within the family (");
+	for (int i = 0; i < model_n_families(); i++) {
+		const struct model_family *f = model_family_at(i);
+		if (f->n_keys)
+			config_add_keys("model", f->keys, (size_t)f->n_keys);
+		if (!f->flavor_name)
+			continue;
+		for (int j = 0; f->flavor_name(j); j++) {
+			CHECK(n + 1 < (int)(sizeof(flavors) / sizeof(flavors[0])),
+			      "too many flavors");
+			flavors[n++] = f->flavor_name(j);
+		}
+		model_flavors_text(f, one, sizeof(one));
+		snprintf(help + strlen(help), sizeof(help) - strlen(help), "%s%s: %s",
+		         help[strlen(help) - 1] == '(' ? "" : "; ", f->name, one);
+	}
+	snprintf(help + strlen(help), sizeof(help) - strlen(help), ").");
+	flavors[n] = NULL;
+	config_set_choices("model.flavor", flavors, help);
+	config_add_check(model_config_check);
 }
 
 const char *model_kind_name(enum model_kind k)
 {
-	return (int)k >= 0 && (int)k < model_n_families ? model_families[k]->name : "?";
+	return (int)k >= 0 && (int)k < model_n_families() ? model_family_at(k)->name : "?";
 }
 
 int64_t model_config_vocab(const struct model_config *c)
@@ -73,8 +176,6 @@ int64_t model_config_dim(const struct model_config *c)
 {
 	return model_family_of(c->kind)->dim(c);
 }
-
-_Static_assert(MODEL_IGNORE_INDEX == LLAMA_IGNORE_INDEX, "one ignore index");
 
 int64_t model_count_valid(const int32_t *targets, int64_t n)
 {

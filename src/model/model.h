@@ -1,5 +1,6 @@
-/* model/model: one interface over the model families (Llama 3, Hyena), so the trainer, FSDP
- * and checkpoints run any of them.
+/* model/model: one interface over the model families (one folder each under src/model/,
+ * listed once in the family table in model/model.c), so the trainer, FSDP and checkpoints
+ * run any of them.
  *
  * A family is a list of units over one flat parameter buffer described by a `struct
  * param_table` (model/param_table.h: name, shape, offset, unit): FSDP gathers and
@@ -9,7 +10,7 @@
  *
  * `struct model` holds the family's model (impl) and views of its stable buffers (tokens,
  * targets, flat params/grads, unit pointer arrays), so callers copy a batch into m->tokens or
- * re-point m->unit_w[u] exactly as they did with struct llama_model.
+ * re-point m->unit_w[u] whatever the family.
  */
 #ifndef CT_MODEL_MODEL_H
 #define CT_MODEL_MODEL_H
@@ -18,19 +19,29 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/hyena/hyena.h"
-#include "model/llama/llama.h"
+#include "model/model_ac.h"
+#include "model/model_prog.h"
+#include "model/param_table.h"
 
-enum model_kind { MODEL_LLAMA, MODEL_HYENA, MODEL_KIND_COUNT };
+/* A family's index in the family table (model/model.c): the built-in families in the
+ * table's order, then those model_family_register added. A number, not a name: the layers
+ * above ask the family (model_family_of), never compare kinds. */
+enum model_kind { MODEL_KIND_NONE = -1 /* no family */ };
 
-/* What a checkpoint manifest and `[model] name` call the family: "llama3", "hyena". */
+/* What a checkpoint manifest and `[model] name` call the family ("llama3", ...). */
 const char *model_kind_name(enum model_kind k);
 
+/* Bytes a family's own config may take inside a model_config (each family checks that its
+ * config fits with a _Static_assert). */
+#define MODEL_CONFIG_BYTES 256
+
+/* A model's config, of any family: the kind, and the family's own config struct by value
+ * in `family`, which only the family's folder reads, through its
+ * accessor (in the family's header). Copying a model_config copies it all. */
 struct model_config {
 	enum model_kind kind; /* a built-in kind, or one model_family_register returned */
-	struct llama_config llama; /* kind == MODEL_LLAMA */
-	struct hyena_config hyena; /* kind == MODEL_HYENA */
-	const void *ext;           /* a registered family's own config (it owns the pointee) */
+	_Alignas(max_align_t) unsigned char family[MODEL_CONFIG_BYTES];
+	const void *ext; /* a registered family's own config (it owns the pointee) */
 };
 
 int64_t model_config_vocab(const struct model_config *c);
@@ -61,9 +72,9 @@ struct model_build_opts {
 	/* Llama: plan activations only for units [unit_lo, unit_hi) (a pipeline stage: its
 	 * blocks, its input and output boundary); unit_hi = 0: every unit */
 	int unit_lo, unit_hi;
-	/* Llama: split backward for zero-bubble schedules (llama_build_opts.split_backward) */
+	/* Llama: split backward for zero-bubble schedules (input gradients in B/I, weight gradients in W) */
 	bool split_backward;
-	bool tp_async; /* see llama_build_opts */
+	bool tp_async; /* TP collectives as async rings decomposed with their matmuls */
 };
 
 struct model_ops {
@@ -97,7 +108,7 @@ struct model_ops {
 struct model {
 	struct model_config cfg;
 	const struct model_ops *ops;
-	void *impl; /* struct llama_model * or struct hyena_model * */
+	void *impl; /* the family's model */
 	bool owns_impl;
 	/* views of the implementation's buffers (valid while it lives) */
 	const struct param_table *table;
@@ -113,13 +124,27 @@ struct model {
 struct cJSON;
 struct model_cost_ops;
 struct model_hf_ops;
+struct config_key_def;
+struct ct_config;
 
 /* A model family (one folder under src/model/, listed once in the family table in
  * model/model.c): what the layers above ask of a model instead of its kind — its config's
  * sizes, its table and init, how to build it, and what it supports. */
 struct model_family {
-	const char *name; /* `[model] name` and the manifests: "llama3", "hyena" */
-	enum model_kind kind;
+	const char *name; /* `[model] name` and the manifests: "llama3", ... */
+	/* its presets (`[model] flavor`): the i-th one's name, NULL past the last */
+	const char *(*flavor_name)(int i);
+	/* its own `[model]` keys (io/config.h rows; n_keys of them), which
+	 * model_config_schema_init adds to the run configuration: only read with
+	 * `[model] name` = name, so a key set for another family is refused */
+	const struct config_key_def *keys;
+	int n_keys;
+	/* the model a run configuration describes (CT_ERR_USAGE with a message naming the
+	 * key); NULL: the family is built from code only */
+	int (*from_config)(const struct ct_config *cfg, struct model_config *mc);
+	/* cross-key checks of a run configuration naming this family, at config_validate
+	 * (0, or CT_ERR_USAGE after config_error); NULL: none */
+	int (*check_config)(const struct ct_config *cfg);
 	/* what it supports: tensor / pipeline parallelism, activation checkpointing modes
 	 * other than none, float8 linears, `ctitan export` to Hugging Face, the cost model
 	 * (comm.buckets = auto, memory budgets, profiled predictions, `ctitan plan`) */
@@ -149,22 +174,26 @@ struct model_family {
 	const struct model_hf_ops *hf;
 };
 
-/* Add a family to the table (one defined outside src/model/, e.g. by a test); its `kind`
- * is set to the kind it gets, which is returned (-1: the table is full or the name taken). */
+/* Add a family to the table (one defined outside src/model/, e.g. by a test); returns the
+ * kind it gets (MODEL_KIND_NONE: the table is full or the name taken). */
 #define MODEL_FAMILY_MAX 8
-int model_family_register(struct model_family *f);
+int model_family_register(const struct model_family *f);
 /* The family of a kind, or of a `[model] name` (NULL: no such family). */
 const struct model_family *model_family_of(enum model_kind k);
 const struct model_family *model_family_named(const char *name);
-/* The families' names, comma-separated, for messages: "llama3, hyena". */
+/* The families' names, comma-separated, in the table's order, for messages. */
 const char *model_family_list(void);
+/* Add what the families bring to the run configuration (io/config.h): their `[model]`
+ * keys, their presets as model.flavor's choices, and the check that a family's keys are set
+ * only for it. Once, before the first config_defaults (the CLI's main calls it; later
+ * calls do nothing); families registered after it bring no keys. */
+void model_config_schema_init(void);
 
 /* Build a model of family c->kind for micro-batches of (B, T). CT_OK or an error code. */
 int model_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
                 const struct model_build_opts *opts);
-/* View an already built family model (not owned: model_free leaves it alone). */
-void model_wrap_llama(struct model *m, struct llama_model *lm);
-void model_wrap_hyena(struct model *m, struct hyena_model *hm);
+/* (A family's own header declares how to view an already built model of it as a struct
+ * model: model_wrap_llama, ...) */
 void model_free(struct model *m);
 
 /* Whether table entry e is a float8 linear under the current float8 set-up

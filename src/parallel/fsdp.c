@@ -328,7 +328,7 @@ static void bucket_grads(struct fsdp *f, int b)
 	struct fsdp_bucket_state *st = &f->bs[b];
 	if (st->g >= 0 || st->g == FSDP_IN_PLACE)
 		return;
-	if (fsdp_g_in_place(f)) { /* zeroed once per step (fsdp_train_step) */
+	if (fsdp_g_in_place(f)) { /* zeroed once per step (fsdp_begin) */
 		st->g = FSDP_IN_PLACE;
 		float *g = f->shard_g + bucket_shard_base(f, b);
 		FOR_BUCKET_UNITS(f, b, u)

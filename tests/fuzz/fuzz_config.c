@@ -58,11 +58,23 @@ static int fuzz_args(struct ct_config *cfg, const uint8_t *data, size_t size)
 	return rc;
 }
 
+/* One added key of each type, so the path of added keys (config_add_keys) is fuzzed too. */
+static const struct config_key_def fuzz_keys[] = {
+    {.name = "fz_int", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(2), .help = "int"},
+    {.name = "fz_float", .type = CONFIG_FLOAT, .def = "-1", CONFIG_UNSET_OR_GT(0), .help = "f"},
+    {.name = "fz_str", .type = CONFIG_STRING, .def = "a", CONFIG_CHOICES("a", "b"), .help = "s"},
+    {.name = "fz_bool", .type = CONFIG_BOOL, .def = "false", .help = "bool"},
+};
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct ct_config cfg, before;
 	if (size == 0)
 		return 0;
+	static bool added;
+	if (!added) /* keys added as a layer above adds them (a model family's) */
+		config_add_keys("model", fuzz_keys, sizeof(fuzz_keys) / sizeof(fuzz_keys[0]));
+	added = true;
 	config_defaults(&cfg);
 	memcpy(&before, &cfg, sizeof(cfg));
 	int rc = data[0] & 1 ? fuzz_args(&cfg, data + 1, size - 1)

@@ -25,7 +25,7 @@ build() { # name sources... -- libs...
 }
 cd "$ROOT"
 build fuzz_config tests/fuzz/fuzz_config.c src/io/config.c src/io/config_schema.c src/io/config_toml.c \
-  src/io/config_print.c src/base/log.c -lm
+  src/io/config_print.c src/io/config_keys.c src/base/log.c -lm
 build fuzz_shards tests/fuzz/fuzz_shards.c src/data/shards.c src/data/loader.c src/base/log.c \
   src/base/mem.c src/base/mem_timeline.c src/base/rng.c -lcjson -lm -lpthread
 build fuzz_tokenizer tests/fuzz/fuzz_tokenizer.c src/data/tokenizer.c src/data/tokenizer_files.c \

@@ -31,6 +31,13 @@ static const struct hyena_preset hyena_presets[] = {
     {"hyena-small", 2048, 128, 4, 2, 64, 33, 512, 14.0},
 };
 
+const char *hyena_flavor_name(int i)
+{
+	return i >= 0 && i < (int)(sizeof(hyena_presets) / sizeof(hyena_presets[0]))
+	           ? hyena_presets[i].name
+	           : NULL;
+}
+
 const char *hyena_flavor_list(void)
 {
 	return "hyena-debug, hyena-small";

@@ -58,6 +58,8 @@ int hyena_config_preset(struct hyena_config *c, const char *flavor);
 int hyena_config_finish(struct hyena_config *c);
 const char *hyena_flavor_list(void);
 bool hyena_is_flavor(const char *flavor);
+/* The i-th preset's name; NULL past the last. */
+const char *hyena_flavor_name(int i);
 
 /* Table indices of a block's tensors, relative to the block's first tensor. */
 enum hyena_block_tensor {
@@ -167,7 +169,7 @@ struct hyena_model {
 	int64_t s_dres, s_xn, s_dxn, s_gl, s_dgl, s_da, s_dy, s_dv, s_dg, s_dpc, s_dp, s_h, s_dh,
 	    s_filt, s_fft, s_ce;
 	int64_t ce_rows;
-	/* > 0: the head's forward also makes the loss gradient (see llama_model) */
+	/* > 0: the head's forward also makes the loss gradient (as in every family) */
 	double loss_dscale;
 	bool head_grads_ready;
 };
@@ -188,5 +190,18 @@ void hyena_backward(struct hyena_model *m, double dscale);
 /* logits (N,V) of the current batch (runs the forward); float / double models. */
 void hyena_logits(struct hyena_model *m, float *logits);
 void hyena_logits_f64(struct hyena_model *m, double *logits);
+
+/* ---- the Hyena family behind the model interface (model/model.h; hyena_family.c) ---- */
+
+struct model;
+struct model_config;
+/* The hyena_config a model_config of this family holds (CHECK: it is one). */
+const struct hyena_config *hyena_cfg(const struct model_config *mc);
+struct hyena_config *hyena_cfg_mut(struct model_config *mc);
+/* Make *mc an empty Hyena model_config; returns its hyena_config to fill in. */
+struct hyena_config *hyena_cfg_init(struct model_config *mc);
+/* View an already built float model as a struct model (not owned: model_free leaves it
+ * alone). */
+void model_wrap_hyena(struct model *m, struct hyena_model *hm);
 
 #endif

@@ -6,9 +6,38 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/config.h"
 #include "model/family.h"
 #include "model/hyena/hyena.h"
 #include "model/model_group.h"
+
+/* This family's entry of the table (below; model/model.c lists it). */
+extern const struct model_family hyena_family;
+
+/* ---------------------------------------------------------------- its config */
+
+_Static_assert(sizeof(struct hyena_config) <= MODEL_CONFIG_BYTES &&
+                   _Alignof(struct hyena_config) <= _Alignof(max_align_t),
+               "a hyena_config fits a model_config");
+
+struct hyena_config *hyena_cfg_mut(struct model_config *mc)
+{
+	CHECK(mc->kind == model_family_kind(&hyena_family), "model: a %s config read as %s",
+	      model_kind_name(mc->kind), hyena_family.name);
+	return (struct hyena_config *)(void *)mc->family;
+}
+
+const struct hyena_config *hyena_cfg(const struct model_config *mc)
+{
+	return hyena_cfg_mut((struct model_config *)mc);
+}
+
+struct hyena_config *hyena_cfg_init(struct model_config *mc)
+{
+	memset(mc, 0, sizeof(*mc));
+	mc->kind = model_family_kind(&hyena_family);
+	return (struct hyena_config *)(void *)mc->family;
+}
 
 static void hyena_op_bind(void *impl, int u, float *params, float *grads)
 {
@@ -43,7 +72,7 @@ static double hyena_op_flops(const struct model_config *c, const struct param_ta
                              int64_t seq_len)
 {
 	(void)t;
-	return hyena_flops_per_token(&c->hyena, seq_len);
+	return hyena_flops_per_token(hyena_cfg(c), seq_len);
 }
 static void hyena_op_free(void *impl)
 {
@@ -66,8 +95,7 @@ void model_wrap_hyena(struct model *m, struct hyena_model *hm)
 {
 	CHECK(!hm->f64, "model: the trainer runs float models");
 	memset(m, 0, sizeof(*m));
-	m->cfg.kind = MODEL_HYENA;
-	m->cfg.hyena = hm->cfg;
+	*hyena_cfg_init(&m->cfg) = hm->cfg;
 	m->ops = &hyena_ops;
 	m->impl = hm;
 	m->table = &hm->table;
@@ -102,7 +130,7 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 	}
 	struct hyena_model *hm = xcalloc(1, sizeof(*hm));
 	const struct hyena_build_opts ho = {.own_params = opts->own_params};
-	int rc = hyena_build(hm, &c->hyena, B, T, &ho);
+	int rc = hyena_build(hm, hyena_cfg(c), B, T, &ho);
 	if (rc) {
 		free(hm);
 		return rc;
@@ -113,7 +141,7 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 
 static void hyena_describe(const struct model *m, char *buf, size_t n)
 {
-	const struct hyena_config *c = &m->cfg.hyena;
+	const struct hyena_config *c = hyena_cfg(&m->cfg);
 	snprintf(buf, n,
 	         "hyena %s: %lld parameters (dim %lld, %lld layers, order %lld, filter "
 	         "order %lld, emb_dim %lld, ffn %lld, l_max %lld, vocab %lld)",
@@ -125,33 +153,33 @@ static void hyena_describe(const struct model *m, char *buf, size_t n)
 
 static int64_t hyena_family_vocab(const struct model_config *c)
 {
-	return c->hyena.vocab_size;
+	return hyena_cfg(c)->vocab_size;
 }
 static int64_t hyena_family_layers(const struct model_config *c)
 {
-	return c->hyena.n_layers;
+	return hyena_cfg(c)->n_layers;
 }
 static int64_t hyena_family_dim(const struct model_config *c)
 {
-	return c->hyena.dim;
+	return hyena_cfg(c)->dim;
 }
 static const char *hyena_family_flavor(const struct model_config *c)
 {
-	return c->hyena.flavor;
+	return hyena_cfg(c)->flavor;
 }
 static int hyena_family_table(struct param_table *t, const struct model_config *c)
 {
-	return hyena_table_build(t, &c->hyena);
+	return hyena_table_build(t, hyena_cfg(c));
 }
 static void hyena_family_init(const struct model_config *c, const struct param_table *t,
                               uint64_t seed, float *out, int64_t first, int64_t n)
 {
-	hyena_init_params(&c->hyena, t, seed, out, first, n);
+	hyena_init_params(hyena_cfg(c), t, seed, out, first, n);
 }
 
 static void hyena_manifest_fields(const struct model_config *mc, cJSON *o)
 {
-	const struct hyena_config *c = &mc->hyena;
+	const struct hyena_config *c = hyena_cfg(mc);
 	cJSON_AddStringToObject(o, "flavor", c->flavor);
 	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
 	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
@@ -165,9 +193,73 @@ static void hyena_manifest_fields(const struct model_config *mc, cJSON *o)
 	cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
 }
 
+/* ---------------------------------------------------------------- run configuration */
+
+/* Hyena's own `[model]` keys (-1: the flavor's value). */
+static const struct config_key_def hyena_keys[] = {
+    {.name = "hyena_order", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(2),
+     .help = "Hyena order N: N-1 gated long convolutions per block; -1: the flavor's (2)."},
+    {.name = "hyena_filter_order", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(1),
+     .help = "Width of Hyena's implicit filter MLP; -1: the flavor's."},
+    {.name = "hyena_emb_dim", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(3),
+     .help = "Positional features of Hyena's implicit filter (odd); -1: the flavor's."},
+    {.name = "hyena_sin_freq", .type = CONFIG_FLOAT, .def = "-1", CONFIG_UNSET_OR_GT(0),
+     .help = "Initial frequency of the filter's sine activations (> 0); -1: the flavor's."},
+    {.name = "hyena_l_max", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(1),
+     .help = "Length of Hyena's long filters (>= training.seq_len); -1: training.seq_len."},
+};
+
+/* The flavor's shape, then model.vocab_size and the model.hyena_* overrides; l_max =
+ * model.hyena_l_max or training.seq_len. */
+static int hyena_from_config(const struct ct_config *cfg, struct model_config *mc)
+{
+	if (!hyena_is_flavor(cfg->model.flavor)) {
+		LOG_ERROR("model.flavor: '%s' is not a hyena flavor (%s)", cfg->model.flavor,
+		          hyena_flavor_list());
+		return CT_ERR_USAGE;
+	}
+	struct hyena_config *hc = hyena_cfg_init(mc);
+	int rc = hyena_config_preset(hc, cfg->model.flavor);
+	if (rc)
+		return rc;
+	const struct int_override {
+		int64_t value, *field;
+	} keys[] = {
+	    {cfg->model.vocab_size, &hc->vocab_size},
+	    {config_get_int(cfg, "model.hyena_order"), &hc->order},
+	    {config_get_int(cfg, "model.hyena_filter_order"), &hc->filter_order},
+	    {config_get_int(cfg, "model.hyena_emb_dim"), &hc->emb_dim},
+	};
+	for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+		if (keys[i].value > 0)
+			*keys[i].field = keys[i].value;
+	double sin_freq = config_get_float(cfg, "model.hyena_sin_freq");
+	int64_t l_max = config_get_int(cfg, "model.hyena_l_max");
+	if (sin_freq > 0)
+		hc->sin_freq = sin_freq;
+	hc->l_max = l_max > 0 ? l_max : cfg->training.seq_len;
+	if (hc->l_max < cfg->training.seq_len) {
+		LOG_ERROR("model.hyena_l_max: %lld is shorter than training.seq_len %lld",
+		          (long long)hc->l_max, (long long)cfg->training.seq_len);
+		return CT_ERR_USAGE;
+	}
+	return hyena_config_finish(hc);
+}
+
+static int hyena_check_config(const struct ct_config *cfg)
+{
+	if (cfg->model.rope_scaling)
+		return config_error("model.rope_scaling: Hyena has no RoPE (only read for llama3)");
+	return 0;
+}
+
 const struct model_family hyena_family = {
     .name = "hyena",
-    .kind = MODEL_HYENA,
+    .flavor_name = hyena_flavor_name,
+    .keys = hyena_keys,
+    .n_keys = sizeof(hyena_keys) / sizeof(hyena_keys[0]),
+    .from_config = hyena_from_config,
+    .check_config = hyena_check_config,
     .vocab = hyena_family_vocab,
     .n_layers = hyena_family_layers,
     .dim = hyena_family_dim,

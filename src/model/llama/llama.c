@@ -31,6 +31,13 @@ static const struct llama_preset llama_presets[] = {
     {"70B", 8192, 80, 64, 8, 128256, 1.3, 4096},    {"405B", 16384, 126, 128, 8, 128256, 1.2, 4096},
 };
 
+const char *llama_flavor_name(int i)
+{
+	return i >= 0 && i < (int)(sizeof(llama_presets) / sizeof(llama_presets[0]))
+	           ? llama_presets[i].name
+	           : NULL;
+}
+
 const char *llama_flavor_list(void)
 {
 	return "debugmodel, 125M, 1B, 8B, 70B, 405B";

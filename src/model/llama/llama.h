@@ -43,6 +43,8 @@ int llama_config_preset(struct llama_config *c, const char *flavor);
 /* Recompute the derived fields after changing the shape fields; CT_ERR_USAGE if invalid. */
 int llama_config_finish(struct llama_config *c);
 const char *llama_flavor_list(void);
+/* The i-th preset's name; NULL past the last. */
+const char *llama_flavor_name(int i);
 
 int llama_table_build(struct param_table *t, const struct llama_config *c);
 /* The table of tensor-parallel rank tp_rank of tp_size (Megatron layout, see tp_dim): heads,
@@ -254,5 +256,17 @@ void llama_logits(struct llama_model *m, float *logits);
 
 /* Number of valid (non-ignored) targets in a micro-batch. */
 int64_t llama_count_valid(const int32_t *targets, int64_t n);
+
+/* ---- the llama3 family behind the model interface (model/model.h; llama_family.c) ---- */
+
+struct model;
+struct model_config;
+/* The llama_config a model_config of this family holds (CHECK: it is one). */
+const struct llama_config *llama_cfg(const struct model_config *mc);
+struct llama_config *llama_cfg_mut(struct model_config *mc);
+/* Make *mc an empty llama3 model_config; returns its llama_config to fill in. */
+struct llama_config *llama_cfg_init(struct model_config *mc);
+/* View an already built model as a struct model (not owned: model_free leaves it alone). */
+void model_wrap_llama(struct model *m, struct llama_model *lm);
 
 #endif

@@ -42,7 +42,7 @@ static void block_work(const struct llama_config *c, int64_t B, int64_t T,
 static void llama_unit_work(const struct model_config *mc, const struct model_cost_shape *s, int u,
                             model_cost_work wk)
 {
-	const struct llama_config c = llama_config_tp_slice(&mc->llama, s->tp);
+	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
 	const int L = (int)c.n_layers;
 	struct llama_block_work w;
 	block_work(&c, s->B, s->T, &w);
@@ -117,15 +117,15 @@ static int64_t activation_bytes(const struct llama_config *c, int64_t B, int64_t
 static int64_t llama_activation_bytes(const struct model_config *mc,
                                       const struct model_cost_shape *s)
 {
-	int64_t a = activation_bytes(&mc->llama, s->B, s->T, s->ac, s->elem_bytes);
+	int64_t a = activation_bytes(llama_cfg(mc), s->B, s->T, s->ac, s->elem_bytes);
 	return s->tp > 1 ? a / s->tp : a;
 }
 
 static double llama_cost_flops(const struct model_config *mc, int64_t seq_len)
 {
 	struct param_table t;
-	CHECK(llama_table_build(&t, &mc->llama) == CT_OK, "llama: table");
-	double f = llama_flops_per_token(&mc->llama, &t, seq_len);
+	CHECK(llama_table_build(&t, llama_cfg(mc)) == CT_OK, "llama: table");
+	double f = llama_flops_per_token(llama_cfg(mc), &t, seq_len);
 	param_table_free(&t);
 	return f;
 }
@@ -133,7 +133,7 @@ static double llama_cost_flops(const struct model_config *mc, int64_t seq_len)
 static void llama_cost_prog(const struct model_config *mc, const struct model_cost_shape *s,
                             bool async, int u, enum model_pass p, struct model_prog *out)
 {
-	llama_tp_prog(&mc->llama, (int)s->tp, async, s->ac, s->B, s->T, s->elem_bytes, u, p, out);
+	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, s->ac, s->B, s->T, s->elem_bytes, u, p, out);
 }
 
 /* ---------------------------------------------------------------- calibration */
@@ -303,7 +303,7 @@ static void cal_free(void *impl)
 static void llama_calib_init(struct model_cost_calib *cal, const struct model_config *mc,
                              const struct model_cost_shape *s)
 {
-	const struct llama_config lc = llama_config_tp_slice(&mc->llama, s->tp);
+	const struct llama_config lc = llama_config_tp_slice(llama_cfg(mc), s->tp);
 	struct cal *c = xcalloc(1, sizeof(*c));
 	cal_alloc(c, &lc, s->B, s->T);
 	struct llama_block_work w;

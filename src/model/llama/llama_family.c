@@ -6,11 +6,42 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "io/config.h"
 #include "model/family.h"
 #include "model/llama/llama.h"
 #include "model/llama/llama_cost.h"
 #include "model/llama/llama_hf.h"
 #include "model/model_group.h"
+
+/* This family's entry of the table (below; model/model.c lists it). */
+extern const struct model_family llama_family;
+
+/* ---------------------------------------------------------------- its config */
+
+_Static_assert(MODEL_IGNORE_INDEX == LLAMA_IGNORE_INDEX, "one ignore index");
+
+_Static_assert(sizeof(struct llama_config) <= MODEL_CONFIG_BYTES &&
+                   _Alignof(struct llama_config) <= _Alignof(max_align_t),
+               "a llama_config fits a model_config");
+
+struct llama_config *llama_cfg_mut(struct model_config *mc)
+{
+	CHECK(mc->kind == model_family_kind(&llama_family), "model: a %s config read as %s",
+	      model_kind_name(mc->kind), llama_family.name);
+	return (struct llama_config *)(void *)mc->family;
+}
+
+const struct llama_config *llama_cfg(const struct model_config *mc)
+{
+	return llama_cfg_mut((struct model_config *)mc);
+}
+
+struct llama_config *llama_cfg_init(struct model_config *mc)
+{
+	memset(mc, 0, sizeof(*mc));
+	mc->kind = model_family_kind(&llama_family);
+	return (struct llama_config *)(void *)mc->family;
+}
 
 static void llama_op_bind(void *impl, int u, float *params, float *grads)
 {
@@ -69,7 +100,7 @@ static float *llama_op_residual_grad(void *impl)
 static double llama_op_flops(const struct model_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
-	return llama_flops_per_token(&c->llama, t, seq_len);
+	return llama_flops_per_token(llama_cfg(c), t, seq_len);
 }
 static void llama_op_free(void *impl)
 {
@@ -96,8 +127,7 @@ static const struct model_ops llama_ops = {
 void model_wrap_llama(struct model *m, struct llama_model *lm)
 {
 	memset(m, 0, sizeof(*m));
-	m->cfg.kind = MODEL_LLAMA;
-	m->cfg.llama = lm->cfg;
+	*llama_cfg_init(&m->cfg) = lm->cfg;
 	m->ops = &llama_ops;
 	m->impl = lm;
 	m->table = &lm->table;
@@ -129,7 +159,7 @@ static int llama_family_build(struct model *m, const struct model_config *c, int
 	                                    .unit_hi = opts->unit_hi,
 	                                    .split_backward = opts->split_backward,
 	                                    .tp_async = opts->tp_async};
-	int rc = llama_build_ex(lm, &c->llama, B, T, &lo);
+	int rc = llama_build_ex(lm, llama_cfg(c), B, T, &lo);
 	if (rc) {
 		free(lm);
 		return rc;
@@ -140,7 +170,7 @@ static int llama_family_build(struct model *m, const struct model_config *c, int
 
 static void llama_describe(const struct model *m, char *buf, size_t n)
 {
-	const struct llama_config *c = &m->cfg.llama;
+	const struct llama_config *c = llama_cfg(&m->cfg);
 	snprintf(buf, n,
 	         "llama3 %s: %lld parameters (dim %lld, %lld layers, %lld heads, %lld kv "
 	         "heads, ffn %lld, vocab %lld)",
@@ -151,24 +181,24 @@ static void llama_describe(const struct model *m, char *buf, size_t n)
 
 static int64_t llama_family_vocab(const struct model_config *c)
 {
-	return c->llama.vocab_size;
+	return llama_cfg(c)->vocab_size;
 }
 static int64_t llama_family_layers(const struct model_config *c)
 {
-	return c->llama.n_layers;
+	return llama_cfg(c)->n_layers;
 }
 static int64_t llama_family_dim(const struct model_config *c)
 {
-	return c->llama.dim;
+	return llama_cfg(c)->dim;
 }
 static int llama_family_table_tp(struct param_table *t, const struct model_config *c, int tp,
                                  int tp_rank)
 {
-	return llama_table_build_tp(t, &c->llama, tp, tp_rank);
+	return llama_table_build_tp(t, llama_cfg(c), tp, tp_rank);
 }
 static int llama_family_tp_check(const struct model_config *mc, int64_t tp)
 {
-	const struct llama_config *c = &mc->llama;
+	const struct llama_config *c = llama_cfg(mc);
 	/* Heads are split, never replicated: tp > n_kv_heads (KV-head replication) is refused. */
 	if (c->n_heads % tp || c->n_kv_heads % tp) {
 		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the model's "
@@ -187,21 +217,21 @@ static int llama_family_tp_check(const struct model_config *mc, int64_t tp)
 }
 static const char *llama_family_flavor(const struct model_config *c)
 {
-	return c->llama.flavor;
+	return llama_cfg(c)->flavor;
 }
 static int llama_family_table(struct param_table *t, const struct model_config *c)
 {
-	return llama_table_build(t, &c->llama);
+	return llama_table_build(t, llama_cfg(c));
 }
 static void llama_family_init(const struct model_config *c, const struct param_table *t,
                               uint64_t seed, float *out, int64_t first, int64_t n)
 {
-	llama_init_params(&c->llama, t, seed, out, first, n);
+	llama_init_params(llama_cfg(c), t, seed, out, first, n);
 }
 
 static void llama_manifest_fields(const struct model_config *mc, cJSON *o)
 {
-	const struct llama_config *c = &mc->llama;
+	const struct llama_config *c = llama_cfg(mc);
 	cJSON_AddStringToObject(o, "flavor", c->flavor);
 	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
 	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
@@ -214,9 +244,29 @@ static void llama_manifest_fields(const struct model_config *mc, cJSON *o)
 	cJSON_AddBoolToObject(o, "rope_scaling", c->rope_scaling);
 }
 
+/* The flavor's shape, then model.vocab_size and model.rope_scaling. */
+static int llama_from_config(const struct ct_config *cfg, struct model_config *mc)
+{
+	const struct model_family *other = model_family_of_flavor(cfg->model.flavor);
+	if (other && other != &llama_family) {
+		LOG_ERROR("model.flavor: '%s' is a %s flavor; set model.name = \"%s\"",
+		          cfg->model.flavor, other->name, other->name);
+		return CT_ERR_USAGE;
+	}
+	struct llama_config *c = llama_cfg_init(mc);
+	int rc = llama_config_preset(c, cfg->model.flavor);
+	if (rc)
+		return rc;
+	if (cfg->model.vocab_size > 0)
+		c->vocab_size = cfg->model.vocab_size;
+	c->rope_scaling = cfg->model.rope_scaling;
+	return llama_config_finish(c);
+}
+
 const struct model_family llama_family = {
     .name = "llama3",
-    .kind = MODEL_LLAMA,
+    .flavor_name = llama_flavor_name,
+    .from_config = llama_from_config,
     .tp = true,
     .pp = true,
     .ac = true,

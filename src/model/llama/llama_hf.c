@@ -280,9 +280,9 @@ static bool llama_hf_tensor(const struct model_config *mc, const struct param_en
 	if (!llama_hf_name(e->name, name, n))
 		return false;
 	*data = src;
-	int64_t heads = llama_hf_rope_heads(&mc->llama, e->name);
+	int64_t heads = llama_hf_rope_heads(llama_cfg(mc), e->name);
 	if (heads) {
-		llama_hf_permute_rows(src, tmp, heads, mc->llama.head_dim, e->shape[1]);
+		llama_hf_permute_rows(src, tmp, heads, llama_cfg(mc)->head_dim, e->shape[1]);
 		*data = tmp;
 	}
 	return true;
@@ -290,13 +290,13 @@ static bool llama_hf_tensor(const struct model_config *mc, const struct param_en
 
 static char *llama_hf_json(const struct model_config *mc)
 {
-	return llama_hf_config_json(&mc->llama);
+	return llama_hf_config_json(llama_cfg(mc));
 }
 
 static int llama_hf_read(const char *dir, const struct model_config *mc,
                          const struct param_table *t, float *params)
 {
-	return llama_hf_load(dir, &mc->llama, t, params);
+	return llama_hf_load(dir, llama_cfg(mc), t, params);
 }
 
 const struct model_hf_ops llama_hf_ops = {
