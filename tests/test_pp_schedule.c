@@ -18,6 +18,7 @@
 
 #include "base/log.h"
 #include "schedule/pp_schedule.h"
+#include "schedule/sched_cost.h"
 #include "schedule/schedule.h"
 #include "testutil.h"
 
@@ -268,6 +269,53 @@ TEST_CASE(pipeline_nodes)
 		}
 }
 
+/* The pipeline's cost model on ranks that share cores: with host_load 2 (4 ranks on 2 cores,
+ * rates calibrated with all computing) the bubbles' compute runs at twice the calibrated
+ * rate, so the step is shorter than the fully shared timing but no shorter than half of it;
+ * host_load 1 (a core per rank) leaves the timing as it is. */
+TEST_CASE(pipeline_cost_shared_cores)
+{
+	int p = 2, m = 4, S = 2, L = 2 * S - 2, U = L + 2;
+	struct pp_sched ps;
+	EXPECT(pp_sched_generate(&ps, PP_1F1B, p, 1, m) == CT_OK, "generate");
+	int u0[3] = {0, 2, 4};
+	struct sched_unit *units = calloc((size_t)U, sizeof(*units));
+	struct sched ranks[2];
+	for (int r = 0; r < p; r++)
+		sched_build_pp(&ranks[r], &ps, r, units, U, u0);
+	struct sched_cost_model cm;
+	memset(&cm, 0, sizeof(cm));
+	cm.n_units = U;
+	cm.matmul_flops = 1e9, cm.attn_flops = 1e9, cm.mem_bytes_s = 1e12;
+	cm.dp_shard = 1;
+	for (int k = 0; k < SCHED_WORK_COUNT; k++) /* forward 1 ms a unit, backward 2 ms */
+		for (int t = 0; t < SCHED_TERM_COUNT; t++) {
+			cm.work[k][t] = calloc((size_t)U, sizeof(double));
+			for (int u = 0; u < U && t == SCHED_TERM_MATMUL; u++)
+				cm.work[k][t][u] = k == SCHED_WORK_FWD ? 1e6 : k == SCHED_WORK_BWD ? 2e6 : 0;
+		}
+	struct sched_pp_link link = {.latency_s = 1e-5, .bytes_s = 1e9, .bytes = 1000};
+	struct sched_pp_prediction shared, one, two;
+	sched_predict_pp(ranks, &cm, &link, &shared);
+	link.host_load = 1.0;
+	sched_predict_pp(ranks, &cm, &link, &one);
+	link.host_load = 2.0;
+	sched_predict_pp(ranks, &cm, &link, &two);
+	EXPECT(one.step_s == shared.step_s, "host load 1 changed the step: %g vs %g s", one.step_s,
+	       shared.step_s);
+	EXPECT(shared.bubble > 0.05, "no bubble to test with (%g)", shared.bubble);
+	EXPECT(two.step_s < 0.97 * shared.step_s && two.step_s >= 0.5 * shared.step_s,
+	       "host load 2: step %g s, fully shared %g s (bubble %g)", two.step_s, shared.step_s,
+	       shared.bubble);
+	for (int k = 0; k < SCHED_WORK_COUNT; k++)
+		for (int t = 0; t < SCHED_TERM_COUNT; t++)
+			free(cm.work[k][t]);
+	for (int r = 0; r < p; r++)
+		sched_free(&ranks[r]);
+	free(units);
+	pp_sched_free(&ps);
+}
+
 int main(void)
 {
 	printf("seed %llu\n", (unsigned long long)test_seed());
@@ -276,5 +324,6 @@ int main(void)
 	RUN(csv);
 	RUN(bad_names_and_counts);
 	RUN(pipeline_nodes);
+	RUN(pipeline_cost_shared_cores);
 	return test_summary();
 }

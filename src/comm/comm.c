@@ -14,7 +14,7 @@
 #include "comm/flight.h"
 #include "comm/watchdog.h"
 
-static int comm_rank_ = 0, comm_size_ = 1;
+static int comm_rank_ = 0, comm_size_ = 1, comm_local_size_ = 1;
 static int64_t comm_bytes_[COMM_KIND_COUNT]; /* atomic: the comm thread adds, others read */
 /* MPI counts are int: no MPI call moves more than this many elements (a tunable so tests can
  * check the chunking with small buffers). */
@@ -54,6 +54,7 @@ int comm_init(int *argc, char ***argv)
 	MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
 	MPI_Comm_size(node, &local_size);
 	MPI_Comm_free(&node);
+	comm_local_size_ = local_size;
 #ifdef _OPENMP
 	if (!getenv("OMP_NUM_THREADS")) {
 		long cores = sysconf(_SC_NPROCESSORS_ONLN);
@@ -74,6 +75,20 @@ void comm_finalize(void)
 int comm_world_rank(void)
 {
 	return comm_rank_;
+}
+int comm_local_size(void)
+{
+	return comm_local_size_;
+}
+double comm_host_load(void)
+{
+	long cores = sysconf(_SC_NPROCESSORS_ONLN);
+#ifdef _OPENMP
+	int threads = omp_get_max_threads();
+#else
+	int threads = 1;
+#endif
+	return cores > 0 ? (double)comm_local_size_ * threads / (double)cores : 1.0;
 }
 int comm_world_size(void)
 {

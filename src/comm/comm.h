@@ -40,6 +40,11 @@ int comm_init(int *argc, char ***argv);
 void comm_finalize(void);
 int comm_world_rank(void);
 int comm_world_size(void);
+/* Ranks of the world on this host (MPI's shared-memory split at comm_init). */
+int comm_local_size(void);
+/* This host's demand for cores when every rank of it computes: its ranks x this rank's
+ * OpenMP threads / online cores (above 1 the ranks share cores). */
+double comm_host_load(void);
 /* Abort the whole job with an exit code (all ranks). */
 _Noreturn void comm_abort(int code);
 

@@ -29,6 +29,7 @@ int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_m
 	sched_cost_calibrate_pp_link(link, &mesh->pp_group, &mesh->world_group,
 	                             N * model_config_dim(&pp->cfg) * (int64_t)sizeof(float),
 	                             pp->o.sim_gbps, pp->o.sim_latency_us);
+	link->host_load = comm_host_load();
 	pp_predict(pp, cm, link, pred);
 	return CT_OK;
 }

@@ -163,6 +163,9 @@ struct sched_pp_link {
 	double latency_s, bytes_s;
 	int64_t bytes; /* one stage boundary */
 	bool serial;   /* a rank's sends queue on its link (the simulated one) */
+	/* the host's demand for cores when all its ranks compute (ranks x threads / cores) while
+	 * the compute rates were calibrated; above 1 the ranks share cores (0: not known, 1) */
+	double host_load;
 };
 struct sched_pp_prediction {
 	double step_s;     /* the slowest rank's end of OPTIM */

@@ -78,8 +78,11 @@ static int xfer_key(int S, int M, bool backward, int stage, int micro)
 	return ((backward ? 1 : 0) * S + stage) * M + micro;
 }
 
-void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *cm,
-                      const struct sched_pp_link *link, struct sched_pp_prediction *out)
+/* One timing of the pipeline: compute node i of rank r takes its modelled seconds times
+ * stretch[r][i]; its start and end land in t0[r][i], t1[r][i]. */
+static void simulate(const struct sched *ranks, const struct sched_cost_model *cm,
+                     const struct sched_pp_link *link, double *const *stretch, double **t0,
+                     double **t1, struct sched_pp_prediction *out)
 {
 	memset(out, 0, sizeof(*out));
 	int p = ranks[0].pp_size, S = ranks[0].n_stages, M = ranks[0].n_micro;
@@ -112,6 +115,7 @@ void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *
 					begun[r] = true;
 					first[r] = t[r];
 				}
+				t0[r][at[r]] = t[r];
 				if (n->kind == SCHED_WAIT && n->wait_kind == SCHED_PP_RECV) {
 					int k = xfer_key(S, M, bwd, bwd ? n->stage + 1 : n->stage - 1,
 					                 n->micro);
@@ -121,9 +125,11 @@ void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *
 						out->wait_s += sent[k] - t[r];
 						t[r] = sent[k];
 					}
+					t0[r][at[r]] = t[r];
 				} else if (n->kind == SCHED_WAIT && n->wait_kind == SCHED_PP_SEND) {
 					int k = xfer_key(S, M, bwd, n->stage, n->micro);
 					t[r] = sent[k] > t[r] ? sent[k] : t[r];
+					t0[r][at[r]] = t[r];
 				} else if (n->kind == SCHED_PP_SEND) {
 					int k = xfer_key(S, M, bwd, n->stage, n->micro);
 					double start = t[r] > link_free[r] ? t[r] : link_free[r];
@@ -131,7 +137,7 @@ void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *
 					link_free[r] = link->serial ? sent[k] : 0.0;
 					has[k] = true;
 				} else if (sched_kind_pp_compute(n->kind)) {
-					double dt = sched_cost_pp_node_s(s, cm, n);
+					double dt = sched_cost_pp_node_s(s, cm, n) * stretch[r][at[r]];
 					busy[r] += dt;
 					t[r] += dt;
 				} else {
@@ -140,6 +146,7 @@ void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *
 						out->fsdp_s = r == 0 ? out->fsdp_s + dt : out->fsdp_s;
 					t[r] += dt;
 				}
+				t1[r][at[r]] = sched_kind_pp_compute(n->kind) ? t[r] : t0[r][at[r]];
 				if (pp_node)
 					last[r] = t[r];
 				moved = true;
@@ -153,8 +160,10 @@ void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *
 			for (int r = 0; r < p; r++) {
 				const struct sched *s = &ranks[r];
 				t[r] = tc;
-				for (; at[r] < s->n_nodes; at[r]++)
+				for (; at[r] < s->n_nodes; at[r]++) {
+					t0[r][at[r]] = t1[r][at[r]] = t[r];
 					t[r] += other_node_s(s, cm, &s->nodes[at[r]]);
+				}
 			}
 			break;
 		}
@@ -170,6 +179,62 @@ void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *
 	}
 	free(sent), free(has), free(t), free(busy), free(first), free(last), free(link_free);
 	free(at), free(begun);
+}
+
+/* Seconds in [a, b) during which rank r computes (its compute nodes' intervals). */
+static double busy_in(const struct sched *s, const double *t0, const double *t1, double a,
+                      double b)
+{
+	double sum = 0;
+	for (int i = 0; i < s->n_nodes; i++) {
+		if (!sched_kind_pp_compute(s->nodes[i].kind))
+			continue;
+		double lo = t0[i] > a ? t0[i] : a, hi = t1[i] < b ? t1[i] : b;
+		sum += hi > lo ? hi - lo : 0.0;
+	}
+	return sum;
+}
+
+void sched_predict_pp(const struct sched *ranks, const struct sched_cost_model *cm,
+                      const struct sched_pp_link *link, struct sched_pp_prediction *out)
+{
+	int p = ranks[0].pp_size;
+	double **stretch = xcalloc((size_t)p, sizeof(double *));
+	double **t0 = xcalloc((size_t)p, sizeof(double *)), **t1 = xcalloc((size_t)p, sizeof(double *));
+	for (int r = 0; r < p; r++) {
+		size_t n = (size_t)(ranks[r].n_nodes > 0 ? ranks[r].n_nodes : 1);
+		stretch[r] = xcalloc(n, sizeof(double));
+		t0[r] = xcalloc(n, sizeof(double));
+		t1[r] = xcalloc(n, sizeof(double));
+		for (size_t i = 0; i < n; i++)
+			stretch[r][i] = 1.0;
+	}
+	simulate(ranks, cm, link, stretch, t0, t1, out);
+	/* Ranks sharing cores (host_load > 1: more ranks x threads than cores, as 4 ranks on 2
+	 * cores): the compute rates were calibrated with every rank computing, so a node runs at
+	 * that rate only while the whole host computes; while part of it waits (the pipeline's
+	 * bubbles) the others get its cores. Each compute node is stretched by the host's load
+	 * over its interval relative to the calibration's (the ranks of the other pipelines do
+	 * what this one does), the timing repeated to a fixed point (damped, 8 rounds). */
+	double L = link->host_load;
+	for (int it = 0; L > 1.0 && it < 8; it++) {
+		for (int r = 0; r < p; r++)
+			for (int i = 0; i < ranks[r].n_nodes; i++) {
+				if (!sched_kind_pp_compute(ranks[r].nodes[i].kind) ||
+				    t1[r][i] <= t0[r][i])
+					continue;
+				double a = t0[r][i], b = t1[r][i], frac = 0;
+				for (int q = 0; q < p; q++)
+					frac += busy_in(&ranks[q], t0[q], t1[q], a, b);
+				frac /= (double)p * (b - a); /* the share of the host computing */
+				double load = L * frac, want = (load > 1.0 ? load : 1.0) / L;
+				stretch[r][i] = 0.5 * (stretch[r][i] + want);
+			}
+		simulate(ranks, cm, link, stretch, t0, t1, out);
+	}
+	for (int r = 0; r < p; r++)
+		free(stretch[r]), free(t0[r]), free(t1[r]);
+	free(stretch), free(t0), free(t1);
 }
 
 /* ---------------------------------------------------------------- the link, measured */

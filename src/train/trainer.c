@@ -202,11 +202,15 @@ static int trainer_build_model(struct trainer *tr)
 			if (tr->mesh.rank == 0)
 				LOG_INFO("cost model: step %.3f s (pipeline %.3f s, busiest rank's "
 				         "compute %.3f s, bubble %.3f, receive stalls %.3f s, gathers "
-				         "and reduce-scatters %.3f s); stage link %.0f us + %.2f GB/s",
+				         "and reduce-scatters %.3f s); stage link %.0f us + %.2f GB/s; "
+				         "host load %.2f%s",
 				         tr->pp_pred.step_s, tr->pp_pred.pipeline_s,
 				         tr->pp_pred.compute_s, tr->pp_pred.bubble, tr->pp_pred.wait_s,
 				         tr->pp_pred.fsdp_s, tr->pp_link.latency_s * 1e6,
-				         tr->pp_link.bytes_s / 1e9);
+				         tr->pp_link.bytes_s / 1e9, tr->pp_link.host_load,
+				         tr->pp_link.host_load > 1.0 ? " (ranks share cores: the "
+				                                       "bubbles' compute runs faster)"
+				                                     : "");
 		}
 	}
 	adamw_init(&tr->opt, opt_numel, cfg->optimizer.beta1, cfg->optimizer.beta2,
