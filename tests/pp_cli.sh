@@ -9,7 +9,8 @@
 #  2. traces: one Chrome trace per rank of the pipeline actions;
 #  3. bad input exits 2 naming the key: an unknown schedule, layers that do not split, a
 #     micro-batch count Interleaved1F1B cannot use, a micro-batch size that does not divide
-#     the batch, a CSV with an unmatched send; ZeroBubbleH1 and async TP under TP x PP, and Hyena, say "not yet supported";
+#     the batch, a CSV with an unmatched send; async TP under PP and Hyena say "not yet supported";
+#     ZeroBubbleH1 on pp=2 x tp=2 equals the one-rank run;
 #  4. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
 #     1F1B and Interleaved1F1B (assumptions in the command), bubble and in-flight memory.
 #   tests/pp_cli.sh build/ctitan
@@ -146,9 +147,11 @@ printf '0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n' > "$tmp/bad.csv"
 bad "CSV with an unmatched send" "pipeline_parallel_schedule_csv.*unmatched send" 2 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule_csv="$tmp/bad.csv" \
   --training.global_batch_size=1
-bad "zero bubble under TP" "ZeroBubbleH1 (split backward, I/W) with tensor_parallel_degree = 2: not yet supported" 4 \
-  --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 \
-  --parallelism.tensor_parallel_degree=2
+# ZB-H1 under TP: the split backward keeps TP's gathered activations for its W half
+train 4 "$tmp/zbtp" --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 --parallelism.tensor_parallel_degree=2 &&
+  losses "$tmp/zbtp/metrics.jsonl" > "$tmp/zbtp.l" && close "$tmp/zbtp.l" "$tmp/ref.l"
+check "pp=2 x tp=2 ZeroBubbleH1: steps 4-6 equal the one-rank run within 1e-5" $?
 bad "async TP under PP" "enable_async_tensor_parallel = true with pipeline_parallel_degree = 2: not yet supported" 4 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
   --parallelism.enable_async_tensor_parallel=true

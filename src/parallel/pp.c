@@ -118,14 +118,6 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	for (int r = 0; r < pp->p; r++)
 		for (int i = 0; i < pp->sched.n[r]; i++)
 			pp->split |= pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W;
-	if (pp->split && mesh->tp > 1) {
-		LOG_ERROR("parallelism.pipeline_parallel_schedule = %s (split backward, I/W) with "
-		          "tensor_parallel_degree = %d: not yet supported (the tensor-parallel "
-		          "blocks have no separate weight-gradient pass); use GPipe, 1F1B or "
-		          "Interleaved1F1B",
-		          pp_style_name(pp->sched.style), mesh->tp);
-		return CT_ERR_USAGE;
-	}
 	pp->v = pp->sched.v;
 	pp->S = pp->sched.n_stages;
 	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));
