@@ -9,8 +9,8 @@
 #  2. traces: one Chrome trace per rank of the pipeline actions;
 #  3. bad input exits 2 naming the key: an unknown schedule, layers that do not split, a
 #     micro-batch count Interleaved1F1B cannot use, a micro-batch size that does not divide
-#     the batch, a CSV with an unmatched send; async TP under PP and Hyena say "not yet supported";
-#     ZeroBubbleH1 on pp=2 x tp=2 equals the one-rank run;
+#     the batch, a CSV with an unmatched send; Hyena says "not yet supported", ZB-H1 with async TP why not;
+#     ZeroBubbleH1 and async TP on pp=2 x tp=2 equal the one-rank run;
 #  4. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
 #     1F1B and Interleaved1F1B (assumptions in the command), bubble and in-flight memory.
 #   tests/pp_cli.sh build/ctitan
@@ -152,9 +152,14 @@ train 4 "$tmp/zbtp" --parallelism.pipeline_parallel_degree=2 \
   --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 --parallelism.tensor_parallel_degree=2 &&
   losses "$tmp/zbtp/metrics.jsonl" > "$tmp/zbtp.l" && close "$tmp/zbtp.l" "$tmp/ref.l"
 check "pp=2 x tp=2 ZeroBubbleH1: steps 4-6 equal the one-rank run within 1e-5" $?
-bad "async TP under PP" "enable_async_tensor_parallel = true with pipeline_parallel_degree = 2: not yet supported" 4 \
+# async TP under PP: the stage models' TP collectives as ring steps
+train 4 "$tmp/atp" --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
+  --parallelism.enable_async_tensor_parallel=true &&
+  losses "$tmp/atp/metrics.jsonl" > "$tmp/atp.l" && close "$tmp/atp.l" "$tmp/ref.l"
+check "pp=2 x tp=2 with async TP: steps 4-6 equal the one-rank run within 1e-5" $?
+bad "ZB-H1 with async TP" "ZeroBubbleH1 (split backward, I/W) with enable_async_tensor_parallel = true: not supported" 4 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
-  --parallelism.enable_async_tensor_parallel=true
+  --parallelism.enable_async_tensor_parallel=true --parallelism.pipeline_parallel_schedule=ZeroBubbleH1
 "$LAUNCH" 2 "$CTITAN" train "$ROOT/configs/hyena-small.toml" --training.steps=1 \
   --parallelism.pipeline_parallel_degree=2 --job.dump_folder="$tmp/bad" > "$tmp/bad.log" 2>&1
 rc=$?

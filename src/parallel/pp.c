@@ -118,6 +118,15 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	for (int r = 0; r < pp->p; r++)
 		for (int i = 0; i < pp->sched.n[r]; i++)
 			pp->split |= pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W;
+	if (pp->split && mesh->tp > 1 && o->tp_async) {
+		LOG_ERROR("parallelism.pipeline_parallel_schedule = %s (split backward, I/W) with "
+		          "enable_async_tensor_parallel = true: not supported (async TP's rings "
+		          "compute the weight gradients inside the input-gradient matmuls, so there "
+		          "is no weight-gradient pass to defer); use plain TP or GPipe, 1F1B, "
+		          "Interleaved1F1B",
+		          pp_style_name(pp->sched.style));
+		return CT_ERR_USAGE;
+	}
 	pp->v = pp->sched.v;
 	pp->S = pp->sched.n_stages;
 	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));
@@ -345,6 +354,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		    .own_params = false,
 		    .ac = pp->o.ac,
 		    .tp = pp->mesh->tp > 1 ? &pp->tp.ops : NULL,
+		    .tp_async = pp->mesh->tp > 1 && pp->o.tp_async,
 		    .unit_lo = ch->u0, /* only this stage's activations */
 		    .unit_hi = ch->u1,
 		    .split_backward = pp->split};

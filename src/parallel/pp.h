@@ -71,6 +71,7 @@ struct pp_opts {
 	int64_t T;
 	int64_t n_micro;    /* micro-batches per step */
 	enum model_ac ac;
+	bool tp_async; /* the stage models' TP collectives as async TP's ring steps */
 	double timeout_s;
 	double sim_gbps, sim_latency_us; /* simulated link for the transfers (0: off) */
 };

@@ -32,13 +32,6 @@ int tp_check_config(const struct ct_config *cfg)
 		          (long long)world);
 		return CT_ERR_USAGE;
 	}
-	if (pp > 1 && c0->parallelism.enable_async_tensor_parallel) {
-		LOG_ERROR("parallelism.enable_async_tensor_parallel = true with "
-		          "pipeline_parallel_degree = %lld: not yet supported (the pipeline's stage "
-		          "models run plain TP collectives)",
-		          (long long)pp);
-		return CT_ERR_USAGE;
-	}
 	struct model_config mc;
 	int rc = model_spec_from_config(cfg, &mc);
 	if (rc)

@@ -111,6 +111,7 @@ static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, e
 	    .micro_rows = cfg->parallelism.pipeline_parallel_microbatch_size,
 	    .T = cfg->training.seq_len,
 	    .ac = ac,
+	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
 	    .timeout_s = cfg->comm.timeout_seconds,
 	    .sim_gbps = cfg->comm.simulate_bandwidth_gbps,
 	    .sim_latency_us = cfg->comm.simulate_latency_us};
