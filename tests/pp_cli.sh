@@ -10,7 +10,8 @@
 #  3. bad input exits 2 naming the key: an unknown schedule, layers that do not split, a
 #     micro-batch count Interleaved1F1B cannot use, a micro-batch size that does not divide
 #     the batch, a CSV with an unmatched send; Hyena says "not yet supported", ZB-H1 with async TP why not;
-#     ZeroBubbleH1 and async TP on pp=2 x tp=2 equal the one-rank run;
+#     ZeroBubbleH1 and async TP on pp=2 x tp=2 equal the one-rank run, and pp=2 with bf16
+#     parameters the one-rank bf16 run;
 #  4. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
 #     1F1B and Interleaved1F1B (assumptions in the command), bubble and in-flight memory.
 #   tests/pp_cli.sh build/ctitan
@@ -152,6 +153,13 @@ train 4 "$tmp/zbtp" --parallelism.pipeline_parallel_degree=2 \
   --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 --parallelism.tensor_parallel_degree=2 &&
   losses "$tmp/zbtp/metrics.jsonl" > "$tmp/zbtp.l" && close "$tmp/zbtp.l" "$tmp/ref.l"
 check "pp=2 x tp=2 ZeroBubbleH1: steps 4-6 equal the one-rank run within 1e-5" $?
+# bf16 parameters under PP: the gathered stage weights rounded to bf16 values, as one rank's
+train 1 "$tmp/refb" --training.mixed_precision_param=bfloat16 &&
+  train 2 "$tmp/ppb" --parallelism.pipeline_parallel_degree=2 \
+    --training.mixed_precision_param=bfloat16 &&
+  losses "$tmp/refb/metrics.jsonl" > "$tmp/refb.l" && losses "$tmp/ppb/metrics.jsonl" > "$tmp/ppb.l" &&
+  close "$tmp/ppb.l" "$tmp/refb.l"
+check "pp=2 with bf16 parameters: steps 4-6 equal the one-rank bf16 run within 1e-5" $?
 # async TP under PP: the stage models' TP collectives as ring steps
 train 4 "$tmp/atp" --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
   --parallelism.enable_async_tensor_parallel=true &&

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/mem_timeline.h"
@@ -291,6 +292,25 @@ static void gather_vstage(struct pp *pp, int c, float *full)
 			memcpy(full + pt->full_off - ch->full_off + q * pt->chunk_rows * pt->cols,
 			       recv + q * S + pt->shard_off - ch->shard_off,
 			       (size_t)(rows_of(pt, q) * pt->cols) * sizeof(float));
+	}
+}
+
+/* bf16 parameters: virtual stage c's gathered weights as bf16 values (what a bf16 all-gather
+ * delivers; the wire itself stays fp32), the float8 linears' kept when the fp8 all-gather
+ * casts them from the fp32 masters. */
+static void round_vstage_bf16(struct pp *pp, int c, float *full)
+{
+	const struct pp_vstage *ch = &pp->vstages[c];
+	FOR_CHUNK_TENSORS(pp, c, i)
+	{
+		const struct pp_tensor *pt = &pp->t[i];
+		if (pp->o.fp8_from_masters && model_fp8_linear(&pp->table.p[i]))
+			continue;
+		float *w = full + pt->full_off - ch->full_off;
+		int64_t n = pt->rows * pt->cols;
+#pragma omp parallel for simd schedule(static)
+		for (int64_t k = 0; k < n; k++)
+			w[k] = bf16_to_f32(bf16_from_f32(w[k]));
 	}
 }
 
@@ -638,6 +658,8 @@ static int64_t be_all_gather(void *ctx, int c, int64_t *bytes)
 	struct pp *pp = ctx;
 	const struct pp_vstage *ch = &pp->vstages[c];
 	gather_vstage(pp, c, pp->full_w + ch->full_off);
+	if (pp->o.bf16)
+		round_vstage_bf16(pp, c, pp->full_w + ch->full_off);
 	*bytes = pp->mesh->dp_shard > 1 ? ch->shard_numel * (int64_t)sizeof(float) : 0;
 	return 0;
 }

@@ -70,18 +70,13 @@ struct trainer {
 };
 
 /* Pipeline parallelism: what it does not combine with yet, and its micro-batches. */
-static int trainer_pp_check(struct trainer *tr, const struct model_config *mc, bool bf16)
+static int trainer_pp_check(struct trainer *tr, const struct model_config *mc)
 {
 	const struct ct_config *cfg = tr->cfg;
 	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
 		          "yet supported (the family has no pipeline stages)",
 		          model_kind_name(mc->kind));
-		return CT_ERR_USAGE;
-	}
-	if (bf16) {
-		LOG_ERROR("training.mixed_precision_param = bfloat16 with "
-		          "parallelism.pipeline_parallel_degree > 1: not yet supported");
 		return CT_ERR_USAGE;
 	}
 	if (cfg->validation.enable) {
@@ -112,6 +107,8 @@ static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, e
 	    .T = cfg->training.seq_len,
 	    .ac = ac,
 	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
+	    .bf16 = compute_bf16(cfg),
+	    .fp8_from_masters = compute_fp8_all_gather(cfg),
 	    .timeout_s = cfg->comm.timeout_seconds,
 	    .sim_gbps = cfg->comm.simulate_bandwidth_gbps,
 	    .sim_latency_us = cfg->comm.simulate_latency_us};
@@ -142,7 +139,7 @@ static int trainer_build_model(struct trainer *tr)
 	 * trivial case (one shard, computed in place), TP runs under it with dp_shard 1 */
 	tr->sharded = !tr->piped;
 	if (tr->piped) {
-		rc = trainer_pp_check(tr, &mc, bf16);
+		rc = trainer_pp_check(tr, &mc);
 		if (rc)
 			return rc;
 	}
