@@ -103,7 +103,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		tp_coll_init(&pp->tp, &mesh->tp_group, 0.0, 0.0, 0.0);
 	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
-		          "yet supported (the family has no pipeline stages)",
+		          "supported (the family has no pipeline stages)",
 		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}

@@ -44,8 +44,9 @@
  * (input gradients only, model_build_opts.split_backward) and W its deferred weight
  * gradients; a slot is freed once its W has run and its input gradient is sent.
  *
- * Not yet supported: split-backward schedules under tensor parallelism, families without
- * pipeline stages (Hyena), validation under PP.
+ * Refused (exit 2, saying why): split-backward schedules with async TP (its rings compute the
+ * weight gradients inside the input-gradient matmuls), families without pipeline stages
+ * (Hyena), validation under PP (no forward-only pipeline schedule).
  */
 #ifndef CT_PARALLEL_PP_H
 #define CT_PARALLEL_PP_H

@@ -75,13 +75,15 @@ static int trainer_pp_check(struct trainer *tr, const struct model_config *mc)
 	const struct ct_config *cfg = tr->cfg;
 	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
-		          "yet supported (the family has no pipeline stages)",
+		          "supported (the family has no pipeline stages)",
 		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}
 	if (cfg->validation.enable) {
-		LOG_ERROR("validation.enable with parallelism.pipeline_parallel_degree > 1: not yet "
-		          "supported");
+		LOG_ERROR("validation.enable with parallelism.pipeline_parallel_degree > 1: not "
+		          "supported (the pipeline schedules are training steps, a forward and a "
+		          "backward per micro-batch; there is no forward-only pipeline schedule for "
+		          "the validation loss)");
 		return CT_ERR_USAGE;
 	}
 	int64_t rows = tr->accum * cfg->training.local_batch_size;
@@ -145,7 +147,8 @@ static int trainer_build_model(struct trainer *tr)
 	}
 	const struct model_family *fam = model_family_of(mc.kind);
 	if (!fam->ac && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
-		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for %s (none)",
+		LOG_ERROR("activation_checkpoint.mode = %s: not supported for %s (the family saves "
+		          "every activation and has no recompute pass; use none)",
 		          cfg->activation_checkpoint.mode, fam->name);
 		return CT_ERR_USAGE;
 	}
