@@ -50,6 +50,54 @@ check "TOML array and dotted section read and printed back" $?
 check "float8 run trains and its log says the fp8 compute is emulated" $?
 "$CTITAN" train --help 2>&1 | grep -q "EMULATED"
 check "--help says float8 is emulated" $?
+# Float8 under tensor parallelism (the layout of `ctitan plan`'s 70B/256 FSDP 32 x TP 8 row,
+# tests/tp_cli.sh, at tiny shapes): FSDP 2 x TP 2 equals 1 rank, and so do PP 2 x TP 2 and the
+# fp8 all-gather. A TP rank casts its slice of a weight (and of a row-parallel input, and of a
+# column-parallel output gradient) with the scale one rank computes from the whole tensor: the
+# amaxes along a split dimension are maximised over the TP group (kernels/fp8_linear.h).
+# Tolerances, from the format: step 1 casts the same weights with the same scales on both
+# sides, and the fp32 sums of the TP slices differ from one rank's only in order (~1e-7
+# relative), which moves an element across an e4m3 rounding boundary (a 2^-4 step) with a
+# probability of ~1e-6, so the step-1 loss agrees to 1e-6 (seen: 4e-9); a scale from half a
+# tensor re-rounds every element of it and moves the step-1 loss by ~1e-5 (seen: 1.8e-5 with
+# the TP reduction removed). From step 2 the ~1e-8 master-weight differences step 1 leaves
+# move weights across e4m3 boundaries and the runs part chaotically: 3e-3 on losses and
+# gradient norms of steps 1-3 (tests/test_fsdp.c's derivation, step_tol). PP's reference
+# runs micro-batches of the pipeline's size (1 sample): a tensorwise scale is per micro-batch.
+F8=(--training.dataset=synthetic --training.seq_len=64 --training.local_batch_size=2
+    --training.global_batch_size=4 --training.steps=3 --lr_scheduler.warmup_steps=1
+    --training.mixed_precision_param=float32 --metrics.peak_tflops=0.1 --debug.seed=7
+    --model.converters=float8)
+f8run() { # RANKS NAME ARGS...
+  local n=$1 d="$tmp/f8-$2"
+  shift 2
+  run "$d.log" "$ROOT/scripts/launch" "$n" "$CTITAN" train "$D" "${F8[@]}" \
+    --job.dump_folder="$d" "$@"
+}
+f8same() { # NAME REF: step-1 loss within 1e-6, losses and norms of steps 1-3 within 3e-3
+  metric "$tmp/f8-$1/metrics.jsonl" 1 1 loss > "$tmp/a1" && metric "$tmp/f8-$2/metrics.jsonl" 1 1 loss > "$tmp/b1" &&
+    close "$tmp/a1" "$tmp/b1" 1e-6 &&
+    metric "$tmp/f8-$1/metrics.jsonl" 1 3 > "$tmp/a3" && metric "$tmp/f8-$2/metrics.jsonl" 1 3 > "$tmp/b3" &&
+    close "$tmp/a3" "$tmp/b3" 3e-3
+}
+FT=(--parallelism.data_parallel_shard_degree=2 --parallelism.tensor_parallel_degree=2)
+REC=--quantize.linear.float8.recipe_name
+f8run 1 one && f8run 4 fsdp2tp2 "${FT[@]}" && f8same fsdp2tp2 one
+check "float8 tensorwise: FSDP 2 x TP 2 equals 1 rank" $?
+f8run 4 ag "${FT[@]}" --quantize.linear.float8.enable_fsdp_float8_all_gather=true &&
+  f8same ag one
+check "float8 tensorwise + fp8 all-gather: FSDP 2 x TP 2 equals 1 rank" $?
+f8run 1 rw1 $REC=rowwise && f8run 4 rw "${FT[@]}" $REC=rowwise && f8same rw rw1
+check "float8 rowwise: FSDP 2 x TP 2 equals 1 rank" $?
+f8run 1 mb1 --training.local_batch_size=1 &&
+  f8run 4 pptp --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 &&
+  f8same pptp mb1
+check "float8 tensorwise: PP 2 (1F1B) x TP 2 equals 1 rank" $?
+"$ROOT/scripts/launch" 2 "$CTITAN" train "$D" "${F8[@]}" --job.dump_folder="$tmp/bad" \
+  --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true \
+  > "$tmp/out" 2>&1
+[ $? -eq 2 ] && grep -q "enable_async_tensor_parallel = true: not supported (async TP" "$tmp/out"
+check "float8 with async TP: exit 2 saying why" $?
 P="$ROOT/configs/8b.toml --world-size 64 --training.mixed_precision_param=bfloat16"
 # shellcheck disable=SC2086
 "$CTITAN" plan $P > "$tmp/p0" 2>&1 &&

@@ -5,7 +5,7 @@
 #  - a checkpoint saved on 2 ranks resumes on 1 (the manifest names the family), and the
 #    resumed steps equal the uninterrupted run's;
 #  - a Llama run refuses a Hyena checkpoint (naming the family), and export refuses Hyena
-#    with "not yet supported" (exit 2); bad hyena keys are usage errors (exit 2).
+#    with "not supported (the family has no ...)" (exit 2); bad hyena keys are usage errors (exit 2).
 #   tests/hyena_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -55,7 +55,7 @@ rc=$?
 check "a llama run refuses the hyena checkpoint (exit $rc)" $?
 "$CTITAN" export "$tmp/b/checkpoint" "$tmp/exp" > "$tmp/e.log" 2>&1
 rc=$?
-[ $rc -eq 2 ] && grep -q "not yet supported" "$tmp/e.log"; check "export: not yet supported, exit 2" $?
+[ $rc -eq 2 ] && grep -q "not supported (the family has no Hugging" "$tmp/e.log"; check "export: not supported, saying why, exit 2" $?
 for bad in --model.hyena_emb_dim=4 --model.hyena_order=1 --model.flavor=debugmodel \
            --model.hyena_l_max=16; do
   "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" "$bad" \

@@ -9,7 +9,9 @@
 #  2. traces: one Chrome trace per rank of the pipeline actions;
 #  3. bad input exits 2 naming the key: an unknown schedule, layers that do not split, a
 #     micro-batch count Interleaved1F1B cannot use, a micro-batch size that does not divide
-#     the batch, a CSV with an unmatched send; ZeroBubbleH1 and async TP under TP x PP, and Hyena, say "not yet supported";
+#     the batch, a CSV with an unmatched send; Hyena and ZB-H1 with async TP say why not;
+#     ZeroBubbleH1 and async TP on pp=2 x tp=2 equal the one-rank run, and pp=2 with bf16
+#     parameters the one-rank bf16 run;
 #  4. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
 #     1F1B and Interleaved1F1B (assumptions in the command), bubble and in-flight memory.
 #   tests/pp_cli.sh build/ctitan
@@ -146,17 +148,31 @@ printf '0F0,0SEND_F0,0RECV_B0,0B0\n1F0,1B0,1SEND_B0\n' > "$tmp/bad.csv"
 bad "CSV with an unmatched send" "pipeline_parallel_schedule_csv.*unmatched send" 2 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule_csv="$tmp/bad.csv" \
   --training.global_batch_size=1
-bad "zero bubble under TP" "ZeroBubbleH1 (split backward, I/W) with tensor_parallel_degree = 2: not yet supported" 4 \
-  --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 \
-  --parallelism.tensor_parallel_degree=2
-bad "async TP under PP" "enable_async_tensor_parallel = true with pipeline_parallel_degree = 2: not yet supported" 4 \
+# ZB-H1 under TP: the split backward keeps TP's gathered activations for its W half
+train 4 "$tmp/zbtp" --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 --parallelism.tensor_parallel_degree=2 &&
+  losses "$tmp/zbtp/metrics.jsonl" > "$tmp/zbtp.l" && close "$tmp/zbtp.l" "$tmp/ref.l"
+check "pp=2 x tp=2 ZeroBubbleH1: steps 4-6 equal the one-rank run within 1e-5" $?
+# bf16 parameters under PP: the gathered stage weights rounded to bf16 values, as one rank's
+train 1 "$tmp/refb" --training.mixed_precision_param=bfloat16 &&
+  train 2 "$tmp/ppb" --parallelism.pipeline_parallel_degree=2 \
+    --training.mixed_precision_param=bfloat16 &&
+  losses "$tmp/refb/metrics.jsonl" > "$tmp/refb.l" && losses "$tmp/ppb/metrics.jsonl" > "$tmp/ppb.l" &&
+  close "$tmp/ppb.l" "$tmp/refb.l"
+check "pp=2 with bf16 parameters: steps 4-6 equal the one-rank bf16 run within 1e-5" $?
+# async TP under PP: the stage models' TP collectives as ring steps
+train 4 "$tmp/atp" --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
+  --parallelism.enable_async_tensor_parallel=true &&
+  losses "$tmp/atp/metrics.jsonl" > "$tmp/atp.l" && close "$tmp/atp.l" "$tmp/ref.l"
+check "pp=2 x tp=2 with async TP: steps 4-6 equal the one-rank run within 1e-5" $?
+bad "ZB-H1 with async TP" "ZeroBubbleH1 (split backward, I/W) with enable_async_tensor_parallel = true: not supported" 4 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
-  --parallelism.enable_async_tensor_parallel=true
+  --parallelism.enable_async_tensor_parallel=true --parallelism.pipeline_parallel_schedule=ZeroBubbleH1
 "$LAUNCH" 2 "$CTITAN" train "$ROOT/configs/hyena-small.toml" --training.steps=1 \
   --parallelism.pipeline_parallel_degree=2 --job.dump_folder="$tmp/bad" > "$tmp/bad.log" 2>&1
 rc=$?
-[ $rc -eq 2 ] && grep -q "pipeline_parallel_degree > 1 with model.name = \"hyena\": not yet supported" "$tmp/bad.log"
-check "hyena under pp: exit 2, not yet supported (got $rc)" $?
+[ $rc -eq 2 ] && grep -q "pipeline_parallel_degree > 1 with model.name = \"hyena\": not supported (the family has no pipeline stages)" "$tmp/bad.log"
+check "hyena under pp: exit 2, saying why (got $rc)" $?
 
 # 4. plan: Llama 3.1 405B on 512 H100s (FSDP 8 x TP 8 x PP 8, full AC, 8 sequences of 8192 per
 # data-parallel rank in micro-batches of 1, compute at 0.64 of the bf16 peak) within 15% of

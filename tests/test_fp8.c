@@ -252,7 +252,7 @@ static void check_recipe(enum fp8_recipe rc, bool prepared)
 		float s = fp8_scale_from_amax(fp8_amax(w, OC * C), FP8_E4M3, false);
 		fp8_quantize_values(wq_buf, w, OC * C, s, FP8_E4M3);
 		fp8_linear_unit_set(0, wq_buf);
-		fp8_linear_add(0, wq_buf, OC, C);
+		fp8_linear_add(0, wq_buf, OC, C, NULL);
 		fp8_linear_set_prepared(wq_buf, s);
 		wq = wq_buf;
 	}

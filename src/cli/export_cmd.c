@@ -57,7 +57,7 @@ static int export_run(const char *ckpt, const char *out)
 	if ((rc = model_spec_from_config(&cfg, &mc)))
 		return rc;
 	if (!model_hf_of(&mc)) {
-		LOG_ERROR("export: model.name = \"%s\": not yet supported (the family has no Hugging "
+		LOG_ERROR("export: model.name = \"%s\": not supported (the family has no Hugging "
 		          "Face names)",
 		          model_kind_name(mc.kind));
 		return CT_ERR_USAGE;

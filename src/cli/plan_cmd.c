@@ -210,7 +210,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		return rc;
 	const struct model_family *fam = model_family_of(mc.kind);
 	if (!model_cost_of(&mc)) {
-		LOG_ERROR("ctitan plan: model.name = \"%s\": not yet supported (the family has no "
+		LOG_ERROR("ctitan plan: model.name = \"%s\": not supported (the family has no "
 		          "cost model)",
 		          fam->name);
 		return CT_ERR_USAGE;

@@ -886,8 +886,9 @@ int config_validate(const struct ct_config *cfg)
 	if (strcmp(cfg->activation_checkpoint.mode, "selective") == 0 &&
 	    strcmp(cfg->activation_checkpoint.selective_ac_option, "op") != 0)
 		return cfg_fail(&w,
-		                "activation_checkpoint.selective_ac_option: '%s' is not yet "
-		                "supported (only \"op\", the per-op policy)",
+		                "activation_checkpoint.selective_ac_option: '%s' is not "
+		                "supported (only \"op\", the per-op policy: the checkpointing "
+		                "mode applies to every block alike, not to every N-th)",
 		                cfg->activation_checkpoint.selective_ac_option);
 	int rc = cfg_validate_inert(cfg);
 	if (rc)

@@ -94,7 +94,7 @@ struct ct_config {
 		int64_t pipeline_parallel_last_stage_less_layers;  /* 1, >= 0 */
 		char fsdp_reshard_after_forward[16];    /* "default": default | always | never */
 		/* tensor parallelism: async TP (ring-decomposed collective matmuls); ctitan plan
-		 * models it, ctitan train: not yet supported */
+		 * models it, ctitan train runs it (also inside pipeline stages) */
 		bool enable_async_tensor_parallel;
 		/* ctitan plan: the link TP collectives use (inside a node), Gbit/s */
 		double tp_bandwidth_gbps;

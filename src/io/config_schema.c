@@ -164,8 +164,9 @@ const struct cfg_key cfg_schema[] = {
     /* pipeline parallelism: one block (parallel/pp.h) */
     {ROW(parallelism, pipeline_parallel_schedule), .def = "1F1B",
      .help = "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B, ZeroBubbleH1 (ZB-H1: the "
-             "backward split into input- and weight-gradient halves; not yet with "
-             "tensor_parallel_degree > 1) (case-insensitive)."},
+             "backward split into input- and weight-gradient halves; not with "
+             "enable_async_tensor_parallel, whose rings compute the weight gradients inside "
+             "the input-gradient matmuls) (case-insensitive)."},
     {ROW(parallelism, pipeline_parallel_schedule_csv), .def = "",
      .help = "A CSV of per-rank actions (one row per pipeline rank, cells like 0F1, 1B0, "
              "0SEND_F1); overrides pipeline_parallel_schedule."},
@@ -237,7 +238,8 @@ const struct cfg_key cfg_schema[] = {
              "recompute the block before its backward."},
     {ROW(activation_checkpoint, selective_ac_option), .def = "op",
      .help = "For mode = selective: \"op\" (per-op policy). TorchTitan's per-layer integer "
-             "option is not yet supported."},
+             "option (every N-th block fully checkpointed) is not supported: ctitan's "
+             "checkpointing mode applies to every block alike."},
 
     {ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
      .help = "How collectives advance: inline on the compute thread (each runs, blocking, "

@@ -84,6 +84,7 @@ struct fp8_entry {
 	int unit;
 	bool prepared;
 	float scale;
+	struct fp8_slice slice;
 };
 
 static bool g_on;
@@ -168,14 +169,18 @@ void fp8_linear_unit_set(int u, const float *base)
 	g_unit_base[u] = base;
 }
 
-void fp8_linear_add(int u, const float *w, int64_t rows, int64_t cols)
+void fp8_linear_add(int u, const float *w, int64_t rows, int64_t cols,
+                    const struct fp8_slice *slice)
 {
 	if (g_n == g_cap) {
 		g_cap = g_cap ? 2 * g_cap : 64;
 		g_ent = realloc(g_ent, (size_t)g_cap * sizeof(*g_ent));
 		CHECK(g_ent, "out of memory");
 	}
-	g_ent[g_n++] = (struct fp8_entry){.w = w, .rows = rows, .cols = cols, .unit = u};
+	g_ent[g_n++] = (struct fp8_entry){.w = w, .rows = rows, .cols = cols, .unit = u,
+	                                  .slice = slice ? *slice : (struct fp8_slice){.dim = -1}};
+	CHECK(g_ent[g_n - 1].slice.dim < 0 || g_ent[g_n - 1].slice.max_f32,
+	      "a split float8 weight needs its group's max all-reduce");
 }
 
 static struct fp8_entry *fp8_find(const float *w)
@@ -218,13 +223,30 @@ static float *scratch(int i, int64_t n)
 
 enum fp8_gran { GRAN_TENSOR, GRAN_ROWS, GRAN_COLS };
 
+/* The group whose maximum an amax needs (fp8_slice in fp8_linear.h): NULL when none. */
+typedef const struct fp8_slice *fp8_red;
+
+static void reduce_amax(fp8_red r, float *a, int64_t n)
+{
+	if (r)
+		r->max_f32(r->ctx, a, n);
+}
+
+/* The weight's group when `split` (the amax runs along a split dimension), else NULL. */
+static fp8_red red_if(const struct fp8_entry *e, bool split)
+{
+	return e && e->slice.dim >= 0 && split ? &e->slice : NULL;
+}
+
 /* q = fp8 values of x (rows x cols) under scales of granularity g; inv[] = 1/scale (1, rows
- * or cols entries). */
+ * or cols entries); the amaxes maximised over red's group first. */
 static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t cols,
-                  enum fp8_gran g, enum fp8_fmt f, bool pow2)
+                  enum fp8_gran g, enum fp8_fmt f, bool pow2, fp8_red red)
 {
 	if (g == GRAN_TENSOR) {
-		float s = fp8_scale_from_amax(fp8_amax(x, rows * cols), f, pow2);
+		float a = fp8_amax(x, rows * cols);
+		reduce_amax(red, &a, 1);
+		float s = fp8_scale_from_amax(a, f, pow2);
 		inv[0] = 1.0f / s;
 #pragma omp parallel for schedule(static)
 		for (int64_t r = 0; r < rows; r++)
@@ -237,6 +259,7 @@ static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t co
 		fp8_amax_rows(s, x, rows, cols);
 	else
 		fp8_amax_cols(s, x, rows, cols);
+	reduce_amax(red, s, ns);
 	for (int64_t i = 0; i < ns; i++) {
 		s[i] = fp8_scale_from_amax(s[i], f, pow2);
 		inv[i] = 1.0f / s[i];
@@ -293,17 +316,22 @@ static const float *weight_tensorwise(const float *w, int64_t OC, int64_t C, boo
 		return w;
 	}
 	float *q = scratch(SCR_QB, OC * C);
-	quant(q, inv, w, OC, C, GRAN_TENSOR, FP8_E4M3, pow2);
+	quant(q, inv, w, OC, C, GRAN_TENSOR, FP8_E4M3, pow2, red_if(e, true));
 	return q;
 }
 
 void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N, int64_t C,
                         int64_t OC, int accumulate)
 {
+	/* which amaxes run along a split dimension (fp8_slice): C (row parallel), OC (column
+	 * parallel), or the whole weight */
+	const struct fp8_entry *e = fp8_find(w);
+	int dim = e ? e->slice.dim : -1;
+	fp8_red rc = red_if(e, dim == 1);
 	float *qx = scratch(SCR_QA, N * C);
 	if (g_recipe == FP8_TENSORWISE) {
 		float ix, iw;
-		quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false);
+		quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc);
 		const float *qw = weight_tensorwise(w, OC, C, false, &iw);
 		scaled_mm(false, true, N, OC, C, qx, C, qw, C, &ix, false, &iw, false, out,
 		          accumulate);
@@ -311,18 +339,23 @@ void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N,
 	}
 	/* rowwise, rowwise_with_gw_hp: x per row, w per row (both along C) */
 	float *ix = scratch(SCR_IA, N), *iw = scratch(SCR_IB, OC), *qw = scratch(SCR_QB, OC * C);
-	quant(qx, ix, inp, N, C, GRAN_ROWS, FP8_E4M3, true);
-	quant(qw, iw, w, OC, C, GRAN_ROWS, FP8_E4M3, true);
+	quant(qx, ix, inp, N, C, GRAN_ROWS, FP8_E4M3, true, rc);
+	quant(qw, iw, w, OC, C, GRAN_ROWS, FP8_E4M3, true, rc);
 	scaled_mm(false, true, N, OC, C, qx, C, qw, C, ix, true, iw, true, out, accumulate);
 }
 
 void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float *inp,
                          const float *w, int64_t N, int64_t C, int64_t OC, int dinp_acc)
 {
+	/* which amaxes run along a split dimension (fp8_slice): C (row parallel), OC (column
+	 * parallel), or the whole weight */
+	const struct fp8_entry *e = fp8_find(w);
+	int dim = e ? e->slice.dim : -1;
+	fp8_red rc = red_if(e, dim == 1), ro = red_if(e, dim == 0), rw = red_if(e, true);
 	float *qd = scratch(SCR_QA, N * OC);
 	if (g_recipe == FP8_TENSORWISE) {
 		float id, iw, ix;
-		quant(qd, &id, dout, N, OC, GRAN_TENSOR, FP8_E5M2, false);
+		quant(qd, &id, dout, N, OC, GRAN_TENSOR, FP8_E5M2, false, ro);
 		if (dinp) {
 			const float *qw = weight_tensorwise(w, OC, C, false, &iw);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, &id, false, &iw, false, dinp,
@@ -331,7 +364,7 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		if (dw) {
 			/* qd stays in SCR_QA; x goes to QB (the weight's values are not needed now) */
 			float *qx = scratch(SCR_QB, N * C);
-			quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false);
+			quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc);
 			scaled_mm(true, false, OC, C, N, qd, OC, qx, C, &id, false, &ix, false, dw,
 			          true);
 		}
@@ -340,15 +373,15 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 	if (dinp) {
 		/* dx(N,C) = dy(N,OC) w(OC,C): dy per row; w per column (rowwise) or tensorwise */
 		float *id = scratch(SCR_IA, N), *qw = scratch(SCR_QB, OC * C);
-		quant(qd, id, dout, N, OC, GRAN_ROWS, FP8_E4M3, true);
+		quant(qd, id, dout, N, OC, GRAN_ROWS, FP8_E4M3, true, ro);
 		if (g_recipe == FP8_ROWWISE) {
 			float *iw = scratch(SCR_IB, C);
-			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true);
+			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true, ro);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, iw, true, dinp,
 			          dinp_acc);
 		} else {
 			float iw;
-			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true);
+			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true, rw);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, &iw, false, dinp,
 			          dinp_acc);
 		}
@@ -362,8 +395,8 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		/* dw(OC,C) = dy^T(OC,N) x(N,C): both per column (along N) */
 		float *id = scratch(SCR_IA, OC), *ix = scratch(SCR_IB, C),
 		      *qx = scratch(SCR_QB, N * C);
-		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true);
-		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true);
+		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true, NULL);
+		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true, NULL);
 		scaled_mm(true, false, OC, C, N, qd, OC, qx, C, id, true, ix, true, dw, true);
 	}
 }

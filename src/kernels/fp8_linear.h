@@ -54,13 +54,31 @@ enum fp8_recipe fp8_linear_recipe(void);
  * converted: enabled and no filter entry is a substring of its module name. */
 bool fp8_linear_wants(const char *name);
 
+/* A weight that tensor parallelism slices: dim 0 (its rows, the output features: column
+ * parallel) or 1 (its columns, the input features: row parallel) of the global weight is split
+ * over a group of ranks, and max_f32(ctx, buf, n) replaces buf[0..n) by its elementwise
+ * maximum over that group (collective: every rank of the group calls it in the same order).
+ * A scale is the one a single rank would compute when every amax whose reduction runs along
+ * a split dimension is reduced so: tensorwise amaxes of the weight always; of the input x (N,
+ * C) and of each row of x and w when C is split (row parallel); of the output gradient dy (N,
+ * OC), each row of dy and each column of w when OC is split (column parallel). Amaxes along
+ * the tokens (the weight gradient's columns of x and dy) need none: tensor parallelism does
+ * not split the tokens a matmul sees. The kernel never names the collective; the model's group
+ * (model/model_group.h) supplies it. */
+struct fp8_slice {
+	int dim; /* -1: not split (max_f32 unused) */
+	void (*max_f32)(void *ctx, float *buf, int64_t n);
+	void *ctx;
+};
+
 /* The registry. Unit u's float8 weights live in the buffer at `base`: unit_is says whether
  * the registry already holds u at that base; clear drops u's entries; add registers one
- * rows x cols weight. */
+ * rows x cols weight (slice NULL: whole, as on one rank). */
 bool fp8_linear_unit_is(int u, const float *base);
 void fp8_linear_unit_clear(int u);
 void fp8_linear_unit_set(int u, const float *base);
-void fp8_linear_add(int u, const float *w, int64_t rows, int64_t cols);
+void fp8_linear_add(int u, const float *w, int64_t rows, int64_t cols,
+                    const struct fp8_slice *slice);
 bool fp8_linear_is(const float *w);
 /* The buffer of w now holds fp8 values (of a tensorwise e4m3 cast with `scale`). */
 void fp8_linear_set_prepared(const float *w, float scale);

@@ -15,7 +15,9 @@ const struct model_family *model_family_of_flavor(const char *flavor);
 double model_unit_pass(const struct model_ops *ops, void *impl, int u, enum model_pass p, int op,
                        double dscale, bool *ran);
 /* Keep the float8 registry (kernels/fp8_linear.h) in step with where unit u's parameters are
- * bound (a family whose linears may be float8 calls it from bind_unit). */
-void model_fp8_bind(const struct param_table *t, int u, const float *params);
+ * bound (a family whose linears may be float8 calls it from bind_unit); tp: the group that
+ * splits its weights (NULL or size 1: whole weights). */
+void model_fp8_bind(const struct param_table *t, int u, const float *params,
+                    const struct model_group *tp);
 
 #endif

@@ -9,6 +9,7 @@
 #include "io/config.h"
 #include "model/family.h"
 #include "kernels/fp8_linear.h"
+#include "model/model_group.h"
 
 /* Each built-in family's entry (defined in its folder, src/model/<family>/). */
 extern const struct model_family llama_family, hyena_family;
@@ -214,7 +215,8 @@ bool model_fp8_linear(const struct param_entry *e)
 /* Keeps the float8 registry (kernels/fp8_linear.h) in step with where unit u's parameters
  * are bound: its float8 linears' weights, found by the table, are registered at their new
  * addresses (a rebind to the same buffer, e.g. to attach gradients, keeps them as they are). */
-void model_fp8_bind(const struct param_table *t, int u, const float *params)
+void model_fp8_bind(const struct param_table *t, int u, const float *params,
+                    const struct model_group *tp)
 {
 	if (!fp8_linear_enabled() || fp8_linear_unit_is(u, params))
 		return;
@@ -224,9 +226,17 @@ void model_fp8_bind(const struct param_table *t, int u, const float *params)
 	fp8_linear_unit_set(u, params);
 	for (int i = 0; i < t->count; i++) {
 		const struct param_entry *e = &t->p[i];
-		if (e->unit == u && model_fp8_linear(e))
-			fp8_linear_add(u, params + (e->offset - t->unit_begin[u]), e->shape[0],
-			               e->shape[1]);
+		if (!(e->unit == u && model_fp8_linear(e)))
+			continue;
+		/* a slice of the weight (tensor parallelism): its amaxes along the split
+		 * dimension are maximised over the group, so every rank casts with the scale
+		 * one rank would (kernels/fp8_linear.h) */
+		bool split = tp && tp->size > 1 && e->tp_dim >= 0;
+		struct fp8_slice sl = {.dim = split ? e->tp_dim : -1,
+		                       .max_f32 = split ? tp->all_reduce_max_f32 : NULL,
+		                       .ctx = split ? tp->ctx : NULL};
+		fp8_linear_add(u, params + (e->offset - t->unit_begin[u]), e->shape[0],
+		               e->shape[1], &sl);
 	}
 }
 

@@ -158,8 +158,9 @@ void fsdp_set_fp8_all_gather(struct fsdp *f, bool on)
 }
 
 /* torchao's precompute_float8_dynamic_scale_for_fsdp: every fp8 weight's amax over its
- * local rows, one all-reduce (max) of all of them over dp_shard, then the tensorwise scales
- * (HSDP replicas hold the same shards, so dp_shard's maximum is the weight's). */
+ * local rows, one all-reduce (max) of all of them over dp_shard and, under TP, one over tp
+ * (the shards are of a TP slice), then the tensorwise scales (HSDP replicas hold the same
+ * shards, so their maximum is the weight's). */
 static void fsdp_fp8_scales(struct fsdp *f)
 {
 	if (!f->fp8_ag || f->n_fp8 == 0)
@@ -175,6 +176,8 @@ static void fsdp_fp8_scales(struct fsdp *f)
 	}
 	comm_label("fp8 all-gather scales: amax of %d weights", f->n_fp8);
 	comm_all_reduce_max_f32(&f->mesh->dp_shard_group, f->fp8_amax, f->n_fp8);
+	if (f->mesh->tp > 1) /* a TP slice's maximum is not the weight's: one rank's scale */
+		comm_all_reduce_max_f32(&f->mesh->tp_group, f->fp8_amax, f->n_fp8);
 	k = 0;
 	for (int i = 0; i < t->count; i++)
 		if (f->p[i].fp8)

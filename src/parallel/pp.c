@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/bf16.h"
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/mem_timeline.h"
@@ -102,7 +103,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		tp_coll_init(&pp->tp, &mesh->tp_group, 0.0, 0.0, 0.0);
 	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
-		          "yet supported (the family has no pipeline stages)",
+		          "supported (the family has no pipeline stages)",
 		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}
@@ -118,12 +119,13 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	for (int r = 0; r < pp->p; r++)
 		for (int i = 0; i < pp->sched.n[r]; i++)
 			pp->split |= pp->sched.a[r][i].kind == PP_I || pp->sched.a[r][i].kind == PP_W;
-	if (pp->split && mesh->tp > 1) {
+	if (pp->split && mesh->tp > 1 && o->tp_async) {
 		LOG_ERROR("parallelism.pipeline_parallel_schedule = %s (split backward, I/W) with "
-		          "tensor_parallel_degree = %d: not yet supported (the tensor-parallel "
-		          "blocks have no separate weight-gradient pass); use GPipe, 1F1B or "
+		          "enable_async_tensor_parallel = true: not supported (async TP's rings "
+		          "compute the weight gradients inside the input-gradient matmuls, so there "
+		          "is no weight-gradient pass to defer); use plain TP or GPipe, 1F1B, "
 		          "Interleaved1F1B",
-		          pp_style_name(pp->sched.style), mesh->tp);
+		          pp_style_name(pp->sched.style));
 		return CT_ERR_USAGE;
 	}
 	pp->v = pp->sched.v;
@@ -293,6 +295,25 @@ static void gather_vstage(struct pp *pp, int c, float *full)
 	}
 }
 
+/* bf16 parameters: virtual stage c's gathered weights as bf16 values (what a bf16 all-gather
+ * delivers; the wire itself stays fp32), the float8 linears' kept when the fp8 all-gather
+ * casts them from the fp32 masters. */
+static void round_vstage_bf16(struct pp *pp, int c, float *full)
+{
+	const struct pp_vstage *ch = &pp->vstages[c];
+	FOR_CHUNK_TENSORS(pp, c, i)
+	{
+		const struct pp_tensor *pt = &pp->t[i];
+		if (pp->o.fp8_from_masters && model_fp8_linear(&pp->table.p[i]))
+			continue;
+		float *w = full + pt->full_off - ch->full_off;
+		int64_t n = pt->rows * pt->cols;
+#pragma omp parallel for simd schedule(static)
+		for (int64_t k = 0; k < n; k++)
+			w[k] = bf16_to_f32(bf16_from_f32(w[k]));
+	}
+}
+
 /* Reduce-scatter virtual stage c's full gradients into its shard gradients (+ HSDP all-reduce). */
 static void reduce_vstage(struct pp *pp, int c)
 {
@@ -353,6 +374,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		    .own_params = false,
 		    .ac = pp->o.ac,
 		    .tp = pp->mesh->tp > 1 ? &pp->tp.ops : NULL,
+		    .tp_async = pp->mesh->tp > 1 && pp->o.tp_async,
 		    .unit_lo = ch->u0, /* only this stage's activations */
 		    .unit_hi = ch->u1,
 		    .split_backward = pp->split};
@@ -636,6 +658,8 @@ static int64_t be_all_gather(void *ctx, int c, int64_t *bytes)
 	struct pp *pp = ctx;
 	const struct pp_vstage *ch = &pp->vstages[c];
 	gather_vstage(pp, c, pp->full_w + ch->full_off);
+	if (pp->o.bf16)
+		round_vstage_bf16(pp, c, pp->full_w + ch->full_off);
 	*bytes = pp->mesh->dp_shard > 1 ? ch->shard_numel * (int64_t)sizeof(float) : 0;
 	return 0;
 }

@@ -44,8 +44,9 @@
  * (input gradients only, model_build_opts.split_backward) and W its deferred weight
  * gradients; a slot is freed once its W has run and its input gradient is sent.
  *
- * Not yet supported: split-backward schedules under tensor parallelism, families without
- * pipeline stages (Hyena), validation under PP.
+ * Refused (exit 2, saying why): split-backward schedules with async TP (its rings compute the
+ * weight gradients inside the input-gradient matmuls), families without pipeline stages
+ * (Hyena), validation under PP (no forward-only pipeline schedule).
  */
 #ifndef CT_PARALLEL_PP_H
 #define CT_PARALLEL_PP_H
@@ -71,6 +72,11 @@ struct pp_opts {
 	int64_t T;
 	int64_t n_micro;    /* micro-batches per step */
 	enum model_ac ac;
+	bool tp_async; /* the stage models' TP collectives as async TP's ring steps */
+	/* training.mixed_precision_param = bfloat16: the gathered parameters are rounded to
+	 * bf16 values before compute (FSDP2's param_dtype; the masters stay fp32), except the
+	 * float8 linears' when fp8_from_masters (the fp8 all-gather casts the fp32 masters) */
+	bool bf16, fp8_from_masters;
 	double timeout_s;
 	double sim_gbps, sim_latency_us; /* simulated link for the transfers (0: off) */
 };

@@ -38,7 +38,7 @@ int step_plan_needs_cost(const struct step_plan_opts *o, const struct model_conf
 	    strcmp(o->buckets, "auto") == 0 || o->reorder.memory_bytes > 0 || (o->profile && has);
 	if (*needs && !has) {
 		LOG_ERROR("comm.buckets = \"auto\", comm.memory budget and profiling need the cost "
-		          "model, which does not yet support model.name = \"%s\"",
+		          "model, which model.name = \"%s\" does not have",
 		          model_kind_name(c->kind));
 		return CT_ERR_USAGE;
 	}
@@ -60,8 +60,9 @@ int step_plan_naive_shapes(const struct model_config *c, const struct step_plan_
 {
 	const struct model_family *fam = model_family_of(c->kind);
 	if (l->tp > 1 && (!fam->tp || !model_cost_of(c))) { /* its programs come from the shapes */
-		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not yet supported for "
-		          "model.name = \"%s\" without a built model",
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not supported for "
+		          "model.name = \"%s\" (the family has no tensor-parallel form or no cost "
+		          "model to plan one)",
 		          (long long)l->tp, fam->name);
 		return CT_ERR_USAGE;
 	}

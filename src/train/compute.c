@@ -86,15 +86,14 @@ static int compute_setup_float8(const struct ct_config *cfg, bool log)
 		          "(the family has no float8 linears)", cfg->model.name);
 		return CT_ERR_USAGE;
 	}
-	if (cfg->parallelism.tensor_parallel_degree > 1 ||
-	    cfg->parallelism.pipeline_parallel_degree > 1) {
-		LOG_ERROR("model.converters = [\"float8\"] with parallelism.%s = %lld: not yet "
-		          "supported (float8 runs with FSDP/HSDP and on one rank)",
-		          cfg->parallelism.tensor_parallel_degree > 1 ? "tensor_parallel_degree"
-		                                                      : "pipeline_parallel_degree",
-		          (long long)(cfg->parallelism.tensor_parallel_degree > 1
-		                          ? cfg->parallelism.tensor_parallel_degree
-		                          : cfg->parallelism.pipeline_parallel_degree));
+	if (cfg->parallelism.tensor_parallel_degree > 1 &&
+	    cfg->parallelism.enable_async_tensor_parallel) {
+		LOG_ERROR("model.converters = [\"float8\"] with "
+		          "parallelism.enable_async_tensor_parallel = true: not supported (async TP "
+		          "multiplies each token block as it arrives, but a float8 scale comes from "
+		          "the amax of the whole activation, known only once every block is there; "
+		          "torchao casts before the all-gather and sends fp8 activations, which "
+		          "ctitan does not); use plain TP");
 		return CT_ERR_USAGE;
 	}
 	if (!q->emulate) {

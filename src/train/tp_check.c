@@ -14,8 +14,9 @@ int tp_check_config(const struct ct_config *cfg)
 		return CT_OK;
 	const struct model_family *fam = model_family_named(cfg->model.name);
 	if (fam && !fam->tp) {
-		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not yet supported for "
-		          "model.name = \"%s\" (the family's channels are not split)",
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not supported for "
+		          "model.name = \"%s\" (the family has no tensor-parallel form: its "
+		          "channels are not split)",
 		          (long long)tp, cfg->model.name);
 		return CT_ERR_USAGE;
 	}
@@ -30,13 +31,6 @@ int tp_check_config(const struct ct_config *cfg)
 		          "does not match the world of %lld ranks",
 		          (long long)pp, (long long)rep, (long long)shard, (long long)tp,
 		          (long long)world);
-		return CT_ERR_USAGE;
-	}
-	if (pp > 1 && c0->parallelism.enable_async_tensor_parallel) {
-		LOG_ERROR("parallelism.enable_async_tensor_parallel = true with "
-		          "pipeline_parallel_degree = %lld: not yet supported (the pipeline's stage "
-		          "models run plain TP collectives)",
-		          (long long)pp);
 		return CT_ERR_USAGE;
 	}
 	struct model_config mc;

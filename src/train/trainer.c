@@ -70,23 +70,20 @@ struct trainer {
 };
 
 /* Pipeline parallelism: what it does not combine with yet, and its micro-batches. */
-static int trainer_pp_check(struct trainer *tr, const struct model_config *mc, bool bf16)
+static int trainer_pp_check(struct trainer *tr, const struct model_config *mc)
 {
 	const struct ct_config *cfg = tr->cfg;
 	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
-		          "yet supported (the family has no pipeline stages)",
+		          "supported (the family has no pipeline stages)",
 		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}
-	if (bf16) {
-		LOG_ERROR("training.mixed_precision_param = bfloat16 with "
-		          "parallelism.pipeline_parallel_degree > 1: not yet supported");
-		return CT_ERR_USAGE;
-	}
 	if (cfg->validation.enable) {
-		LOG_ERROR("validation.enable with parallelism.pipeline_parallel_degree > 1: not yet "
-		          "supported");
+		LOG_ERROR("validation.enable with parallelism.pipeline_parallel_degree > 1: not "
+		          "supported (the pipeline schedules are training steps, a forward and a "
+		          "backward per micro-batch; there is no forward-only pipeline schedule for "
+		          "the validation loss)");
 		return CT_ERR_USAGE;
 	}
 	int64_t rows = tr->accum * cfg->training.local_batch_size;
@@ -111,6 +108,9 @@ static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, e
 	    .micro_rows = cfg->parallelism.pipeline_parallel_microbatch_size,
 	    .T = cfg->training.seq_len,
 	    .ac = ac,
+	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
+	    .bf16 = compute_bf16(cfg),
+	    .fp8_from_masters = compute_fp8_all_gather(cfg),
 	    .timeout_s = cfg->comm.timeout_seconds,
 	    .sim_gbps = cfg->comm.simulate_bandwidth_gbps,
 	    .sim_latency_us = cfg->comm.simulate_latency_us};
@@ -141,13 +141,14 @@ static int trainer_build_model(struct trainer *tr)
 	 * trivial case (one shard, computed in place), TP runs under it with dp_shard 1 */
 	tr->sharded = !tr->piped;
 	if (tr->piped) {
-		rc = trainer_pp_check(tr, &mc, bf16);
+		rc = trainer_pp_check(tr, &mc);
 		if (rc)
 			return rc;
 	}
 	const struct model_family *fam = model_family_of(mc.kind);
 	if (!fam->ac && strcmp(cfg->activation_checkpoint.mode, "none") != 0) {
-		LOG_ERROR("activation_checkpoint.mode = %s: not yet supported for %s (none)",
+		LOG_ERROR("activation_checkpoint.mode = %s: not supported for %s (the family saves "
+		          "every activation and has no recompute pass; use none)",
 		          cfg->activation_checkpoint.mode, fam->name);
 		return CT_ERR_USAGE;
 	}

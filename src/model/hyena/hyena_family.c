@@ -118,8 +118,9 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
                               const struct model_build_opts *opts)
 {
 	if (opts->tp && opts->tp->size > 1) {
-		LOG_ERROR("parallelism.tensor_parallel_degree = %d: not yet supported for "
-		          "model.name = \"hyena\" (llama3 only)",
+		LOG_ERROR("parallelism.tensor_parallel_degree = %d: not supported for "
+		          "model.name = \"hyena\" (its long convolutions and implicit filters "
+		          "have no column/row-parallel form; llama3 only)",
 		          opts->tp->size);
 		return CT_ERR_USAGE;
 	}

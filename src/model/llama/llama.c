@@ -562,9 +562,14 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	if (m->tp)
 		llama_tp_build(m, opts);
 	if (opts->split_backward) {
-		if (m->tp) {
-			LOG_ERROR("llama: a split backward (zero-bubble pipeline schedules) is not "
-			          "yet supported with tensor parallelism");
+		/* under TP the kept buffers are the gathered ones (llama_wkeep); async TP's
+		 * ring-decomposed backward computes each weight gradient block by block inside
+		 * the input-gradient ring, so it has no W half to defer */
+		if (m->tp && opts->tp_async) {
+			LOG_ERROR("llama: a split backward (zero-bubble pipeline schedules) with async "
+			          "TP: not supported (the ring steps compute the weight gradients "
+			          "inside the input-gradient matmuls, so there is no separate "
+			          "weight-gradient pass to defer)");
 			return CT_ERR_USAGE;
 		}
 		int n = (m->unit_hi < L + 1 ? m->unit_hi : L + 1) - m->unit_lo; /* not the head */

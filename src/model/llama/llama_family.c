@@ -46,7 +46,8 @@ struct llama_config *llama_cfg_init(struct model_config *mc)
 static void llama_op_bind(void *impl, int u, float *params, float *grads)
 {
 	llama_bind_unit(impl, u, params, grads);
-	model_fp8_bind(&((struct llama_model *)impl)->table, u, params);
+	struct llama_model *m = impl;
+	model_fp8_bind(&m->table, u, params, m->tp);
 }
 static double llama_op_forward(void *impl, int u, int64_t *n_valid)
 {
