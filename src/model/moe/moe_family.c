@@ -304,6 +304,12 @@ static int moe_check_config(const struct ct_config *cfg)
 	if (cfg->model.rope_scaling)
 		return config_error("model.rope_scaling: not yet supported for deepseek_v3 (only "
 		                    "read for llama3)");
+	/* the bias is model state outside the parameter table, which checkpoints do not hold
+	 * yet: a resumed run would restart it at zero */
+	if (cfg->checkpoint.enable && config_get_float(cfg, "model.moe_load_balance_coeff") != 0)
+		return config_error("checkpoint.enable: not yet supported for deepseek_v3 with the "
+		                    "aux-loss-free balancing bias (checkpoints do not hold it yet); set "
+		                    "model.moe_load_balance_coeff = 0 or checkpoint.enable = false");
 	return 0;
 }
 
