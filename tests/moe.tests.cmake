@@ -1,0 +1,6 @@
+# The mixture-of-experts family (deepseek_v3): finite differences, routing, the bias update,
+# determinism; the independent PyTorch float64 reference (tests/reference/moe_ref.py); FSDP on
+# 2 and 3 ranks against one rank (tests/test_fsdp.c --moe).
+ct_add_test(moe)
+add_test(NAME moe_reference COMMAND $<TARGET_FILE:test_moe> --reference)
+set_tests_properties(moe_reference PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
