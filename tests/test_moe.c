@@ -288,10 +288,21 @@ TEST_CASE(test_bias_update)
 	for (int i = 0; i < 8; i++)
 		err = fmax(err, fabs(m.bias[i] - want[i]));
 	EXPECT(err < 1e-15, "bias update off by %g", err);
+	struct model_step_metric fig[8];
+	int nf = moe_step_metrics(&m, fig, 8);
+	/* layer 1: max 5 / mean 2; layer 2: 1; the bias's largest magnitude .75 */
+	EXPECT(nf == 4 && strcmp(fig[0].name, "moe_load_max_mean") == 0 && fig[0].value == 2.5 &&
+	           fig[0].console && fig[1].value == 0.75 && fig[2].value == 2.5 &&
+	           fig[3].value == 1.0 && strcmp(fig[3].name, "moe_load_max_mean/layer.2") == 0,
+	       "step metrics (%d): %s %g, %s %g", nf, fig[0].name, fig[0].value, fig[1].name,
+	       fig[1].value);
 	moe_free(&m);
-	c.load_balance_coeff = 0;
+	c.load_balance_coeff = 0; /* the loads are still measured, the bias stays */
 	CHECK(moe_build(&m, &c, 1, 4, &o) == CT_OK, "build");
-	EXPECT(moe_step_stats(&m, NULL) == 0, "no statistics without balancing");
+	EXPECT(moe_step_stats(&m, NULL) == 8, "statistics without balancing");
+	moe_after_step(&m, counts);
+	EXPECT(m.bias[0] == 0 && moe_step_metrics(&m, fig, 8) == 4 && fig[0].value == 2.5,
+	       "without balancing: no bias, the load measured");
 	moe_free(&m);
 }
 

@@ -77,6 +77,13 @@ struct model_build_opts {
 	bool tp_async; /* TP collectives as async rings decomposed with their matmuls */
 };
 
+/* One figure a family reports per step (model_ops.step_metrics), e.g. MoE's expert load. */
+struct model_step_metric {
+	char name[48];  /* the metrics.jsonl key */
+	double value;
+	bool console;   /* also on the console line (as "name: value") */
+};
+
 struct model_ops {
 	void (*bind_unit)(void *impl, int u, float *params, float *grads);
 	double (*unit_forward)(void *impl, int u, int64_t *n_valid);
@@ -111,6 +118,9 @@ struct model_ops {
 	 * on one rank with the whole batch. */
 	int64_t (*step_stats)(void *impl, double *out);
 	void (*after_step)(void *impl, const double *sum);
+	/* the figures of the last after_step for the log (NULL: none): up to max of them into
+	 * out, returns how many (metrics.jsonl gets each; the console line those marked) */
+	int (*step_metrics)(const void *impl, struct model_step_metric *out, int max);
 	void (*free)(void *impl);
 };
 
@@ -266,6 +276,10 @@ static inline void model_after_step(struct model *m, const double *sum)
 {
 	if (m->ops->after_step)
 		m->ops->after_step(m->impl, sum);
+}
+static inline int model_step_metrics(const struct model *m, struct model_step_metric *out, int max)
+{
+	return m->ops && m->ops->step_metrics ? m->ops->step_metrics(m->impl, out, max) : 0;
 }
 /* Whole-model conveniences built from the units. */
 double model_forward(struct model *m, int64_t *n_valid);

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/kernels.h"
+#include "model/model.h"
 
 #define MOE_IGNORE_INDEX (-100)
 
@@ -434,6 +435,7 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 	int64_t nb = (c->n_layers - c->n_dense_layers) * c->n_routed_experts;
 	m->bias = xcalloc((size_t)(nb > 0 ? nb : 1), sizeof(double));
 	m->counts = xcalloc((size_t)(nb > 0 ? nb : 1), sizeof(double));
+	m->load = xcalloc((size_t)c->n_layers, sizeof(double));
 	m->aux_sum = xcalloc((size_t)c->n_layers, sizeof(double));
 	moe_rope_tables(m);
 	return CT_OK;
@@ -457,7 +459,7 @@ void moe_free(struct moe_model *m)
 	mem_free(MEM_ACTIVATIONS, m->iacts, (size_t)(m->iact_bytes > 0 ? m->iact_bytes : 16));
 	mem_free(MEM_ACTIVATIONS, m->scratch, (size_t)m->scratch_bytes);
 	free(m->unit_w), free(m->unit_dw), free(m->unit_w64), free(m->unit_dw64);
-	free(m->blk), free(m->bias), free(m->counts), free(m->aux_sum);
+	free(m->blk), free(m->bias), free(m->counts), free(m->aux_sum), free(m->load);
 	param_table_free(&m->table);
 	memset(m, 0, sizeof(*m));
 }
@@ -511,8 +513,6 @@ void moe_logits(struct moe_model *m, float *logits)
 int64_t moe_step_stats(struct moe_model *m, double *out)
 {
 	const struct moe_config *c = &m->cfg;
-	if (c->load_balance_coeff <= 0)
-		return 0;
 	int64_t n = (c->n_layers - c->n_dense_layers) * c->n_routed_experts;
 	if (out && n) {
 		memcpy(out, m->counts, (size_t)n * sizeof(double));
@@ -527,15 +527,16 @@ void moe_after_step(struct moe_model *m, const double *sum)
 {
 	const struct moe_config *c = &m->cfg;
 	int64_t E = c->n_routed_experts, Lm = c->n_layers - c->n_dense_layers;
-	if (c->load_balance_coeff <= 0)
-		return;
 	double *delta = xcalloc((size_t)E, sizeof(double));
 	for (int64_t l = 0; l < Lm; l++) {
 		const double *cnt = sum + l * E;
-		double mean = 0.0, dmean = 0.0;
+		double mean = 0.0, dmean = 0.0, mx = 0.0;
 		for (int64_t e = 0; e < E; e++)
-			mean += cnt[e];
+			mean += cnt[e], mx = cnt[e] > mx ? cnt[e] : mx;
 		mean /= (double)E;
+		m->load[l] = mean > 0 ? mx / mean : 0.0;
+		if (c->load_balance_coeff <= 0)
+			continue;
 		for (int64_t e = 0; e < E; e++) {
 			double d = mean - cnt[e];
 			delta[e] = c->load_balance_coeff * (double)((d > 0) - (d < 0));
@@ -545,5 +546,31 @@ void moe_after_step(struct moe_model *m, const double *sum)
 		for (int64_t e = 0; e < E; e++)
 			m->bias[l * E + e] += delta[e] - dmean;
 	}
+	m->have_load = Lm > 0;
 	free(delta);
+}
+
+int moe_step_metrics(const struct moe_model *m, struct model_step_metric *out, int max)
+{
+	const struct moe_config *c = &m->cfg;
+	int64_t E = c->n_routed_experts, Lm = c->n_layers - c->n_dense_layers;
+	if (!m->have_load || max < 2)
+		return 0;
+	double worst = 0.0, bmax = 0.0;
+	int n = 2;
+	for (int64_t l = 0; l < Lm; l++) {
+		worst = m->load[l] > worst ? m->load[l] : worst;
+		for (int64_t e = 0; e < E; e++)
+			bmax = fabs(m->bias[l * E + e]) > bmax ? fabs(m->bias[l * E + e]) : bmax;
+		if (n < max) {
+			out[n] = (struct model_step_metric){.value = m->load[l]};
+			snprintf(out[n].name, sizeof(out[n].name), "moe_load_max_mean/layer.%lld",
+			         (long long)(l + c->n_dense_layers));
+			n++;
+		}
+	}
+	out[0] = (struct model_step_metric){.name = "moe_load_max_mean", .value = worst,
+	                                     .console = true};
+	out[1] = (struct model_step_metric){.name = "moe_bias_absmax", .value = bmax};
+	return n;
 }

@@ -145,6 +145,8 @@ struct moe_model {
 	/* balancing: per MoE layer (n_layers - n_dense_layers) x E */
 	double *bias;   /* added to the scores for selection */
 	double *counts; /* tokens per expert since the last step_stats */
+	double *load;   /* per MoE layer: max / mean tokens per expert of the last step */
+	bool have_load; /* after the first after_step */
 	/* > 0 in a training step (the trainer sets 1/valid tokens): counts are kept */
 	double loss_dscale;
 	/* the last forward's auxiliary loss sum per MoE layer (tests) */
@@ -165,11 +167,16 @@ double moe_forward(struct moe_model *m, int64_t *n_valid);
 void moe_backward(struct moe_model *m, double dscale);
 void moe_logits(struct moe_model *m, float *logits);
 
-/* Balancing: the tokens per expert counted since the last call (n = MoE layers x E; 0 when
- * load_balance_coeff is 0), copied into out (non-NULL) and reset; the bias update from the
- * counts summed over the data-parallel ranks. */
+/* Balancing: the tokens per expert counted since the last call (n = MoE layers x E), copied
+ * into out (non-NULL) and reset; after the step, from the counts summed over the
+ * data-parallel ranks: each layer's load (max / mean over its experts) and, with
+ * load_balance_coeff > 0, the bias update. */
 int64_t moe_step_stats(struct moe_model *m, double *out);
 void moe_after_step(struct moe_model *m, const double *sum);
+/* For the log (model_ops.step_metrics): moe_load_max_mean (the worst layer's, also on the
+ * console), moe_load_max_mean/layer.<l> per MoE block, moe_bias_absmax. */
+struct model_step_metric;
+int moe_step_metrics(const struct moe_model *m, struct model_step_metric *out, int max);
 
 /* ---- the deepseek_v3 family behind the model interface (model/model.h; moe_family.c) ---- */
 

@@ -86,6 +86,10 @@ static void moe_op_after_step(void *impl, const double *sum)
 {
 	moe_after_step(impl, sum);
 }
+static int moe_op_step_metrics(const void *impl, struct model_step_metric *out, int max)
+{
+	return moe_step_metrics(impl, out, max);
+}
 static void moe_op_free(void *impl)
 {
 	moe_free(impl);
@@ -102,6 +106,7 @@ static const struct model_ops moe_ops = {
     .flops_per_token = moe_op_flops,
     .step_stats = moe_op_step_stats,
     .after_step = moe_op_after_step,
+    .step_metrics = moe_op_step_metrics,
     .free = moe_op_free,
 };
 
