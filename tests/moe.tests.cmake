@@ -9,3 +9,4 @@ add_test(NAME fsdp_moe_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG}
 add_test(NAME fsdp_moe_np3 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
          $<TARGET_FILE:test_fsdp> --moe)
 set_tests_properties(fsdp_moe_np2 fsdp_moe_np3 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+ct_add_script_test(moe_cli tests/moe_cli.sh)
