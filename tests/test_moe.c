@@ -157,11 +157,6 @@ static void fd_model(enum moe_score score, bool route_norm, double route_scale, 
 	moe_free(&m);
 }
 
-TEST_CASE(test_fd_softmax)
-{
-	fd_model(MOE_SCORE_SOFTMAX, false, 1.0, 0.0);
-}
-
 TEST_CASE(test_fd_softmax_aux)
 {
 	fd_model(MOE_SCORE_SOFTMAX, false, 1.5, 0.1);
@@ -530,7 +525,6 @@ int main(int argc, char **argv)
 	bool only_ref = argc > 1 && strcmp(argv[1], "--reference") == 0;
 	if (!only_ref) {
 		RUN(test_table);
-		RUN(test_fd_softmax);
 		RUN(test_fd_softmax_aux);
 		RUN(test_fd_sigmoid_norm_aux);
 		RUN(test_routing_and_float_vs_double);
