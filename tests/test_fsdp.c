@@ -5,8 +5,11 @@
  * Self-check: a 1-rank run whose gradient is deliberately scaled by 2 must fail the
  * comparison (with AdamW and clipping at 0.3 its losses and parameters barely move: only the
  * gradient norm tells it apart).
- * Llama by default; --hyena runs the same checks on a Hyena model (other units, a tied head).
- *   test_fsdp [--replicate R] [--bf16-check] [--hyena] [--bf16-compute]
+ * Llama by default; --hyena runs the same checks on a Hyena model (other units, a tied head);
+ * --moe on a small deepseek_v3 mixture of experts (with the aux-loss-free bias, whose update
+ * needs the tokens per expert summed over the data-parallel ranks, and the sequence aux loss):
+ * the balancing bias must also equal 1 rank's.
+ *   test_fsdp [--replicate R] [--bf16-check] [--hyena] [--moe] [--bf16-compute]
  * --bf16-compute: bf16 all-gather and bf16 matmul operands, N ranks (a power of two) against
  * 1 rank in bf16, within 1e-5 on every step. Why the 1-rank reference sums its gradient the way
  * N ranks do: in bf16 every step rounds the fp32 master weights to bf16 for the next forward,
@@ -43,6 +46,7 @@
 #include "kernels/mm_engine.h"
 #include "model/hyena/hyena.h"
 #include "model/llama/llama.h"
+#include "model/moe/moe.h"
 #include "schedule/schedule.h"
 #include "testutil.h"
 #include "train/compute.h"
@@ -51,6 +55,7 @@
 
 static int replicate = 1;
 static bool hyena;
+static bool moe;
 static bool fp8_ag;
 static struct mesh mesh;
 static uint64_t seed;
@@ -64,6 +69,25 @@ static bool bf16_compute;
 static void config(struct model_config *c)
 {
 	memset(c, 0, sizeof(*c));
+	if (moe) {
+		struct moe_config *mc = moe_cfg_init(c);
+		CHECK(moe_config_preset(mc, "deepseek_v3-debug") == CT_OK, "moe preset");
+		mc->vocab_size = 509;
+		mc->dim = 64;
+		mc->n_layers = 3;
+		mc->n_heads = 4;
+		mc->n_kv_heads = 2;
+		mc->inter_dim = 96;
+		mc->moe_inter_dim = 33; /* odd rows */
+		/* 16 experts, top-1: ~8 slots per expert and rank a step, so one rank's loads
+		 * differ from the whole batch's and a bias from local counts would show */
+		mc->n_routed_experts = 16;
+		mc->top_k = 1;
+		mc->load_balance_coeff = 1e-2; /* moves choices within 5 steps */
+		mc->aux_loss_alpha = 0.01;
+		CHECK(moe_config_finish(mc) == CT_OK, "moe config");
+		return;
+	}
 	if (hyena) {
 		struct hyena_config *hc = hyena_cfg_init(c);
 		hyena_config_preset(hc, "hyena-debug");
@@ -89,8 +113,11 @@ static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum, in
 		                tok + a * B * T, tgt + a * B * T);
 }
 
+#define MAX_BIAS 64
+
 struct run {
 	double losses[STEPS];
+	double bias[MAX_BIAS]; /* --moe: the balancing bias after the run */
 	double grad_norms[STEPS];
 	float *params;
 	int64_t persistent_bytes;
@@ -119,6 +146,17 @@ static int64_t expected_gather_bytes(const struct fsdp *f, bool bf16)
 		}
 	}
 	return total;
+}
+
+static void save_bias(const struct model *m, struct run *out)
+{
+	memset(out->bias, 0, sizeof(out->bias));
+	if (!moe)
+		return;
+	const struct moe_model *mm = m->impl;
+	int64_t n = (mm->cfg.n_layers - mm->cfg.n_dense_layers) * mm->cfg.n_routed_experts;
+	CHECK(n <= MAX_BIAS, "bias of %lld", (long long)n);
+	memcpy(out->bias, mm->bias, (size_t)n * sizeof(double));
 }
 
 static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int steps)
@@ -162,6 +200,7 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	out->ag_expect = expected_gather_bytes(&f, bf16) * steps;
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
 	fsdp_gather_full(&f, out->params);
+	save_bias(&m, out);
 	adamw_free(&opt);
 	fsdp_free(&f);
 	comm_stream_destroy(stream);
@@ -217,6 +256,13 @@ static void mirror_train_step(struct model *m, struct adamw *opt, const int32_t 
 	r->grad_norm = sqrt(sumsq_f32(m->grads, P));
 	r->valid = valid;
 	adamw_step(opt, m->table, m->params, m->grads, lr, clip_coefficient(r->grad_norm, 0.3));
+	int64_t n_stats = model_step_stats(m, NULL); /* as FSDP's optimizer tail */
+	if (n_stats) {
+		double *stats = calloc((size_t)n_stats, sizeof(double));
+		model_step_stats(m, stats);
+		model_after_step(m, stats);
+		free(stats);
+	}
 	free(g), free(acc);
 }
 
@@ -262,6 +308,7 @@ static void run_single(struct run *out, int dp, enum ref_kind kind)
 	}
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
 	memcpy(out->params, m.params, (size_t)m.table->numel * sizeof(float));
+	save_bias(&m, out);
 	out->persistent_bytes = 0;
 	free(tok), free(tgt);
 	adamw_free(&opt);
@@ -346,6 +393,12 @@ static int compare(const struct run *a, const struct run *ref, int64_t n, bool d
 		            : "not bitwise");
 	bad += !(e < ptol);
 	lp += !(e < ptol);
+	double eb = 0, nb = 0;
+	for (int i = 0; i < MAX_BIAS; i++)
+		eb = fmax(eb, fabs(a->bias[i] - ref->bias[i])), nb += fabs(ref->bias[i]);
+	if (moe && verbose)
+		fprintf(stderr, "  balancing bias: sum |bias| %.4f, max difference %.3e\n", nb, eb);
+	bad += !(eb < 1e-12);
 	if (loss_param_mismatches)
 		*loss_param_mismatches = lp;
 	return bad;
@@ -465,6 +518,8 @@ int main(int argc, char **argv)
 			bf16_check = true;
 		else if (strcmp(argv[i], "--hyena") == 0)
 			hyena = true;
+		else if (strcmp(argv[i], "--moe") == 0)
+			moe = true;
 		else if (strcmp(argv[i], "--bf16-compute") == 0)
 			bf16_compute = true;
 		else if (strcmp(argv[i], "--fp8-all-gather") == 0)

@@ -156,6 +156,13 @@ int train_step(struct model *m, struct adamw *opt, const int32_t *tokens, const 
 	if (rc)
 		return rc;
 	adamw_step(opt, m->table, m->params, m->grads, lr, gscale);
+	int64_t n_stats = model_step_stats(m, NULL);
+	if (n_stats) { /* one rank: its statistics are the whole step's */
+		double *stats = xcalloc((size_t)n_stats, sizeof(double));
+		model_step_stats(m, stats);
+		model_after_step(m, stats);
+		free(stats);
+	}
 	return CT_OK;
 }
 

@@ -6,7 +6,9 @@
  * data file written next to them. With --compare, loss.png draws both runs' training and
  * validation losses, each labelled with its directory (e.g. fp32 against bf16). Where the run
  * has memory snapshots (RUN_DIR/memory_snapshot, or --memory-snapshot DIR), also
- * memory_timeline.png (cli/plot_memory). Prints the paths it wrote. */
+ * memory_timeline.png (cli/plot_memory). A mixture of experts' run (records with
+ * moe_load_max_mean) also gets balance.png, the worst layer's max/mean expert load (with
+ * --compare, both runs'). Prints the paths it wrote. */
 #include "cli/plot_cmd.h"
 
 #include <cjson/cJSON.h>
@@ -29,11 +31,13 @@ static const char *const plot_cols[] = {"step",
                                         "memory_peak_rss_gib",
                                         "memory_params_bytes",
                                         "memory_optimizer_bytes",
-                                        "memory_activations_bytes"};
+                                        "memory_activations_bytes",
+                                        "moe_load_max_mean"};
 #define PLOT_NCOLS (int)(sizeof(plot_cols) / sizeof(plot_cols[0]))
 
 /* metrics.jsonl -> whitespace-separated columns ("NaN" where a record lacks a field). */
-static int write_data(const char *jsonl, const char *dat, int *rows, int *val_rows)
+static int write_data(const char *jsonl, const char *dat, int *rows, int *val_rows,
+                      int *load_rows)
 {
 	FILE *in = fopen(jsonl, "r");
 	if (!in) {
@@ -49,7 +53,7 @@ static int write_data(const char *jsonl, const char *dat, int *rows, int *val_ro
 	char *line = NULL;
 	size_t cap = 0;
 	int lineno = 0, rc = CT_OK;
-	*rows = *val_rows = 0;
+	*rows = *val_rows = *load_rows = 0;
 	while (getline(&line, &cap, in) > 0) {
 		lineno++;
 		cJSON *o = cJSON_Parse(line);
@@ -68,6 +72,7 @@ static int write_data(const char *jsonl, const char *dat, int *rows, int *val_ro
 		}
 		fprintf(out, "\n");
 		*val_rows += cJSON_IsNumber(cJSON_GetObjectItem(o, "validation_loss"));
+		*load_rows += cJSON_IsNumber(cJSON_GetObjectItem(o, "moe_load_max_mean"));
 		(*rows)++;
 		cJSON_Delete(o);
 	}
@@ -130,6 +135,8 @@ int cmd_plot(int argc, char **argv)
 			       "Writes loss.png, lr.png, tps.png and memory.png from "
 			       "RUN_DIR/metrics.jsonl (needs gnuplot).\n"
 			       "--compare RUN_DIR2: loss.png also draws RUN_DIR2's losses.\n"
+			       "balance.png: a mixture of experts' worst-layer max/mean expert load "
+			       "(both runs with --compare).\n"
 			       "memory_timeline.png: rank 0's tracked memory by category over the "
 			       "last step\n"
 			       "  with a memory snapshot in DIR (default RUN_DIR/memory_snapshot, "
@@ -160,12 +167,12 @@ int cmd_plot(int argc, char **argv)
 	char jsonl[1100], dat[1100], dat2[1100], snap_dir[1100], timeline[1200] = "";
 	snprintf(jsonl, sizeof(jsonl), "%s/metrics.jsonl", run);
 	snprintf(dat, sizeof(dat), "%s/plot.dat", out);
-	int rows, val_rows, rows2 = 0, val_rows2 = 0;
-	int rc = write_data(jsonl, dat, &rows, &val_rows);
+	int rows, val_rows, rows2 = 0, val_rows2 = 0, load_rows, load_rows2 = 0;
+	int rc = write_data(jsonl, dat, &rows, &val_rows, &load_rows);
 	if (!rc && other) {
 		snprintf(jsonl, sizeof(jsonl), "%s/metrics.jsonl", other);
 		snprintf(dat2, sizeof(dat2), "%s/plot-compare.dat", out);
-		rc = write_data(jsonl, dat2, &rows2, &val_rows2);
+		rc = write_data(jsonl, dat2, &rows2, &val_rows2, &load_rows2);
 	}
 	if (rc)
 		return ct_exit_code(rc);
@@ -205,6 +212,18 @@ int cmd_plot(int argc, char **argv)
 	        "'' using 1:($9/2**30) with lines title 'optimizer', "
 	        "'' using 1:($10/2**30) with lines title 'activations'\n",
 	        out, dat);
+	if (load_rows) { /* a mixture of experts: the worst layer's max / mean expert load */
+		char la[256], lb[256];
+		fprintf(gp,
+		        "set output '%s/balance.png'\nset title 'expert load balance (worst "
+		        "layer)'\nset ylabel 'max / mean tokens per expert'\n"
+		        "plot '%s' using 1:11 with lines lw 2 title '%s'",
+		        out, dat, run_label(run, la, sizeof(la)));
+		if (load_rows2)
+			fprintf(gp, ", '%s' using 1:11 with lines lw 2 title '%s'", dat2,
+			        run_label(other, lb, sizeof(lb)));
+		fprintf(gp, "\n");
+	}
 	if (!snap) {
 		snprintf(snap_dir, sizeof(snap_dir), "%s/memory_snapshot", run);
 		snap = snap_dir;
@@ -217,6 +236,8 @@ int cmd_plot(int argc, char **argv)
 	static const char *const names[] = {"loss", "lr", "tps", "memory"};
 	for (int i = 0; i < 4; i++)
 		printf("%s/%s.png\n", out, names[i]);
+	if (load_rows)
+		printf("%s/balance.png\n", out);
 	if (drawn > 0)
 		printf("%s\n", timeline);
 	return drawn < 0 ? ct_exit_code(drawn) : 0;

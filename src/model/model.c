@@ -12,11 +12,12 @@
 #include "model/model_group.h"
 
 /* Each built-in family's entry (defined in its folder, src/model/<family>/). */
-extern const struct model_family llama_family, hyena_family;
+extern const struct model_family llama_family, hyena_family, moe_family;
 
 /* The family table: the one place that lists the built-in families; a family's kind is its
  * index; families registered at run time follow them. */
-static const struct model_family *const model_builtin[] = {&llama_family, &hyena_family};
+static const struct model_family *const model_builtin[] = {&llama_family, &hyena_family,
+                                                           &moe_family};
 #define MODEL_N_BUILTIN ((int)(sizeof(model_builtin) / sizeof(model_builtin[0])))
 static const struct model_family *model_added[MODEL_FAMILY_MAX];
 static int model_n_added;

@@ -77,6 +77,13 @@ struct model_build_opts {
 	bool tp_async; /* TP collectives as async rings decomposed with their matmuls */
 };
 
+/* One figure a family reports per step (model_ops.step_metrics), e.g. MoE's expert load. */
+struct model_step_metric {
+	char name[48];  /* the metrics.jsonl key */
+	double value;
+	bool console;   /* also on the console line (as "name: value") */
+};
+
 struct model_ops {
 	void (*bind_unit)(void *impl, int u, float *params, float *grads);
 	double (*unit_forward)(void *impl, int u, int64_t *n_valid);
@@ -102,6 +109,18 @@ struct model_ops {
 	float *(*residual_grad)(void *impl);
 	double (*flops_per_token)(const struct model_config *c, const struct param_table *t,
 	                          int64_t seq_len);
+	/* Per-step statistics and an update after the optimizer step (NULL: none; families
+	 * without them are untouched). step_stats returns how many doubles the family counted
+	 * since the last call (e.g. MoE's tokens per expert, over the step's micro-batches) and,
+	 * when out is non-NULL, copies them there and resets them. The layout's optimizer tail
+	 * (parallel/fsdp) sums them over the data-parallel group and hands the sum to
+	 * after_step, so what it updates (MoE's balancing bias) is the same on every rank and
+	 * on one rank with the whole batch. */
+	int64_t (*step_stats)(void *impl, double *out);
+	void (*after_step)(void *impl, const double *sum);
+	/* the figures of the last after_step for the log (NULL: none): up to max of them into
+	 * out, returns how many (metrics.jsonl gets each; the console line those marked) */
+	int (*step_metrics)(const void *impl, struct model_step_metric *out, int max);
 	void (*free)(void *impl);
 };
 
@@ -247,6 +266,20 @@ static inline float *model_unit_output(struct model *m, int u)
 static inline float *model_residual_grad(struct model *m)
 {
 	return m->ops->residual_grad(m->impl);
+}
+/* model_ops.step_stats / after_step, or 0 / nothing for a family without them. */
+static inline int64_t model_step_stats(struct model *m, double *out)
+{
+	return m->ops->step_stats ? m->ops->step_stats(m->impl, out) : 0;
+}
+static inline void model_after_step(struct model *m, const double *sum)
+{
+	if (m->ops->after_step)
+		m->ops->after_step(m->impl, sum);
+}
+static inline int model_step_metrics(const struct model *m, struct model_step_metric *out, int max)
+{
+	return m->ops && m->ops->step_metrics ? m->ops->step_metrics(m->impl, out, max) : 0;
 }
 /* Whole-model conveniences built from the units. */
 double model_forward(struct model *m, int64_t *n_valid);

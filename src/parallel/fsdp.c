@@ -112,6 +112,9 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 		un->shard_base = f->shard_numel;
 		f->shard_numel += un->shard_numel;
 	}
+	f->n_stats = model_step_stats(m, NULL);
+	if (f->n_stats)
+		f->stats = xcalloc((size_t)f->n_stats, sizeof(double));
 	f->shard_w = mem_alloc(MEM_PARAMS, (size_t)f->shard_numel * sizeof(float));
 	f->shard_g = mem_alloc(MEM_GRADS, (size_t)f->shard_numel * sizeof(float));
 	pool_init(&f->pw, MEM_FULL_PARAMS);
@@ -205,7 +208,7 @@ void fsdp_free(struct fsdp *f)
 	sched_free(&f->sched);
 	free(f->rec), free(f->bs);
 	free(f->p), free(f->u);
-	free(f->fp8_scale), free(f->fp8_amax);
+	free(f->fp8_scale), free(f->fp8_amax), free(f->stats);
 	memset(f, 0, sizeof(*f));
 }
 
@@ -667,6 +670,13 @@ static int be_optim(void *ctx)
 		int64_t at = f->u[t->p[i].unit].shard_base + p->shard_off;
 		adamw_update_slice(opt, f->shard_w + at, f->shard_g + at, at, p->my_rows * p->cols,
 		                   f->step.lr, p->decay, f->step.gscale);
+	}
+	if (f->n_stats) { /* the family's statistics of the whole step, then its update */
+		CHECK(model_step_stats(f->model, f->stats) == f->n_stats,
+		      "fsdp: the model's step statistics changed size");
+		comm_label("per-step model statistics");
+		comm_all_reduce_f64(&f->mesh->dp_group, f->stats, f->n_stats);
+		model_after_step(f->model, f->stats);
 	}
 	return CT_OK;
 }

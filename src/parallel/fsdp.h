@@ -93,6 +93,10 @@ struct fsdp {
 	enum fsdp_reshard reshard;
 	int64_t shard_numel;      /* this rank's total shard elements (with padding) */
 	float *shard_w, *shard_g; /* master params, gradients (MEM_PARAMS, MEM_GRADS) */
+	/* the family's per-step statistics (model_step_stats), summed over dp_group after
+	 * AdamW and handed to model_after_step (n_stats = 0: the family has none) */
+	double *stats;
+	int64_t n_stats;
 	/* the step */
 	struct sched sched;       /* after passes; empty until set or first step */
 	struct sched_record *rec; /* per node of the last step */

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "base/timer.h"
+#include "model/model.h"
 #include "io/tb_events.h"
 #include "kernels/mm_engine.h"
 
@@ -139,11 +140,16 @@ void metrics_log_step(struct metrics *mt, struct step_metrics *s)
 	double rss_gib = (double)rss_peak / gib;
 	double rss_pct = machine > 0 ? 100.0 * (double)rss_peak / (double)machine : 0.0;
 	const char *bold = mt->tty ? "\033[1m" : "", *reset = mt->tty ? "\033[0m" : "";
+	char extra[256] = "";
+	for (int i = 0; i < s->n_model; i++)
+		if (s->model[i].console)
+			snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), "  %s: %.3f",
+			         s->model[i].name, s->model[i].value);
 	LOG_INFO(
 	    "%sstep: %5lld%s  loss: %8.4f  grad_norm: %7.4f  lr: %.3e  memory: %5.2fGiB(%4.1f%%)"
-	    "  tps: %.0f  tflops: %.3f  mfu: %.2f%% (engine %.0f%%)  data: %.3fs  comm: %.3fs",
+	    "  tps: %.0f  tflops: %.3f  mfu: %.2f%% (engine %.0f%%)  data: %.3fs  comm: %.3fs%s",
 	    bold, (long long)s->step, reset, s->loss, s->grad_norm, s->lr, rss_gib, rss_pct, s->tps,
-	    s->tflops, s->mfu, s->mfu_engine, s->data_s, s->comm_wait_s);
+	    s->tflops, s->mfu, s->mfu_engine, s->data_s, s->comm_wait_s, extra);
 	if (s->val_loss >= 0)
 		LOG_INFO("step: %5lld  validation loss: %8.4f", (long long)s->step, s->val_loss);
 	metrics_write_record(mt, s);
@@ -180,6 +186,8 @@ void metrics_write_record(struct metrics *mt, const struct step_metrics *s)
 	cJSON_AddNumberToObject(o, "memory_peak_rss_gib", rss_gib);
 	cJSON_AddNumberToObject(o, "memory_peak_rss_pct", rss_pct);
 	cJSON_AddNumberToObject(o, "memory_max_active_gib", metrics_max_active_gib());
+	for (int i = 0; i < s->n_model; i++)
+		cJSON_AddNumberToObject(o, s->model[i].name, s->model[i].value);
 	for (int c = 0; c < MEM_CAT_COUNT; c++) {
 		char key[64];
 		snprintf(key, sizeof(key), "memory_%s_bytes", mem_cat_name((enum mem_cat)c));

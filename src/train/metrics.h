@@ -25,9 +25,13 @@ struct step_metrics {
 	double val_loss;     /* validation loss of this step, < 0 when not evaluated */
 	double checkpoint_s; /* training blocked by checkpointing after this step (a synchronous
 	                        save, or an async save's snapshot and wait for the previous) */
+	/* the model family's figures of the step (model_step_metrics; e.g. MoE's expert load) */
+	const struct model_step_metric *model;
+	int n_model;
 };
 
 struct tb_writer;
+struct model_step_metric;
 
 struct metrics {
 	FILE *jsonl;          /* NULL: disabled */

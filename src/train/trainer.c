@@ -40,6 +40,7 @@
 #include "schedule/sched_trace.h"
 
 struct trainer {
+	struct model_step_metric model_figs[32]; /* the family's figures of the last step */
 	const struct ct_config *cfg;
 	struct mesh mesh;
 	struct comm_stream *stream;
@@ -891,8 +892,11 @@ int trainer_run(const struct ct_config *cfg)
 		 * killed after the commit (and resumed after this step) still has the record; a
 		 * save then writes the record again with its checkpoint_s (readers keep a step's
 		 * last). */
-		if (log)
+		if (log) {
+			sm.n_model = model_step_metrics(&tr.model, tr.model_figs, 32);
+			sm.model = tr.model_figs;
 			metrics_log_step(&tr.metrics, &sm);
+		}
 		if (cfg->checkpoint.enable &&
 		    ((step + 1) % cfg->checkpoint.interval == 0 || step + 1 == steps || stop)) {
 			double t0 = timer_now();

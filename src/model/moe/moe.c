@@ -1,0 +1,576 @@
+/* The mixture-of-experts model: presets, parameter table, init, build, the units (compute in
+ * moe_impl.h, instantiated for float and double below) and the balancing bias. */
+#include "model/moe/moe.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "base/mem.h"
+#include "kernels/kernels.h"
+#include "model/model.h"
+
+#define MOE_IGNORE_INDEX (-100)
+
+/* ---------------------------------------------------------------- configs */
+
+struct moe_preset {
+	const char *name;
+	int64_t vocab, dim, n_layers, n_heads, n_kv_heads, inter_dim, moe_inter_dim;
+	int64_t n_dense, n_routed, n_shared, top_k;
+	enum moe_score score;
+	bool route_norm;
+	double route_scale, rope_theta;
+};
+
+/* TorchTitan's deepseek_v3 presets (T25 models/deepseek_v3/__init__.py) with GQA attention
+ * (MLA deferred); debug: a tiny model for tests and CPU runs. */
+static const struct moe_preset moe_presets[] = {
+    {"deepseek_v3-debug", 2048, 256, 4, 8, 4, 768, 128, 1, 8, 1, 2, MOE_SCORE_SOFTMAX, false,
+     1.0, 10000.0},
+    {"deepseek_v3-16B", 102400, 2048, 27, 16, 16, 10944, 1408, 1, 64, 2, 6, MOE_SCORE_SOFTMAX,
+     false, 1.0, 10000.0},
+    {"deepseek_v3-671B", 129280, 7168, 61, 128, 128, 18432, 2048, 3, 256, 1, 8,
+     MOE_SCORE_SIGMOID, true, 2.5, 10000.0},
+};
+#define MOE_N_PRESETS ((int)(sizeof(moe_presets) / sizeof(moe_presets[0])))
+
+const char *moe_flavor_name(int i)
+{
+	return i >= 0 && i < MOE_N_PRESETS ? moe_presets[i].name : NULL;
+}
+
+const char *moe_flavor_list(void)
+{
+	return "deepseek_v3-debug, deepseek_v3-16B, deepseek_v3-671B";
+}
+
+bool moe_is_flavor(const char *flavor)
+{
+	for (int i = 0; i < MOE_N_PRESETS; i++)
+		if (strcmp(moe_presets[i].name, flavor) == 0)
+			return true;
+	return false;
+}
+
+const char *moe_score_name(enum moe_score s)
+{
+	return s == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax";
+}
+
+int moe_config_preset(struct moe_config *c, const char *flavor)
+{
+	for (int i = 0; i < MOE_N_PRESETS; i++) {
+		const struct moe_preset *p = &moe_presets[i];
+		if (strcmp(p->name, flavor) != 0)
+			continue;
+		memset(c, 0, sizeof(*c));
+		snprintf(c->flavor, sizeof(c->flavor), "%s", p->name);
+		c->vocab_size = p->vocab;
+		c->dim = p->dim;
+		c->n_layers = p->n_layers;
+		c->n_heads = p->n_heads;
+		c->n_kv_heads = p->n_kv_heads;
+		c->inter_dim = p->inter_dim;
+		c->moe_inter_dim = p->moe_inter_dim;
+		c->n_dense_layers = p->n_dense;
+		c->n_routed_experts = p->n_routed;
+		c->n_shared_experts = p->n_shared;
+		c->top_k = p->top_k;
+		c->score_func = p->score;
+		c->route_norm = p->route_norm;
+		c->route_scale = p->route_scale;
+		c->load_balance_coeff = 1e-3;
+		c->aux_loss_alpha = 0.0;
+		c->norm_eps = 1e-5;
+		c->rope_theta = p->rope_theta;
+		return moe_config_finish(c);
+	}
+	LOG_ERROR("model.flavor: unknown deepseek_v3 flavor '%s' (choose from %s)", flavor,
+	          moe_flavor_list());
+	return CT_ERR_USAGE;
+}
+
+int moe_config_finish(struct moe_config *c)
+{
+	if (c->dim <= 0 || c->n_layers <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 ||
+	    c->vocab_size <= 1 || c->inter_dim <= 0 || c->moe_inter_dim <= 0) {
+		LOG_ERROR("model: deepseek_v3 dimensions must be positive (dim %lld, layers %lld, "
+		          "heads %lld, kv heads %lld, vocab %lld, inter %lld, moe inter %lld)",
+		          (long long)c->dim, (long long)c->n_layers, (long long)c->n_heads,
+		          (long long)c->n_kv_heads, (long long)c->vocab_size,
+		          (long long)c->inter_dim, (long long)c->moe_inter_dim);
+		return CT_ERR_USAGE;
+	}
+	if (c->dim % c->n_heads || c->n_heads % c->n_kv_heads || (c->dim / c->n_heads) % 2) {
+		LOG_ERROR("model: dim %lld must split into n_heads %lld of an even head dim, and "
+		          "n_kv_heads %lld must divide n_heads",
+		          (long long)c->dim, (long long)c->n_heads, (long long)c->n_kv_heads);
+		return CT_ERR_USAGE;
+	}
+	c->head_dim = c->dim / c->n_heads;
+	if (c->n_dense_layers < 0 || c->n_dense_layers > c->n_layers) {
+		LOG_ERROR("model.moe_n_dense_layers: %lld, must be in [0, n_layers = %lld]",
+		          (long long)c->n_dense_layers, (long long)c->n_layers);
+		return CT_ERR_USAGE;
+	}
+	if (c->n_routed_experts < 1 || c->top_k < 1 || c->top_k > c->n_routed_experts) {
+		LOG_ERROR("model.moe_top_k: %lld must be in [1, n_routed_experts = %lld]",
+		          (long long)c->top_k, (long long)c->n_routed_experts);
+		return CT_ERR_USAGE;
+	}
+	if (c->n_shared_experts < 0 || !(c->route_scale > 0) || c->load_balance_coeff < 0 ||
+	    c->aux_loss_alpha < 0) {
+		LOG_ERROR("model: deepseek_v3 needs n_shared_experts >= 0 (%lld), route_scale > 0 "
+		          "(%g), load_balance_coeff >= 0 (%g), aux_loss_alpha >= 0 (%g)",
+		          (long long)c->n_shared_experts, c->route_scale, c->load_balance_coeff,
+		          c->aux_loss_alpha);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}
+
+/* ---------------------------------------------------------------- parameter table */
+
+static bool moe_block_is_dense(const struct moe_config *c, int l)
+{
+	return l < c->n_dense_layers;
+}
+
+static bool moe_block_has(const struct moe_config *c, int l, int k)
+{
+	if (k <= MB_W3)
+		return true;
+	if (moe_block_is_dense(c, l))
+		return false;
+	return k == MB_GATE || c->n_shared_experts > 0;
+}
+
+int moe_tensor_index(const struct moe_config *c, int l, int k)
+{
+	if (!moe_block_has(c, l, k))
+		return -1;
+	int i = 1;
+	for (int j = 0; j < l; j++)
+		for (int q = 0; q < MB_COUNT; q++)
+			i += moe_block_has(c, j, q);
+	for (int q = 0; q < k; q++)
+		i += moe_block_has(c, l, q);
+	return i;
+}
+
+int moe_table_build(struct param_table *t, const struct moe_config *c)
+{
+	memset(t, 0, sizeof(*t));
+	int cap = 0, L = (int)c->n_layers;
+	int64_t C = c->dim, HD = c->n_heads * c->head_dim, KVD = c->n_kv_heads * c->head_dim;
+	int64_t F = c->inter_dim, E = c->n_routed_experts, Fm = c->moe_inter_dim;
+	int64_t Fs = Fm * c->n_shared_experts, V = c->vocab_size;
+	t->n_units = L + 2;
+	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
+	const struct param_init ones = {PARAM_INIT_ONES, 0, 0};
+	param_table_add(t, &cap, "tok_embeddings.weight", 0, V, C, true,
+	                (struct param_init){PARAM_INIT_NORMAL, 1.0, 0});
+	t->numel_embedding = V * C;
+	static const char *const dense_names[MB_COUNT] = {
+	    [MB_ATTN_NORM] = "attention_norm.weight", [MB_WQ] = "attention.wq.weight",
+	    [MB_WK] = "attention.wk.weight",          [MB_WV] = "attention.wv.weight",
+	    [MB_WO] = "attention.wo.weight",          [MB_FFN_NORM] = "ffn_norm.weight",
+	    [MB_W1] = "feed_forward.w1.weight",       [MB_W2] = "feed_forward.w2.weight",
+	    [MB_W3] = "feed_forward.w3.weight"};
+	static const char *const moe_names[MB_COUNT] = {
+	    [MB_W1] = "moe.experts.w1",
+	    [MB_W2] = "moe.experts.w2",
+	    [MB_W3] = "moe.experts.w3",
+	    [MB_GATE] = "moe.router.gate.weight",
+	    [MB_SW1] = "moe.shared_experts.w1.weight",
+	    [MB_SW2] = "moe.shared_experts.w2.weight",
+	    [MB_SW3] = "moe.shared_experts.w3.weight"};
+	char name[PARAM_NAME_MAX];
+	for (int l = 0; l < L; l++) {
+		bool dense = moe_block_is_dense(c, l);
+		const int64_t shape[MB_COUNT][2] = {
+		    [MB_ATTN_NORM] = {C, 0},
+		    [MB_WQ] = {HD, C},
+		    [MB_WK] = {KVD, C},
+		    [MB_WV] = {KVD, C},
+		    [MB_WO] = {C, HD},
+		    [MB_FFN_NORM] = {C, 0},
+		    [MB_W1] = {dense ? F : E * Fm, C},
+		    [MB_W2] = {dense ? C : E * C, dense ? F : Fm},
+		    [MB_W3] = {dense ? F : E * Fm, C},
+		    [MB_GATE] = {E, C},
+		    [MB_SW1] = {Fs, C},
+		    [MB_SW2] = {C, Fs},
+		    [MB_SW3] = {Fs, C},
+		};
+		double depth = 0.02 / sqrt(2.0 * (double)(l + 1));
+		t->unit_begin[l + 1] = t->numel;
+		for (int k = 0; k < MB_COUNT; k++) {
+			if (!moe_block_has(c, l, k))
+				continue;
+			bool norm = k == MB_ATTN_NORM || k == MB_FFN_NORM;
+			bool deep = k == MB_WO || k == MB_W2 || k == MB_W3 || k == MB_SW2 ||
+			            k == MB_SW3;
+			double std = deep ? depth : 0.02;
+			struct param_init init =
+			    norm ? ones : (struct param_init){PARAM_INIT_TRUNC_NORMAL, std, 2.0};
+			const char *nm = dense || k <= MB_FFN_NORM ? dense_names[k] : moe_names[k];
+			snprintf(name, sizeof(name), "layers.%d.%s", l, nm);
+			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], !norm,
+			                init);
+		}
+	}
+	t->unit_begin[L + 1] = t->numel;
+	param_table_add(t, &cap, "norm.weight", L + 1, C, 0, false, ones);
+	double out_std = 1.0 / sqrt((double)C);
+	param_table_add(t, &cap, "output.weight", L + 1, V, C, true,
+	                (struct param_init){PARAM_INIT_TRUNC_NORMAL, out_std, 3.0 * out_std});
+	t->unit_begin[L + 2] = t->numel;
+	return CT_OK;
+}
+
+void moe_init_params(const struct moe_config *c, const struct param_table *t, uint64_t seed,
+                     float *out, int64_t first, int64_t n)
+{
+	(void)c; /* the table carries each tensor's init */
+	param_table_init_range(t, seed, out, first, n);
+}
+
+int64_t moe_active_params(const struct moe_config *c)
+{
+	int64_t C = c->dim, HD = c->n_heads * c->head_dim, KVD = c->n_kv_heads * c->head_dim;
+	int64_t attn = 2 * C * HD + 2 * C * KVD + 2 * C;
+	int64_t dense = 3 * C * c->inter_dim;
+	int64_t moe = 3 * C * c->moe_inter_dim * (c->top_k + c->n_shared_experts) +
+	              c->n_routed_experts * C;
+	int64_t Ld = c->n_dense_layers, Lm = c->n_layers - Ld;
+	return c->n_layers * attn + Ld * dense + Lm * moe + 2 * c->vocab_size * C + C;
+}
+
+double moe_flops_per_token(const struct moe_config *c, int64_t seq_len)
+{
+	/* TorchTitan's form over the active parameters: 6 (N_active - N_embedding) + 12 L C T */
+	double active = (double)(moe_active_params(c) - c->vocab_size * c->dim);
+	return 6.0 * active + 12.0 * (double)c->n_layers * (double)c->dim * (double)seq_len;
+}
+
+/* ---------------------------------------------------------------- compute */
+
+#define MREAL    float
+#define MK(name) name##_f32
+#define MT(name) moe_##name##_f32
+#define MUW(m)   (m)->unit_w
+#define MUDW(m)  (m)->unit_dw
+#include "model/moe/moe_impl.h"
+#undef MREAL
+#undef MK
+#undef MT
+#undef MUW
+#undef MUDW
+
+#define MREAL    double
+#define MK(name) name##_f64
+#define MT(name) moe_##name##_f64
+#define MUW(m)   (m)->unit_w64
+#define MUDW(m)  (m)->unit_dw64
+#include "model/moe/moe_impl.h"
+#undef MREAL
+#undef MK
+#undef MT
+#undef MUW
+#undef MUDW
+
+/* ---------------------------------------------------------------- build */
+
+static int64_t carve(int64_t *off, int64_t n)
+{
+	int64_t at = *off;
+	*off += (n + 15) / 16 * 16;
+	return at;
+}
+
+static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
+{
+	const struct moe_config *c = &m->cfg;
+	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
+	int64_t KVD = c->n_kv_heads * c->head_dim, E = c->n_routed_experts, K = c->top_k;
+	int64_t Fm = c->moe_inter_dim, Fs = Fm * c->n_shared_experts;
+	for (int l = 0; l < c->n_layers; l++) {
+		struct moe_block_acts *a = &m->blk[l];
+		bool dense = l < c->n_dense_layers;
+		int64_t Fh = dense ? c->inter_dim : Fs, NK = dense ? 0 : N * K;
+		a->x = carve(off, N * C);
+		a->rstd1 = carve(off, N);
+		a->xn1 = carve(off, N * C);
+		a->q = carve(off, N * HD);
+		a->k = carve(off, N * KVD);
+		a->v = carve(off, N * KVD);
+		a->att = carve(off, N * HD);
+		a->lse = carve(off, N * c->n_heads);
+		a->xmid = carve(off, N * C);
+		a->rstd2 = carve(off, N);
+		a->xn2 = carve(off, N * C);
+		a->h1 = carve(off, N * Fh);
+		a->h3 = carve(off, N * Fh);
+		a->s = carve(off, dense ? 0 : N * E);
+		a->g_raw = carve(off, NK);
+		a->g = carve(off, NK);
+		a->xs = carve(off, NK * C);
+		a->eh1 = carve(off, NK * Fm);
+		a->eh3 = carve(off, NK * Fm);
+		a->y = carve(off, NK * C);
+		a->idx = carve(ioff, NK);
+		a->pos = carve(ioff, NK);
+		a->off = carve(ioff, dense ? 0 : E + 1);
+	}
+	m->ifill = carve(ioff, E);
+	m->x_final = carve(off, N * C);
+	m->rstd_f = carve(off, N);
+	m->xn_final = carve(off, N * C);
+	m->rope_cos = carve(off, m->T * c->head_dim / 2);
+	m->rope_sin = carve(off, m->T * c->head_dim / 2);
+}
+
+static void plan_scratch(struct moe_model *m, int64_t *off)
+{
+	const struct moe_config *c = &m->cfg;
+	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
+	int64_t KVD = c->n_kv_heads * c->head_dim, E = c->n_routed_experts, K = c->top_k;
+	int64_t Fm = c->moe_inter_dim, Fs = Fm * c->n_shared_experts;
+	int64_t h = N * c->inter_dim;
+	h = N * Fs > h ? N * Fs : h;
+	h = N * K * Fm > h ? N * K * Fm : h;
+	m->s_dres = carve(off, N * C);
+	m->s_dxn = carve(off, N * C);
+	m->s_dxnf = carve(off, N * C);
+	m->s_gate = carve(off, h);
+	m->s_dh1 = carve(off, h);
+	m->s_dh3 = carve(off, h);
+	m->s_dq = carve(off, N * HD);
+	m->s_dk = carve(off, N * KVD);
+	m->s_dv = carve(off, N * KVD);
+	m->s_datt = carve(off, N * HD);
+	m->s_dy = carve(off, N * K * C);
+	m->s_dxs = carve(off, N * K * C);
+	m->s_ds = carve(off, N * E);
+	m->s_dg = carve(off, N * K);
+	m->s_ce = carve(off, m->ce_rows * c->vocab_size);
+}
+
+static void moe_rope_tables(struct moe_model *m)
+{
+	int64_t D = m->cfg.head_dim, half = D / 2;
+	for (int64_t i = 0; i < half; i++) {
+		double freq = pow(m->cfg.rope_theta, -2.0 * (double)i / (double)D);
+		for (int64_t t = 0; t < m->T; t++) {
+			double ang = (double)t * freq;
+			if (m->f64) {
+				((double *)m->acts)[m->rope_cos + t * half + i] = cos(ang);
+				((double *)m->acts)[m->rope_sin + t * half + i] = sin(ang);
+			} else {
+				((float *)m->acts)[m->rope_cos + t * half + i] = (float)cos(ang);
+				((float *)m->acts)[m->rope_sin + t * half + i] = (float)sin(ang);
+			}
+		}
+	}
+}
+
+int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_t T,
+              const struct moe_build_opts *opts)
+{
+	memset(m, 0, sizeof(*m));
+	m->cfg = *c;
+	int rc = moe_config_finish(&m->cfg);
+	if (rc)
+		return rc;
+	CHECK(opts->own_params || !opts->f64, "moe: double models own their parameters");
+	moe_table_build(&m->table, &m->cfg);
+	m->B = B;
+	m->T = T;
+	m->N = B * T;
+	m->f64 = opts->f64;
+	m->own_params = opts->own_params;
+	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
+	int64_t V = c->vocab_size;
+	m->ce_rows = (4 << 20) / (int64_t)(esz * (size_t)V);
+	m->ce_rows = m->ce_rows < 1 ? 1 : (m->ce_rows > m->N ? m->N : m->ce_rows);
+	int nu = m->table.n_units;
+	size_t pbytes = (size_t)m->table.numel * esz;
+	if (m->f64) {
+		m->unit_w64 = xcalloc((size_t)nu, sizeof(double *));
+		m->unit_dw64 = xcalloc((size_t)nu, sizeof(double *));
+		m->params64 = mem_alloc(MEM_PARAMS, pbytes);
+		m->grads64 = mem_alloc(MEM_GRADS, pbytes);
+		for (int u = 0; u < nu; u++) {
+			m->unit_w64[u] = m->params64 + m->table.unit_begin[u];
+			m->unit_dw64[u] = m->grads64 + m->table.unit_begin[u];
+		}
+	} else {
+		m->unit_w = xcalloc((size_t)nu, sizeof(float *));
+		m->unit_dw = xcalloc((size_t)nu, sizeof(float *));
+		if (m->own_params) {
+			m->params = mem_alloc(MEM_PARAMS, pbytes);
+			m->grads = mem_alloc(MEM_GRADS, pbytes);
+			for (int u = 0; u < nu; u++)
+				moe_bind_unit(m, u, m->params + m->table.unit_begin[u],
+				              m->grads + m->table.unit_begin[u]);
+		}
+	}
+	m->tokens = mem_alloc(MEM_ACTIVATIONS, (size_t)(2 * m->N) * sizeof(int32_t));
+	m->targets = m->tokens + m->N;
+	m->blk = xcalloc((size_t)c->n_layers, sizeof(*m->blk));
+	int64_t off = 0, ioff = 0;
+	plan_acts(m, &off, &ioff);
+	m->act_bytes = off * (int64_t)esz;
+	m->acts = mem_alloc(MEM_ACTIVATIONS, (size_t)m->act_bytes);
+	m->iact_bytes = ioff * (int64_t)sizeof(int32_t);
+	m->iacts = mem_alloc(MEM_ACTIVATIONS, (size_t)(m->iact_bytes > 0 ? m->iact_bytes : 16));
+	off = 0;
+	plan_scratch(m, &off);
+	m->scratch_bytes = off * (int64_t)esz;
+	m->scratch = mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes);
+	int64_t nb = (c->n_layers - c->n_dense_layers) * c->n_routed_experts;
+	m->bias = xcalloc((size_t)(nb > 0 ? nb : 1), sizeof(double));
+	m->counts = xcalloc((size_t)(nb > 0 ? nb : 1), sizeof(double));
+	m->load = xcalloc((size_t)c->n_layers, sizeof(double));
+	m->aux_sum = xcalloc((size_t)c->n_layers, sizeof(double));
+	moe_rope_tables(m);
+	return CT_OK;
+}
+
+void moe_free(struct moe_model *m)
+{
+	if (!m->blk)
+		return;
+	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
+	size_t pbytes = (size_t)m->table.numel * esz;
+	if (m->f64) {
+		mem_free(MEM_PARAMS, m->params64, pbytes);
+		mem_free(MEM_GRADS, m->grads64, pbytes);
+	} else {
+		mem_free(MEM_PARAMS, m->params, pbytes);
+		mem_free(MEM_GRADS, m->grads, pbytes);
+	}
+	mem_free(MEM_ACTIVATIONS, m->tokens, (size_t)(2 * m->N) * sizeof(int32_t));
+	mem_free(MEM_ACTIVATIONS, m->acts, (size_t)m->act_bytes);
+	mem_free(MEM_ACTIVATIONS, m->iacts, (size_t)(m->iact_bytes > 0 ? m->iact_bytes : 16));
+	mem_free(MEM_ACTIVATIONS, m->scratch, (size_t)m->scratch_bytes);
+	free(m->unit_w), free(m->unit_dw), free(m->unit_w64), free(m->unit_dw64);
+	free(m->blk), free(m->bias), free(m->counts), free(m->aux_sum), free(m->load);
+	param_table_free(&m->table);
+	memset(m, 0, sizeof(*m));
+}
+
+void moe_bind_unit(struct moe_model *m, int u, float *params, float *grads)
+{
+	CHECK(!m->f64, "moe_bind_unit: float models only");
+	m->unit_w[u] = params;
+	m->unit_dw[u] = grads;
+}
+
+/* ---------------------------------------------------------------- units */
+
+double moe_unit_forward(struct moe_model *m, int u, int64_t *n_valid)
+{
+	return m->f64 ? moe_unit_forward_f64(m, u, n_valid) : moe_unit_forward_f32(m, u, n_valid);
+}
+
+void moe_unit_backward(struct moe_model *m, int u, double dscale)
+{
+	if (m->f64)
+		moe_unit_backward_f64(m, u, dscale);
+	else
+		moe_unit_backward_f32(m, u, dscale);
+}
+
+double moe_forward(struct moe_model *m, int64_t *n_valid)
+{
+	double loss = 0.0;
+	for (int u = 0; u < m->table.n_units; u++)
+		loss += moe_unit_forward(m, u, n_valid);
+	return loss;
+}
+
+void moe_backward(struct moe_model *m, double dscale)
+{
+	for (int u = m->table.n_units - 1; u >= 0; u--)
+		moe_unit_backward(m, u, dscale);
+}
+
+void moe_logits(struct moe_model *m, float *logits)
+{
+	if (m->f64)
+		moe_logits_f64(m, logits);
+	else
+		moe_logits_f32(m, logits);
+}
+
+/* ---------------------------------------------------------------- balancing */
+
+int64_t moe_step_stats(struct moe_model *m, double *out)
+{
+	const struct moe_config *c = &m->cfg;
+	int64_t n = (c->n_layers - c->n_dense_layers) * c->n_routed_experts;
+	if (out && n) {
+		memcpy(out, m->counts, (size_t)n * sizeof(double));
+		memset(m->counts, 0, (size_t)n * sizeof(double));
+	}
+	return n;
+}
+
+/* Per MoE layer: delta_e = coeff * sign(mean(c) - c_e), minus mean(delta) (TorchTitan's
+ * zero-mean bias, #1506), added to the bias. */
+void moe_after_step(struct moe_model *m, const double *sum)
+{
+	const struct moe_config *c = &m->cfg;
+	int64_t E = c->n_routed_experts, Lm = c->n_layers - c->n_dense_layers;
+	double *delta = xcalloc((size_t)E, sizeof(double));
+	for (int64_t l = 0; l < Lm; l++) {
+		const double *cnt = sum + l * E;
+		double mean = 0.0, dmean = 0.0, mx = 0.0;
+		for (int64_t e = 0; e < E; e++)
+			mean += cnt[e], mx = cnt[e] > mx ? cnt[e] : mx;
+		mean /= (double)E;
+		m->load[l] = mean > 0 ? mx / mean : 0.0;
+		if (c->load_balance_coeff <= 0)
+			continue;
+		for (int64_t e = 0; e < E; e++) {
+			double d = mean - cnt[e];
+			delta[e] = c->load_balance_coeff * (double)((d > 0) - (d < 0));
+			dmean += delta[e];
+		}
+		dmean /= (double)E;
+		for (int64_t e = 0; e < E; e++)
+			m->bias[l * E + e] += delta[e] - dmean;
+	}
+	m->have_load = Lm > 0;
+	free(delta);
+}
+
+int moe_step_metrics(const struct moe_model *m, struct model_step_metric *out, int max)
+{
+	const struct moe_config *c = &m->cfg;
+	int64_t E = c->n_routed_experts, Lm = c->n_layers - c->n_dense_layers;
+	if (!m->have_load || max < 2)
+		return 0;
+	double worst = 0.0, bmax = 0.0;
+	int n = 2;
+	for (int64_t l = 0; l < Lm; l++) {
+		worst = m->load[l] > worst ? m->load[l] : worst;
+		for (int64_t e = 0; e < E; e++)
+			bmax = fabs(m->bias[l * E + e]) > bmax ? fabs(m->bias[l * E + e]) : bmax;
+		if (n < max) {
+			out[n] = (struct model_step_metric){.value = m->load[l]};
+			snprintf(out[n].name, sizeof(out[n].name), "moe_load_max_mean/layer.%lld",
+			         (long long)(l + c->n_dense_layers));
+			n++;
+		}
+	}
+	out[0] = (struct model_step_metric){.name = "moe_load_max_mean", .value = worst,
+	                                     .console = true};
+	out[1] = (struct model_step_metric){.name = "moe_bias_absmax", .value = bmax};
+	return n;
+}

@@ -1,0 +1,337 @@
+/* The deepseek_v3 (mixture-of-experts) family behind the model interface (model/model.h):
+ * its operations, its entry of the family table, its [model] keys, and what it supports
+ * (one rank and FSDP; every activation saved; no TP, PP, float8, expert parallelism, MLA,
+ * cost model or Hugging Face export yet). */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/log.h"
+#include "io/config.h"
+#include "model/family.h"
+#include "model/model_group.h"
+#include "model/moe/moe.h"
+
+/* This family's entry of the table (below; model/model.c lists it). */
+extern const struct model_family moe_family;
+
+/* ---------------------------------------------------------------- its config */
+
+_Static_assert(sizeof(struct moe_config) <= MODEL_CONFIG_BYTES &&
+                   _Alignof(struct moe_config) <= _Alignof(max_align_t),
+               "a moe_config fits a model_config");
+
+struct moe_config *moe_cfg_mut(struct model_config *mc)
+{
+	CHECK(mc->kind == model_family_kind(&moe_family), "model: a %s config read as %s",
+	      model_kind_name(mc->kind), moe_family.name);
+	return (struct moe_config *)(void *)mc->family;
+}
+
+const struct moe_config *moe_cfg(const struct model_config *mc)
+{
+	return moe_cfg_mut((struct model_config *)mc);
+}
+
+struct moe_config *moe_cfg_init(struct model_config *mc)
+{
+	memset(mc, 0, sizeof(*mc));
+	mc->kind = model_family_kind(&moe_family);
+	return (struct moe_config *)(void *)mc->family;
+}
+
+/* ---------------------------------------------------------------- operations */
+
+static void moe_op_bind(void *impl, int u, float *params, float *grads)
+{
+	moe_bind_unit(impl, u, params, grads);
+}
+static double moe_op_forward(void *impl, int u, int64_t *n_valid)
+{
+	return moe_unit_forward(impl, u, n_valid);
+}
+static void moe_op_backward(void *impl, int u, double dscale)
+{
+	moe_unit_backward(impl, u, dscale);
+}
+static void moe_op_recompute(void *impl, int u)
+{
+	(void)impl, (void)u; /* every activation is saved: nothing to re-derive */
+}
+static bool moe_op_needs_recompute(const void *impl, int u)
+{
+	(void)impl, (void)u;
+	return false;
+}
+static void moe_op_dscale(void *impl, double dscale)
+{
+	((struct moe_model *)impl)->loss_dscale = dscale;
+}
+static void moe_op_logits(void *impl, float *logits)
+{
+	moe_logits(impl, logits);
+}
+static double moe_op_flops(const struct model_config *c, const struct param_table *t,
+                           int64_t seq_len)
+{
+	(void)t;
+	return moe_flops_per_token(moe_cfg(c), seq_len);
+}
+static int64_t moe_op_step_stats(void *impl, double *out)
+{
+	return moe_step_stats(impl, out);
+}
+static void moe_op_after_step(void *impl, const double *sum)
+{
+	moe_after_step(impl, sum);
+}
+static int moe_op_step_metrics(const void *impl, struct model_step_metric *out, int max)
+{
+	return moe_step_metrics(impl, out, max);
+}
+static void moe_op_free(void *impl)
+{
+	moe_free(impl);
+}
+
+static const struct model_ops moe_ops = {
+    .bind_unit = moe_op_bind,
+    .unit_forward = moe_op_forward,
+    .unit_backward = moe_op_backward,
+    .unit_recompute = moe_op_recompute,
+    .unit_needs_recompute = moe_op_needs_recompute,
+    .set_loss_dscale = moe_op_dscale,
+    .logits = moe_op_logits,
+    .flops_per_token = moe_op_flops,
+    .step_stats = moe_op_step_stats,
+    .after_step = moe_op_after_step,
+    .step_metrics = moe_op_step_metrics,
+    .free = moe_op_free,
+};
+
+void model_wrap_moe(struct model *m, struct moe_model *mm)
+{
+	CHECK(!mm->f64, "model: the trainer runs float models");
+	memset(m, 0, sizeof(*m));
+	*moe_cfg_init(&m->cfg) = mm->cfg;
+	m->ops = &moe_ops;
+	m->impl = mm;
+	m->table = &mm->table;
+	m->n_units = mm->table.n_units;
+	m->B = mm->B;
+	m->T = mm->T;
+	m->N = mm->N;
+	m->vocab_size = mm->cfg.vocab_size;
+	m->tokens = mm->tokens;
+	m->targets = mm->targets;
+	m->params = mm->params;
+	m->grads = mm->grads;
+	m->unit_w = mm->unit_w;
+	m->unit_dw = mm->unit_dw;
+	m->act_bytes = mm->act_bytes;
+	m->scratch_bytes = mm->scratch_bytes;
+}
+
+static int moe_family_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
+                            const struct model_build_opts *opts)
+{
+	if (opts->tp && opts->tp->size > 1) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %d: not yet supported for "
+		          "model.name = \"deepseek_v3\" (the experts and heads are not split)",
+		          opts->tp->size);
+		return CT_ERR_USAGE;
+	}
+	if (opts->ac != MODEL_AC_NONE || opts->recompute_ffn || opts->split_backward) {
+		LOG_ERROR("activation_checkpoint.mode: deepseek_v3 saves every activation; only "
+		          "\"none\" is supported (a recompute would count the router's tokens twice)");
+		return CT_ERR_USAGE;
+	}
+	struct moe_model *mm = xcalloc(1, sizeof(*mm));
+	const struct moe_build_opts mo = {.own_params = opts->own_params};
+	int rc = moe_build(mm, moe_cfg(c), B, T, &mo);
+	if (rc) {
+		free(mm);
+		return rc;
+	}
+	model_wrap_moe(m, mm);
+	return CT_OK;
+}
+
+static void moe_describe(const struct model *m, char *buf, size_t n)
+{
+	const struct moe_config *c = moe_cfg(&m->cfg);
+	snprintf(buf, n,
+	         "deepseek_v3 %s: %lld parameters, %lld active (dim %lld, %lld layers of which "
+	         "%lld dense, %lld heads, %lld kv heads, %lld routed experts top-%lld + %lld "
+	         "shared, expert ffn %lld, %s scores, vocab %lld; GQA attention)",
+	         c->flavor, (long long)m->table->numel, (long long)moe_active_params(c),
+	         (long long)c->dim, (long long)c->n_layers, (long long)c->n_dense_layers,
+	         (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->n_routed_experts,
+	         (long long)c->top_k, (long long)c->n_shared_experts, (long long)c->moe_inter_dim,
+	         moe_score_name(c->score_func), (long long)c->vocab_size);
+}
+
+static int64_t moe_family_vocab(const struct model_config *c)
+{
+	return moe_cfg(c)->vocab_size;
+}
+static int64_t moe_family_layers(const struct model_config *c)
+{
+	return moe_cfg(c)->n_layers;
+}
+static int64_t moe_family_dim(const struct model_config *c)
+{
+	return moe_cfg(c)->dim;
+}
+static const char *moe_family_flavor(const struct model_config *c)
+{
+	return moe_cfg(c)->flavor;
+}
+static int moe_family_table(struct param_table *t, const struct model_config *c)
+{
+	return moe_table_build(t, moe_cfg(c));
+}
+static void moe_family_init(const struct model_config *c, const struct param_table *t,
+                            uint64_t seed, float *out, int64_t first, int64_t n)
+{
+	moe_init_params(moe_cfg(c), t, seed, out, first, n);
+}
+
+static void moe_manifest_fields(const struct model_config *mc, cJSON *o)
+{
+	const struct moe_config *c = moe_cfg(mc);
+	cJSON_AddStringToObject(o, "flavor", c->flavor);
+	cJSON_AddNumberToObject(o, "dim", (double)c->dim);
+	cJSON_AddNumberToObject(o, "n_layers", (double)c->n_layers);
+	cJSON_AddNumberToObject(o, "n_heads", (double)c->n_heads);
+	cJSON_AddNumberToObject(o, "n_kv_heads", (double)c->n_kv_heads);
+	cJSON_AddNumberToObject(o, "vocab_size", (double)c->vocab_size);
+	cJSON_AddNumberToObject(o, "inter_dim", (double)c->inter_dim);
+	cJSON_AddNumberToObject(o, "moe_inter_dim", (double)c->moe_inter_dim);
+	cJSON_AddNumberToObject(o, "n_dense_layers", (double)c->n_dense_layers);
+	cJSON_AddNumberToObject(o, "n_routed_experts", (double)c->n_routed_experts);
+	cJSON_AddNumberToObject(o, "n_shared_experts", (double)c->n_shared_experts);
+	cJSON_AddNumberToObject(o, "top_k", (double)c->top_k);
+	cJSON_AddStringToObject(o, "score_func", moe_score_name(c->score_func));
+	cJSON_AddBoolToObject(o, "route_norm", c->route_norm);
+	cJSON_AddNumberToObject(o, "route_scale", c->route_scale);
+	cJSON_AddNumberToObject(o, "load_balance_coeff", c->load_balance_coeff);
+	cJSON_AddNumberToObject(o, "aux_loss_alpha", c->aux_loss_alpha);
+	cJSON_AddNumberToObject(o, "norm_eps", c->norm_eps);
+	cJSON_AddNumberToObject(o, "rope_theta", c->rope_theta);
+}
+
+/* ---------------------------------------------------------------- run configuration */
+
+/* deepseek_v3's own `[model]` keys (-1 / "preset": the flavor's value). */
+static const struct config_key_def moe_keys[] = {
+    {.name = "moe_n_routed_experts", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(1),
+     .help = "deepseek_v3: routed experts per MoE layer; -1: the flavor's."},
+    {.name = "moe_n_shared_experts", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(0),
+     .help = "deepseek_v3: always-on shared experts (one SwiGLU of their summed width); -1: "
+             "the flavor's."},
+    {.name = "moe_top_k", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(1),
+     .help = "deepseek_v3: experts each token is routed to; -1: the flavor's."},
+    {.name = "moe_n_dense_layers", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_GE(0),
+     .help = "deepseek_v3: leading blocks with a dense FFN instead of experts; -1: the "
+             "flavor's."},
+    {.name = "moe_score_func", .type = CONFIG_STRING, .def = "preset",
+     CONFIG_CHOICES("preset", "softmax", "sigmoid"),
+     .help = "deepseek_v3: the router's score function; preset: the flavor's."},
+    {.name = "moe_route_norm", .type = CONFIG_INT, .def = "-1", CONFIG_UNSET_OR_IN_CC(0, 1),
+     .help = "deepseek_v3: 1 divides the chosen experts' scores by their sum; -1: the "
+             "flavor's."},
+    {.name = "moe_route_scale", .type = CONFIG_FLOAT, .def = "-1", CONFIG_UNSET_OR_GT(0),
+     .help = "deepseek_v3: factor on the route weights; -1: the flavor's."},
+    {.name = "moe_load_balance_coeff", .type = CONFIG_FLOAT, .def = "-1",
+     CONFIG_UNSET_OR_GE(0),
+     .help = "deepseek_v3: step of the aux-loss-free balancing bias per optimizer step (0: "
+             "off); -1: the flavor's (1e-3)."},
+    {.name = "moe_aux_loss_alpha", .type = CONFIG_FLOAT, .def = "-1", CONFIG_UNSET_OR_GE(0),
+     .help = "deepseek_v3: weight of the sequence-wise auxiliary balance loss (0: off); -1: "
+             "the flavor's (0)."},
+};
+
+static int moe_from_config(const struct ct_config *cfg, struct model_config *mc)
+{
+	if (!moe_is_flavor(cfg->model.flavor)) {
+		LOG_ERROR("model.flavor: '%s' is not a deepseek_v3 flavor (%s)", cfg->model.flavor,
+		          moe_flavor_list());
+		return CT_ERR_USAGE;
+	}
+	struct moe_config *c = moe_cfg_init(mc);
+	int rc = moe_config_preset(c, cfg->model.flavor);
+	if (rc)
+		return rc;
+	const struct int_override {
+		const char *key;
+		int64_t *field;
+	} ints[] = {
+	    {"model.moe_n_routed_experts", &c->n_routed_experts},
+	    {"model.moe_n_shared_experts", &c->n_shared_experts},
+	    {"model.moe_top_k", &c->top_k},
+	    {"model.moe_n_dense_layers", &c->n_dense_layers},
+	};
+	if (cfg->model.vocab_size > 0)
+		c->vocab_size = cfg->model.vocab_size;
+	for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
+		int64_t v = config_get_int(cfg, ints[i].key);
+		if (v >= 0)
+			*ints[i].field = v;
+	}
+	const char *score = config_get_string(cfg, "model.moe_score_func");
+	if (strcmp(score, "softmax") == 0)
+		c->score_func = MOE_SCORE_SOFTMAX;
+	else if (strcmp(score, "sigmoid") == 0)
+		c->score_func = MOE_SCORE_SIGMOID;
+	int64_t norm = config_get_int(cfg, "model.moe_route_norm");
+	if (norm >= 0)
+		c->route_norm = norm == 1;
+	const struct float_override {
+		const char *key;
+		double *field;
+	} floats[] = {
+	    {"model.moe_route_scale", &c->route_scale},
+	    {"model.moe_load_balance_coeff", &c->load_balance_coeff},
+	    {"model.moe_aux_loss_alpha", &c->aux_loss_alpha},
+	};
+	for (size_t i = 0; i < sizeof(floats) / sizeof(floats[0]); i++) {
+		double v = config_get_float(cfg, floats[i].key);
+		if (v >= 0)
+			*floats[i].field = v;
+	}
+	return moe_config_finish(c);
+}
+
+static int moe_check_config(const struct ct_config *cfg)
+{
+	if (cfg->model.rope_scaling)
+		return config_error("model.rope_scaling: not yet supported for deepseek_v3 (only "
+		                    "read for llama3)");
+	/* the bias is model state outside the parameter table, which checkpoints do not hold
+	 * yet: a resumed run would restart it at zero */
+	if (cfg->checkpoint.enable && config_get_float(cfg, "model.moe_load_balance_coeff") != 0)
+		return config_error("checkpoint.enable: not yet supported for deepseek_v3 with the "
+		                    "aux-loss-free balancing bias (checkpoints do not hold it yet); set "
+		                    "model.moe_load_balance_coeff = 0 or checkpoint.enable = false");
+	return 0;
+}
+
+const struct model_family moe_family = {
+    .name = "deepseek_v3",
+    .flavor_name = moe_flavor_name,
+    .keys = moe_keys,
+    .n_keys = sizeof(moe_keys) / sizeof(moe_keys[0]),
+    .from_config = moe_from_config,
+    .check_config = moe_check_config,
+    .vocab = moe_family_vocab,
+    .n_layers = moe_family_layers,
+    .dim = moe_family_dim,
+    .flavor = moe_family_flavor,
+    .table_build = moe_family_table,
+    .init_params = moe_family_init,
+    .build = moe_family_build,
+    .describe = moe_describe,
+    .manifest_fields = moe_manifest_fields,
+};

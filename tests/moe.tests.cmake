@@ -1,0 +1,12 @@
+# The mixture-of-experts family (deepseek_v3): finite differences, routing, the bias update,
+# determinism; the independent PyTorch float64 reference (tests/reference/moe_ref.py); FSDP on
+# 2 and 3 ranks against one rank (tests/test_fsdp.c --moe).
+ct_add_test(moe)
+add_test(NAME moe_reference COMMAND $<TARGET_FILE:test_moe> --reference)
+set_tests_properties(moe_reference PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+add_test(NAME fsdp_moe_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+         $<TARGET_FILE:test_fsdp> --moe)
+add_test(NAME fsdp_moe_np3 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
+         $<TARGET_FILE:test_fsdp> --moe)
+set_tests_properties(fsdp_moe_np2 fsdp_moe_np3 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+ct_add_script_test(moe_cli tests/moe_cli.sh)
