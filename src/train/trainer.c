@@ -25,6 +25,7 @@
 #include "kernels/mm_engine.h"
 #include "model/model.h"
 #include "model/model_hf.h"
+#include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp.h"
 #include "parallel/tp_coll.h"
@@ -45,6 +46,12 @@ struct trainer {
 	struct comm_stream *stream;
 	struct model model;
 	struct tp_coll tp; /* tensor parallelism's collectives (mesh.tp > 1) */
+	/* context parallelism (mesh.cp > 1): its collectives over the cp group, the token order
+	 * (seq_len, rank-major, parallel/cp.h), and whole sequences before this rank's tokens
+	 * are taken from them (accum x B x seq_len) */
+	struct tp_coll cp;
+	int64_t *cp_order;
+	int32_t *cp_tokens, *cp_targets;
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
 	bool sharded;
 	struct pp pp; /* pipeline parallelism (parallelism.pipeline_parallel_degree > 1) */
@@ -169,8 +176,24 @@ static int trainer_build_model(struct trainer *tr)
 	if (tr->mesh.tp > 1)
 		tp_coll_init(&tr->tp, &tr->mesh.tp_group, cfg->comm.simulate_bandwidth_gbps,
 		             cfg->comm.simulate_latency_us, cfg->comm.timeout_seconds);
-	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
-	                 &opts);
+	/* context parallelism: the model holds this rank's seq_len / cp tokens of each sequence */
+	struct model_build_opts o = opts;
+	int64_t T = cfg->training.seq_len;
+	if (tr->mesh.cp > 1) {
+		enum cp_balancer bal;
+		rc = cp_balancer_parse(cfg->parallelism.context_parallel_load_balancer, &bal);
+		if (rc)
+			return rc;
+		tr->cp_order = xcalloc((size_t)T, sizeof(int64_t));
+		cp_token_order(tr->cp_order, T, tr->mesh.cp, bal);
+		tp_coll_init(&tr->cp, &tr->mesh.cp_group, cfg->comm.simulate_bandwidth_gbps,
+		             cfg->comm.simulate_latency_us, cfg->comm.timeout_seconds);
+		o.cp = &tr->cp.ops;
+		o.cp_order = tr->cp_order;
+		o.cp_ring = strcmp(cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0;
+		T /= tr->mesh.cp;
+	}
+	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, T, &o);
 	if (rc)
 		return rc;
 	struct model *m = &tr->model;
@@ -260,7 +283,7 @@ static int trainer_open_data(struct trainer *tr)
 	    .folder = folder,
 	    .split = "train",
 	    .vocab = m->vocab_size,
-	    .seq_len = m->T,
+	    .seq_len = cfg->training.seq_len,
 	    .batch = m->B,
 	    .micro_batches = tr->accum,
 	    .rank = tr->mesh.dp_group.rank,
@@ -292,8 +315,12 @@ static int trainer_setup(struct trainer *tr)
 	comm_flight_skip_collective((int)cfg->debug.skip_collective_rank,
 	                            cfg->debug.skip_collective_group, cfg->debug.skip_collective_seq);
 	comm_flight_catch(SIGUSR1);
-	rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
-	                cfg->parallelism.data_parallel_shard_degree, tp);
+	rc = cp_check_config(cfg);
+	if (rc)
+		return rc;
+	rc = mesh_build_cp(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
+	                   cfg->parallelism.data_parallel_shard_degree,
+	                   cfg->parallelism.context_parallel_degree, tp);
 	if (!rc)
 		rc = compute_setup(cfg, tr->mesh.rank == 0);
 	if (rc)
@@ -325,6 +352,8 @@ static int trainer_setup(struct trainer *tr)
 	/* async TP's ring steps on the comm stream when it has a thread to move them */
 	if (mode == STREAM_THREAD && tr->mesh.tp > 1)
 		tp_coll_use_stream(&tr->tp, tr->stream);
+	if (mode == STREAM_THREAD && tr->mesh.cp > 1) /* ring attention's steps too */
+		tp_coll_use_stream(&tr->cp, tr->stream);
 	rc = lr_schedule_init(&tr->lr, cfg->optimizer.lr, cfg->lr_scheduler.warmup_steps,
 	                      cfg->lr_scheduler.decay_ratio, cfg->lr_scheduler.decay_type,
 	                      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
@@ -336,6 +365,11 @@ static int trainer_setup(struct trainer *tr)
 	size_t bytes = (size_t)(tr->accum * tr->model.N) * sizeof(int32_t);
 	tr->batch_tokens = mem_alloc(MEM_OTHER, bytes);
 	tr->batch_targets = mem_alloc(MEM_OTHER, bytes);
+	if (tr->mesh.cp > 1) {
+		bytes *= (size_t)tr->mesh.cp;
+		tr->cp_tokens = mem_alloc(MEM_OTHER, bytes);
+		tr->cp_targets = mem_alloc(MEM_OTHER, bytes);
+	}
 
 	/* One MFU denominator for all ranks: the mean of each rank's theoretical peak. */
 	char peak_why[256];
@@ -360,6 +394,12 @@ static int trainer_setup(struct trainer *tr)
 		         : tr->mesh.world > 1 ? "FSDP"
 		                              : "single rank: FSDP's one-shard case, in place",
 		         cfg->comm.progress);
+	if (tr->mesh.cp > 1)
+		LOG_INFO("context parallelism: %d ranks per sequence, %lld of its %lld tokens on "
+		         "each (%s load balancing), K/V by %s; FSDP shards over dp_shard x cp = %d",
+		         tr->mesh.cp, (long long)tr->model.T, (long long)cfg->training.seq_len,
+		         cfg->parallelism.context_parallel_load_balancer,
+		         cfg->parallelism.context_parallel_rotate_method, tr->mesh.shard);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
 	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
@@ -397,6 +437,11 @@ static void trainer_teardown(struct trainer *tr)
 		mem_free(MEM_OTHER, tr->batch_tokens, bytes);
 		mem_free(MEM_OTHER, tr->batch_targets, bytes);
 	}
+	if (tr->cp_tokens) {
+		mem_free(MEM_OTHER, tr->cp_tokens, bytes * (size_t)tr->mesh.cp);
+		mem_free(MEM_OTHER, tr->cp_targets, bytes * (size_t)tr->mesh.cp);
+	}
+	free(tr->cp_order);
 	metrics_close(&tr->metrics);
 	ckpt_async_free(tr->ckpt_async);
 	if (tr->sample_log)
@@ -416,6 +461,19 @@ static void trainer_teardown(struct trainer *tr)
 	comm_stream_destroy(tr->stream);
 	comm_watchdog_stop();
 	mesh_free(&tr->mesh);
+}
+
+/* Context parallelism: this rank's tokens and labels of the whole sequences in cp_tokens /
+ * cp_targets, into batch_tokens / batch_targets (nothing to do without). */
+static void trainer_cp_take(struct trainer *tr)
+{
+	if (!tr->cp_tokens)
+		return;
+	const struct model *m = &tr->model;
+	const int64_t T = tr->cfg->training.seq_len, rows = tr->accum * m->B;
+	const int64_t *mine = tr->cp_order + (int64_t)tr->mesh.cp_rank * m->T;
+	cp_take_tokens(tr->batch_tokens, tr->cp_tokens, mine, rows, T, m->T);
+	cp_take_tokens(tr->batch_targets, tr->cp_targets, mine, rows, T, m->T);
 }
 
 /* Rows of the global batch: micro-batch a of data-parallel rank d takes rows
@@ -439,14 +497,18 @@ static void trainer_batch(struct trainer *tr, int64_t step)
 				    tr->train_ld ? loader_sample_at(tr->train_ld, pos) : pos;
 			}
 	}
-	if (tr->train_ld) {
-		loader_next(tr->train_ld, tr->batch_tokens, tr->batch_targets);
-		return;
-	}
-	for (int64_t a = 0; a < tr->accum; a++)
-		synthetic_batch((uint64_t)tr->cfg->debug.seed, m->vocab_size,
-		                step * G + (a * tr->dp + d) * m->B, m->B, m->T,
-		                tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
+	/* under context parallelism whole sequences first, then this rank's tokens of them */
+	const int64_t T = tr->cfg->training.seq_len;
+	int32_t *tok = tr->cp_tokens ? tr->cp_tokens : tr->batch_tokens;
+	int32_t *tgt = tr->cp_tokens ? tr->cp_targets : tr->batch_targets;
+	if (tr->train_ld)
+		loader_next(tr->train_ld, tok, tgt);
+	else
+		for (int64_t a = 0; a < tr->accum; a++)
+			synthetic_batch((uint64_t)tr->cfg->debug.seed, m->vocab_size,
+			                step * G + (a * tr->dp + d) * m->B, m->B, T,
+			                tok + a * m->B * T, tgt + a * m->B * T);
+	trainer_cp_take(tr);
 }
 
 /* <dump_folder>/<save_traces_folder>/iteration_<step>/rank<r>_trace.json (TorchTitan's
@@ -554,7 +616,9 @@ static int trainer_validate(struct trainer *tr, double *loss)
 	loader_rewind(tr->val_ld);
 	double sums[2] = {0, 0};
 	for (int64_t s = 0; s < steps; s++) {
-		loader_next(tr->val_ld, tr->batch_tokens, tr->batch_targets);
+		loader_next(tr->val_ld, tr->cp_tokens ? tr->cp_tokens : tr->batch_tokens,
+		            tr->cp_tokens ? tr->cp_targets : tr->batch_targets);
+		trainer_cp_take(tr);
 		for (int64_t a = 0; a < tr->accum; a++) {
 			const int32_t *tok = tr->batch_tokens + a * m->N;
 			const int32_t *tgt = tr->batch_targets + a * m->N;
@@ -565,7 +629,7 @@ static int trainer_validate(struct trainer *tr, double *loss)
 			sums[1] += (double)valid;
 		}
 	}
-	comm_all_reduce_f64(&tr->mesh.dp_group, sums, 2);
+	comm_all_reduce_f64(&tr->mesh.loss_group, sums, 2);
 	*loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 	if (!isfinite(*loss)) {
 		LOG_ERROR("validation loss is not finite");
