@@ -31,9 +31,11 @@ struct llama_cp_bufs {
 	int64_t *order; /* (T) global position of each held token, rank-major */
 	int64_t T;      /* the whole sequence */
 	bool ring;
-	float *kv;      /* allgather: (B, T, KVD) k then v; ring: 2 slots of [k|v|dk|dv] */
-	float *dkv;     /* allgather: (B, T, KVD) dk then dv of all T keys */
-	float *gath;    /* allgather: (cp, B, Tl, KVD) gathered / to reduce-scatter */
+	/* allgather: (B, T, KVD) k then v; ring: 2 slots of [k|v|dk|dv] */
+	float *kv;
+	/* allgather: (B, T, KVD) dk then dv of all T keys; before them (and in forward) the
+	 * rank-major (cp, B, Tl, KVD) staging of the gathered k and v */
+	float *dkv;
 	float *scratch; /* allgather: reduce-scatter scratch (2 x B*Tl*KVD); ring: partial out */
 	float *lse_b;   /* ring: partial lse (B, H, Tl) */
 	size_t bytes;
@@ -88,7 +90,6 @@ int llama_cp_build(struct llama_model *m, const struct llama_build_opts *opts)
 	} else {
 		b->kv = cp_alloc(b, 2 * S * blk);
 		b->dkv = cp_alloc(b, 2 * S * blk);
-		b->gath = cp_alloc(b, S * blk);
 		b->scratch = cp_alloc(b, 2 * blk);
 	}
 	return CT_OK;
@@ -108,7 +109,6 @@ void llama_cp_free(struct llama_model *m)
 	} else {
 		mem_free(MEM_ACTIVATIONS, b->kv, (size_t)(2 * S * blk) * sizeof(float));
 		mem_free(MEM_ACTIVATIONS, b->dkv, (size_t)(2 * S * blk) * sizeof(float));
-		mem_free(MEM_ACTIVATIONS, b->gath, (size_t)(S * blk) * sizeof(float));
 		mem_free(MEM_ACTIVATIONS, b->scratch, (size_t)(2 * blk) * sizeof(float));
 	}
 	free(b->order);
@@ -149,10 +149,10 @@ static void gather_kv(struct llama_model *m, const float *k, const float *v)
 	const struct llama_dims d = llama_dims_of(m);
 	const int64_t S = m->cp->size, blk = d.B * d.T * d.KVD;
 	const int64_t bytes = blk * (int64_t)sizeof(float);
-	m->cp->all_gather(m->cp->ctx, k, b->gath, bytes, true);
-	from_rank_major(b->kv, b->gath, S, d.B, d.T, d.KVD);
-	m->cp->all_gather(m->cp->ctx, v, b->gath, bytes, true);
-	from_rank_major(b->kv + S * blk, b->gath, S, d.B, d.T, d.KVD);
+	m->cp->all_gather(m->cp->ctx, k, b->dkv, bytes, true);
+	from_rank_major(b->kv, b->dkv, S, d.B, d.T, d.KVD);
+	m->cp->all_gather(m->cp->ctx, v, b->dkv, bytes, true);
+	from_rank_major(b->kv + S * blk, b->dkv, S, d.B, d.T, d.KVD);
 }
 
 /* ---------------------------------------------------------------- ring */
@@ -212,11 +212,12 @@ void llama_cp_attention_backward(struct llama_model *m, const struct llama_block
 		memset(dkf, 0, (size_t)(2 * S * blk) * sizeof(float));
 		attention_pos_backward_f32(m->dq, dkf, dvf, m->datt, a->att, a->lse, a->q, qpos, b->kv,
 		                           b->kv + S * blk, b->order, d.B, Tl, b->T, d.H, d.KV, d.D);
-		/* every rank's share of each shard's dK / dV, summed onto the shard */
-		to_rank_major(b->gath, dkf, S, d.B, Tl, d.KVD);
-		m->cp->reduce_scatter_f32(m->cp->ctx, b->gath, m->dk, blk, b->scratch);
-		to_rank_major(b->gath, dvf, S, d.B, Tl, d.KVD);
-		m->cp->reduce_scatter_f32(m->cp->ctx, b->gath, m->dv, blk, b->scratch);
+		/* every rank's share of each shard's dK / dV, summed onto the shard; K and V are
+		 * consumed, so their space stages the rank-major send buffers */
+		to_rank_major(b->kv, dkf, S, d.B, Tl, d.KVD);
+		m->cp->reduce_scatter_f32(m->cp->ctx, b->kv, m->dk, blk, b->scratch);
+		to_rank_major(b->kv + S * blk, dvf, S, d.B, Tl, d.KVD);
+		m->cp->reduce_scatter_f32(m->cp->ctx, b->kv + S * blk, m->dv, blk, b->scratch);
 		return;
 	}
 	/* each slot: [k | v | dk | dv] of one shard */
