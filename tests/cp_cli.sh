@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Context parallelism through `ctitan train`: cp=2 (head-tail, K/V all-gathered) on synthetic
 # data and on a shard folder (the loader's sequences cut by the same token order, validation
-# too), cp=2 as a ring on the comm stream's thread, and cp=4 without load balancing train
+# too), cp=2 as a ring on the comm stream's thread, cp=4 without load balancing and
+# cp=2 x async tp=2 train
 # like 1 rank (losses and grad norms within 1e-5 relative, from metrics.jsonl); bad CP
 # settings exit 2 naming the key and the numbers.
 #   tests/cp_cli.sh build/ctitan
@@ -31,6 +32,8 @@ cp_run cp2_ring_thread 2 --parallelism.context_parallel_degree=2 \
   --parallelism.context_parallel_rotate_method=alltoall --comm.progress=thread
 cp_run cp4_none 4 --parallelism.context_parallel_degree=4 \
   --parallelism.context_parallel_load_balancer=none
+cp_run cp2_tp2_async 4 --parallelism.context_parallel_degree=2 \
+  --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
 
 # a shard folder: the loader reads whole sequences, each rank keeps its tokens of them
 token_shards "$tmp/data" 7 0.8 5 3 train_000000=20000 val_000000=3000 # tests/lib.sh
@@ -64,8 +67,10 @@ bad "cp not dividing the world" 3 "context_parallel_degree = 2 does not divide t
   --parallelism.context_parallel_degree=2
 bad "cp x shard not the world" 4 "but the world has 4 (parallelism.context_parallel_degree = 2)" \
   --parallelism.context_parallel_degree=2 --parallelism.data_parallel_shard_degree=3
-bad "cp x tp" 4 "context_parallel_degree = 2 with tensor_parallel_degree = 2: not yet supported" \
-  --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2
+bad "cp x tp x shard not the world" 4 \
+  "data_parallel_shard_degree 2 x context_parallel_degree 2 x tensor_parallel_degree 2 does not match the world of 4" \
+  --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
+  --parallelism.data_parallel_shard_degree=2
 bad "pp x cp" 4 "context_parallel_degree = 2 with pipeline_parallel_degree = 2: not yet supported" \
   --parallelism.context_parallel_degree=2 --parallelism.pipeline_parallel_degree=2
 bad "cp with hyena" 2 'not supported for model.name = "hyena"' \

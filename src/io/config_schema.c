@@ -165,9 +165,10 @@ const struct cfg_key cfg_schema[] = {
     {ROW(parallelism, context_parallel_degree), .def = "1", GE(1),
      .help = "Context-parallel degree: each rank holds 1/cp of every sequence; attention "
              "reaches the other shards' keys and values. Mesh pp x dp_replicate x dp_shard "
-             "x cp x tp; FSDP shards parameters over dp_shard x cp (llama3; not yet with "
-             "tensor or pipeline parallelism, nor the cost model's options). training.seq_len "
-             "must be divisible by 2 x cp (headtail) or cp (none)."},
+             "x cp x tp; FSDP shards parameters over dp_shard x cp (llama3; with tensor "
+             "parallelism too; not yet with pipeline parallelism nor the cost model's "
+             "options). training.seq_len must be divisible by 2 x cp (headtail) or cp "
+             "(none)."},
     {ROW(parallelism, context_parallel_load_balancer), .def = "headtail",
      CHOICES("headtail", "none"),
      .help = "How a sequence is cut over the cp ranks: headtail (2 x cp chunks, rank r holds "

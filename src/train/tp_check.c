@@ -24,13 +24,22 @@ int tp_check_config(const struct ct_config *cfg)
 	int64_t rep = c0->parallelism.data_parallel_replicate_degree;
 	int64_t shard = c0->parallelism.data_parallel_shard_degree;
 	int64_t pp = c0->parallelism.pipeline_parallel_degree, world = comm_world_size();
-	int64_t fixed = pp * rep * tp;
+	int64_t cp = c0->parallelism.context_parallel_degree;
+	int64_t fixed = pp * rep * tp * cp;
 	if ((shard == -1 && world % fixed) || (shard != -1 && fixed * shard != world)) {
-		LOG_ERROR("parallelism: pipeline_parallel_degree %lld x data_parallel_replicate_degree "
-		          "%lld x data_parallel_shard_degree %lld x tensor_parallel_degree %lld "
-		          "does not match the world of %lld ranks",
-		          (long long)pp, (long long)rep, (long long)shard, (long long)tp,
-		          (long long)world);
+		if (cp > 1)
+			LOG_ERROR("parallelism: pipeline_parallel_degree %lld x "
+			          "data_parallel_replicate_degree %lld x data_parallel_shard_degree %lld "
+			          "x context_parallel_degree %lld x tensor_parallel_degree %lld does not "
+			          "match the world of %lld ranks",
+			          (long long)pp, (long long)rep, (long long)shard, (long long)cp,
+			          (long long)tp, (long long)world);
+		else
+			LOG_ERROR("parallelism: pipeline_parallel_degree %lld x "
+			          "data_parallel_replicate_degree %lld x data_parallel_shard_degree %lld "
+			          "x tensor_parallel_degree %lld does not match the world of %lld ranks",
+			          (long long)pp, (long long)rep, (long long)shard, (long long)tp,
+			          (long long)world);
 		return CT_ERR_USAGE;
 	}
 	if (pp > 1 && c0->parallelism.enable_async_tensor_parallel) {
@@ -63,13 +72,12 @@ int cp_check_config(const struct ct_config *cfg)
 		          (long long)cp, cfg->model.name);
 		return CT_ERR_USAGE;
 	}
-	const int64_t tp = cfg->parallelism.tensor_parallel_degree;
 	const int64_t pp = cfg->parallelism.pipeline_parallel_degree;
-	if (tp > 1 || pp > 1) {
-		LOG_ERROR("parallelism.context_parallel_degree = %lld with %s = %lld: not yet "
-		          "supported (context parallelism runs under FSDP/HSDP only)",
-		          (long long)cp, tp > 1 ? "tensor_parallel_degree" : "pipeline_parallel_degree",
-		          (long long)(tp > 1 ? tp : pp));
+	if (pp > 1) {
+		LOG_ERROR("parallelism.context_parallel_degree = %lld with pipeline_parallel_degree = "
+		          "%lld: not yet supported (the pipeline's stage models are built without "
+		          "context parallelism)",
+		          (long long)cp, (long long)pp);
 		return CT_ERR_USAGE;
 	}
 	if (strcmp(cfg->comm.buckets, "auto") == 0 || cfg->comm.memory_budget_gb > 0 ||

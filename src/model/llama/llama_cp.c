@@ -4,7 +4,9 @@
  * The sequence of T tokens is cut into cp shards of Tl = T/cp tokens, rank r holding tokens
  * order[r*Tl .. (r+1)*Tl) (head-tail load balancing or contiguous, chosen above the model).
  * Everything but attention is token-local: embedding, norms, matmuls, FFN and the loss run on
- * the shard as on one rank. RoPE rotates each token by its global position (the rope tables'
+ * the shard as on one rank (or as tensor parallelism runs them on its N = B x Tl tokens: the
+ * attention core then holds this TP rank's heads, and the cp group is the ranks of the same
+ * TP rank, so K/V of the same heads meet). RoPE rotates each token by its global position (the rope tables'
  * rows are those positions' angles). Attention is the position-aware kernel
  * (kernels/attention_pos.c): query i sees key j iff order-position of j <= that of i.
  *
@@ -51,10 +53,6 @@ static void *cp_alloc(struct llama_cp_bufs *b, int64_t floats)
 int llama_cp_build(struct llama_model *m, const struct llama_build_opts *opts)
 {
 	const struct model_group *g = opts->cp;
-	if (m->tp) {
-		LOG_ERROR("llama: context parallelism is not yet supported with tensor parallelism");
-		return CT_ERR_USAGE;
-	}
 	if (opts->split_backward) {
 		LOG_ERROR("llama: context parallelism is not yet supported with a split backward "
 		          "(zero-bubble pipeline schedules)");
