@@ -49,6 +49,31 @@ check "cp=2 trains on a shard folder" $?
 close "$tmp/d2.l" "$tmp/d1.l"
 check "cp=2 on a shard folder: losses, grad norms and validation loss equal 1 rank's" $?
 
+# checkpoints across cp layouts: a cp=2 run that crashes in step 4 resumes from its step-3
+# checkpoint on 1 rank, and a 1-rank step-3 checkpoint resumes as cp=2 x dp_shard=2 (local
+# batch 1 per data-parallel rank: the same global batch); steps 4-6 equal the uninterrupted
+# 1-rank run's within 1e-5
+ck=(--training.steps=6 --checkpoint.enable=true --checkpoint.interval=3)
+run "$tmp/f.log" "$CTITAN" "${common[@]}" "${ck[@]}" --job.dump_folder="$tmp/f"
+check "uninterrupted 1-rank run with checkpoints" $?
+metric "$tmp/f/metrics.jsonl" 4 6 > "$tmp/f.l"
+"$L" 2 "$CTITAN" "${common[@]}" "${ck[@]}" --job.dump_folder="$tmp/s" \
+  --parallelism.context_parallel_degree=2 --debug.fail_rank=1 --debug.fail_step=4 > "$tmp/s.log" 2>&1
+[ -f "$tmp/s/checkpoint/step-00000003/manifest.json" ]; check "cp=2 saved step 3 before its crash" $?
+resume_cp() { # name, saved run, ranks, args...
+  local name=$1 src=$2 n=$3 d="$tmp/$1"
+  shift 3
+  mkdir -p "$d/checkpoint" && cp -r "$src/checkpoint/step-00000003" "$d/checkpoint/"
+  run "$d.log" "$L" "$n" "$CTITAN" "${common[@]}" "${ck[@]}" --job.dump_folder="$d" \
+    --checkpoint.interval=100 "$@" && grep -q "loaded step 3 " "$d.log"
+  check "$name: resumed from step 3" $?
+  metric "$d/metrics.jsonl" 4 6 > "$d.l" && close "$d.l" "$tmp/f.l"
+  check "$name: steps 4-6 equal the uninterrupted run's within 1e-5" $?
+}
+resume_cp "cp=2 checkpoint on 1 rank" "$tmp/s" 1
+resume_cp "1-rank checkpoint as cp=2 x dp_shard=2" "$tmp/f" 4 \
+  --parallelism.context_parallel_degree=2 --training.local_batch_size=1
+
 bad() { # name, ranks, expected message, args...
   local name=$1 n=$2 msg=$3
   shift 3
