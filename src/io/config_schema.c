@@ -166,7 +166,7 @@ const struct cfg_key cfg_schema[] = {
      .help = "Context-parallel degree: each rank holds 1/cp of every sequence; attention "
              "reaches the other shards' keys and values. Mesh pp x dp_replicate x dp_shard "
              "x cp x tp; FSDP shards parameters over dp_shard x cp (llama3; with tensor "
-             "parallelism too; not yet with pipeline parallelism nor the cost model's "
+             "and pipeline parallelism too; not yet with ZeroBubbleH1 nor the cost model's "
              "options). training.seq_len must be divisible by 2 x cp (headtail) or cp "
              "(none)."},
     {ROW(parallelism, context_parallel_load_balancer), .def = "headtail",

@@ -72,14 +72,6 @@ int cp_check_config(const struct ct_config *cfg)
 		          (long long)cp, cfg->model.name);
 		return CT_ERR_USAGE;
 	}
-	const int64_t pp = cfg->parallelism.pipeline_parallel_degree;
-	if (pp > 1) {
-		LOG_ERROR("parallelism.context_parallel_degree = %lld with pipeline_parallel_degree = "
-		          "%lld: not yet supported (the pipeline's stage models are built without "
-		          "context parallelism)",
-		          (long long)cp, (long long)pp);
-		return CT_ERR_USAGE;
-	}
 	if (strcmp(cfg->comm.buckets, "auto") == 0 || cfg->comm.memory_budget_gb > 0 ||
 	    cfg->profiling.enable_profiling) {
 		LOG_ERROR("parallelism.context_parallel_degree = %lld with %s: not yet supported (the "
