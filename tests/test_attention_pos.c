@@ -7,13 +7,16 @@
  *     the union (in any merge order), and rows that see no key are neutral;
  *   - the backward, summed over the key blocks with the merged out and lse, matches central
  *     finite differences of L = sum(out * g) in double (dq, dk, dv);
- *   - f32 against f64.
+ *   - f32 against f64;
+ *   - parallel/cp.c's token orders: the head-tail order is TorchTitan's and gives every rank
+ *     the same causal work (query-key pairs), the contiguous one does not.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/kernels.h"
+#include "parallel/cp.h"
 #include "testutil.h"
 
 #ifdef _OPENMP
@@ -290,6 +293,36 @@ TEST_CASE(f32_matches_f64)
 	free(q), free(k), free(v), free(g), free(o), free(l), free(dq), free(dk), free(dv);
 }
 
+TEST_CASE(token_orders_and_balance)
+{
+	int64_t o[8];
+	cp_token_order(o, 8, 2, CP_BALANCE_HEADTAIL);
+	const int64_t want[8] = {0, 1, 6, 7, 2, 3, 4, 5};
+	EXPECT(memcmp(o, want, sizeof(o)) == 0, "head-tail order of 8 on 2 ranks");
+	cp_token_order(o, 8, 4, CP_BALANCE_HEADTAIL); /* chunks of one token */
+	const int64_t want4[8] = {0, 7, 1, 6, 2, 5, 3, 4};
+	EXPECT(memcmp(o, want4, sizeof(o)) == 0, "head-tail order of 8 on 4 ranks");
+	for (int b = 0; b < 2; b++)
+		for (int cp = 2; cp <= 8; cp *= 2) {
+			const int64_t T = 64, Tl = T / cp;
+			int64_t order[64], lo = INT64_MAX, hi = 0;
+			cp_token_order(order, T, cp, (enum cp_balancer)b);
+			for (int r = 0; r < cp; r++) {
+				int64_t pairs = 0; /* a query at position p sees p + 1 keys */
+				for (int64_t i = 0; i < Tl; i++)
+					pairs += order[r * Tl + i] + 1;
+				lo = pairs < lo ? pairs : lo;
+				hi = pairs > hi ? pairs : hi;
+			}
+			if (b == CP_BALANCE_HEADTAIL)
+				EXPECT(lo == hi, "head-tail cp=%d: causal pairs per rank %lld..%lld", cp,
+				       (long long)lo, (long long)hi);
+			else
+				EXPECT(hi > 2 * lo, "contiguous cp=%d: pairs %lld..%lld", cp,
+				       (long long)lo, (long long)hi);
+		}
+}
+
 int main(void)
 {
 	test_seed();
@@ -298,5 +331,6 @@ int main(void)
 	RUN(merge_order_and_empty_rows);
 	RUN(backward_matches_finite_differences);
 	RUN(f32_matches_f64);
+	RUN(token_orders_and_balance);
 	return test_summary();
 }
