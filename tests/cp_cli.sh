@@ -28,6 +28,9 @@ cp_run() { # name, ranks, args...
 cp_run cp2 2 --parallelism.context_parallel_degree=2
 grep -q "context parallelism: 2 ranks per sequence, 32 of its 64 tokens" "$tmp/cp2.log"
 check "cp=2 says how the sequence is split" $?
+metric "$tmp/one/metrics.jsonl" 1 3 tokens_seen > "$tmp/one.t"
+metric "$tmp/cp2/metrics.jsonl" 1 3 tokens_seen > "$tmp/cp2.t" && same "$tmp/cp2.t" "$tmp/one.t"
+check "cp=2 counts the tokens seen as 1 rank does" $?
 cp_run cp2_ring_thread 2 --parallelism.context_parallel_degree=2 \
   --parallelism.context_parallel_rotate_method=alltoall --comm.progress=thread
 cp_run cp4_none 4 --parallelism.context_parallel_degree=4 \
@@ -43,11 +46,14 @@ cp_run pp2_cp2_ring_interleaved 4 --parallelism.context_parallel_degree=2 \
 token_shards "$tmp/data" 7 0.8 5 3 train_000000=20000 val_000000=3000 # tests/lib.sh
 data=(--training.dataset=mine --training.dataset_path="$tmp/data" --model.vocab_size=509
       --validation.enable=true --validation.freq=3 --validation.steps=2)
-run "$tmp/d1.log" "$CTITAN" "${common[@]}" "${data[@]}" --job.dump_folder="$tmp/d1"
+run "$tmp/d1.log" "$CTITAN" "${common[@]}" "${data[@]}" --job.dump_folder="$tmp/d1" \
+  --debug.sample_log="$tmp/d1.samples"
 check "1 rank trains on a shard folder" $?
 run "$tmp/d2.log" "$L" 2 "$CTITAN" "${common[@]}" "${data[@]}" --job.dump_folder="$tmp/d2" \
-  --parallelism.context_parallel_degree=2
+  --parallelism.context_parallel_degree=2 --debug.sample_log="$tmp/d2.samples"
 check "cp=2 trains on a shard folder" $?
+[ ! -e "$tmp/d2.samples.rank-1" ] && same "$tmp/d2.samples.rank-0" "$tmp/d1.samples.rank-0"
+check "cp=2 trains on the same samples, logged once per cp group" $?
 { metric "$tmp/d1/metrics.jsonl" 1 3 && metric "$tmp/d1/metrics.jsonl" 3 3 validation_loss; } > "$tmp/d1.l"
 { metric "$tmp/d2/metrics.jsonl" 1 3 && metric "$tmp/d2/metrics.jsonl" 3 3 validation_loss; } > "$tmp/d2.l"
 close "$tmp/d2.l" "$tmp/d1.l"

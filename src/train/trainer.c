@@ -418,8 +418,9 @@ static int trainer_setup(struct trainer *tr)
 		free(ct);
 		ckpt_async_reserve(tr->ckpt_async, floats);
 	}
-	/* a TP group trains on one data-parallel rank's samples: its TP rank 0 logs them */
-	if (cfg->debug.sample_log[0] && tr->mesh.tp_group.rank == 0) {
+	/* a TP group (and a CP group) trains on one data-parallel rank's samples: its rank 0
+	 * logs them */
+	if (cfg->debug.sample_log[0] && tr->mesh.tp_group.rank == 0 && tr->mesh.cp_rank == 0) {
 		char path[CONFIG_STR_MAX + 32];
 		snprintf(path, sizeof(path), "%s.rank-%d", cfg->debug.sample_log, tr->mesh.rank);
 		tr->sample_log = fopen(path, "a");
@@ -543,10 +544,14 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
 }
 
-/* Time in tensor-parallel collectives so far (blocking, on the compute path). */
+/* Time in tensor- and context-parallel collectives so far (on the compute path; ring
+ * attention's waits for its steps). */
 static double trainer_tp_comm(const struct trainer *tr)
 {
-	return tr->mesh.tp > 1 ? tp_coll_seconds(&tr->tp) : 0.0;
+	double s = tr->mesh.tp > 1 ? tp_coll_seconds(&tr->tp) : 0.0;
+	if (tr->mesh.cp > 1)
+		s += tp_coll_seconds(tr->piped ? &tr->pp.cp : &tr->cp);
+	return s;
 }
 
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
@@ -598,7 +603,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches, a TP
 	 * group its tokens */
 	sm->tokens = tr->accum * m->N / ((tr->piped ? tr->mesh.pp : 1) * tr->mesh.tp);
-	sm->tokens_seen += tr->accum * m->N * tr->dp;
+	sm->tokens_seen += tr->accum * m->N * tr->dp * tr->mesh.cp; /* m->N: a cp shard's */
 	sm->step_s = timer_now() - t0;
 	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)
 		fprintf(tr->sample_log, "%lld %lld\n", (long long)step + 1,
