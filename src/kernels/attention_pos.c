@@ -37,10 +37,22 @@ static void pos_check(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, 
 	      (long long)D);
 }
 
-static real dotr(const real *a, const real *b, int64_t D)
+/* a.b in DOT_LANES independent partial sums (a vector register's worth the compiler can keep
+ * in lanes, which one running sum would forbid without reassociation), added in a fixed order
+ * at the end: deterministic. */
+enum { DOT_LANES = 8 };
+
+static inline real dotr(const real *restrict a, const real *restrict b, int64_t D)
 {
+	real lane[DOT_LANES] = {0};
+	int64_t d = 0;
+	for (; d + DOT_LANES <= D; d += DOT_LANES)
+		for (int l = 0; l < DOT_LANES; l++)
+			lane[l] += a[d + l] * b[d + l];
 	real s = 0;
-	for (int64_t d = 0; d < D; d++)
+	for (int l = 0; l < DOT_LANES; l++)
+		s += lane[l];
+	for (; d < D; d++)
 		s += a[d] * b[d];
 	return s;
 }
