@@ -174,6 +174,12 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 {
 	const struct ct_config *c = cfg;
 	int64_t tp = c->parallelism.tensor_parallel_degree;
+	if (c->parallelism.context_parallel_degree > 1) {
+		LOG_ERROR("ctitan plan: parallelism.context_parallel_degree = %lld: not yet supported "
+		          "(the cost model does not model context parallelism's K/V transfers)",
+		          (long long)c->parallelism.context_parallel_degree);
+		return CT_ERR_USAGE;
+	}
 	if (c->comm.bandwidth_gbps <= 0) {
 		LOG_ERROR(
 		    "ctitan plan needs the target's link: comm.bandwidth_gbps (e.g. "

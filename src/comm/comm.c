@@ -125,13 +125,14 @@ static void group_from(struct comm_group *g, MPI_Comm c, const char *name)
 	free(world);
 }
 
-/* Split the world keeping ranks that share every coordinate except those in `vary`. */
-static void mesh_split(const struct mesh *m, const int coord[4], const bool vary[4],
+/* Split the world keeping ranks that share every coordinate except those in `vary`
+ * (coordinates pp, dp_replicate, dp_shard, cp, tp). */
+static void mesh_split(const struct mesh *m, const int coord[5], const bool vary[5],
                        struct comm_group *g, const char *name)
 {
-	const int dims[4] = {m->pp, m->dp_replicate, m->dp_shard, m->tp};
+	const int dims[5] = {m->pp, m->dp_replicate, m->dp_shard, m->cp, m->tp};
 	int color = 0, key = 0;
-	for (int d = 0; d < 4; d++) {
+	for (int d = 0; d < 5; d++) {
 		if (vary[d])
 			key = key * dims[d] + coord[d];
 		else
@@ -162,61 +163,99 @@ void comm_group_free(struct comm_group *g)
 
 int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t tp)
 {
+	return mesh_build_cp(m, pp, dp_replicate, dp_shard, 1, tp);
+}
+
+int mesh_build_cp(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp,
+                  int64_t tp)
+{
 	memset(m, 0, sizeof(*m));
 	m->world = comm_size_;
 	m->rank = comm_rank_;
-	if (pp < 1 || dp_replicate < 1 || tp < 1 || (dp_shard < 1 && dp_shard != -1)) {
+	if (pp < 1 || dp_replicate < 1 || tp < 1 || cp < 1 || (dp_shard < 1 && dp_shard != -1)) {
 		LOG_ERROR(
 		    "parallelism: degrees must be >= 1 (data_parallel_shard_degree may be -1)");
 		return CT_ERR_USAGE;
 	}
-	int64_t rest = pp * dp_replicate * tp;
+	int64_t rest = pp * dp_replicate * cp * tp;
 	if (dp_shard == -1) {
 		if (m->world % rest) {
-			LOG_ERROR(
-			    "parallelism: world size %d is not divisible by pipeline (%lld) x "
-			    "replicate (%lld) x tensor (%lld) degrees",
-			    m->world, (long long)pp, (long long)dp_replicate, (long long)tp);
+			if (cp > 1)
+				LOG_ERROR("parallelism: world size %d is not divisible by pipeline "
+				          "(%lld) x replicate (%lld) x context (%lld) x tensor (%lld) "
+				          "degrees (parallelism.context_parallel_degree = %lld)",
+				          m->world, (long long)pp, (long long)dp_replicate, (long long)cp,
+				          (long long)tp, (long long)cp);
+			else
+				LOG_ERROR("parallelism: world size %d is not divisible by pipeline "
+				          "(%lld) x replicate (%lld) x tensor (%lld) degrees",
+				          m->world, (long long)pp, (long long)dp_replicate, (long long)tp);
 			return CT_ERR_USAGE;
 		}
 		dp_shard = m->world / rest;
 	}
 	if (rest * dp_shard != m->world) {
-		LOG_ERROR(
-		    "parallelism: pipeline %lld x replicate %lld x shard %lld x tensor %lld = "
-		    "%lld ranks, but the world has %d",
-		    (long long)pp, (long long)dp_replicate, (long long)dp_shard, (long long)tp,
-		    (long long)(rest * dp_shard), m->world);
+		if (cp > 1)
+			LOG_ERROR("parallelism: pipeline %lld x replicate %lld x shard %lld x context "
+			          "%lld x tensor %lld = %lld ranks, but the world has %d "
+			          "(parallelism.context_parallel_degree = %lld)",
+			          (long long)pp, (long long)dp_replicate, (long long)dp_shard,
+			          (long long)cp, (long long)tp, (long long)(rest * dp_shard), m->world,
+			          (long long)cp);
+		else
+			LOG_ERROR("parallelism: pipeline %lld x replicate %lld x shard %lld x tensor "
+			          "%lld = %lld ranks, but the world has %d",
+			          (long long)pp, (long long)dp_replicate, (long long)dp_shard,
+			          (long long)tp, (long long)(rest * dp_shard), m->world);
 		return CT_ERR_USAGE;
 	}
 	m->pp = (int)pp;
 	m->dp_replicate = (int)dp_replicate;
 	m->dp_shard = (int)dp_shard;
+	m->cp = (int)cp;
 	m->tp = (int)tp;
 	int r = m->rank;
 	m->tp_rank = r % m->tp;
 	r /= m->tp;
+	m->cp_rank = r % m->cp;
+	r /= m->cp;
 	m->dp_shard_rank = r % m->dp_shard;
 	r /= m->dp_shard;
 	m->dp_replicate_rank = r % m->dp_replicate;
 	m->pp_rank = r / m->dp_replicate;
-	const int coord[4] = {m->pp_rank, m->dp_replicate_rank, m->dp_shard_rank, m->tp_rank};
+	const int coord[5] = {m->pp_rank, m->dp_replicate_rank, m->dp_shard_rank, m->cp_rank,
+	                      m->tp_rank};
 	group_from(&m->world_group, MPI_COMM_WORLD, "world");
-	mesh_split(m, coord, (const bool[4]){true, false, false, false}, &m->pp_group, "pp");
-	mesh_split(m, coord, (const bool[4]){false, true, false, false}, &m->dp_replicate_group,
-	           "dp_replicate");
-	mesh_split(m, coord, (const bool[4]){false, false, true, false}, &m->dp_shard_group,
+	mesh_split(m, coord, (const bool[5]){true, false, false, false, false}, &m->pp_group, "pp");
+	mesh_split(m, coord, (const bool[5]){false, true, false, false, false},
+	           &m->dp_replicate_group, "dp_replicate");
+	mesh_split(m, coord, (const bool[5]){false, false, true, false, false}, &m->dp_shard_group,
 	           "dp_shard");
-	mesh_split(m, coord, (const bool[4]){false, false, false, true}, &m->tp_group, "tp");
-	mesh_split(m, coord, (const bool[4]){false, true, true, false}, &m->dp_group, "dp");
+	mesh_split(m, coord, (const bool[5]){false, false, false, false, true}, &m->tp_group, "tp");
+	mesh_split(m, coord, (const bool[5]){false, true, true, false, false}, &m->dp_group, "dp");
+	if (m->cp > 1) {
+		mesh_split(m, coord, (const bool[5]){false, false, false, true, false}, &m->cp_group,
+		           "cp");
+		mesh_split(m, coord, (const bool[5]){false, false, true, true, false},
+		           &m->shard_group, "dp_shard_cp");
+		mesh_split(m, coord, (const bool[5]){false, true, true, true, false}, &m->loss_group,
+		           "dp_cp");
+	} else { /* the same ranks: the same communicators, so every cp = 1 layout keeps its bits */
+		m->shard_group = m->dp_shard_group;
+		m->loss_group = m->dp_group;
+	}
+	m->shard = m->shard_group.size;
+	m->shard_rank = m->shard_group.rank;
 	return CT_OK;
 }
 
 void mesh_free(struct mesh *m)
 {
-	struct comm_group *gs[] = {&m->pp_group, &m->dp_replicate_group, &m->dp_shard_group,
-	                           &m->tp_group, &m->dp_group};
-	for (size_t i = 0; i < sizeof(gs) / sizeof(gs[0]); i++) {
+	struct comm_group *gs[] = {&m->pp_group,  &m->dp_replicate_group, &m->dp_shard_group,
+	                           &m->tp_group,  &m->dp_group,           &m->cp_group,
+	                           &m->shard_group, &m->loss_group};
+	const size_t n = m->cp > 1 ? 8 : 5; /* with cp = 1 the last three are aliases or empty */
+	for (size_t i = 0; i < n; i++) {
 		if (!gs[i]->handle)
 			continue;
 		MPI_Comm c = mpi_comm(gs[i]);

@@ -4,9 +4,12 @@
  * MPI, so a second backend (NCCL) can slot in behind the same interface. One process is one
  * rank; without mpiexec the program runs as a world of one.
  *
- * Mesh: world = pp x dp_replicate x dp_shard x tp, rank-major in that order (tp innermost),
- * one group per dimension built with MPI_Comm_split, plus the data-parallel group
- * dp_replicate x dp_shard (loss and token counts are reduced over it).
+ * Mesh: world = pp x dp_replicate x dp_shard x cp x tp, rank-major in that order (tp
+ * innermost), one group per dimension built with MPI_Comm_split, plus the data-parallel group
+ * dp_replicate x dp_shard (which samples a rank reads), FSDP's shard group dp_shard x cp
+ * (parameters are sharded over both, as TorchTitan's dp_shard_cp) and the loss group
+ * dp_replicate x dp_shard x cp (loss and token counts are reduced over it). With cp = 1 the
+ * last two are the dp_shard and dp groups themselves.
  *
  * Every collective counts the bytes it moves per kind (comm_bytes), so tests can check, e.g.,
  * that a bf16 all-gather moves half the bytes of an fp32 one; runs under the watchdog
@@ -50,15 +53,22 @@ _Noreturn void comm_abort(int code);
 
 struct mesh {
 	int world, rank;
-	int pp, dp_replicate, dp_shard, tp;                     /* degrees */
-	int pp_rank, dp_replicate_rank, dp_shard_rank, tp_rank; /* this rank's coordinates */
+	int pp, dp_replicate, dp_shard, cp, tp;                          /* degrees */
+	int pp_rank, dp_replicate_rank, dp_shard_rank, cp_rank, tp_rank; /* coordinates */
 	struct comm_group world_group, pp_group, dp_replicate_group, dp_shard_group, tp_group,
 	    dp_group;
+	struct comm_group cp_group; /* context parallelism (empty handle with cp = 1) */
+	/* FSDP's shard group dp_shard x cp: its size and this rank's place in it */
+	struct comm_group shard_group;
+	int shard, shard_rank;
+	struct comm_group loss_group; /* dp_replicate x dp_shard x cp */
 };
 
 /* dp_shard = -1 fills the rest of the world. CT_ERR_USAGE if the degrees do not multiply to
- * the world size (message names them). */
+ * the world size (message names them). mesh_build is mesh_build_cp with cp = 1. */
 int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t tp);
+int mesh_build_cp(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp,
+                  int64_t tp);
 void mesh_free(struct mesh *m);
 
 /* A second communicator over the same ranks (MPI_Comm_dup), for collectives issued from

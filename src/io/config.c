@@ -898,6 +898,7 @@ int config_validate(const struct ct_config *cfg)
 	int64_t degrees[] = {c->parallelism.data_parallel_replicate_degree,
 	                     c->parallelism.tensor_parallel_degree,
 	                     c->parallelism.pipeline_parallel_degree,
+	                     c->parallelism.context_parallel_degree,
 	                     c->parallelism.data_parallel_shard_degree == -1
 	                         ? 1
 	                         : c->parallelism.data_parallel_shard_degree};

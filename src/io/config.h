@@ -84,6 +84,9 @@ struct ct_config {
 		int64_t data_parallel_replicate_degree; /* 1, >= 1 */
 		int64_t tensor_parallel_degree;         /* 1, >= 1 */
 		int64_t pipeline_parallel_degree;       /* 1, >= 1 */
+		int64_t context_parallel_degree;        /* 1, >= 1 */
+		char context_parallel_load_balancer[16]; /* "headtail": headtail | none */
+		char context_parallel_rotate_method[16]; /* "allgather": allgather | alltoall */
 		/* pipeline parallelism (parallel/pp.h), TorchTitan's keys */
 		char pipeline_parallel_schedule[32];           /* "1F1B" (GPipe, Interleaved1F1B,
 		                                                  ZeroBubbleH1) */

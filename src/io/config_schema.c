@@ -161,6 +161,26 @@ const struct cfg_key cfg_schema[] = {
              "with pipeline_parallel_degree > 1)."},
     {ROW(parallelism, pipeline_parallel_degree), .def = "1", GE(1),
      .help = "Pipeline-parallel degree."},
+    /* context parallelism: the sequence split over ranks (model/llama/llama_cp.c) */
+    {ROW(parallelism, context_parallel_degree), .def = "1", GE(1),
+     .help = "Context-parallel degree: each rank holds 1/cp of every sequence; attention "
+             "reaches the other shards' keys and values. Mesh pp x dp_replicate x dp_shard "
+             "x cp x tp; FSDP shards parameters over dp_shard x cp (llama3; with tensor "
+             "and pipeline parallelism too; not yet with ZeroBubbleH1 nor the cost model's "
+             "options). training.seq_len must be divisible by 2 x cp (headtail) or cp "
+             "(none)."},
+    {ROW(parallelism, context_parallel_load_balancer), .def = "headtail",
+     CHOICES("headtail", "none"),
+     .help = "How a sequence is cut over the cp ranks: headtail (2 x cp chunks, rank r holds "
+             "chunks r and 2cp-1-r, so every rank does the same causal attention work) or "
+             "none (rank r holds the r-th contiguous 1/cp). Inputs, labels and RoPE positions "
+             "follow it."},
+    {ROW(parallelism, context_parallel_rotate_method), .def = "allgather",
+     CHOICES("allgather", "alltoall"),
+     .help = "How keys and values reach the other cp ranks: allgather (one all-gather of K "
+             "and V, dK/dV reduce-scattered back; Llama 3's choice) or alltoall (ring "
+             "attention: K/V shards passed round the ring point-to-point, partial outputs "
+             "merged with the online-softmax statistics; the backward rings dK/dV back)."},
     /* pipeline parallelism: one block (parallel/pp.h) */
     {ROW(parallelism, pipeline_parallel_schedule), .def = "1F1B",
      .help = "Pipeline schedule: GPipe, 1F1B, Interleaved1F1B, ZeroBubbleH1 (ZB-H1: the "

@@ -63,6 +63,22 @@
 	                           const real *out, const real *lse, const real *q, const real *k, \
 	                           const real *v, int64_t B, int64_t T, int64_t H, int64_t KV,     \
 	                           int64_t D);                                                     \
+	/* Causal GQA attention at global positions (kernels/attention_pos.c): q(B,Tq,H,D) at      \
+	 * qpos(Tq), k,v(B,Tk,KV,D) at kpos(Tk); query i sees key j iff kpos[j] <= qpos[i].        \
+	 * out(B,Tq,H,D), lse(B,H,Tq); a row that sees no key gets lse -inf and out 0.            \
+	 * Partials over disjoint key sets merge exactly with attention_merge (into out, lse).     \
+	 * The backward takes the final (merged) out and lse and accumulates one key set's share. */\
+	void attention_pos_forward##S(real *out, real *lse, const real *q, const int64_t *qpos,    \
+	                              const real *k, const real *v, const int64_t *kpos,           \
+	                              int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV,    \
+	                              int64_t D);                                                  \
+	void attention_merge##S(real *out, real *lse, const real *out_b, const real *lse_b,        \
+	                        int64_t B, int64_t T, int64_t H, int64_t D);                       \
+	void attention_pos_backward##S(real *dq, real *dk, real *dv, const real *dout,             \
+	                               const real *out, const real *lse, const real *q,            \
+	                               const int64_t *qpos, const real *k, const real *v,          \
+	                               const int64_t *kpos, int64_t B, int64_t Tq, int64_t Tk,     \
+	                               int64_t H, int64_t KV, int64_t D);                          \
 	/* Fused output projection + cross-entropy, chunked so the (N,V) logits never exist.       \
 	 * x(N,C), w(V,C), targets(N) (ignore_index skipped). Returns the SUM of token losses      \
 	 * and sets *n_valid. If dx or dw is non-NULL, accumulates d(loss_sum * dscale) into       \

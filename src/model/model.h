@@ -75,6 +75,13 @@ struct model_build_opts {
 	/* Llama: split backward for zero-bubble schedules (input gradients in B/I, weight gradients in W) */
 	bool split_backward;
 	bool tp_async; /* TP collectives as async rings decomposed with their matmuls */
+	/* context parallelism (families with cp): this model holds T = seq_len / cp tokens of
+	 * each sequence, cp_order (seq_len positions, rank-major) says which, and its attention
+	 * reaches the other shards through these collectives (NULL or size 1: none); cp_ring:
+	 * K/V round the ring (rotate method alltoall) instead of one all-gather */
+	const struct model_group *cp;
+	const int64_t *cp_order;
+	bool cp_ring;
 };
 
 /* One figure a family reports per step (model_ops.step_metrics), e.g. MoE's expert load. */
@@ -166,8 +173,10 @@ struct model_family {
 	int (*check_config)(const struct ct_config *cfg);
 	/* what it supports: tensor / pipeline parallelism, activation checkpointing modes
 	 * other than none, float8 linears, `ctitan export` to Hugging Face, the cost model
-	 * (comm.buckets = auto, memory budgets, profiled predictions, `ctitan plan`) */
+	 * (comm.buckets = auto, memory budgets, profiled predictions, `ctitan plan`);
+	 * context parallelism */
 	bool tp, pp, ac, float8, export_hf, cost_model;
+	bool cp; /* context parallelism (the sequence split over ranks) */
 	int64_t (*vocab)(const struct model_config *c);
 	int64_t (*n_layers)(const struct model_config *c);
 	int64_t (*dim)(const struct model_config *c); /* residual stream width */

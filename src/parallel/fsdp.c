@@ -82,7 +82,7 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 	f->bf16 = bf16;
 	f->reshard = reshard;
 	const struct param_table *t = m->table;
-	int64_t N = mesh->dp_shard, r = mesh->dp_shard_rank;
+	int64_t N = mesh->shard, r = mesh->shard_rank;
 	f->n_units = t->n_units;
 	f->p = xcalloc((size_t)t->count, sizeof(*f->p));
 	f->u = xcalloc((size_t)t->n_units, sizeof(*f->u));
@@ -178,7 +178,7 @@ static void fsdp_fp8_scales(struct fsdp *f)
 			             p->my_rows * p->cols);
 	}
 	comm_label("fp8 all-gather scales: amax of %d weights", f->n_fp8);
-	comm_all_reduce_max_f32(&f->mesh->dp_shard_group, f->fp8_amax, f->n_fp8);
+	comm_all_reduce_max_f32(&f->mesh->shard_group, f->fp8_amax, f->n_fp8);
 	if (f->mesh->tp > 1) /* a TP slice's maximum is not the weight's: one rank's scale */
 		comm_all_reduce_max_f32(&f->mesh->tp_group, f->fp8_amax, f->n_fp8);
 	k = 0;
@@ -215,7 +215,7 @@ void fsdp_free(struct fsdp *f)
 void fsdp_init_params(struct fsdp *f, uint64_t seed)
 {
 	const struct param_table *t = f->model->table;
-	int64_t r = f->mesh->dp_shard_rank;
+	int64_t r = f->mesh->shard_rank;
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
 		float *dst = f->shard_w + f->u[t->p[i].unit].shard_base + p->shard_off;
@@ -271,7 +271,7 @@ int fsdp_set_schedule(struct fsdp *f, const struct sched *s)
 	free(f->rec), free(f->bs);
 	f->rec = xcalloc((size_t)f->sched.n_nodes, sizeof(*f->rec));
 	f->bs = xcalloc((size_t)s->n_buckets, sizeof(*f->bs));
-	int64_t max_full = 0, max_shard = 0, N = f->mesh->dp_shard;
+	int64_t max_full = 0, max_shard = 0, N = f->mesh->shard;
 	for (int b = 0; b < s->n_buckets; b++) {
 		f->bs[b] = (struct fsdp_bucket_state){-1, -1, -1, -1, -1, -1, -1};
 		int64_t full = sched_bucket_full(s, b), shard = sched_bucket_shard(s, b);
@@ -312,12 +312,12 @@ static int64_t unit_full_off(const struct fsdp *f, int b, int u)
  * directly when no replica needs them reduced per micro-batch. Nothing is copied or sent. */
 static bool fsdp_w_in_place(const struct fsdp *f)
 {
-	return f->mesh->dp_shard == 1 && !f->bf16 && !f->fp8_ag;
+	return f->mesh->shard == 1 && !f->bf16 && !f->fp8_ag;
 }
 static bool fsdp_g_in_place(const struct fsdp *f)
 {
 	/* (TP keeps the pooled per-micro-batch buffers: its results stay bitwise as they were) */
-	return f->mesh->dp_shard == 1 && f->mesh->dp_replicate == 1 && f->mesh->tp == 1;
+	return f->mesh->shard == 1 && f->mesh->dp_replicate == 1 && f->mesh->tp == 1;
 }
 #define FSDP_IN_PLACE (-2) /* a bucket state's buffer index: the shard itself */
 
@@ -371,7 +371,7 @@ static int64_t bucket_wire_bytes(const struct fsdp *f, int b, int upto)
 
 static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool bf16, float *full)
 {
-	int64_t N = f->mesh->dp_shard, S = bucket_wire_bytes(f, b, -1);
+	int64_t N = f->mesh->shard, S = bucket_wire_bytes(f, b, -1);
 	FOR_BUCKET_UNITS(f, b, u)
 	{
 		const struct fsdp_unit *un = &f->u[u];
@@ -456,7 +456,7 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 	char what[64];
 	snprintf(what, sizeof(what), "all-gather of bucket %d", b);
 	struct comm_op op = {.kind = COMM_ALL_GATHER,
-	                     .group = &f->mesh->dp_shard_group,
+	                     .group = &f->mesh->shard_group,
 	                     .send = send,
 	                     .recv = f->ag_recv.buf[st->ag_recv],
 	                     .count = *bytes,
@@ -518,7 +518,7 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 {
 	struct fsdp *f = ctx;
 	struct fsdp_bucket_state *st = &f->bs[b];
-	int64_t N = f->mesh->dp_shard, S = sched_bucket_shard(&f->sched, b);
+	int64_t N = f->mesh->shard, S = sched_bucket_shard(&f->sched, b);
 	int64_t base = bucket_shard_base(f, b);
 	if (st->g == FSDP_IN_PLACE) { /* already summed into the shard gradients */
 		st->g = -1;
@@ -555,7 +555,7 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 	snprintf(what, sizeof(what), "reduce-scatter of bucket %d", b);
 	float *recv = f->rs_recv.buf[st->rs_recv];
 	struct comm_op op = {.kind = COMM_REDUCE_SCATTER,
-	                     .group = &f->mesh->dp_shard_group,
+	                     .group = &f->mesh->shard_group,
 	                     .send = send,
 	                     .recv = recv,
 	                     .count = S,
@@ -652,9 +652,9 @@ static int be_clip(void *ctx)
 	                  grad_norm_sumsq(f->shard_g, f->shard_numel, f->model->table,
 	                                  fsdp_grad_slice, f, &mesh->tp_group)};
 	comm_label("clip: loss sum");
-	comm_all_reduce_f64(&mesh->dp_group, &sums[0], 1);
+	comm_all_reduce_f64(&mesh->loss_group, &sums[0], 1);
 	comm_label("clip: gradient sum of squares");
-	comm_all_reduce_f64(&mesh->dp_shard_group, &sums[1], 1);
+	comm_all_reduce_f64(&mesh->shard_group, &sums[1], 1);
 	return grad_norm_finish(f->step.res, sums[0], sums[1], f->step.valid, f->step.max_norm,
 	                        &f->step.gscale);
 }
@@ -675,7 +675,7 @@ static int be_optim(void *ctx)
 		CHECK(model_step_stats(f->model, f->stats) == f->n_stats,
 		      "fsdp: the model's step statistics changed size");
 		comm_label("per-step model statistics");
-		comm_all_reduce_f64(&f->mesh->dp_group, f->stats, f->n_stats);
+		comm_all_reduce_f64(&f->mesh->loss_group, f->stats, f->n_stats);
 		model_after_step(f->model, f->stats);
 	}
 	return CT_OK;
@@ -716,7 +716,7 @@ static int fsdp_begin(void *ctx, const struct engine_step_in *in, const struct s
 	ensure_schedule(f, (int)in->accum);
 	int64_t valid = model_count_valid(in->targets, in->accum * m->N);
 	comm_label("valid-token count");
-	comm_all_reduce_i64(&f->mesh->dp_group, &valid, 1);
+	comm_all_reduce_i64(&f->mesh->loss_group, &valid, 1);
 	double dscale = valid > 0 ? 1.0 / (double)valid : 0.0;
 	model_set_loss_dscale(m, dscale);
 	memset(f->shard_g, 0, (size_t)f->shard_numel * sizeof(float));
@@ -771,7 +771,7 @@ double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targ
 void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows, int64_t *at)
 {
 	const struct fsdp_param *p = &f->p[i];
-	*row0 = f->mesh->dp_shard_rank * p->chunk_rows;
+	*row0 = f->mesh->shard_rank * p->chunk_rows;
 	*nrows = p->my_rows;
 	*at = f->u[f->model->table->p[i].unit].shard_base + p->shard_off;
 }
@@ -781,7 +781,7 @@ void fsdp_gather_full(struct fsdp *f, float *out)
 	/* Always fp32, whatever the training all-gather dtype: this is the master copy. One unit
 	 * at a time, bypassing the step's buckets. */
 	const struct param_table *t = f->model->table;
-	int64_t N = f->mesh->dp_shard, max_shard = 0;
+	int64_t N = f->mesh->shard, max_shard = 0;
 	for (int u = 0; u < f->n_units; u++)
 		max_shard = f->u[u].shard_numel > max_shard ? f->u[u].shard_numel : max_shard;
 	float *recv = malloc((size_t)(N * max_shard) * sizeof(float));
@@ -789,7 +789,7 @@ void fsdp_gather_full(struct fsdp *f, float *out)
 	for (int u = 0; u < f->n_units; u++) {
 		const struct fsdp_unit *un = &f->u[u];
 		comm_label("full-parameter gather of unit %d", u);
-		comm_all_gather(&f->mesh->dp_shard_group, f->shard_w + un->shard_base, recv,
+		comm_all_gather(&f->mesh->shard_group, f->shard_w + un->shard_base, recv,
 		                un->shard_numel * (int64_t)sizeof(float));
 		float *full = out + t->unit_begin[u];
 		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {

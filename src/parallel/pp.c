@@ -101,6 +101,8 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	pp->r = mesh->pp_rank;
 	if (mesh->tp > 1)
 		tp_coll_init(&pp->tp, &mesh->tp_group, 0.0, 0.0, 0.0);
+	if (mesh->cp > 1)
+		tp_coll_init(&pp->cp, &mesh->cp_group, 0.0, 0.0, o->timeout_s);
 	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
 		          "supported (the family has no pipeline stages)",
@@ -128,6 +130,14 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		          pp_style_name(pp->sched.style));
 		return CT_ERR_USAGE;
 	}
+	if (pp->split && mesh->cp > 1) {
+		LOG_ERROR("parallelism.pipeline_parallel_schedule = %s (split backward, I/W) with "
+		          "context_parallel_degree = %d: not yet supported (the context-parallel "
+		          "attention has no separate weight-gradient pass); use GPipe, 1F1B or "
+		          "Interleaved1F1B",
+		          pp_style_name(pp->sched.style), mesh->cp);
+		return CT_ERR_USAGE;
+	}
 	pp->v = pp->sched.v;
 	pp->S = pp->sched.n_stages;
 	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));
@@ -149,7 +159,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	if (rc)
 		return rc;
 	const struct param_table *t = &pp->table;
-	int64_t D = mesh->dp_shard, dr = mesh->dp_shard_rank;
+	int64_t D = mesh->shard, dr = mesh->shard_rank;
 	pp->vstages = xcalloc((size_t)pp->v, sizeof(*pp->vstages));
 	pp->t = xcalloc((size_t)t->count, sizeof(*pp->t));
 	for (int i = 0; i < t->count; i++)
@@ -238,7 +248,7 @@ void pp_free(struct pp *pp)
 void pp_init_params(struct pp *pp, uint64_t seed)
 {
 	const struct param_table *t = &pp->table;
-	int64_t dr = pp->mesh->dp_shard_rank;
+	int64_t dr = pp->mesh->shard_rank;
 	for (int i = 0; i < t->count; i++) {
 		const struct pp_tensor *pt = &pp->t[i];
 		if (pt->vstage < 0)
@@ -259,7 +269,7 @@ bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, in
 	*at = 0;
 	if (pt->vstage < 0)
 		return false;
-	*row0 = pp->mesh->dp_shard_rank * pt->chunk_rows;
+	*row0 = pp->mesh->shard_rank * pt->chunk_rows;
 	*nrows = pt->my_rows;
 	*at = pt->shard_off;
 	return true;
@@ -281,9 +291,9 @@ static int64_t rows_of(const struct pp_tensor *pt, int64_t q)
 static void gather_vstage(struct pp *pp, int c, float *full)
 {
 	const struct pp_vstage *ch = &pp->vstages[c];
-	int64_t D = pp->mesh->dp_shard, S = ch->shard_numel;
+	int64_t D = pp->mesh->shard, S = ch->shard_numel;
 	float *recv = pp->comm_buf;
-	comm_all_gather(&pp->mesh->dp_shard_group, pp->shard_w + ch->shard_off, recv,
+	comm_all_gather(&pp->mesh->shard_group, pp->shard_w + ch->shard_off, recv,
 	                S * (int64_t)sizeof(float));
 	FOR_CHUNK_TENSORS(pp, c, i)
 	{
@@ -318,7 +328,7 @@ static void round_vstage_bf16(struct pp *pp, int c, float *full)
 static void reduce_vstage(struct pp *pp, int c)
 {
 	const struct pp_vstage *ch = &pp->vstages[c];
-	int64_t D = pp->mesh->dp_shard, S = ch->shard_numel;
+	int64_t D = pp->mesh->shard, S = ch->shard_numel;
 	float *send = pp->comm_buf, *scratch = pp->comm_buf + D * S;
 	for (int64_t q = 0; q < D; q++)
 		FOR_CHUNK_TENSORS(pp, c, i)
@@ -332,7 +342,7 @@ static void reduce_vstage(struct pp *pp, int c)
 			       (size_t)((pt->chunk_rows - rows) * pt->cols) * sizeof(float));
 		}
 	float *out = pp->shard_g + ch->shard_off;
-	comm_reduce_scatter_f32(&pp->mesh->dp_shard_group, send, out, S, scratch);
+	comm_reduce_scatter_f32(&pp->mesh->shard_group, send, out, S, scratch);
 	if (pp->mesh->dp_replicate > 1)
 		comm_all_reduce_f32(&pp->mesh->dp_replicate_group, out, S);
 }
@@ -377,7 +387,10 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		    .tp_async = pp->mesh->tp > 1 && pp->o.tp_async,
 		    .unit_lo = ch->u0, /* only this stage's activations */
 		    .unit_hi = ch->u1,
-		    .split_backward = pp->split};
+		    .split_backward = pp->split,
+		    .cp = pp->mesh->cp > 1 ? &pp->cp.ops : NULL,
+		    .cp_order = pp->o.cp_order,
+		    .cp_ring = pp->o.cp_ring};
 		int64_t before = mem_current(MEM_ACTIVATIONS);
 		CHECK(model_build(&s->m, &pp->cfg, pp->o.micro_rows, pp->o.T, &mo) == CT_OK,
 		      "pp: cannot build a stage model");
@@ -660,7 +673,7 @@ static int64_t be_all_gather(void *ctx, int c, int64_t *bytes)
 	gather_vstage(pp, c, pp->full_w + ch->full_off);
 	if (pp->o.bf16)
 		round_vstage_bf16(pp, c, pp->full_w + ch->full_off);
-	*bytes = pp->mesh->dp_shard > 1 ? ch->shard_numel * (int64_t)sizeof(float) : 0;
+	*bytes = pp->mesh->shard > 1 ? ch->shard_numel * (int64_t)sizeof(float) : 0;
 	return 0;
 }
 
@@ -668,7 +681,7 @@ static int64_t be_reduce_scatter(void *ctx, int c, int64_t *bytes)
 {
 	struct pp *pp = ctx;
 	reduce_vstage(pp, c);
-	*bytes = pp->mesh->dp_shard > 1 ? pp->vstages[c].full_numel * (int64_t)sizeof(float) : 0;
+	*bytes = pp->mesh->shard > 1 ? pp->vstages[c].full_numel * (int64_t)sizeof(float) : 0;
 	return 0;
 }
 
@@ -698,7 +711,7 @@ static int be_clip(void *ctx)
 	double sq = grad_norm_sumsq(pp->shard_g, pp->shard_numel, &pp->table, pp_grad_slice, pp,
 	                            &mesh->tp_group);
 	comm_all_reduce_f64(&mesh->world_group, &loss, 1);
-	comm_all_reduce_f64(&mesh->dp_shard_group, &sq, 1);
+	comm_all_reduce_f64(&mesh->shard_group, &sq, 1);
 	comm_all_reduce_f64(&mesh->pp_group, &sq, 1);
 	return grad_norm_finish(pp->in.res, loss, sq, pp->valid, pp->in.max_norm, &pp->gscale);
 }
@@ -728,7 +741,7 @@ static int pp_begin(void *ctx, const struct engine_step_in *in, const struct sch
 	int64_t N = pp->o.micro_rows * pp->o.T;
 	pp->in = *in;
 	pp->valid = model_count_valid(in->targets, pp->o.n_micro * N);
-	comm_all_reduce_i64(&pp->mesh->dp_group, &pp->valid, 1);
+	comm_all_reduce_i64(&pp->mesh->loss_group, &pp->valid, 1);
 	pp->dscale = pp->valid > 0 ? 1.0 / (double)pp->valid : 0.0;
 	pp->tokens = in->tokens;
 	pp->targets = in->targets;

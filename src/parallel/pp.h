@@ -79,6 +79,10 @@ struct pp_opts {
 	bool bf16, fp8_from_masters;
 	double timeout_s;
 	double sim_gbps, sim_latency_us; /* simulated link for the transfers (0: off) */
+	/* context parallelism (mesh->cp > 1): T is this rank's T / cp tokens of each sequence,
+	 * cp_order the token order (parallel/cp.h), cp_ring the ring variant */
+	const int64_t *cp_order;
+	bool cp_ring;
 };
 
 /* Split L blocks into S stages as above: u0[s] is the first unit of stage s (S + 1 entries,
@@ -128,6 +132,7 @@ struct pp {
 	const struct mesh *mesh;
 	struct model_config cfg;
 	struct tp_coll tp;        /* the slots' TP collectives (mesh->tp > 1) */
+	struct tp_coll cp;        /* and CP's (mesh->cp > 1) */
 	struct param_table table; /* the whole model's table */
 	struct pp_opts o;
 	struct pp_sched sched; /* every rank's action lists */

@@ -9,6 +9,9 @@
  * least hops x latency + wire / bandwidth, and a ring step's data arrive no earlier than
  * latency + bytes / bandwidth after it was posted. All of it runs on the compute path, so
  * the time it takes is exposed communication (tp_coll_seconds).
+ *
+ * Context parallelism uses the same implementation over the mesh's cp group (the trainer's
+ * second tp_coll): its K/V all-gathers and dK/dV reduce-scatters, and ring attention's steps.
  */
 #ifndef CT_PARALLEL_TP_COLL_H
 #define CT_PARALLEL_TP_COLL_H

@@ -5,6 +5,7 @@
 
 #include "base/log.h"
 #include "comm/comm.h"
+#include "parallel/cp.h"
 #include "train/model_spec.h"
 
 int tp_check_config(const struct ct_config *cfg)
@@ -24,13 +25,22 @@ int tp_check_config(const struct ct_config *cfg)
 	int64_t rep = c0->parallelism.data_parallel_replicate_degree;
 	int64_t shard = c0->parallelism.data_parallel_shard_degree;
 	int64_t pp = c0->parallelism.pipeline_parallel_degree, world = comm_world_size();
-	int64_t fixed = pp * rep * tp;
+	int64_t cp = c0->parallelism.context_parallel_degree;
+	int64_t fixed = pp * rep * tp * cp;
 	if ((shard == -1 && world % fixed) || (shard != -1 && fixed * shard != world)) {
-		LOG_ERROR("parallelism: pipeline_parallel_degree %lld x data_parallel_replicate_degree "
-		          "%lld x data_parallel_shard_degree %lld x tensor_parallel_degree %lld "
-		          "does not match the world of %lld ranks",
-		          (long long)pp, (long long)rep, (long long)shard, (long long)tp,
-		          (long long)world);
+		if (cp > 1)
+			LOG_ERROR("parallelism: pipeline_parallel_degree %lld x "
+			          "data_parallel_replicate_degree %lld x data_parallel_shard_degree %lld "
+			          "x context_parallel_degree %lld x tensor_parallel_degree %lld does not "
+			          "match the world of %lld ranks",
+			          (long long)pp, (long long)rep, (long long)shard, (long long)cp,
+			          (long long)tp, (long long)world);
+		else
+			LOG_ERROR("parallelism: pipeline_parallel_degree %lld x "
+			          "data_parallel_replicate_degree %lld x data_parallel_shard_degree %lld "
+			          "x tensor_parallel_degree %lld does not match the world of %lld ranks",
+			          (long long)pp, (long long)rep, (long long)shard, (long long)tp,
+			          (long long)world);
 		return CT_ERR_USAGE;
 	}
 	struct model_config mc;
@@ -39,4 +49,51 @@ int tp_check_config(const struct ct_config *cfg)
 		return rc;
 	const struct model_family *f = model_family_of(mc.kind);
 	return f->tp_check ? f->tp_check(&mc, tp) : CT_OK;
+}
+
+int cp_check_config(const struct ct_config *cfg)
+{
+	const int64_t cp = cfg->parallelism.context_parallel_degree;
+	if (cp <= 1)
+		return CT_OK;
+	const struct model_family *fam = model_family_named(cfg->model.name);
+	if (fam && !fam->cp) {
+		LOG_ERROR("parallelism.context_parallel_degree = %lld: not supported for model.name "
+		          "= \"%s\" (its long convolution mixes every position of the sequence "
+		          "with every earlier one through an FFT over the whole sequence, so a "
+		          "sequence shard cannot be computed from its own tokens and a key/value "
+		          "exchange; see README)",
+		          (long long)cp, cfg->model.name);
+		return CT_ERR_USAGE;
+	}
+	if (strcmp(cfg->comm.buckets, "auto") == 0 || cfg->comm.memory_budget_gb > 0 ||
+	    cfg->profiling.enable_profiling) {
+		LOG_ERROR("parallelism.context_parallel_degree = %lld with %s: not yet supported (the "
+		          "cost model does not model context parallelism's transfers)",
+		          (long long)cp,
+		          strcmp(cfg->comm.buckets, "auto") == 0 ? "comm.buckets = \"auto\""
+		          : cfg->comm.memory_budget_gb > 0       ? "comm.memory_budget_gb"
+		                                                 : "profiling.enable_profiling");
+		return CT_ERR_USAGE;
+	}
+	enum cp_balancer b;
+	int rc = cp_balancer_parse(cfg->parallelism.context_parallel_load_balancer, &b);
+	if (rc)
+		return rc;
+	const int64_t T = cfg->training.seq_len, div = cp_seq_divisor((int)cp, b);
+	if (T % div) {
+		LOG_ERROR("training.seq_len = %lld is not divisible by %s%lld (parallelism."
+		          "context_parallel_degree = %lld, context_parallel_load_balancer = %s)",
+		          (long long)T, b == CP_BALANCE_HEADTAIL ? "2 x cp = " : "cp = ",
+		          (long long)div, (long long)cp, cfg->parallelism.context_parallel_load_balancer);
+		return CT_ERR_USAGE;
+	}
+	const int64_t world = comm_world_size();
+	if (world % cp) {
+		LOG_ERROR("parallelism.context_parallel_degree = %lld does not divide the world of "
+		          "%lld ranks",
+		          (long long)cp, (long long)world);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
 }

@@ -8,5 +8,9 @@
 /* CT_OK when parallelism.tensor_parallel_degree is 1, or when it is > 1 and the model and
  * the other settings support it; CT_ERR_USAGE otherwise. */
 int tp_check_config(const struct ct_config *cfg);
+/* The same for context parallelism (parallelism.context_parallel_degree): the family must
+ * support it, tensor and pipeline parallelism and the cost model's options are not yet
+ * combined with it, and training.seq_len must split into the balancer's chunks. */
+int cp_check_config(const struct ct_config *cfg);
 
 #endif

@@ -25,6 +25,7 @@
 #include "kernels/mm_engine.h"
 #include "model/model.h"
 #include "model/model_hf.h"
+#include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/pp.h"
 #include "parallel/tp_coll.h"
@@ -46,6 +47,12 @@ struct trainer {
 	struct comm_stream *stream;
 	struct model model;
 	struct tp_coll tp; /* tensor parallelism's collectives (mesh.tp > 1) */
+	/* context parallelism (mesh.cp > 1): its collectives over the cp group, the token order
+	 * (seq_len, rank-major, parallel/cp.h), and whole sequences before this rank's tokens
+	 * are taken from them (accum x B x seq_len) */
+	struct tp_coll cp;
+	int64_t *cp_order;
+	int32_t *cp_tokens, *cp_targets;
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */
 	bool sharded;
 	struct pp pp; /* pipeline parallelism (parallelism.pipeline_parallel_degree > 1) */
@@ -107,7 +114,9 @@ static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, e
 	    .first_less = cfg->parallelism.pipeline_parallel_first_stage_less_layers,
 	    .last_less = cfg->parallelism.pipeline_parallel_last_stage_less_layers,
 	    .micro_rows = cfg->parallelism.pipeline_parallel_microbatch_size,
-	    .T = cfg->training.seq_len,
+	    .T = cfg->training.seq_len / tr->mesh.cp,
+	    .cp_order = tr->cp_order,
+	    .cp_ring = strcmp(cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0,
 	    .ac = ac,
 	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
 	    .bf16 = compute_bf16(cfg),
@@ -171,8 +180,24 @@ static int trainer_build_model(struct trainer *tr)
 	if (tr->mesh.tp > 1)
 		tp_coll_init(&tr->tp, &tr->mesh.tp_group, cfg->comm.simulate_bandwidth_gbps,
 		             cfg->comm.simulate_latency_us, cfg->comm.timeout_seconds);
-	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, cfg->training.seq_len,
-	                 &opts);
+	/* context parallelism: the model holds this rank's seq_len / cp tokens of each sequence */
+	struct model_build_opts o = opts;
+	int64_t T = cfg->training.seq_len;
+	if (tr->mesh.cp > 1) {
+		enum cp_balancer bal;
+		rc = cp_balancer_parse(cfg->parallelism.context_parallel_load_balancer, &bal);
+		if (rc)
+			return rc;
+		tr->cp_order = xcalloc((size_t)T, sizeof(int64_t));
+		cp_token_order(tr->cp_order, T, tr->mesh.cp, bal);
+		tp_coll_init(&tr->cp, &tr->mesh.cp_group, cfg->comm.simulate_bandwidth_gbps,
+		             cfg->comm.simulate_latency_us, cfg->comm.timeout_seconds);
+		o.cp = &tr->cp.ops;
+		o.cp_order = tr->cp_order;
+		o.cp_ring = strcmp(cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0;
+		T /= tr->mesh.cp;
+	}
+	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, T, &o);
 	if (rc)
 		return rc;
 	struct model *m = &tr->model;
@@ -262,7 +287,7 @@ static int trainer_open_data(struct trainer *tr)
 	    .folder = folder,
 	    .split = "train",
 	    .vocab = m->vocab_size,
-	    .seq_len = m->T,
+	    .seq_len = cfg->training.seq_len,
 	    .batch = m->B,
 	    .micro_batches = tr->accum,
 	    .rank = tr->mesh.dp_group.rank,
@@ -294,8 +319,12 @@ static int trainer_setup(struct trainer *tr)
 	comm_flight_skip_collective((int)cfg->debug.skip_collective_rank,
 	                            cfg->debug.skip_collective_group, cfg->debug.skip_collective_seq);
 	comm_flight_catch(SIGUSR1);
-	rc = mesh_build(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
-	                cfg->parallelism.data_parallel_shard_degree, tp);
+	rc = cp_check_config(cfg);
+	if (rc)
+		return rc;
+	rc = mesh_build_cp(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
+	                   cfg->parallelism.data_parallel_shard_degree,
+	                   cfg->parallelism.context_parallel_degree, tp);
 	if (!rc)
 		rc = compute_setup(cfg, tr->mesh.rank == 0);
 	if (rc)
@@ -327,6 +356,8 @@ static int trainer_setup(struct trainer *tr)
 	/* async TP's ring steps on the comm stream when it has a thread to move them */
 	if (mode == STREAM_THREAD && tr->mesh.tp > 1)
 		tp_coll_use_stream(&tr->tp, tr->stream);
+	if (mode == STREAM_THREAD && tr->mesh.cp > 1) /* ring attention's steps too */
+		tp_coll_use_stream(&tr->cp, tr->stream);
 	rc = lr_schedule_init(&tr->lr, cfg->optimizer.lr, cfg->lr_scheduler.warmup_steps,
 	                      cfg->lr_scheduler.decay_ratio, cfg->lr_scheduler.decay_type,
 	                      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
@@ -338,6 +369,11 @@ static int trainer_setup(struct trainer *tr)
 	size_t bytes = (size_t)(tr->accum * tr->model.N) * sizeof(int32_t);
 	tr->batch_tokens = mem_alloc(MEM_OTHER, bytes);
 	tr->batch_targets = mem_alloc(MEM_OTHER, bytes);
+	if (tr->mesh.cp > 1) {
+		bytes *= (size_t)tr->mesh.cp;
+		tr->cp_tokens = mem_alloc(MEM_OTHER, bytes);
+		tr->cp_targets = mem_alloc(MEM_OTHER, bytes);
+	}
 
 	/* One MFU denominator for all ranks: the mean of each rank's theoretical peak. */
 	char peak_why[256];
@@ -362,6 +398,12 @@ static int trainer_setup(struct trainer *tr)
 		         : tr->mesh.world > 1 ? "FSDP"
 		                              : "single rank: FSDP's one-shard case, in place",
 		         cfg->comm.progress);
+	if (tr->mesh.cp > 1)
+		LOG_INFO("context parallelism: %d ranks per sequence, %lld of its %lld tokens on "
+		         "each (%s load balancing), K/V by %s; FSDP shards over dp_shard x cp = %d",
+		         tr->mesh.cp, (long long)tr->model.T, (long long)cfg->training.seq_len,
+		         cfg->parallelism.context_parallel_load_balancer,
+		         cfg->parallelism.context_parallel_rotate_method, tr->mesh.shard);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
 	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
@@ -378,8 +420,9 @@ static int trainer_setup(struct trainer *tr)
 		free(ct);
 		ckpt_async_reserve(tr->ckpt_async, floats);
 	}
-	/* a TP group trains on one data-parallel rank's samples: its TP rank 0 logs them */
-	if (cfg->debug.sample_log[0] && tr->mesh.tp_group.rank == 0) {
+	/* a TP group (and a CP group) trains on one data-parallel rank's samples: its rank 0
+	 * logs them */
+	if (cfg->debug.sample_log[0] && tr->mesh.tp_group.rank == 0 && tr->mesh.cp_rank == 0) {
 		char path[CONFIG_STR_MAX + 32];
 		snprintf(path, sizeof(path), "%s.rank-%d", cfg->debug.sample_log, tr->mesh.rank);
 		tr->sample_log = fopen(path, "a");
@@ -399,6 +442,11 @@ static void trainer_teardown(struct trainer *tr)
 		mem_free(MEM_OTHER, tr->batch_tokens, bytes);
 		mem_free(MEM_OTHER, tr->batch_targets, bytes);
 	}
+	if (tr->cp_tokens) {
+		mem_free(MEM_OTHER, tr->cp_tokens, bytes * (size_t)tr->mesh.cp);
+		mem_free(MEM_OTHER, tr->cp_targets, bytes * (size_t)tr->mesh.cp);
+	}
+	free(tr->cp_order);
 	metrics_close(&tr->metrics);
 	ckpt_async_free(tr->ckpt_async);
 	if (tr->sample_log)
@@ -418,6 +466,19 @@ static void trainer_teardown(struct trainer *tr)
 	comm_stream_destroy(tr->stream);
 	comm_watchdog_stop();
 	mesh_free(&tr->mesh);
+}
+
+/* Context parallelism: this rank's tokens and labels of the whole sequences in cp_tokens /
+ * cp_targets, into batch_tokens / batch_targets (nothing to do without). */
+static void trainer_cp_take(struct trainer *tr)
+{
+	if (!tr->cp_tokens)
+		return;
+	const struct model *m = &tr->model;
+	const int64_t T = tr->cfg->training.seq_len, rows = tr->accum * m->B;
+	const int64_t *mine = tr->cp_order + (int64_t)tr->mesh.cp_rank * m->T;
+	cp_take_tokens(tr->batch_tokens, tr->cp_tokens, mine, rows, T, m->T);
+	cp_take_tokens(tr->batch_targets, tr->cp_targets, mine, rows, T, m->T);
 }
 
 /* Rows of the global batch: micro-batch a of data-parallel rank d takes rows
@@ -441,14 +502,18 @@ static void trainer_batch(struct trainer *tr, int64_t step)
 				    tr->train_ld ? loader_sample_at(tr->train_ld, pos) : pos;
 			}
 	}
-	if (tr->train_ld) {
-		loader_next(tr->train_ld, tr->batch_tokens, tr->batch_targets);
-		return;
-	}
-	for (int64_t a = 0; a < tr->accum; a++)
-		synthetic_batch((uint64_t)tr->cfg->debug.seed, m->vocab_size,
-		                step * G + (a * tr->dp + d) * m->B, m->B, m->T,
-		                tr->batch_tokens + a * m->N, tr->batch_targets + a * m->N);
+	/* under context parallelism whole sequences first, then this rank's tokens of them */
+	const int64_t T = tr->cfg->training.seq_len;
+	int32_t *tok = tr->cp_tokens ? tr->cp_tokens : tr->batch_tokens;
+	int32_t *tgt = tr->cp_tokens ? tr->cp_targets : tr->batch_targets;
+	if (tr->train_ld)
+		loader_next(tr->train_ld, tok, tgt);
+	else
+		for (int64_t a = 0; a < tr->accum; a++)
+			synthetic_batch((uint64_t)tr->cfg->debug.seed, m->vocab_size,
+			                step * G + (a * tr->dp + d) * m->B, m->B, T,
+			                tok + a * m->B * T, tgt + a * m->B * T);
+	trainer_cp_take(tr);
 }
 
 /* <dump_folder>/<save_traces_folder>/iteration_<step>/rank<r>_trace.json (TorchTitan's
@@ -481,10 +546,14 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
 }
 
-/* Time in tensor-parallel collectives so far (blocking, on the compute path). */
+/* Time in tensor- and context-parallel collectives so far (on the compute path; ring
+ * attention's waits for its steps). */
 static double trainer_tp_comm(const struct trainer *tr)
 {
-	return tr->mesh.tp > 1 ? tp_coll_seconds(&tr->tp) : 0.0;
+	double s = tr->mesh.tp > 1 ? tp_coll_seconds(&tr->tp) : 0.0;
+	if (tr->mesh.cp > 1)
+		s += tp_coll_seconds(tr->piped ? &tr->pp.cp : &tr->cp);
+	return s;
 }
 
 static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *sm)
@@ -536,7 +605,7 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	/* per rank, as TorchTitan counts it: a pipeline's ranks share their micro-batches, a TP
 	 * group its tokens */
 	sm->tokens = tr->accum * m->N / ((tr->piped ? tr->mesh.pp : 1) * tr->mesh.tp);
-	sm->tokens_seen += tr->accum * m->N * tr->dp;
+	sm->tokens_seen += tr->accum * m->N * tr->dp * tr->mesh.cp; /* m->N: a cp shard's */
 	sm->step_s = timer_now() - t0;
 	for (int64_t i = 0; tr->sample_log && i < tr->accum * m->B; i++)
 		fprintf(tr->sample_log, "%lld %lld\n", (long long)step + 1,
@@ -556,7 +625,9 @@ static int trainer_validate(struct trainer *tr, double *loss)
 	loader_rewind(tr->val_ld);
 	double sums[2] = {0, 0};
 	for (int64_t s = 0; s < steps; s++) {
-		loader_next(tr->val_ld, tr->batch_tokens, tr->batch_targets);
+		loader_next(tr->val_ld, tr->cp_tokens ? tr->cp_tokens : tr->batch_tokens,
+		            tr->cp_tokens ? tr->cp_targets : tr->batch_targets);
+		trainer_cp_take(tr);
 		for (int64_t a = 0; a < tr->accum; a++) {
 			const int32_t *tok = tr->batch_tokens + a * m->N;
 			const int32_t *tgt = tr->batch_targets + a * m->N;
@@ -567,7 +638,7 @@ static int trainer_validate(struct trainer *tr, double *loss)
 			sums[1] += (double)valid;
 		}
 	}
-	comm_all_reduce_f64(&tr->mesh.dp_group, sums, 2);
+	comm_all_reduce_f64(&tr->mesh.loss_group, sums, 2);
 	*loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 	if (!isfinite(*loss)) {
 		LOG_ERROR("validation loss is not finite");

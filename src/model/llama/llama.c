@@ -561,6 +561,11 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	llama_rope_tables(&m->cfg, T, m->rope_cos, m->rope_sin);
 	if (m->tp)
 		llama_tp_build(m, opts);
+	if (opts->cp && opts->cp->size > 1) {
+		rc = llama_cp_build(m, opts);
+		if (rc)
+			return rc;
+	}
 	if (opts->split_backward) {
 		/* under TP the kept buffers are the gathered ones (llama_wkeep); async TP's
 		 * ring-decomposed backward computes each weight gradient block by block inside
@@ -592,6 +597,7 @@ void llama_free(struct llama_model *m)
 	mem_free(MEM_ACTIVATIONS, m->dres, (size_t)m->scratch_bytes);
 	if (m->tp)
 		llama_tp_free(m);
+	llama_cp_free(m);
 	if (m->wkeep)
 		mem_free(MEM_ACTIVATIONS, m->wkeep, (size_t)m->wkeep_bytes);
 	free(m->unit_w);

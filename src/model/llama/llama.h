@@ -22,6 +22,7 @@
 
 struct model_group;
 struct llama_tp_bufs;
+struct llama_cp_bufs;
 
 #define LLAMA_IGNORE_INDEX (-100)
 
@@ -145,6 +146,14 @@ struct llama_build_opts {
 	 * (model_group.ring_post / ring_wait), a block's matmul overlapping the next block's
 	 * transfer */
 	bool tp_async;
+	/* Context parallelism over this group's collectives (NULL or size 1: none; llama_cp.c):
+	 * the model is built for its T = seq_len / cp tokens of each sequence, cp_order (seq_len
+	 * positions, rank-major: rank r holds cp_order[r*T .. (r+1)*T)) says which; RoPE uses
+	 * those positions and attention reaches every rank's keys (cp_ring: K/V round the ring
+	 * instead of one all-gather). Not with tensor parallelism or a split backward. */
+	const struct model_group *cp;
+	const int64_t *cp_order;
+	bool cp_ring;
 };
 
 struct llama_model {
@@ -196,6 +205,9 @@ struct llama_model {
 	double pass_loss, pass_dscale;
 	int64_t pass_valid;
 	bool loss_rs_pending;
+	/* context parallelism: NULL without; its order, RoPE rows and K/V buffers (llama_cp.c) */
+	const struct model_group *cp;
+	struct llama_cp_bufs *cpb;
 };
 
 /* Build a model for micro-batches of (B, T): plans and allocates activations; with own_params

@@ -80,7 +80,10 @@ static void f_rope_attention(struct llama_model *m, const struct blk *c)
 	struct llama_block_acts *a = c->a;
 	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
 	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
-	attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
+	if (m->cp)
+		llama_cp_attention_forward(m, a);
+	else
+		attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
 }
 
 static void f_attn(struct llama_model *m, int l)
@@ -241,8 +244,11 @@ static void b_attn_core_norm1(struct llama_model *m, const struct blk *c)
 	memset(m->dq, 0, (size_t)(d.N * d.HD) * sizeof(float));
 	memset(m->dk, 0, (size_t)(d.N * d.KVD) * sizeof(float));
 	memset(m->dv, 0, (size_t)(d.N * d.KVD) * sizeof(float));
-	attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, d.B,
-	                       d.T, d.H, d.KV, d.D);
+	if (m->cp)
+		llama_cp_attention_backward(m, a);
+	else
+		attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k,
+		                       a->v, d.B, d.T, d.H, d.KV, d.D);
 	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
 	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
 	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, c->w.attn_norm, d.Ns, d.C, m->cfg.norm_eps);

@@ -159,7 +159,10 @@ static int llama_family_build(struct model *m, const struct model_config *c, int
 	                                    .unit_lo = opts->unit_lo,
 	                                    .unit_hi = opts->unit_hi,
 	                                    .split_backward = opts->split_backward,
-	                                    .tp_async = opts->tp_async};
+	                                    .tp_async = opts->tp_async,
+	                                    .cp = opts->cp,
+	                                    .cp_order = opts->cp_order,
+	                                    .cp_ring = opts->cp_ring};
 	int rc = llama_build_ex(lm, llama_cfg(c), B, T, &lo);
 	if (rc) {
 		free(lm);
@@ -274,6 +277,7 @@ const struct model_family llama_family = {
     .float8 = true,
     .export_hf = true,
     .cost_model = true,
+    .cp = true,
     .vocab = llama_family_vocab,
     .n_layers = llama_family_layers,
     .dim = llama_family_dim,

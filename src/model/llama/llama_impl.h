@@ -116,6 +116,18 @@ struct llama_wkeep llama_wkeep_at(const struct llama_model *m, int u);
 void llama_block_backward_weight(struct llama_model *m, int l, const struct llama_wkeep *k);
 void llama_embed_backward_weight(struct llama_model *m, const struct llama_wkeep *k);
 
+/* ---------------------------------------------------------------- context parallelism */
+
+/* llama_cp.c: set up m->cp (after the rope tables: rewrites their rows to the tokens' global
+ * positions) or refuse what it cannot compose with; free; the bytes of its buffers. */
+int llama_cp_build(struct llama_model *m, const struct llama_build_opts *opts);
+void llama_cp_free(struct llama_model *m);
+int64_t llama_cp_bytes(const struct llama_model *m);
+/* a->att, a->lse from a->q, a->k, a->v (after RoPE) against every rank's keys */
+void llama_cp_attention_forward(struct llama_model *m, struct llama_block_acts *a);
+/* m->dq, m->dk, m->dv (zeroed by the caller) from m->datt: this shard's gradients */
+void llama_cp_attention_backward(struct llama_model *m, const struct llama_block_acts *a);
+
 /* ---------------------------------------------------------------- tensor parallelism */
 
 struct llama_tp_bufs {
