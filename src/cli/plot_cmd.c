@@ -217,10 +217,10 @@ int cmd_plot(int argc, char **argv)
 		fprintf(gp,
 		        "set output '%s/balance.png'\nset title 'expert load balance (worst "
 		        "layer)'\nset ylabel 'max / mean tokens per expert'\n"
-		        "plot '%s' using 1:11 with lines lw 2 title '%s'",
+		        "plot '%s' using 1:11 with lines lw 2 title '%s' noenhanced",
 		        out, dat, run_label(run, la, sizeof(la)));
 		if (load_rows2)
-			fprintf(gp, ", '%s' using 1:11 with lines lw 2 title '%s'", dat2,
+			fprintf(gp, ", '%s' using 1:11 with lines lw 2 title '%s' noenhanced", dat2,
 			        run_label(other, lb, sizeof(lb)));
 		fprintf(gp, "\n");
 	}
