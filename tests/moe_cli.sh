@@ -55,7 +55,7 @@ for bad in --parallelism.tensor_parallel_degree=2 --parallelism.pipeline_paralle
   "$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" "$bad" --job.dump_folder="$tmp/f" \
     > "$tmp/f.log" 2>&1
   rc=$?
-  [ $rc -eq 2 ] && grep -q "not yet supported" "$tmp/f.log"
+  [ $rc -eq 2 ] && grep -q "not supported\|not yet supported" "$tmp/f.log"
   check "$bad refused (exit $rc)" $?
 done
 "$CTITAN" plan "$CFG" --model.flavor=deepseek_v3-16B --world-size 8 --metrics.peak_tflops=989 \

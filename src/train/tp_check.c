@@ -16,9 +16,9 @@ int tp_check_config(const struct ct_config *cfg)
 	const struct model_family *fam = model_family_named(cfg->model.name);
 	if (fam && !fam->tp) {
 		LOG_ERROR("parallelism.tensor_parallel_degree = %lld: not supported for "
-		          "model.name = \"%s\" (the family has no tensor-parallel form: its "
-		          "channels are not split)",
-		          (long long)tp, cfg->model.name);
+		          "model.name = \"%s\" (%s)",
+		          (long long)tp, cfg->model.name,
+		          fam->no_tp_why ? fam->no_tp_why : "the family has no tensor-parallel form");
 		return CT_ERR_USAGE;
 	}
 	const struct ct_config *c0 = cfg;

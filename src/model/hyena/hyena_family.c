@@ -256,6 +256,8 @@ static int hyena_check_config(const struct ct_config *cfg)
 
 const struct model_family hyena_family = {
     .name = "hyena",
+    .no_tp_why = "its long convolutions and implicit filters have no column/row-parallel "
+                 "form; llama3 only",
     .flavor_name = hyena_flavor_name,
     .keys = hyena_keys,
     .n_keys = sizeof(hyena_keys) / sizeof(hyena_keys[0]),

@@ -320,6 +320,8 @@ static int moe_check_config(const struct ct_config *cfg)
 
 const struct model_family moe_family = {
     .name = "deepseek_v3",
+    .no_tp_why = "not yet supported: the experts and attention heads are not split over "
+                 "TP ranks yet",
     .flavor_name = moe_flavor_name,
     .keys = moe_keys,
     .n_keys = sizeof(moe_keys) / sizeof(moe_keys[0]),
