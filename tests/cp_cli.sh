@@ -84,6 +84,15 @@ resume_cp "cp=2 checkpoint on 1 rank" "$tmp/s" 1
 resume_cp "1-rank checkpoint as cp=2 x dp_shard=2" "$tmp/f" 4 \
   --parallelism.context_parallel_degree=2 --training.local_batch_size=1
 
+# the cp group in the flight recorder: a rank that replaces the cp group's third collective
+# (a K/V all-gather) by a barrier is named by trace-comm
+timeout 60 "$L" 2 "$CTITAN" "${common[@]}" --parallelism.context_parallel_degree=2 \
+  --comm.timeout_seconds=5 --job.dump_folder="$tmp/skip" --debug.skip_collective_rank=1 \
+  --debug.skip_collective_group=cp --debug.skip_collective_seq=3 > "$tmp/skip.log" 2>&1
+"$CTITAN" trace-comm "$tmp/skip" 2>&1 |
+  grep -q "^diagnosis: group cp seq 3: op mismatch: rank 0: all-gather .* vs rank 1: barrier"
+check "a desynchronised cp rank: trace-comm names group cp and the K/V all-gather" $?
+
 bad() { # name, ranks, expected message, args...
   local name=$1 n=$2 msg=$3
   shift 3

@@ -7,6 +7,8 @@
  *     the union (in any merge order), and rows that see no key are neutral;
  *   - the backward, summed over the key blocks with the merged out and lse, matches central
  *     finite differences of L = sum(out * g) in double (dq, dk, dv);
+ *   - over several tiles: every rank's backward of its head-tail shard, summed over the
+ *     ranks, is the tiled causal kernel's backward (whose FD test is test_attention's);
  *   - f32 against f64;
  *   - parallel/cp.c's token orders: the head-tail order is TorchTitan's and gives every rank
  *     the same causal work (query-key pairs), the contiguous one does not.
@@ -141,7 +143,7 @@ static void sharded_forward(struct sharded *s, int nblk, int blk0)
 
 TEST_CASE(headtail_shard_matches_full_causal)
 {
-	const int64_t B = 2, T = 48, H = 4, KV = 2, D = 8;
+	const int64_t B = 2, T = 200, H = 4, KV = 2, D = 8; /* several tiles, chunks across them */
 	double *of = dalloc(B * T * H * D), *lf = dalloc(B * H * T);
 	for (int cp = 2; cp <= 4; cp += 2)
 		for (int rank = 0; rank < cp; rank++)
@@ -251,6 +253,49 @@ TEST_CASE(backward_matches_finite_differences)
 	}
 }
 
+TEST_CASE(sharded_backward_matches_tiled_kernel)
+{
+	const int64_t B = 2, T = 200, H = 4, KV = 2, D = 8;
+	const int64_t nq = B * T * H * D, nk = B * T * KV * D;
+	for (int cp = 2; cp <= 4; cp += 2) {
+		struct sharded s0 = sharded_make(B, T, H, KV, D, cp, 0);
+		/* the full problem: forward and backward with dout g (full layout) */
+		double *of = dalloc(nq), *lf = dalloc(B * H * T), *gf = dalloc(nq);
+		double *dqf = dalloc(nq), *dkf = dalloc(nk), *dvf = dalloc(nk);
+		test_fill(gf, nq, -1, 1);
+		attention_forward_f64(of, lf, s0.q, s0.k, s0.v, B, T, H, KV, D);
+		attention_backward_f64(dqf, dkf, dvf, gf, of, lf, s0.q, s0.k, s0.v, B, T, H, KV, D);
+		/* every rank's shard against all keys (held in head-tail order) */
+		double *dk = dalloc(nk), *dv = dalloc(nk), eq = 0;
+		for (int r = 0; r < cp; r++) {
+			const int64_t Tq = T / cp, *qpos = s0.order + r * Tq;
+			double *qs = dalloc(B * Tq * H * D), *gs = dalloc(B * Tq * H * D);
+			double *os = dalloc(B * Tq * H * D), *ls = dalloc(B * H * Tq);
+			double *dq = dalloc(B * Tq * H * D), *dqr = dalloc(B * Tq * H * D);
+			take_rows(qs, s0.q, qpos, Tq, B, T, H * D);
+			take_rows(gs, gf, qpos, Tq, B, T, H * D);
+			take_rows(dqr, dqf, qpos, Tq, B, T, H * D);
+			attention_pos_forward_f64(os, ls, qs, qpos, s0.ks, s0.vs, s0.order, B, Tq, T, H,
+			                          KV, D);
+			attention_pos_backward_f64(dq, dk, dv, gs, os, ls, qs, qpos, s0.ks, s0.vs,
+			                           s0.order, B, Tq, T, H, KV, D);
+			double e = rel_err_f64(dq, dqr, B * Tq * H * D);
+			eq = e > eq ? e : eq;
+			free(qs), free(gs), free(os), free(ls), free(dq), free(dqr);
+		}
+		double *dkr = dalloc(nk), *dvr = dalloc(nk);
+		take_rows(dkr, dkf, s0.order, T, B, T, KV * D);
+		take_rows(dvr, dvf, s0.order, T, B, T, KV * D);
+		double ek = rel_err_f64(dk, dkr, nk), ev = rel_err_f64(dv, dvr, nk);
+		EXPECT(eq < 1e-12 && ek < 1e-12 && ev < 1e-12,
+		       "cp=%d: dq err %.3g, dk err %.3g, dv err %.3g vs the tiled kernel", cp, eq, ek,
+		       ev);
+		free(of), free(lf), free(gf), free(dqf), free(dkf), free(dvf), free(dk), free(dv);
+		free(dkr), free(dvr);
+		sharded_free(&s0);
+	}
+}
+
 TEST_CASE(f32_matches_f64)
 {
 	const int64_t B = 2, T = 40, H = 4, KV = 2, D = 8, Tq = 20;
@@ -330,6 +375,7 @@ int main(void)
 	RUN(headtail_shard_matches_full_causal);
 	RUN(merge_order_and_empty_rows);
 	RUN(backward_matches_finite_differences);
+	RUN(sharded_backward_matches_tiled_kernel);
 	RUN(f32_matches_f64);
 	RUN(token_orders_and_balance);
 	return test_summary();

@@ -367,7 +367,9 @@ const struct cfg_key cfg_schema[] = {
      .help = "Debug only: the per-group sequence number (from 1) of the collective "
              "debug.skip_collective_rank replaces."},
     {ROW(debug, skip_collective_group), .def = "dp_shard",
-     CHOICES("world", "pp", "dp_replicate", "dp_shard", "tp", "dp"),
-     .help = "Debug only: the group of debug.skip_collective_seq."},
+     CHOICES("world", "pp", "dp_replicate", "dp_shard", "tp", "dp", "cp", "dp_shard_cp",
+             "dp_cp"),
+     .help = "Debug only: the group of debug.skip_collective_seq (with context "
+             "parallelism FSDP's is dp_shard_cp, the loss's dp_cp)."},
 };
 const size_t cfg_n_keys = ARRAY_SIZE(cfg_schema);

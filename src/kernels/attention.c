@@ -491,3 +491,212 @@ void KFN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, con
 		free(w.mem);
 	}
 }
+
+/* ---- position-aware (kernels.h: attention_pos_*; the maths in attention_pos.c) ----------
+ *
+ * The same tiles and micro-kernel with query positions qpos(Tq) and key positions kpos(Tk)
+ * instead of the diagonal: query i sees key j iff kpos[j] <= qpos[i]. A (query tile, key
+ * tile) pair is skipped when its smallest key position is after its largest query position,
+ * computed unmasked when its largest key position is at or before its smallest query
+ * position, and masked element by element otherwise. A query may see no key of a tile, or of
+ * any tile (lse -inf, out 0), so the online softmax guards a row whose maximum is still
+ * -inf. Threads as above: forward over (b, h, query tile), backward over (b, kv head). */
+
+struct pos_span {
+	int64_t lo, hi;
+};
+
+static struct pos_span pos_span_of(const int64_t *pos, int64_t n)
+{
+	struct pos_span s = {INT64_MAX, INT64_MIN};
+	for (int64_t i = 0; i < n; i++) {
+		s.lo = pos[i] < s.lo ? pos[i] : s.lo;
+		s.hi = pos[i] > s.hi ? pos[i] : s.hi;
+	}
+	return s;
+}
+
+static int64_t len_at(int64_t T, int64_t tile)
+{
+	return min64(ATTN_TILE, T - tile * ATTN_TILE);
+}
+
+/* softmax_online with rows that may have seen no key yet (max -inf: p 0, l and out stay 0) */
+static void softmax_online_pos(real *restrict st, real *restrict m, real *restrict l,
+                               real *restrict corr, int64_t nk)
+{
+	real mnew[ATTN_TILE];
+	for (int64_t i = 0; i < ATTN_TILE; i++)
+		mnew[i] = m[i];
+	for (int64_t j = 0; j < nk; j++)
+		for (int64_t i = 0; i < ATTN_TILE; i++)
+			mnew[i] = st[j * ATTN_TILE + i] > mnew[i] ? st[j * ATTN_TILE + i] : mnew[i];
+	for (int64_t i = 0; i < ATTN_TILE; i++) {
+		corr[i] = mnew[i] == -INFINITY ? 1 : KEXP(m[i] - mnew[i]);
+		l[i] *= corr[i];
+		m[i] = mnew[i];
+	}
+	for (int64_t j = 0; j < nk; j++) {
+		real *pj = st + j * ATTN_TILE;
+		for (int64_t i = 0; i < ATTN_TILE; i++) {
+			pj[i] = mnew[i] == -INFINITY ? 0 : KEXP(pj[i] - mnew[i]);
+			l[i] += pj[i];
+		}
+	}
+}
+
+static void attn_pos_forward_tile(const struct attn_dims *a, struct attn_scratch *w, real *out,
+                                  real *lse, const real *q, const int64_t *qpos, const real *k,
+                                  const real *v, const int64_t *kpos, int64_t Tq, int64_t Tk,
+                                  int64_t b, int64_t h, int64_t qtile)
+{
+	const int64_t D = a->D, q0 = qtile * ATTN_TILE, nq = len_at(Tq, qtile);
+	const int64_t qoff = ((b * Tq + q0) * a->H + h) * D;
+	const int64_t kvoff = (b * Tk * a->KV + h / a->group) * D;
+	const struct pos_span qs = pos_span_of(qpos + q0, nq);
+	real *qt = w->dt[0], *acct = w->dt[1], *st = w->tt[0];
+	real *m = w->vec[0], *l = w->vec[1], *corr = w->vec[2];
+
+	tile_load_t(qt, q + qoff, a->q_rs, nq, D, a->scale);
+	memset(acct, 0, (size_t)(D * ATTN_TILE) * sizeof(real));
+	for (int64_t i = 0; i < ATTN_TILE; i++)
+		m[i] = -INFINITY, l[i] = 0;
+	for (int64_t kt = 0; kt * ATTN_TILE < Tk; kt++) {
+		const int64_t k0 = kt * ATTN_TILE, nk = len_at(Tk, kt);
+		const struct pos_span ks = pos_span_of(kpos + k0, nk);
+		if (ks.lo > qs.hi)
+			continue;
+		const real *kj = k + kvoff + k0 * a->kv_rs, *vj = v + kvoff + k0 * a->kv_rs;
+		mm_acc(st, ATTN_TILE, kj, a->kv_rs, 1, qt, ATTN_TILE, nk, D, ATTN_TILE, MM_TRI_NONE,
+		       false);
+		if (ks.hi > qs.lo) /* partly visible: mask key j after query i */
+			for (int64_t j = 0; j < nk; j++)
+				for (int64_t i = 0; i < nq; i++)
+					if (kpos[k0 + j] > qpos[q0 + i])
+						st[j * ATTN_TILE + i] = -INFINITY;
+		softmax_online_pos(st, m, l, corr, nk);
+		for (int64_t d = 0; d < D; d++)
+			for (int64_t i = 0; i < ATTN_TILE; i++)
+				acct[d * ATTN_TILE + i] *= corr[i];
+		mm_acc(acct, ATTN_TILE, vj, 1, a->kv_rs, st, ATTN_TILE, D, nk, ATTN_TILE, MM_TRI_NONE,
+		       true);
+	}
+	real *ob = out + qoff, *lb = lse + (b * a->H + h) * Tq + q0;
+	for (int64_t i = 0; i < nq; i++) {
+		lb[i] = l[i] > 0 ? m[i] + KLOG(l[i]) : -INFINITY;
+		l[i] = l[i] > 0 ? 1 / l[i] : 0;
+	}
+	for (int64_t i = 0; i < nq; i++)
+		for (int64_t d = 0; d < D; d++)
+			ob[i * a->q_rs + d] = acct[d * ATTN_TILE + i] * l[i];
+}
+
+void KFN(attention_pos_forward)(real *out, real *lse, const real *q, const int64_t *qpos,
+                                const real *k, const real *v, const int64_t *kpos, int64_t B,
+                                int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t D)
+{
+	CHECK(Tk > 0, "attention_pos: no keys");
+	const struct attn_dims a = attn_dims_make(B, Tq, H, KV, D);
+	const int64_t nbh = B * H, nitems = nbh * a.ntiles;
+#pragma omp parallel
+	{
+		struct attn_scratch w;
+		attn_scratch_init(&w, D, 0);
+#pragma omp for schedule(dynamic, 1)
+		for (int64_t it = 0; it < nitems; it++)
+			attn_pos_forward_tile(&a, &w, out, lse, q, qpos, k, v, kpos, Tq, Tk,
+			                      (it % nbh) / H, (it % nbh) % H, it / nbh);
+		free(w.mem);
+	}
+}
+
+/* attn_backward_pair at positions: rows of query tile qtile (head h) against the key tile
+ * loaded in w (scale k^T, v^T; accumulators dk^T, dv^T), key positions kp of nk keys */
+static void attn_pos_backward_pair(const struct attn_dims *a, struct attn_scratch *w, real *dq,
+                                   const real *dout, const real *lse, const real *dsum,
+                                   const real *q, const int64_t *qpos, const real *kj,
+                                   const int64_t *kp, int64_t nk, bool masked, int64_t Tq,
+                                   int64_t b, int64_t h, int64_t qtile)
+{
+	const int64_t D = a->D, q0 = qtile * ATTN_TILE, nq = len_at(Tq, qtile);
+	const int64_t qoff = ((b * Tq + q0) * a->H + h) * D;
+	const real *qb = q + qoff, *dob = dout + qoff, *lse_t = lse + (b * a->H + h) * Tq + q0;
+	const real *kt = w->dt[0], *vt = w->dt[1];
+	real *dkt = w->dt[2], *dvt = w->dt[3], *p = w->tt[0], *ds = w->tt[1];
+	mm_acc(p, ATTN_TILE, qb, a->q_rs, 1, kt, ATTN_TILE, nq, D, ATTN_TILE, MM_TRI_NONE, false);
+	for (int64_t i = 0; i < nq; i++) {
+		real *pi = p + i * ATTN_TILE;
+		for (int64_t j = 0; j < ATTN_TILE; j++)
+			pi[j] = j < nk && !(masked && kp[j] > qpos[q0 + i]) ? KEXP(pi[j] - lse_t[i])
+			                                                   : 0;
+	}
+	mm_acc(ds, ATTN_TILE, dob, a->q_rs, 1, vt, ATTN_TILE, nq, D, ATTN_TILE, MM_TRI_NONE, false);
+	for (int64_t i = 0; i < nq; i++) {
+		real *dsi = ds + i * ATTN_TILE;
+		const real *pi = p + i * ATTN_TILE;
+		for (int64_t j = 0; j < ATTN_TILE; j++)
+			dsi[j] = a->scale * pi[j] * (dsi[j] - dsum[i]);
+	}
+	mm_acc(dvt, ATTN_TILE, dob, 1, a->q_rs, p, ATTN_TILE, D, nq, ATTN_TILE, MM_TRI_NONE, true);
+	mm_acc(dkt, ATTN_TILE, qb, 1, a->q_rs, ds, ATTN_TILE, D, nq, ATTN_TILE, MM_TRI_NONE, true);
+	mm_acc(dq + qoff, a->q_rs, ds, ATTN_TILE, 1, kj, a->kv_rs, nq, nk, D, MM_TRI_NONE, true);
+}
+
+static void attn_pos_backward_kv(const struct attn_dims *a, struct attn_scratch *w, real *dq,
+                                 real *dk, real *dv, const real *dout, const real *out,
+                                 const real *lse, const real *q, const int64_t *qpos,
+                                 const real *k, const real *v, const int64_t *kpos, int64_t Tq,
+                                 int64_t Tk, int64_t b, int64_t g)
+{
+	const int64_t D = a->D, kvoff = (b * Tk * a->KV + g) * D;
+	/* D_i = dout_i . out_i of the group's query heads; rows that see no key: 0 (unused) */
+	for (int64_t hh = 0; hh < a->group; hh++)
+		for (int64_t t = 0; t < Tq; t++) {
+			int64_t off = ((b * Tq + t) * a->H + g * a->group + hh) * D;
+			real s = 0;
+			for (int64_t d = 0; d < D; d++)
+				s += dout[off + d] * out[off + d];
+			w->rows[hh * Tq + t] = s;
+		}
+	for (int64_t kt = 0; kt * ATTN_TILE < Tk; kt++) {
+		const int64_t k0 = kt * ATTN_TILE, nk = len_at(Tk, kt);
+		const struct pos_span ks = pos_span_of(kpos + k0, nk);
+		real *dkj = dk + kvoff + k0 * a->kv_rs, *dvj = dv + kvoff + k0 * a->kv_rs;
+		tile_load_t(w->dt[0], k + kvoff + k0 * a->kv_rs, a->kv_rs, nk, D, a->scale);
+		tile_load_t(w->dt[1], v + kvoff + k0 * a->kv_rs, a->kv_rs, nk, D, 1);
+		memset(w->dt[2], 0, (size_t)(D * ATTN_TILE) * sizeof(real));
+		memset(w->dt[3], 0, (size_t)(D * ATTN_TILE) * sizeof(real));
+		for (int64_t hh = 0; hh < a->group; hh++)
+			for (int64_t qt = 0; qt < a->ntiles; qt++) {
+				const struct pos_span qs =
+				    pos_span_of(qpos + qt * ATTN_TILE, len_at(Tq, qt));
+				if (ks.lo > qs.hi)
+					continue;
+				attn_pos_backward_pair(a, w, dq, dout, lse,
+				                       w->rows + hh * Tq + qt * ATTN_TILE, q, qpos,
+				                       k + kvoff + k0 * a->kv_rs, kpos + k0, nk,
+				                       ks.hi > qs.lo, Tq, b, g * a->group + hh, qt);
+			}
+		tile_add_t(dkj, a->kv_rs, w->dt[2], nk, D);
+		tile_add_t(dvj, a->kv_rs, w->dt[3], nk, D);
+	}
+}
+
+void KFN(attention_pos_backward)(real *dq, real *dk, real *dv, const real *dout, const real *out,
+                                 const real *lse, const real *q, const int64_t *qpos,
+                                 const real *k, const real *v, const int64_t *kpos, int64_t B,
+                                 int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t D)
+{
+	CHECK(Tk > 0, "attention_pos: no keys");
+	const struct attn_dims a = attn_dims_make(B, Tq, H, KV, D);
+#pragma omp parallel
+	{
+		struct attn_scratch w;
+		attn_scratch_init(&w, D, a.group * Tq);
+#pragma omp for schedule(dynamic, 1)
+		for (int64_t it = 0; it < B * KV; it++)
+			attn_pos_backward_kv(&a, &w, dq, dk, dv, dout, out, lse, q, qpos, k, v, kpos,
+			                     Tq, Tk, it / KV, it % KV);
+		free(w.mem);
+	}
+}

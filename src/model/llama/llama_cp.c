@@ -226,16 +226,17 @@ void llama_cp_attention_backward(struct llama_model *m, const struct llama_block
 	memset(cur + 2 * blk, 0, (size_t)(2 * blk) * sizeof(float));
 	for (int i = 0; i < S; i++) {
 		const int src = ((r - i) % S + S) % S;
+		/* the shard's K/V travel on while its gradient is computed here; the gradient
+		 * follows (after the last step only the gradient, which then is home) */
+		if (i + 1 < S)
+			ring_step(m, cur, next, 2 * blk, S + 2 * i, "cp ring: K/V");
 		attention_pos_backward_f32(m->dq, cur + 2 * blk, cur + 3 * blk, m->datt, a->att,
 		                           a->lse, a->q, qpos, cur, cur + blk,
 		                           b->order + (int64_t)src * Tl, d.B, Tl, Tl, d.H, d.KV, d.D);
-		/* the shard and its gradient so far to the next rank; after the last step only
-		 * the gradient, which then is home */
 		if (i + 1 < S)
-			ring_step(m, cur, next, slot, S + i, "cp ring: K/V and dK/dV");
-		else
-			ring_step(m, cur + 2 * blk, next + 2 * blk, 2 * blk, S + i, "cp ring: dK/dV");
-		m->cp->ring_wait(m->cp->ctx, "cp ring");
+			m->cp->ring_wait(m->cp->ctx, "cp ring: K/V");
+		ring_step(m, cur + 2 * blk, next + 2 * blk, 2 * blk, S + 2 * i + 1, "cp ring: dK/dV");
+		m->cp->ring_wait(m->cp->ctx, "cp ring: dK/dV");
 		float *t = cur;
 		cur = next;
 		next = t;
