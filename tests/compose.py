@@ -470,8 +470,9 @@ def main():
     cases = list(all_cases())
     working = [c for c in cases if not why_refused(c)]
     seed = a.seed if a.seed is not None else int(os.environ.get("CT_SEED", time.time() % 100000))
-    if a.full:
-        pick, total, covered = working, None, None
+    if a.full:  # in a seeded order, so that a run cut short has sampled every option
+        pick, total, covered = list(working), None, None
+        random.Random(seed).shuffle(pick)
     else:
         pick, total, covered = pairwise([c for c in working if not full_only(c)], seed)
     print(f"composition matrix: {len(cases)} combinations, {len(working)} working, "
@@ -494,8 +495,13 @@ def main():
     fails = 0
     for i, c in enumerate(pick):
         t1 = time.time()
+        n0 = R.n
         st, why = run_case(R, c)
         fails += st != "ok"
+        if st == "ok" and not a.keep:  # a passed case's runs (checkpoints) go at once
+            for k in range(n0, R.n + 1):
+                for p in ("c%03d" % k, "c%03d-on-1rank" % k, "c%03d-on-fsdp2" % k):
+                    shutil.rmtree(os.path.join(tmp, p), ignore_errors=True)
         print(f"[{'ok' if st == 'ok' else 'FAIL'}] {i + 1:3d} {case_name(c)}: {why} "
               f"[{time.time() - t1:.1f} s]", flush=True)
     # each rule once: the refusal is real (exit 2), not only in this table
