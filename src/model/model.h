@@ -177,8 +177,8 @@ struct model_family {
 	 * context parallelism */
 	bool tp, pp, ac, float8, export_hf, cost_model;
 	bool cp; /* context parallelism (the sequence split over ranks) */
-	/* families without tp: why, in words a user understands (NULL: a generic reason) */
-	const char *no_tp_why;
+	/* families without tp / cp: why, in words a user understands (NULL: a generic reason) */
+	const char *no_tp_why, *no_cp_why;
 	int64_t (*vocab)(const struct model_config *c);
 	int64_t (*n_layers)(const struct model_config *c);
 	int64_t (*dim)(const struct model_config *c); /* residual stream width */

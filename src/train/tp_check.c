@@ -6,6 +6,7 @@
 #include "base/log.h"
 #include "comm/comm.h"
 #include "parallel/cp.h"
+#include "train/compute.h"
 #include "train/model_spec.h"
 
 int tp_check_config(const struct ct_config *cfg)
@@ -59,11 +60,9 @@ int cp_check_config(const struct ct_config *cfg)
 	const struct model_family *fam = model_family_named(cfg->model.name);
 	if (fam && !fam->cp) {
 		LOG_ERROR("parallelism.context_parallel_degree = %lld: not supported for model.name "
-		          "= \"%s\" (its long convolution mixes every position of the sequence "
-		          "with every earlier one through an FFT over the whole sequence, so a "
-		          "sequence shard cannot be computed from its own tokens and a key/value "
-		          "exchange; see README)",
-		          (long long)cp, cfg->model.name);
+		          "= \"%s\" (%s)",
+		          (long long)cp, cfg->model.name,
+		          fam->no_cp_why ? fam->no_cp_why : "the family has no context-parallel form");
 		return CT_ERR_USAGE;
 	}
 	if (strcmp(cfg->comm.buckets, "auto") == 0 || cfg->comm.memory_budget_gb > 0 ||
@@ -74,6 +73,15 @@ int cp_check_config(const struct ct_config *cfg)
 		          strcmp(cfg->comm.buckets, "auto") == 0 ? "comm.buckets = \"auto\""
 		          : cfg->comm.memory_budget_gb > 0       ? "comm.memory_budget_gb"
 		                                                 : "profiling.enable_profiling");
+		return CT_ERR_USAGE;
+	}
+	if (compute_float8(cfg) && strcmp(cfg->float8.recipe_name, "tensorwise") == 0) {
+		LOG_ERROR("parallelism.context_parallel_degree = %lld with quantize.linear.float8."
+		          "recipe_name = tensorwise: not yet supported (a tensorwise scale would be "
+		          "the amax of a rank's sequence shard, not of the whole micro-batch: the "
+		          "activation amaxes are not yet max-reduced over the cp group); the rowwise "
+		          "recipes scale per token and compose with cp",
+		          (long long)cp);
 		return CT_ERR_USAGE;
 	}
 	enum cp_balancer b;

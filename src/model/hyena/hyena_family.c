@@ -258,6 +258,9 @@ const struct model_family hyena_family = {
     .name = "hyena",
     .no_tp_why = "its long convolutions and implicit filters have no column/row-parallel "
                  "form; llama3 only",
+    .no_cp_why = "its long convolution mixes every position of the sequence with every "
+                 "earlier one through an FFT over the whole sequence, so a sequence shard "
+                 "cannot be computed from its own tokens and a key/value exchange; see README",
     .flavor_name = hyena_flavor_name,
     .keys = hyena_keys,
     .n_keys = sizeof(hyena_keys) / sizeof(hyena_keys[0]),

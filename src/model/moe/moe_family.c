@@ -322,6 +322,8 @@ const struct model_family moe_family = {
     .name = "deepseek_v3",
     .no_tp_why = "not yet supported: the experts and attention heads are not split over "
                  "TP ranks yet",
+    .no_cp_why = "not yet supported: the family's attention has no context-parallel glue "
+                 "(Llama's is in src/model/llama/llama_cp.c)",
     .flavor_name = moe_flavor_name,
     .keys = moe_keys,
     .n_keys = sizeof(moe_keys) / sizeof(moe_keys[0]),
