@@ -4,42 +4,12 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
-#include <signal.h>
-#include <stdbool.h>
 #include <string.h>
-#include <unistd.h>
 #include "base/log.h"
-#include "base/mem.h"
-#include "base/timer.h"
-#include "comm/comm.h"
-#include "comm/stream.h"
-#include "comm/flight.h"
-#include "comm/watchdog.h"
-#include "data/loader.h"
-#include "data/tokenizer.h"
-#include "data/synthetic.h"
 #include "io/file.h"
-#include "kernels/kernels.h"
-#include "kernels/mm_engine.h"
-#include "model/model.h"
 #include "model/model_hf.h"
-#include "parallel/cp.h"
-#include "parallel/fsdp.h"
-#include "parallel/pp.h"
-#include "parallel/tp_coll.h"
-#include "train/checkpoint.h"
 #include "train/compute.h"
-#include "train/lr_schedule.h"
-#include "train/mem_snapshot.h"
-#include "train/metrics.h"
-#include "train/model_spec.h"
-#include "optim/optim.h"
-#include "train/step_config.h"
-#include "train/tp_check.h"
-#include "schedule/sched_trace.h"
 
 /* Where rows [row0, row0 + nrows) of table entry p (a TP rank's local piece when the table is
  * tensor-parallel) sit in the global tensor: a rectangle of it, less the vocabulary's zero
