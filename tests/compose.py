@@ -207,7 +207,11 @@ RULES = [
 #    the step-1 loss within 1e-6 (a scale from half a tensor under TP re-rounds every element
 #    and moves it ~1e-5: tests/float8_cli.sh); from step 2 the weights part chaotically
 #    across e4m3 steps: 3e-3 on losses and norms (tests/test_fsdp.c's derivation).
-TOL = {"fp32": (1e-5, 1e-5, 1e-5), "bf16": (1e-3, 1e-3, 2e-2)}
+#  fp32 parameters: the same Adam sign flips happen in fp32 on the rare weight whose gradient
+#    is at the order-of-summation noise (seen once in ~100 cases: attention.wo under TP, 1.0e-5
+#    with --seed 84762); one flipped element of a 256 x 256 weight moves its L2 norm by up to
+#    ~5e-4 relative, so 1e-3 admits a couple while a wrong piece or layout is still O(1).
+TOL = {"fp32": (1e-5, 1e-5, 1e-3), "bf16": (1e-3, 1e-3, 2e-2)}
 for _p in PRECISIONS:
     if is_f8(_p):
         TOL[_p] = (1e-6, 3e-3, 3e-2)  # step-1 loss, losses and norms, parameters
