@@ -23,7 +23,7 @@ int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_m
 	    .B = pp->o.micro_rows, .T = pp->o.T, .ac = pp->o.ac, .tp = 1, .elem_bytes = 4};
 	sched_cost_init(cm, &pp->cfg, &sh, &pp->step, mesh->dp_shard, false);
 	sched_cost_calibrate(cm, &pp->cfg, &sh, stream, &mesh->dp_shard_group, &mesh->world_group,
-	                     false);
+	                     false, true);
 	cm->overlap = false; /* the stages' collectives run blocking (pp.c) */
 	int64_t N = pp->o.micro_rows * pp->o.T;
 	sched_cost_calibrate_pp_link(link, &mesh->pp_group, &mesh->world_group,

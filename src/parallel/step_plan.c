@@ -200,7 +200,7 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
 		step_plan_cost_init(cm, &m->cfg, o, &l, &naive);
 		const struct model_cost_shape sh = step_plan_shape(o, &l);
 		sched_cost_calibrate(cm, &m->cfg, &sh, stream, &f->mesh->dp_shard_group,
-		                     &f->mesh->world_group, o->overlap);
+		                     &f->mesh->world_group, o->overlap, false);
 		step_plan_cost_link(cm, o);
 		cm->overlap = o->overlap;
 		/* one shard computed in place (fsdp.c): no collectives, no copies */

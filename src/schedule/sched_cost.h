@@ -138,13 +138,15 @@ void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_grou
 /* Measure every rate here at the model's shapes (sched_calib.c: the family's calibration
  * kernels at sh's B x T tokens, capped for time, and its TP slice), collective latency and
  * bandwidth on `stream` over `group` (5 sizes), and, when `overlap` (a progress thread), the
- * interference; then take the median over `world` so every rank holds the same model.
+ * interference; then take the median over `world` so every rank holds the same model. With
+ * `turns`, ranks sharing cores time the compute parts one at a time and scale them by the
+ * host's load (steps whose ranks do not compute in lockstep: a pipeline's).
  * Collective calls on world and group: all ranks must call it. */
 struct comm_group;
 void sched_cost_calibrate(struct sched_cost_model *cm, const struct model_config *c,
                           const struct model_cost_shape *sh, struct comm_stream *stream,
                           const struct comm_group *group, const struct comm_group *world,
-                          bool overlap);
+                          bool overlap, bool turns);
 
 /* Predict s's step. node_t (2 * n_nodes: start, end on the compute thread) may be NULL.
  * The step also pays zeroing the gradient shards before the first node. */
