@@ -1,7 +1,7 @@
 /* The deepseek_v3 (mixture-of-experts) family behind the model interface (model/model.h):
  * its operations, its entry of the family table, its [model] keys, and what it supports
- * (one rank and FSDP; every activation saved; no TP, PP, float8, expert parallelism, MLA,
- * cost model or Hugging Face export yet). */
+ * (one rank, FSDP and expert parallelism inside it; every activation saved; no TP, PP,
+ * float8, MLA, cost model or Hugging Face export yet). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,7 +148,7 @@ static int moe_family_build(struct model *m, const struct model_config *c, int64
 		return CT_ERR_USAGE;
 	}
 	struct moe_model *mm = xcalloc(1, sizeof(*mm));
-	const struct moe_build_opts mo = {.own_params = opts->own_params};
+	const struct moe_build_opts mo = {.own_params = opts->own_params, .ep = opts->ep};
 	int rc = moe_build(mm, moe_cfg(c), B, T, &mo);
 	if (rc) {
 		free(mm);
@@ -320,6 +320,7 @@ static int moe_check_config(const struct ct_config *cfg)
 
 const struct model_family moe_family = {
     .name = "deepseek_v3",
+    .ep = true,
     .no_tp_why = "not yet supported: the experts and attention heads are not split over "
                  "TP ranks yet",
     .no_cp_why = "not yet supported: the family's attention has no context-parallel glue "
