@@ -131,4 +131,9 @@ done
   --comm.bandwidth_gbps=400 > "$tmp/p.log" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q "no cost model" "$tmp/p.log"; check "plan: no cost model yet, exit $rc" $?
+"$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 4 --metrics.peak_tflops=989 \
+  --comm.bandwidth_gbps=400 --parallelism.expert_parallel_degree=2 > "$tmp/p.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "expert_parallel_degree = 2 is not supported" "$tmp/p.log"
+check "plan: expert parallelism refused, exit $rc" $?
 finish
