@@ -1,6 +1,6 @@
 # The mixture-of-experts family (deepseek_v3): finite differences, routing, the bias update,
 # determinism; the independent PyTorch float64 reference (tests/reference/moe_ref.py); FSDP on
-# 2 and 3 ranks against one rank (tests/test_fsdp.c --moe).
+# 2 and 3 ranks against one rank (tests/test_fsdp.c --moe), and with expert parallelism.
 ct_add_test(moe)
 add_test(NAME moe_reference COMMAND $<TARGET_FILE:test_moe> --reference)
 set_tests_properties(moe_reference PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
@@ -8,5 +8,12 @@ add_test(NAME fsdp_moe_np2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG}
          $<TARGET_FILE:test_fsdp> --moe)
 add_test(NAME fsdp_moe_np3 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 3
          $<TARGET_FILE:test_fsdp> --moe)
-set_tests_properties(fsdp_moe_np2 fsdp_moe_np3 PROPERTIES TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
+# expert parallelism: ep 2 = dp_shard 2 (the experts unsharded by FSDP), ep 2 inside dp_shard 4
+# (experts sharded over efsdp 2), each against one rank (tests/test_fsdp.c --ep)
+add_test(NAME fsdp_moe_ep2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+         $<TARGET_FILE:test_fsdp> --moe --ep 2)
+add_test(NAME fsdp_moe_ep2_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
+         $<TARGET_FILE:test_fsdp> --moe --ep 2)
+set_tests_properties(fsdp_moe_np2 fsdp_moe_np3 fsdp_moe_ep2 fsdp_moe_ep2_np4 PROPERTIES
+                     TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
 ct_add_script_test(moe_cli tests/moe_cli.sh)

@@ -9,7 +9,11 @@
  * --moe on a small deepseek_v3 mixture of experts (with the aux-loss-free bias, whose update
  * needs the tokens per expert summed over the data-parallel ranks, and the sequence aux loss):
  * the balancing bias must also equal 1 rank's.
- *   test_fsdp [--replicate R] [--bf16-check] [--hyena] [--moe] [--bf16-compute]
+ * --moe --ep E: expert parallelism of degree E inside the shard group (E | dp_shard): each
+ *   rank holds 16/E of the experts, exchanges tokens with the E ranks of its ep group, and
+ *   FSDP shards the experts over dp_shard/E ranks; the gathered parameters (all experts, in
+ *   the global layout), losses, grad norms and bias must equal 1 rank's as above.
+ *   test_fsdp [--replicate R] [--bf16-check] [--hyena] [--moe [--ep E]] [--bf16-compute]
  * --bf16-compute: bf16 all-gather and bf16 matmul operands, N ranks (a power of two) against
  * 1 rank in bf16, within 1e-5 on every step. Why the 1-rank reference sums its gradient the way
  * N ranks do: in bf16 every step rounds the fp32 master weights to bf16 for the next forward,
@@ -42,6 +46,7 @@
 #include "data/synthetic.h"
 #include "kernels/kernels.h"
 #include "parallel/fsdp.h"
+#include "parallel/tp_coll.h"
 #include "kernels/fp8_linear.h"
 #include "kernels/mm_engine.h"
 #include "model/hyena/hyena.h"
@@ -57,6 +62,8 @@ static int replicate = 1;
 static bool hyena;
 static bool moe;
 static bool fp8_ag;
+static int ep = 1;
+static struct tp_coll ep_coll; /* the ep group's all-to-alls (ep > 1) */
 static struct mesh mesh;
 static uint64_t seed;
 static bool bf16_compute;
@@ -115,6 +122,8 @@ static void batch_rows(int64_t vocab, int64_t step, int dp, int d, int accum, in
 
 #define MAX_BIAS 64
 
+static int64_t numel(void); /* of the global table */
+
 struct run {
 	double losses[STEPS];
 	double bias[MAX_BIAS]; /* --moe: the balancing bias after the run */
@@ -164,7 +173,8 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	struct model_config c;
 	config(&c);
 	struct model m;
-	const struct model_build_opts opts = {.own_params = false};
+	const struct model_build_opts opts = {.own_params = false,
+	                                      .ep = ep > 1 ? &ep_coll.ops : NULL};
 	CHECK(model_build(&m, &c, B, T, &opts) == CT_OK, "build");
 	struct comm_stream *stream = comm_stream_create(mode, 60);
 	struct fsdp f;
@@ -198,7 +208,7 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	out->ag_bytes = comm_bytes(COMM_ALL_GATHER);
 	out->ar_bytes = comm_bytes(COMM_ALL_REDUCE);
 	out->ag_expect = expected_gather_bytes(&f, bf16) * steps;
-	out->params = malloc((size_t)m.table->numel * sizeof(float));
+	out->params = malloc((size_t)numel() * sizeof(float)); /* the global layout */
 	fsdp_gather_full(&f, out->params);
 	save_bias(&m, out);
 	adamw_free(&opt);
@@ -524,16 +534,22 @@ int main(int argc, char **argv)
 			bf16_compute = true;
 		else if (strcmp(argv[i], "--fp8-all-gather") == 0)
 			fp8_ag = true;
+		else if (strcmp(argv[i], "--ep") == 0 && i + 1 < argc)
+			ep = atoi(argv[++i]);
 	}
 	if (fp8_ag) {
 		fp8_linear_configure(true, FP8_TENSORWISE, "output");
 		compute_set_fp8_all_gather(true);
 	}
 	CHECK(mesh_build(&mesh, 1, replicate, -1, 1) == CT_OK, "mesh");
+	CHECK(ep == 1 || moe, "--ep: a mixture of experts (--moe) only");
+	CHECK(mesh_build_ep(&mesh, ep) == CT_OK, "ep mesh");
+	if (ep > 1)
+		tp_coll_init(&ep_coll, &mesh.ep_group, 0, 0, 60);
 	seed = test_seed_all(&mesh.world_group);
 	if (mesh.rank == 0)
-		fprintf(stderr, "world %d = %d replicas x %d shards\n", mesh.world,
-		        mesh.dp_replicate, mesh.dp_shard);
+		fprintf(stderr, "world %d = %d replicas x %d shards (expert parallelism %d)\n",
+		        mesh.world, mesh.dp_replicate, mesh.dp_shard, ep);
 	if (bf16_check)
 		RUN(test_bf16_all_gather);
 	else

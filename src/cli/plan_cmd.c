@@ -180,6 +180,12 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		          (long long)c->parallelism.context_parallel_degree);
 		return CT_ERR_USAGE;
 	}
+	if (c->parallelism.expert_parallel_degree > 1) {
+		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported: "
+		          "the cost model does not model the experts' all-to-alls",
+		          (long long)c->parallelism.expert_parallel_degree);
+		return CT_ERR_USAGE;
+	}
 	if (c->comm.bandwidth_gbps <= 0) {
 		LOG_ERROR(
 		    "ctitan plan needs the target's link: comm.bandwidth_gbps (e.g. "

@@ -249,8 +249,32 @@ int mesh_build_cp(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_s
 	return CT_OK;
 }
 
+int mesh_build_ep(struct mesh *m, int64_t ep)
+{
+	if (ep <= 1)
+		return CT_OK;
+	if (m->shard % ep) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %lld does not divide the FSDP shard "
+		          "group of %d ranks (data_parallel_shard_degree x context_parallel_degree)",
+		          (long long)ep, m->shard);
+		return CT_ERR_USAGE;
+	}
+	m->ep = (int)ep;
+	m->ep_rank = m->shard_rank % m->ep;
+	MPI_Comm c;
+	MPI_Comm_split(mpi_comm(&m->shard_group), m->shard_rank / m->ep, m->ep_rank, &c);
+	group_from(&m->ep_group, c, "ep");
+	MPI_Comm_split(mpi_comm(&m->shard_group), m->ep_rank, m->shard_rank / m->ep, &c);
+	group_from(&m->efsdp_group, c, "efsdp");
+	return CT_OK;
+}
+
 void mesh_free(struct mesh *m)
 {
+	if (m->ep > 1) {
+		comm_group_free(&m->ep_group);
+		comm_group_free(&m->efsdp_group);
+	}
 	struct comm_group *gs[] = {&m->pp_group,  &m->dp_replicate_group, &m->dp_shard_group,
 	                           &m->tp_group,  &m->dp_group,           &m->cp_group,
 	                           &m->shard_group, &m->loss_group};
@@ -493,6 +517,36 @@ void comm_all_reduce_max_f32(const struct comm_group *g, float *buf, int64_t cou
 		MPI_Allreduce(MPI_IN_PLACE, buf + off, (int)piece(count - off), MPI_FLOAT, MPI_MAX,
 		              mpi_comm(g));
 	coll_end(&c);
+}
+
+void comm_all_to_all_v(const struct comm_group *g, const void *send, const int64_t *send_bytes,
+                       void *recv, const int64_t *recv_bytes)
+{
+	int n = g->size;
+	int64_t sent = 0, got = 0;
+	for (int q = 0; q < n; q++)
+		sent += send_bytes[q], got += recv_bytes[q];
+	count_bytes(COMM_ALL_TO_ALL, sent);
+	if (n == 1) {
+		if (send != recv)
+			memcpy(recv, send, (size_t)sent);
+		return;
+	}
+	CHECK(sent <= INT_MAX && got <= INT_MAX,
+	      "all-to-all: %lld / %lld bytes do not fit an MPI count", (long long)sent,
+	      (long long)got);
+	int *cnt = xcalloc((size_t)(4 * n), sizeof(int));
+	int *sc = cnt, *sd = cnt + n, *rc = cnt + 2 * n, *rd = cnt + 3 * n;
+	for (int q = 0, so = 0, ro = 0; q < n; q++) {
+		sc[q] = (int)send_bytes[q], sd[q] = so, so += sc[q];
+		rc[q] = (int)recv_bytes[q], rd[q] = ro, ro += rc[q];
+	}
+	struct coll c;
+	if (coll_begin(&c, g, "all-to-all", "bytes sent", sent, FR_ALL_TO_ALL, FR_U8, sent)) {
+		MPI_Alltoallv(send, sc, sd, MPI_BYTE, recv, rc, rd, MPI_BYTE, mpi_comm(g));
+		coll_end(&c);
+	}
+	free(cnt);
 }
 
 void comm_barrier(const struct comm_group *g)

@@ -33,6 +33,7 @@ enum comm_kind {
 	COMM_REDUCE_SCATTER,
 	COMM_ALL_REDUCE,
 	COMM_SENDRECV, /* one ring step: send to one peer, receive from another (comm/stream.h) */
+	COMM_ALL_TO_ALL, /* expert parallelism's token dispatch and combine */
 	COMM_KIND_COUNT
 };
 
@@ -62,6 +63,13 @@ struct mesh {
 	struct comm_group shard_group;
 	int shard, shard_rank;
 	struct comm_group loss_group; /* dp_replicate x dp_shard x cp */
+	/* Expert parallelism (mesh_build_ep; ep = 1: none, both groups unset): the shard group
+	 * viewed as efsdp x ep with ep innermost (TorchTitan's dp_shard_mod_ep x dp_shard_in_ep):
+	 * ep_group = the ep neighbouring shard ranks that split the experts between them,
+	 * efsdp_group = the shard ranks with the same ep rank (the same experts), over which
+	 * FSDP shards those experts. */
+	int ep, ep_rank;
+	struct comm_group ep_group, efsdp_group;
 };
 
 /* dp_shard = -1 fills the rest of the world. CT_ERR_USAGE if the degrees do not multiply to
@@ -69,6 +77,9 @@ struct mesh {
 int mesh_build(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t tp);
 int mesh_build_cp(struct mesh *m, int64_t pp, int64_t dp_replicate, int64_t dp_shard, int64_t cp,
                   int64_t tp);
+/* Expert parallelism of degree ep over the shard group (after mesh_build_cp): ep must divide
+ * the shard group's size (CT_ERR_USAGE otherwise). ep = 1 does nothing. */
+int mesh_build_ep(struct mesh *m, int64_t ep);
 void mesh_free(struct mesh *m);
 
 /* A second communicator over the same ranks (MPI_Comm_dup), for collectives issued from
@@ -94,6 +105,12 @@ void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count)
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count);
 /* Element-wise maximum (tensor parallelism's vocabulary-parallel softmax). */
 void comm_all_reduce_max_f32(const struct comm_group *g, float *buf, int64_t count);
+/* recv = the blocks every rank sent to this one, in rank order: rank q's block of
+ * send_bytes[q] bytes goes to rank q, whose block from this rank is recv_bytes[this rank] long
+ * (the caller knows the sizes: expert parallelism exchanges its counts first); blocks lie
+ * contiguously in send and recv in rank order. Each count must fit an int. */
+void comm_all_to_all_v(const struct comm_group *g, const void *send, const int64_t *send_bytes,
+                       void *recv, const int64_t *recv_bytes);
 void comm_barrier(const struct comm_group *g);
 /* Return once every rank of g has called it, sleeping (not spinning) while it waits: MPI's
  * blocking calls busy-poll, so a collective whose peers are late burns a core for as long as

@@ -64,7 +64,8 @@ static _Thread_local const char *fr_node_kind_now;
 static _Thread_local char fr_p2p_label_now[FR_LABEL];
 
 static const char *const fr_op_names[] = {
-    "all-gather", "reduce-scatter", "all-reduce", "all-reduce-max", "barrier", "send", "recv"};
+    "all-gather", "reduce-scatter", "all-reduce", "all-reduce-max", "barrier", "send", "recv",
+    "all-to-all"};
 _Static_assert(sizeof(fr_op_names) / sizeof(fr_op_names[0]) == FR_OP_COUNT, "one name per op");
 static const char *const fr_dtype_names[] = {"u8", "f32", "f64", "i64", "none"};
 _Static_assert(sizeof(fr_dtype_names) / sizeof(fr_dtype_names[0]) == FR_DTYPE_COUNT,

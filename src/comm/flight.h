@@ -38,6 +38,7 @@ enum fr_op {
 	FR_BARRIER,
 	FR_SEND,
 	FR_RECV,
+	FR_ALL_TO_ALL,
 	FR_OP_COUNT
 };
 enum fr_dtype { FR_U8, FR_F32, FR_F64, FR_I64, FR_NO_DTYPE, FR_DTYPE_COUNT };

@@ -85,6 +85,7 @@ struct ct_config {
 		int64_t tensor_parallel_degree;         /* 1, >= 1 */
 		int64_t pipeline_parallel_degree;       /* 1, >= 1 */
 		int64_t context_parallel_degree;        /* 1, >= 1 */
+		int64_t expert_parallel_degree;         /* 1, >= 1 */
 		char context_parallel_load_balancer[16]; /* "headtail": headtail | none */
 		char context_parallel_rotate_method[16]; /* "allgather": allgather | alltoall */
 		/* pipeline parallelism (parallel/pp.h), TorchTitan's keys */

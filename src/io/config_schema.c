@@ -169,6 +169,14 @@ const struct cfg_key cfg_schema[] = {
              "and pipeline parallelism too; not yet with ZeroBubbleH1 nor the cost model's "
              "options). training.seq_len must be divisible by 2 x cp (headtail) or cp "
              "(none)."},
+    /* expert parallelism: the routed experts split over ranks (model/moe/moe.h) */
+    {ROW(parallelism, expert_parallel_degree), .def = "1", GE(1),
+     .help = "Expert-parallel degree: the routed experts of a mixture of experts "
+             "(deepseek_v3) are split over ep ranks, which send each other the tokens routed "
+             "to their experts (all-to-all). ep borrows from the FSDP shard group as "
+             "TorchTitan places it: ep must divide data_parallel_shard_degree; dense "
+             "parameters stay sharded over the whole shard group, expert parameters over "
+             "dp_shard / ep (not yet with context, tensor or pipeline parallelism)."},
     {ROW(parallelism, context_parallel_load_balancer), .def = "headtail",
      CHOICES("headtail", "none"),
      .help = "How a sequence is cut over the cp ranks: headtail (2 x cp chunks, rank r holds "

@@ -82,6 +82,10 @@ struct model_build_opts {
 	const struct model_group *cp;
 	const int64_t *cp_order;
 	bool cp_ring;
+	/* expert parallelism (families with ep): the routed experts are split over this group's
+	 * ranks (size divides the experts), which exchange the tokens routed to each other's
+	 * experts (all_to_all_v); NULL or size 1: every expert here */
+	const struct model_group *ep;
 };
 
 /* One figure a family reports per step (model_ops.step_metrics), e.g. MoE's expert load. */
@@ -177,6 +181,7 @@ struct model_family {
 	 * context parallelism */
 	bool tp, pp, ac, float8, export_hf, cost_model;
 	bool cp; /* context parallelism (the sequence split over ranks) */
+	bool ep; /* expert parallelism (routed experts split over ranks) */
 	/* families without tp / cp: why, in words a user understands (NULL: a generic reason) */
 	const char *no_tp_why, *no_cp_why;
 	int64_t (*vocab)(const struct model_config *c);

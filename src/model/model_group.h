@@ -6,7 +6,8 @@
  * vocabulary-parallel loss its all-reduces, and async TP its ring steps (one block sent to the
  * next rank while the matmul beside it runs). The model names each one — buffers, sizes, the
  * step of a ring — and the implementation runs it: MPI or the comm stream, the simulated
- * link, the watchdog's timeout, the time it took. So model/ never includes comm/.
+ * link, the watchdog's timeout, the time it took. So model/ never includes comm/. Expert
+ * parallelism's all-to-alls go through the same interface over the ep group.
  *
  * Every call is collective over the group's `size` ranks; `rank` is this rank's place in it.
  * At most one ring step is in flight at a time: ring_post, then ring_wait before the next
@@ -37,6 +38,11 @@ struct model_group {
 	void (*ring_post)(void *ctx, const void *send, void *recv, int64_t bytes, int step,
 	                  const char *what);
 	void (*ring_wait)(void *ctx, const char *what);
+	/* Expert parallelism's token dispatch and combine: rank q gets send's block q of
+	 * send_bytes[q] bytes; recv gets rank q's block to this rank, recv_bytes[q] long, in rank
+	 * order (both buffers contiguous by rank; the sizes are exchanged first, the same way). */
+	void (*all_to_all_v)(void *ctx, const void *send, const int64_t *send_bytes, void *recv,
+	                     const int64_t *recv_bytes);
 };
 
 #endif

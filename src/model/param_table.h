@@ -39,6 +39,11 @@ struct param_entry {
 	 * the local rows/columns exist globally (the vocabulary's last piece is zero-padded). */
 	int tp_dim;
 	int64_t tp_start, tp_valid, global_shape[2];
+	/* Expert parallelism: a routed-expert tensor of which this rank holds its ep rank's
+	 * experts, rows [tp_start, tp_start + shape[0]) of the global tensor (tp_dim 0, set by
+	 * the family); FSDP shards it over what remains of the data group (the mesh's efsdp
+	 * group), not the whole shard group. */
+	bool expert;
 };
 
 struct param_table {

@@ -82,7 +82,11 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 	f->bf16 = bf16;
 	f->reshard = reshard;
 	const struct param_table *t = m->table;
-	int64_t N = mesh->shard, r = mesh->shard_rank;
+	f->ep = mesh->ep > 1;
+	f->gg[0] = &mesh->shard_group;
+	f->gg[1] = f->ep ? &mesh->efsdp_group : &mesh->shard_group;
+	for (int g = 0; g < 2; g++)
+		f->gn[g] = f->gg[g]->size, f->gr[g] = f->gg[g]->rank;
 	f->n_units = t->n_units;
 	f->p = xcalloc((size_t)t->count, sizeof(*f->p));
 	f->u = xcalloc((size_t)t->n_units, sizeof(*f->u));
@@ -95,6 +99,8 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 		if (un->first_param < 0)
 			un->first_param = i;
 		un->n_params++;
+		p->grp = f->ep && lp->expert;
+		int64_t N = f->gn[p->grp], r = f->gr[p->grp];
 		p->rows = lp->shape[0];
 		p->cols = lp->numel / lp->shape[0];
 		p->chunk_rows = (p->rows + N - 1) / N;
@@ -102,8 +108,11 @@ int fsdp_build(struct fsdp *f, struct model *m, const struct mesh *mesh, bool bf
 		p->my_rows = mine < 0 ? 0 : (mine > p->chunk_rows ? p->chunk_rows : mine);
 		p->full_off = lp->offset - t->unit_begin[lp->unit];
 		p->shard_off = un->shard_numel;
-		CHECK(N > 1 || p->shard_off == p->full_off, "fsdp: one shard must be the full layout");
+		CHECK(f->gn[0] > 1 || p->shard_off == p->full_off,
+		      "fsdp: one shard must be the full layout");
 		p->decay = lp->weight_decay;
+		p->pack_off = un->grp_numel[p->grp];
+		un->grp_numel[p->grp] += p->chunk_rows * p->cols;
 		un->shard_numel += p->chunk_rows * p->cols;
 	}
 	for (int u = 0; u < t->n_units; u++) {
@@ -135,13 +144,15 @@ static void fsdp_wire_layout(struct fsdp *f)
 {
 	for (int u = 0; u < f->n_units; u++) {
 		struct fsdp_unit *un = &f->u[u];
-		int64_t off = 0;
+		int64_t off[2] = {0, 0};
 		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
 			struct fsdp_param *p = &f->p[i];
-			p->wire_off = off;
-			off += p->chunk_rows * p->cols * (p->fp8 ? 1 : f->bf16 ? 2 : 4);
+			p->wire_off = off[p->grp];
+			off[p->grp] += p->chunk_rows * p->cols * (p->fp8 ? 1 : f->bf16 ? 2 : 4);
 		}
-		un->wire_bytes = off;
+		un->grp_wire[0] = off[0];
+		un->grp_wire[1] = off[1];
+		un->wire_bytes = off[0] + off[1];
 	}
 }
 
@@ -215,9 +226,9 @@ void fsdp_free(struct fsdp *f)
 void fsdp_init_params(struct fsdp *f, uint64_t seed)
 {
 	const struct param_table *t = f->model->table;
-	int64_t r = f->mesh->shard_rank;
 	for (int i = 0; i < t->count; i++) {
 		const struct fsdp_param *p = &f->p[i];
+		int64_t r = f->gr[p->grp];
 		float *dst = f->shard_w + f->u[t->p[i].unit].shard_base + p->shard_off;
 		model_init_params(f->model, seed, dst, t->p[i].offset + r * p->chunk_rows * p->cols,
 		                  p->my_rows * p->cols);
@@ -356,32 +367,51 @@ static int rows_of(const struct fsdp_param *p, int64_t q)
 
 /* copy-out: rank q's chunk of each tensor lands in rows [q*chunk, q*chunk + rows_q) of the
  * bucket's full buffer. */
-/* Bytes of bucket b's block on the wire (per rank), and of the units before u in it. */
-static int64_t bucket_wire_bytes(const struct fsdp *f, int b, int upto)
+/* Bytes of bucket b's block of group g on the wire (per rank), and of the units before u in
+ * it (upto -1: all); elements likewise (the reduce-scatter's packing). */
+static int64_t bucket_wire_g(const struct fsdp *f, int b, int upto, int g)
 {
 	int64_t n = 0;
 	FOR_BUCKET_UNITS(f, b, u)
 	{
 		if (u == upto)
 			break;
-		n += f->u[u].wire_bytes;
+		n += f->u[u].grp_wire[g];
+	}
+	return n;
+}
+static int64_t bucket_wire_bytes(const struct fsdp *f, int b, int upto)
+{
+	return bucket_wire_g(f, b, upto, 0) + bucket_wire_g(f, b, upto, 1);
+}
+static int64_t bucket_numel_g(const struct fsdp *f, int b, int upto, int g)
+{
+	int64_t n = 0;
+	FOR_BUCKET_UNITS(f, b, u)
+	{
+		if (u == upto)
+			break;
+		n += f->u[u].grp_numel[g];
 	}
 	return n;
 }
 
 static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool bf16, float *full)
 {
-	int64_t N = f->mesh->shard, S = bucket_wire_bytes(f, b, -1);
+	/* group 0's blocks (rank-major), then group 1's */
+	const int64_t S[2] = {bucket_wire_g(f, b, -1, 0), bucket_wire_g(f, b, -1, 1)};
+	const char *gbase[2] = {recv, (const char *)recv + f->gn[0] * S[0]};
 	FOR_BUCKET_UNITS(f, b, u)
 	{
 		const struct fsdp_unit *un = &f->u[u];
 		float *ufull = full + unit_full_off(f, b, u);
-		int64_t ubase = bucket_wire_bytes(f, b, u);
+		const int64_t ubase[2] = {bucket_wire_g(f, b, u, 0), bucket_wire_g(f, b, u, 1)};
 		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
 			const struct fsdp_param *p = &f->p[i];
-			for (int64_t q = 0; q < N; q++) {
+			int g = p->grp;
+			for (int64_t q = 0; q < f->gn[g]; q++) {
 				int64_t n = rows_of(p, q) * p->cols;
-				const char *src = (const char *)recv + q * S + ubase + p->wire_off;
+				const char *src = gbase[g] + q * S[g] + ubase[g] + p->wire_off;
 				float *dst = ufull + p->full_off + q * p->chunk_rows * p->cols;
 				if (p->fp8) {
 					/* the fp8 values themselves: the scale goes with the weight
@@ -404,15 +434,17 @@ static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool 
 /* fp8 all-gather: the bucket's shards into the wire format (fp8 / bf16 / fp32 per param). */
 static void bucket_pack(const struct fsdp *f, int b, char *send)
 {
+	const int64_t S0 = bucket_wire_g(f, b, -1, 0); /* group 1's block follows group 0's */
 	FOR_BUCKET_UNITS(f, b, u)
 	{
 		const struct fsdp_unit *un = &f->u[u];
-		char *ublock = send + bucket_wire_bytes(f, b, u);
+		char *ublock[2] = {send + bucket_wire_g(f, b, u, 0),
+		                   send + S0 + bucket_wire_g(f, b, u, 1)};
 		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
 			const struct fsdp_param *p = &f->p[i];
 			const float *x = f->shard_w + un->shard_base + p->shard_off;
 			int64_t n = p->chunk_rows * p->cols; /* padding rows are zeros */
-			char *dst = ublock + p->wire_off;
+			char *dst = ublock[p->grp] + p->wire_off;
 			if (p->fp8) {
 				fp8_quantize((uint8_t *)dst, x, n, f->fp8_scale[i], FP8_E4M3);
 			} else if (f->bf16) {
@@ -438,7 +470,7 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 		*bytes = 0;
 		return 0; /* complete: be_all_gather_done binds the shard itself */
 	}
-	if (f->fp8_ag) {
+	if (f->fp8_ag || f->ep) { /* ep: the two groups' chunks packed apart */
 		st->ag_send = pool_get(&f->ag_send);
 		bucket_pack(f, b, f->ag_send.buf[st->ag_send]);
 		send = f->ag_send.buf[st->ag_send];
@@ -455,13 +487,23 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 	CHECK(f->fp8_ag || *bytes == S * (f->bf16 ? 2 : 4), "wire layout");
 	char what[64];
 	snprintf(what, sizeof(what), "all-gather of bucket %d", b);
+	const int64_t S0 = f->ep ? bucket_wire_g(f, b, -1, 0) : *bytes;
 	struct comm_op op = {.kind = COMM_ALL_GATHER,
 	                     .group = &f->mesh->shard_group,
 	                     .send = send,
 	                     .recv = f->ag_recv.buf[st->ag_recv],
-	                     .count = *bytes,
+	                     .count = S0,
 	                     .scratch = NULL,
 	                     .what = what};
+	int64_t ticket = comm_stream_enqueue(f->stream, &op);
+	if (S0 == *bytes)
+		return ticket;
+	/* the experts' chunks over efsdp, after the dense ones (FIFO: its ticket is the last) */
+	snprintf(what, sizeof(what), "all-gather of bucket %d (experts)", b);
+	op.group = f->gg[1];
+	op.send = (const char *)send + S0;
+	op.recv = (char *)f->ag_recv.buf[st->ag_recv] + f->gn[0] * S0;
+	op.count = *bytes - S0;
 	return comm_stream_enqueue(f->stream, &op);
 }
 
@@ -518,8 +560,7 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 {
 	struct fsdp *f = ctx;
 	struct fsdp_bucket_state *st = &f->bs[b];
-	int64_t N = f->mesh->shard, S = sched_bucket_shard(&f->sched, b);
-	int64_t base = bucket_shard_base(f, b);
+	int64_t S = sched_bucket_shard(&f->sched, b);
 	if (st->g == FSDP_IN_PLACE) { /* already summed into the shard gradients */
 		st->g = -1;
 		FOR_BUCKET_UNITS(f, b, u)
@@ -531,22 +572,27 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 	st->rs_send = pool_get(&f->rs_send);
 	st->rs_recv = pool_get(&f->rs_recv);
 	float *send = f->rs_send.buf[st->rs_send];
-	/* copy-in, rank-major with zero padding */
-	for (int64_t q = 0; q < N; q++)
-		FOR_BUCKET_UNITS(f, b, u)
-		{
-			const struct fsdp_unit *un = &f->u[u];
-			const float *ug = g + unit_full_off(f, b, u);
-			for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
-				const struct fsdp_param *p = &f->p[i];
+	/* copy-in, rank-major with zero padding: group 0's blocks, then group 1's (without ep
+	 * group 0 is everything and its packing the shard's layout) */
+	const int64_t Sg[2] = {bucket_numel_g(f, b, -1, 0), bucket_numel_g(f, b, -1, 1)};
+	float *gsend[2] = {send, send + f->gn[0] * Sg[0]};
+	FOR_BUCKET_UNITS(f, b, u)
+	{
+		const struct fsdp_unit *un = &f->u[u];
+		const float *ug = g + unit_full_off(f, b, u);
+		const int64_t ub[2] = {bucket_numel_g(f, b, u, 0), bucket_numel_g(f, b, u, 1)};
+		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+			const struct fsdp_param *p = &f->p[i];
+			for (int64_t q = 0; q < f->gn[p->grp]; q++) {
 				int64_t rows = rows_of(p, q);
-				float *dst = send + q * S + (un->shard_base - base) + p->shard_off;
+				float *dst = gsend[p->grp] + q * Sg[p->grp] + ub[p->grp] + p->pack_off;
 				memcpy(dst, ug + p->full_off + q * p->chunk_rows * p->cols,
 				       (size_t)(rows * p->cols) * sizeof(float));
 				memset(dst + rows * p->cols, 0,
 				       (size_t)((p->chunk_rows - rows) * p->cols) * sizeof(float));
 			}
 		}
+	}
 	pool_put(&f->pg, &st->g);
 	FOR_BUCKET_UNITS(f, b, u)
 	model_bind_unit(f->model, u, f->model->unit_w[u], NULL);
@@ -554,13 +600,23 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 	char what[64];
 	snprintf(what, sizeof(what), "reduce-scatter of bucket %d", b);
 	float *recv = f->rs_recv.buf[st->rs_recv];
+	/* recv: group 0's result, group 1's; then each one's 2 x count of ring scratch */
 	struct comm_op op = {.kind = COMM_REDUCE_SCATTER,
 	                     .group = &f->mesh->shard_group,
 	                     .send = send,
 	                     .recv = recv,
-	                     .count = S,
+	                     .count = Sg[0],
 	                     .scratch = recv + S,
 	                     .what = what};
+	int64_t ticket = comm_stream_enqueue(f->stream, &op);
+	if (Sg[1] == 0)
+		return ticket;
+	snprintf(what, sizeof(what), "reduce-scatter of bucket %d (experts)", b);
+	op.group = f->gg[1];
+	op.send = gsend[1];
+	op.recv = recv + Sg[0];
+	op.count = Sg[1];
+	op.scratch = recv + S + 2 * Sg[0];
 	return comm_stream_enqueue(f->stream, &op);
 }
 
@@ -578,9 +634,26 @@ static void be_reduce_scatter_done(void *ctx, int b)
 		comm_all_reduce_f32(&f->mesh->dp_replicate_group, recv, S);
 	}
 	float *sg = f->shard_g + bucket_shard_base(f, b);
+	if (!f->ep) {
 #pragma omp parallel for simd schedule(static)
-	for (int64_t i = 0; i < S; i++)
-		sg[i] += recv[i];
+		for (int64_t i = 0; i < S; i++)
+			sg[i] += recv[i];
+	} else { /* each chunk from its group's packed result into the shard's table order */
+		const int64_t S0 = bucket_numel_g(f, b, -1, 0);
+		FOR_BUCKET_UNITS(f, b, u)
+		{
+			const struct fsdp_unit *un = &f->u[u];
+			const int64_t ub[2] = {bucket_numel_g(f, b, u, 0),
+			                       S0 + bucket_numel_g(f, b, u, 1)};
+			for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+				const struct fsdp_param *p = &f->p[i];
+				float *dst = f->shard_g + un->shard_base + p->shard_off;
+				const float *src = recv + ub[p->grp] + p->pack_off;
+				for (int64_t k = 0; k < p->chunk_rows * p->cols; k++)
+					dst[k] += src[k];
+			}
+		}
+	}
 	pool_put(&f->rs_send, &st->rs_send);
 	pool_put(&f->rs_recv, &st->rs_recv);
 }
@@ -771,13 +844,70 @@ double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targ
 void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows, int64_t *at)
 {
 	const struct fsdp_param *p = &f->p[i];
-	*row0 = f->mesh->shard_rank * p->chunk_rows;
+	*row0 = f->gr[p->grp] * p->chunk_rows;
 	*nrows = p->my_rows;
 	*at = f->u[f->model->table->p[i].unit].shard_base + p->shard_off;
 }
 
+/* Under ep: each unit's groups gathered apart into this rank's table layout, then the global
+ * layout (every expert tensor's ep pieces, in ep rank order, over the ep group). */
+static void fsdp_gather_full_ep(struct fsdp *f, float *out)
+{
+	const struct param_table *t = f->model->table;
+	int64_t max_unit = 0;
+	for (int u = 0; u < f->n_units; u++)
+		max_unit = f->u[u].full_numel > max_unit ? f->u[u].full_numel : max_unit;
+	float *loc = xcalloc((size_t)t->numel, sizeof(float));
+	float *send = xcalloc((size_t)max_unit, sizeof(float));
+	float *recv = xcalloc((size_t)(f->gn[0] * max_unit), sizeof(float));
+	for (int u = 0; u < f->n_units; u++) {
+		const struct fsdp_unit *un = &f->u[u];
+		for (int g = 0; g < 2; g++) {
+			if (un->grp_numel[g] == 0)
+				continue;
+			for (int i = un->first_param; i < un->first_param + un->n_params; i++)
+				if (f->p[i].grp == g)
+					memcpy(send + f->p[i].pack_off,
+					       f->shard_w + un->shard_base + f->p[i].shard_off,
+					       (size_t)(f->p[i].chunk_rows * f->p[i].cols) *
+					           sizeof(float));
+			comm_label("full-parameter gather of unit %d, group %d", u, g);
+			comm_all_gather(f->gg[g], send, recv,
+			                un->grp_numel[g] * (int64_t)sizeof(float));
+			for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+				const struct fsdp_param *p = &f->p[i];
+				if (p->grp != g)
+					continue;
+				for (int64_t q = 0; q < f->gn[g]; q++)
+					memcpy(loc + t->unit_begin[u] + p->full_off +
+					           q * p->chunk_rows * p->cols,
+					       recv + q * un->grp_numel[g] + p->pack_off,
+					       (size_t)(rows_of(p, q) * p->cols) * sizeof(float));
+			}
+		}
+	}
+	int64_t at = 0; /* the global layout: the table's order, expert tensors whole */
+	for (int i = 0; i < t->count; i++) {
+		const struct param_entry *e = &t->p[i];
+		if (e->expert) {
+			comm_label("full-parameter gather of %s over ep", e->name);
+			comm_all_gather(&f->mesh->ep_group, loc + e->offset, out + at,
+			                e->numel * (int64_t)sizeof(float));
+			at += e->numel * f->mesh->ep;
+		} else {
+			memcpy(out + at, loc + e->offset, (size_t)e->numel * sizeof(float));
+			at += e->numel;
+		}
+	}
+	free(loc), free(send), free(recv);
+}
+
 void fsdp_gather_full(struct fsdp *f, float *out)
 {
+	if (f->ep) {
+		fsdp_gather_full_ep(f, out);
+		return;
+	}
 	/* Always fp32, whatever the training all-gather dtype: this is the master copy. One unit
 	 * at a time, bypassing the step's buckets. */
 	const struct param_table *t = f->model->table;

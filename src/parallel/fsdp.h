@@ -20,6 +20,19 @@
  * pools of the largest bucket's size, allocated on first use: the number ever allocated is
  * the schedule's peak of that kind in use.
  *
+ * Expert parallelism (mesh->ep > 1; ep borrows from the shard group): the model holds only its
+ * ep rank's routed experts (table entries marked `expert`), so every parameter belongs to one
+ * of two shard groups — dense parameters to the whole shard group, expert parameters to the
+ * efsdp group (the shard ranks that hold the same experts, size shard / ep) — and is chunked
+ * over its group's size. Each unit's shard keeps table order; on the wire (and in the
+ * reduce-scatter's send buffer) a bucket's chunks are packed group by group, so a bucket's
+ * all-gather and reduce-scatter are one collective per group (enqueued back to back; the
+ * second ticket completes both). An expert's gradient already holds the contributions of all
+ * the ep group's tokens (they were sent to it), so summing it over efsdp (and the replicas)
+ * is the whole batch's, with the same 1/valid-tokens scale as the dense gradients: no divide
+ * by a group size anywhere (pytorch#160285 is the expert gradients off by the ep factor).
+ * The gradient norm sums every element once over the shard group as before.
+ *
  * fp8 all-gather (fsdp_set_fp8_all_gather; torchao's enable_fsdp_float8_all_gather): the
  * float8 linears' weights travel as e4m3 bytes, cast with the tensorwise scale of the WHOLE
  * weight; the scales come from one all-reduce (max) over dp_shard of every float8 weight's
@@ -54,6 +67,8 @@ struct fsdp_param {
 	int64_t wire_off;  /* byte offset of this chunk in the unit's all-gather block */
 	bool decay;
 	bool fp8; /* gathered as fp8 (a float8 linear's weight under the fp8 all-gather) */
+	int grp;  /* its shard group: 0 the shard group, 1 efsdp (an expert tensor under ep) */
+	int64_t pack_off; /* element offset of this chunk in its unit's block of its group */
 };
 
 struct fsdp_unit {
@@ -61,6 +76,7 @@ struct fsdp_unit {
 	int64_t full_numel, shard_numel;
 	int64_t shard_base; /* offset of this unit's shard in the rank's shard buffers */
 	int64_t wire_bytes; /* bytes of this unit's shard on the all-gather wire */
+	int64_t grp_numel[2], grp_wire[2]; /* its chunks' elements and wire bytes per group */
 };
 
 /* Buffers of one kind, each `bytes` long, allocated on first use. */
@@ -91,6 +107,11 @@ struct fsdp {
 	float *fp8_amax;   /* scratch: local amax of each fp8 parameter, then the global one */
 	int n_fp8;         /* parameters gathered as fp8 */
 	enum fsdp_reshard reshard;
+	/* the two shard groups (parameter grp 0, 1: without ep both are the shard group), their
+	 * sizes and this rank's place in each */
+	bool ep;
+	const struct comm_group *gg[2];
+	int gn[2], gr[2];
 	int64_t shard_numel;      /* this rank's total shard elements (with padding) */
 	float *shard_w, *shard_g; /* master params, gradients (MEM_PARAMS, MEM_GRADS) */
 	/* the family's per-step statistics (model_step_stats), summed over dp_group after
@@ -148,7 +169,9 @@ double fsdp_eval_loss(struct fsdp *f, const int32_t *tokens, const int32_t *targ
  * element *at of the shard buffers (shard_w, shard_g, and optimizer moments alike). */
 void fsdp_local_rows(const struct fsdp *f, int i, int64_t *row0, int64_t *nrows, int64_t *at);
 
-/* Gather the full flat parameter buffer (table layout) onto every rank (tests, export). */
+/* Gather the full flat parameter buffer (table layout) onto every rank (tests, export); under
+ * expert parallelism in the global table's layout (all E experts: the experts' pieces are
+ * gathered over the ep group too). */
 void fsdp_gather_full(struct fsdp *f, float *out);
 
 #endif

@@ -113,6 +113,21 @@ static void op_ring_wait(void *ctx, const char *what)
 	c->comm_s += timer_now() - t0;
 }
 
+static void op_all_to_all_v(void *ctx, const void *send, const int64_t *send_bytes, void *recv,
+                            const int64_t *recv_bytes)
+{
+	struct tp_coll *c = ctx;
+	double t0 = timer_now();
+	comm_all_to_all_v(c->g, send, send_bytes, recv, recv_bytes);
+	if (c->sim_bytes_per_s > 0) { /* what this rank sent to the others, in one hop */
+		int64_t wire = 0;
+		for (int q = 0; q < c->g->size; q++)
+			wire += q == c->g->rank ? 0 : send_bytes[q];
+		sim_stretch(c, t0, wire, 1);
+	}
+	c->comm_s += timer_now() - t0;
+}
+
 void tp_coll_init(struct tp_coll *c, const struct comm_group *g, double sim_gbps,
                   double sim_latency_us, double timeout_s)
 {
@@ -129,7 +144,8 @@ void tp_coll_init(struct tp_coll *c, const struct comm_group *g, double sim_gbps
 	                             .all_reduce_sum_f32 = op_all_reduce_sum,
 	                             .all_reduce_max_f32 = op_all_reduce_max,
 	                             .ring_post = op_ring_post,
-	                             .ring_wait = op_ring_wait};
+	                             .ring_wait = op_ring_wait,
+	                             .all_to_all_v = op_all_to_all_v};
 }
 
 void tp_coll_use_stream(struct tp_coll *c, struct comm_stream *stream)

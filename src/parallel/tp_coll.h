@@ -11,7 +11,9 @@
  * the time it takes is exposed communication (tp_coll_seconds).
  *
  * Context parallelism uses the same implementation over the mesh's cp group (the trainer's
- * second tp_coll): its K/V all-gathers and dK/dV reduce-scatters, and ring attention's steps.
+ * second tp_coll): its K/V all-gathers and dK/dV reduce-scatters, and ring attention's steps;
+ * and expert parallelism over the mesh's ep group (a third): the MoE layers' token dispatch
+ * and combine (all_to_all_v), blocking on the compute thread.
  */
 #ifndef CT_PARALLEL_TP_COLL_H
 #define CT_PARALLEL_TP_COLL_H

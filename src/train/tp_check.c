@@ -105,3 +105,50 @@ int cp_check_config(const struct ct_config *cfg)
 	}
 	return CT_OK;
 }
+
+int ep_check_config(const struct ct_config *cfg)
+{
+	const struct ct_config *c = cfg;
+	const int64_t ep = c->parallelism.expert_parallel_degree;
+	if (ep <= 1)
+		return CT_OK;
+	const struct model_family *fam = model_family_named(c->model.name);
+	if (fam && !fam->ep) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %lld is not supported with model.name "
+		          "= \"%s\": the family has no routed experts to split",
+		          (long long)ep, c->model.name);
+		return CT_ERR_USAGE;
+	}
+	const struct {
+		const char *key;
+		int64_t v;
+		const char *why;
+	} no[] = {
+	    {"context_parallel_degree", c->parallelism.context_parallel_degree,
+	     "ep borrows from dp_shard only so far (TorchTitan's dp_shard x cp placement needs "
+	     "the family's context-parallel attention, which deepseek_v3 does not have)"},
+	    {"tensor_parallel_degree", c->parallelism.tensor_parallel_degree,
+	     "the experts and attention heads are not split over TP ranks"},
+	    {"pipeline_parallel_degree", c->parallelism.pipeline_parallel_degree,
+	     "pipeline stages do not run the MoE layers' all-to-alls yet"},
+	};
+	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
+		if (no[i].v > 1) {
+			LOG_ERROR("parallelism.expert_parallel_degree = %lld is not supported with "
+			          "parallelism.%s = %lld: %s",
+			          (long long)ep, no[i].key, (long long)no[i].v, no[i].why);
+			return CT_ERR_USAGE;
+		}
+	int64_t shard = c->parallelism.data_parallel_shard_degree;
+	const int64_t rest = c->parallelism.data_parallel_replicate_degree;
+	if (shard == -1)
+		shard = comm_world_size() / rest;
+	if (shard % ep) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %lld does not divide "
+		          "data_parallel_shard_degree = %lld (ep borrows from the FSDP shard group: "
+		          "dp_shard = efsdp x ep)",
+		          (long long)ep, (long long)shard);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}

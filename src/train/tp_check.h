@@ -12,5 +12,9 @@ int tp_check_config(const struct ct_config *cfg);
  * support it, tensor and pipeline parallelism and the cost model's options are not yet
  * combined with it, and training.seq_len must split into the balancer's chunks. */
 int cp_check_config(const struct ct_config *cfg);
+/* The same for expert parallelism (parallelism.expert_parallel_degree): the family must have
+ * routed experts, ep must divide the FSDP shard degree (ep borrows from dp_shard), and
+ * context, tensor and pipeline parallelism are not yet combined with it. */
+int ep_check_config(const struct ct_config *cfg);
 
 #endif

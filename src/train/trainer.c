@@ -162,6 +162,11 @@ static int trainer_build_model(struct trainer *tr)
 		o.cp_ring = strcmp(cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0;
 		T /= tr->mesh.cp;
 	}
+	if (tr->mesh.ep > 1) { /* the MoE layers' token exchange over the ep group */
+		tp_coll_init(&tr->ep, &tr->mesh.ep_group, cfg->comm.simulate_bandwidth_gbps,
+		             cfg->comm.simulate_latency_us, cfg->comm.timeout_seconds);
+		o.ep = &tr->ep.ops;
+	}
 	rc = model_build(&tr->model, &mc, cfg->training.local_batch_size, T, &o);
 	if (rc)
 		return rc;
@@ -275,7 +280,9 @@ static int trainer_setup(struct trainer *tr)
 	const struct ct_config *cfg = tr->cfg;
 	int64_t tp = cfg->parallelism.tensor_parallel_degree;
 	int64_t pp = cfg->parallelism.pipeline_parallel_degree;
-	int rc = tp_check_config(cfg);
+	int rc = ep_check_config(cfg);
+	if (!rc)
+		rc = tp_check_config(cfg);
 	if (rc)
 		return rc;
 	/* the flight recorder (comm/flight.h): dumps into the job's folder on a hang or SIGUSR1 */
@@ -289,6 +296,8 @@ static int trainer_setup(struct trainer *tr)
 	rc = mesh_build_cp(&tr->mesh, pp, cfg->parallelism.data_parallel_replicate_degree,
 	                   cfg->parallelism.data_parallel_shard_degree,
 	                   cfg->parallelism.context_parallel_degree, tp);
+	if (!rc)
+		rc = mesh_build_ep(&tr->mesh, cfg->parallelism.expert_parallel_degree);
 	if (!rc)
 		rc = compute_setup(cfg, tr->mesh.rank == 0);
 	if (rc)
@@ -368,6 +377,11 @@ static int trainer_setup(struct trainer *tr)
 		         tr->mesh.cp, (long long)tr->model.T, (long long)cfg->training.seq_len,
 		         cfg->parallelism.context_parallel_load_balancer,
 		         cfg->parallelism.context_parallel_rotate_method, tr->mesh.shard);
+	if (tr->mesh.ep > 1)
+		LOG_INFO("expert parallelism: %d ranks share the routed experts (tokens exchanged "
+		         "by all-to-all); FSDP shards dense parameters over %d ranks, experts over "
+		         "%d",
+		         tr->mesh.ep, tr->mesh.shard, tr->mesh.efsdp_group.size);
 	LOG_INFO("training: %lld steps, batch %lld x seq %lld x %lld micro-batches x %lld ranks, "
 	         "dataset %s; %.3g FLOPs/token; peak %.1f GFLOP/s per rank (%s)",
 	         (long long)cfg->training.steps, (long long)cfg->training.local_batch_size,
@@ -510,13 +524,15 @@ static int trainer_write_trace(struct trainer *tr, int64_t step, double t0)
 	return sched_trace_write(path, &tr->fsdp.sched, tr->fsdp.rec, tr->mesh.rank, t0);
 }
 
-/* Time in tensor- and context-parallel collectives so far (on the compute path; ring
- * attention's waits for its steps). */
+/* Time in tensor-, context- and expert-parallel collectives so far (on the compute path;
+ * ring attention's waits for its steps). */
 static double trainer_tp_comm(const struct trainer *tr)
 {
 	double s = tr->mesh.tp > 1 ? tp_coll_seconds(&tr->tp) : 0.0;
 	if (tr->mesh.cp > 1)
 		s += tp_coll_seconds(tr->piped ? &tr->pp.cp : &tr->cp);
+	if (tr->mesh.ep > 1)
+		s += tp_coll_seconds(&tr->ep);
 	return s;
 }
 

@@ -17,7 +17,7 @@
 static void trainer_tp_piece(const struct param_table *t, const struct param_entry *p,
                              struct ckpt_tensor *c)
 {
-	if (t->tp_size <= 1)
+	if (t->tp_size <= 1 && !p->expert) /* (an expert tensor: its ep rank's rows) */
 		return;
 	c->rows = p->global_shape[0];
 	c->cols = p->ndim == 2 ? p->global_shape[1] : 1;

@@ -32,6 +32,7 @@ struct trainer {
 	 * (seq_len, rank-major, parallel/cp.h), and whole sequences before this rank's tokens
 	 * are taken from them (accum x B x seq_len) */
 	struct tp_coll cp;
+	struct tp_coll ep; /* expert parallelism's all-to-alls over the ep group (mesh.ep > 1) */
 	int64_t *cp_order;
 	int32_t *cp_tokens, *cp_targets;
 	struct fsdp fsdp; /* used when the data-parallel world has more than one rank */

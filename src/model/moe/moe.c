@@ -163,10 +163,17 @@ int moe_tensor_index(const struct moe_config *c, int l, int k)
 
 int moe_table_build(struct param_table *t, const struct moe_config *c)
 {
+	return moe_table_build_ep(t, c, 1, 0);
+}
+
+int moe_table_build_ep(struct param_table *t, const struct moe_config *c, int ep, int ep_rank)
+{
+	CHECK(ep >= 1 && c->n_routed_experts % ep == 0 && ep_rank >= 0 && ep_rank < ep,
+	      "moe: %lld experts over %d expert-parallel ranks", (long long)c->n_routed_experts, ep);
 	memset(t, 0, sizeof(*t));
 	int cap = 0, L = (int)c->n_layers;
 	int64_t C = c->dim, HD = c->n_heads * c->head_dim, KVD = c->n_kv_heads * c->head_dim;
-	int64_t F = c->inter_dim, E = c->n_routed_experts, Fm = c->moe_inter_dim;
+	int64_t F = c->inter_dim, E = c->n_routed_experts, El = E / ep, Fm = c->moe_inter_dim;
 	int64_t Fs = Fm * c->n_shared_experts, V = c->vocab_size;
 	t->n_units = L + 2;
 	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
@@ -198,9 +205,9 @@ int moe_table_build(struct param_table *t, const struct moe_config *c)
 		    [MB_WV] = {KVD, C},
 		    [MB_WO] = {C, HD},
 		    [MB_FFN_NORM] = {C, 0},
-		    [MB_W1] = {dense ? F : E * Fm, C},
-		    [MB_W2] = {dense ? C : E * C, dense ? F : Fm},
-		    [MB_W3] = {dense ? F : E * Fm, C},
+		    [MB_W1] = {dense ? F : El * Fm, C},
+		    [MB_W2] = {dense ? C : El * C, dense ? F : Fm},
+		    [MB_W3] = {dense ? F : El * Fm, C},
 		    [MB_GATE] = {E, C},
 		    [MB_SW1] = {Fs, C},
 		    [MB_SW2] = {C, Fs},
@@ -221,6 +228,15 @@ int moe_table_build(struct param_table *t, const struct moe_config *c)
 			snprintf(name, sizeof(name), "layers.%d.%s", l, nm);
 			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], !norm,
 			                init);
+			bool expert = !dense && (k == MB_W1 || k == MB_W2 || k == MB_W3);
+			if (expert && ep > 1) { /* rows [ep_rank * rows, ..) of the global tensor */
+				struct param_entry *p = &t->p[t->count - 1];
+				p->expert = true;
+				p->tp_dim = 0;
+				p->tp_start = ep_rank * p->shape[0];
+				p->tp_valid = p->shape[0];
+				p->global_shape[0] = ep * p->shape[0];
+			}
 		}
 	}
 	t->unit_begin[L + 1] = t->numel;
@@ -237,6 +253,19 @@ void moe_init_params(const struct moe_config *c, const struct param_table *t, ui
 {
 	(void)c; /* the table carries each tensor's init */
 	param_table_init_range(t, seed, out, first, n);
+	/* an expert-parallel piece: its elements as the global tensor's (tp_start rows on) */
+	for (int i = 0; i < t->count; i++) {
+		const struct param_entry *p = &t->p[i];
+		int64_t lo = p->offset > first ? p->offset : first;
+		int64_t hi = p->offset + p->numel < first + n ? p->offset + p->numel : first + n;
+		if (!p->expert || p->tp_start == 0 || lo >= hi)
+			continue;
+		struct param_entry g = *p;
+		g.offset = p->offset - p->tp_start * (p->numel / p->shape[0]);
+		g.numel = p->global_shape[0] * (p->numel / p->shape[0]);
+		const struct param_table one = {.p = &g, .count = 1};
+		param_table_init_range(&one, seed, out + (lo - first), lo, hi - lo);
+	}
 }
 
 int64_t moe_active_params(const struct moe_config *c)
@@ -302,6 +331,7 @@ static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
 		struct moe_block_acts *a = &m->blk[l];
 		bool dense = l < c->n_dense_layers;
 		int64_t Fh = dense ? c->inter_dim : Fs, NK = dense ? 0 : N * K;
+		int64_t R = dense ? 0 : m->R_max, El = dense || m->ep == 1 ? 0 : m->E_local;
 		a->x = carve(off, N * C);
 		a->rstd1 = carve(off, N);
 		a->xn1 = carve(off, N * C);
@@ -319,12 +349,15 @@ static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
 		a->g_raw = carve(off, NK);
 		a->g = carve(off, NK);
 		a->xs = carve(off, NK * C);
-		a->eh1 = carve(off, NK * Fm);
-		a->eh3 = carve(off, NK * Fm);
+		a->xe = carve(off, m->ep > 1 ? R * C : 0);
+		a->eh1 = carve(off, R * Fm);
+		a->eh3 = carve(off, R * Fm);
 		a->y = carve(off, NK * C);
 		a->idx = carve(ioff, NK);
 		a->pos = carve(ioff, NK);
 		a->off = carve(ioff, dense ? 0 : E + 1);
+		a->ecnt = carve(ioff, m->ep * El);
+		a->eoff = carve(ioff, El ? El + 1 : 0);
 	}
 	m->ifill = carve(ioff, E);
 	m->x_final = carve(off, N * C);
@@ -342,7 +375,7 @@ static void plan_scratch(struct moe_model *m, int64_t *off)
 	int64_t Fm = c->moe_inter_dim, Fs = Fm * c->n_shared_experts;
 	int64_t h = N * c->inter_dim;
 	h = N * Fs > h ? N * Fs : h;
-	h = N * K * Fm > h ? N * K * Fm : h;
+	h = m->R_max * Fm > h ? m->R_max * Fm : h;
 	m->s_dres = carve(off, N * C);
 	m->s_dxn = carve(off, N * C);
 	m->s_dxnf = carve(off, N * C);
@@ -358,6 +391,10 @@ static void plan_scratch(struct moe_model *m, int64_t *off)
 	m->s_ds = carve(off, N * E);
 	m->s_dg = carve(off, N * K);
 	m->s_ce = carve(off, m->ce_rows * c->vocab_size);
+	int64_t R = m->ep > 1 ? m->R_max * C : 0;
+	m->s_xr = carve(off, R);
+	m->s_ye = carve(off, R);
+	m->s_dxe = carve(off, R);
 }
 
 static void moe_rope_tables(struct moe_model *m)
@@ -387,7 +424,20 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 	if (rc)
 		return rc;
 	CHECK(opts->own_params || !opts->f64, "moe: double models own their parameters");
-	moe_table_build(&m->table, &m->cfg);
+	m->ep = opts->ep && opts->ep->size > 1 ? opts->ep->size : 1;
+	m->ep_rank = m->ep > 1 ? opts->ep->rank : 0;
+	m->epg = m->ep > 1 ? opts->ep : NULL;
+	if (m->cfg.n_routed_experts % m->ep) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %d does not divide "
+		          "model.moe_n_routed_experts = %lld",
+		          m->ep, (long long)m->cfg.n_routed_experts);
+		return CT_ERR_USAGE;
+	}
+	m->E_local = m->cfg.n_routed_experts / m->ep;
+	m->R_max = (int64_t)m->ep * B * T * m->cfg.top_k;
+	moe_table_build_ep(&m->table, &m->cfg, m->ep, m->ep_rank);
+	m->ep_bytes = xcalloc((size_t)(2 * m->ep), sizeof(int64_t));
+	m->ep_scnt = xcalloc((size_t)(m->ep * m->E_local), sizeof(int32_t));
 	m->B = B;
 	m->T = T;
 	m->N = B * T;
@@ -460,6 +510,7 @@ void moe_free(struct moe_model *m)
 	mem_free(MEM_ACTIVATIONS, m->scratch, (size_t)m->scratch_bytes);
 	free(m->unit_w), free(m->unit_dw), free(m->unit_w64), free(m->unit_dw64);
 	free(m->blk), free(m->bias), free(m->counts), free(m->aux_sum), free(m->load);
+	free(m->ep_bytes), free(m->ep_scnt);
 	param_table_free(&m->table);
 	memset(m, 0, sizeof(*m));
 }

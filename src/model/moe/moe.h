@@ -32,6 +32,22 @@
  * Expert tensors are 2-D in the table so FSDP shards them on dim 0 like any tensor:
  * experts.w1, w3 (E*Fm, C) (expert e's rows [e*Fm, (e+1)*Fm)), experts.w2 (E*C, Fm).
  *
+ * Expert parallelism (moe_build_opts.ep of P ranks, P | E): rank p holds experts
+ * [p*El, (p+1)*El), El = E/P, as the rows [p*El*Fm, ..) of w1, w3 and [p*El*C, ..) of w2
+ * (table entries marked `expert`, with their place in the global tensor). The router, the
+ * shared experts and everything else are whole on every rank, which routes its own tokens
+ * over all E experts. Since the slots are sorted by expert, the rows for rank p's experts are
+ * one run of xs: each MoE forward exchanges the per-expert counts (one all-to-all of P x El
+ * ints), sends every rank its run (all_to_all_v), regroups what arrived (source-major) by
+ * local expert (xe, expert e's rows from every source in rank order), runs the local experts
+ * and sends the outputs back the same way reversed, where the combine is the one-rank one.
+ * Backward sends the output gradients along the forward's routes and the input gradients
+ * back. An expert's rows are the tokens of the P ranks in rank order, so with the batch
+ * split in rank order its gradient is the one-rank gradient (to summation order). The
+ * dispatch and combine run inside the unit (blocking hook calls, as context parallelism's
+ * K/V exchange), not as schedule nodes. Received rows are planned for the worst case: every
+ * rank's N*K slots to one rank (R = P*N*K rows of xe, eh1, eh3).
+ *
  * Precision: a model is built for float (training) or double (finite-difference tests); the
  * compute is one template instantiated for both (moe_impl.h).
  *
@@ -44,6 +60,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/model_group.h"
 #include "model/param_table.h"
 
 enum moe_score { MOE_SCORE_SOFTMAX, MOE_SCORE_SIGMOID };
@@ -98,6 +115,10 @@ enum moe_block_tensor {
  * std 0.02; wo, w2, w3 and the experts' and shared experts' w2, w3 std 0.02/sqrt(2(l+1));
  * output trunc-normal std dim^-1/2 cut at 3 std. */
 int moe_table_build(struct param_table *t, const struct moe_config *c);
+/* Expert-parallel rank ep_rank's table of ep (ep = 1: moe_table_build): the expert tensors
+ * hold its E/ep experts and say where they sit in the global tensors (tp_start,
+ * global_shape, `expert`); every other entry is whole. */
+int moe_table_build_ep(struct param_table *t, const struct moe_config *c, int ep, int ep_rank);
 void moe_init_params(const struct moe_config *c, const struct param_table *t, uint64_t seed,
                      float *out, int64_t first, int64_t n);
 /* Table index of block l's tensor k (-1: the block has none: dense vs MoE, no shared). */
@@ -110,6 +131,7 @@ int64_t moe_active_params(const struct moe_config *c);
 struct moe_build_opts {
 	bool own_params; /* allocate flat params + grads and bind every unit to them */
 	bool f64;        /* double precision (tests): params64/grads64, own_params required */
+	const struct model_group *ep; /* expert parallelism (NULL or size 1: none) */
 };
 
 /* Offsets (in reals) of one block's saved activations; the MoE layers' routing in ints. */
@@ -121,6 +143,10 @@ struct moe_block_acts {
 	int64_t xs, eh1, eh3, y; /* (N*K, C|Fm|Fm|C) sorted expert inputs, up-projections, outputs */
 	int64_t idx, pos;       /* ints: (N*K) chosen experts; (N*K) slot -> sorted row */
 	int64_t off;            /* ints: (E+1) first sorted row of each expert */
+	/* expert parallelism (ep > 1): xe (R, C) the received rows by local expert (eh1, eh3
+	 * then have R rows); ints: ecnt (P x El) rows from source p for local expert e, eoff
+	 * (El+1) each local expert's first row of xe */
+	int64_t xe, ecnt, eoff;
 };
 
 struct moe_model {
@@ -128,6 +154,14 @@ struct moe_model {
 	struct param_table table;
 	int64_t B, T, N;
 	bool f64, own_params;
+	/* expert parallelism: ep ranks (1: none), this one's place, its El = E/ep experts, the
+	 * rows it can receive (R), the group, and the exchange's working arrays (2 x ep byte
+	 * counts, ep x El send counts) */
+	int ep, ep_rank;
+	int64_t E_local, R_max;
+	const struct model_group *epg;
+	int64_t *ep_bytes;
+	int32_t *ep_scnt;
 	float **unit_w, **unit_dw; /* float models; NULL while unbound under FSDP */
 	float *params, *grads;
 	double **unit_w64, **unit_dw64; /* double models */
@@ -141,6 +175,8 @@ struct moe_model {
 	int64_t x_final, rstd_f, xn_final, rope_cos, rope_sin;
 	int64_t s_dres, s_dxn, s_dxnf, s_gate, s_dh1, s_dh3, s_dq, s_dk, s_dv, s_datt, s_dy,
 	    s_dxs, s_ds, s_dg, s_ce;
+	int64_t s_xr, s_ye, s_dxe; /* ep > 1: (R, C) source-major rows, expert outputs / output
+	                              gradients by local expert, input gradients by local expert */
 	int64_t ce_rows;
 	/* balancing: per MoE layer (n_layers - n_dense_layers) x E */
 	double *bias;   /* added to the scores for selection */

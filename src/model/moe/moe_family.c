@@ -1,7 +1,7 @@
 /* The deepseek_v3 (mixture-of-experts) family behind the model interface (model/model.h):
  * its operations, its entry of the family table, its [model] keys, and what it supports
- * (one rank and FSDP; every activation saved; no TP, PP, float8, expert parallelism, MLA,
- * cost model or Hugging Face export yet). */
+ * (one rank, FSDP and expert parallelism inside it; every activation saved; no TP, PP,
+ * float8, MLA, cost model or Hugging Face export yet). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,7 +148,7 @@ static int moe_family_build(struct model *m, const struct model_config *c, int64
 		return CT_ERR_USAGE;
 	}
 	struct moe_model *mm = xcalloc(1, sizeof(*mm));
-	const struct moe_build_opts mo = {.own_params = opts->own_params};
+	const struct moe_build_opts mo = {.own_params = opts->own_params, .ep = opts->ep};
 	int rc = moe_build(mm, moe_cfg(c), B, T, &mo);
 	if (rc) {
 		free(mm);
@@ -161,15 +161,25 @@ static int moe_family_build(struct model *m, const struct model_config *c, int64
 static void moe_describe(const struct model *m, char *buf, size_t n)
 {
 	const struct moe_config *c = moe_cfg(&m->cfg);
+	const struct moe_model *mm = m->impl;
+	int64_t total = m->table->numel, mine = 0; /* under ep the table holds this rank's experts */
+	for (int i = 0; i < m->table->count; i++)
+		mine += m->table->p[i].expert ? m->table->p[i].numel : 0;
+	total += (int64_t)(mm->ep - 1) * mine;
+	char ep[64] = "";
+	if (mm->ep > 1)
+		snprintf(ep, sizeof(ep), "; ep rank %d/%d: experts %lld-%lld",
+		         mm->ep_rank, mm->ep, (long long)(mm->ep_rank * mm->E_local),
+		         (long long)((mm->ep_rank + 1) * mm->E_local - 1));
 	snprintf(buf, n,
 	         "deepseek_v3 %s: %lld parameters, %lld active (dim %lld, %lld layers of which "
 	         "%lld dense, %lld heads, %lld kv heads, %lld routed experts top-%lld + %lld "
-	         "shared, expert ffn %lld, %s scores, vocab %lld; GQA attention)",
-	         c->flavor, (long long)m->table->numel, (long long)moe_active_params(c),
+	         "shared, expert ffn %lld, %s scores, vocab %lld; GQA attention%s)",
+	         c->flavor, (long long)total, (long long)moe_active_params(c),
 	         (long long)c->dim, (long long)c->n_layers, (long long)c->n_dense_layers,
 	         (long long)c->n_heads, (long long)c->n_kv_heads, (long long)c->n_routed_experts,
 	         (long long)c->top_k, (long long)c->n_shared_experts, (long long)c->moe_inter_dim,
-	         moe_score_name(c->score_func), (long long)c->vocab_size);
+	         moe_score_name(c->score_func), (long long)c->vocab_size, ep);
 }
 
 static int64_t moe_family_vocab(const struct model_config *c)
@@ -320,6 +330,7 @@ static int moe_check_config(const struct ct_config *cfg)
 
 const struct model_family moe_family = {
     .name = "deepseek_v3",
+    .ep = true,
     .no_tp_why = "not yet supported: the experts and attention heads are not split over "
                  "TP ranks yet",
     .no_cp_why = "not yet supported: the family's attention has no context-parallel glue "

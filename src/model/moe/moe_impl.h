@@ -170,6 +170,98 @@ static double MT(aux_loss)(const struct moe_model *m, int l)
 	return c->aux_loss_alpha * (double)T * total;
 }
 
+/* The routed experts over rows grouped by expert: rows [eoff[e], eoff[e+1]) of x through
+ * this rank's expert e, for e < nE (y, eh1, eh3 alike; gate scratch). */
+static void MT(experts_forward)(struct moe_model *m, int l, const MREAL *x, const int32_t *eoff,
+                                int64_t nE, MREAL *y, MREAL *eh1, MREAL *eh3, MREAL *gate)
+{
+	int64_t C = m->cfg.dim, Fm = m->cfg.moe_inter_dim;
+	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w2 = MT(bt)(m, MUW(m), l, MB_W2);
+	MREAL *w3 = MT(bt)(m, MUW(m), l, MB_W3);
+	for (int64_t e = 0; e < nE; e++) {
+		int64_t r0 = eoff[e], n = eoff[e + 1] - eoff[e];
+		if (n == 0) /* no token: no call (a zero-row matmul) */
+			continue;
+		MT(swiglu_ffn)(y + r0 * C, x + r0 * C, w1 + e * Fm * C, w2 + e * C * Fm,
+		               w3 + e * Fm * C, eh1 + r0 * Fm, eh3 + r0 * Fm, gate + r0 * Fm, n, C,
+		               Fm, 0);
+	}
+}
+
+/* Expert parallelism: the slots this rank routed to each ep rank's experts (one run of the
+ * sorted rows each) exchanged for the counts every rank routed to this one's: ecnt[p][e]
+ * rows from rank p for local expert e, and eoff, each local expert's first row of xe. */
+static void MT(ep_counts)(struct moe_model *m, const struct moe_block_acts *a)
+{
+	int P = m->ep;
+	int64_t El = m->E_local;
+	const int32_t *off = m->iacts + a->off;
+	int32_t *cnt = m->iacts + a->ecnt, *eoff = m->iacts + a->eoff;
+	for (int64_t j = 0; j < P * El; j++)
+		m->ep_scnt[j] = off[j + 1] - off[j];
+	int64_t *sb = m->ep_bytes, *rb = m->ep_bytes + P;
+	for (int p = 0; p < P; p++)
+		sb[p] = rb[p] = El * (int64_t)sizeof(int32_t);
+	m->epg->all_to_all_v(m->epg->ctx, m->ep_scnt, sb, cnt, rb);
+	eoff[0] = 0;
+	for (int64_t e = 0; e < El; e++) {
+		int64_t n = 0;
+		for (int p = 0; p < P; p++)
+			n += cnt[p * El + e];
+		eoff[e + 1] = eoff[e] + (int32_t)n;
+	}
+	CHECK(eoff[El] <= m->R_max, "moe: %d rows received for %lld planned", eoff[El],
+	      (long long)m->R_max);
+}
+
+/* to_experts: send (sorted rows, rank p's experts' run to rank p) -> recv (source-major: rank
+ * p's rows for the local experts, by expert); else the reverse (the combine, the input
+ * gradients). Rows of C reals. */
+static void MT(ep_exchange)(struct moe_model *m, const struct moe_block_acts *a, const MREAL *send,
+                            MREAL *recv, bool to_experts)
+{
+	int P = m->ep;
+	int64_t El = m->E_local, row = m->cfg.dim * (int64_t)sizeof(MREAL);
+	const int32_t *off = m->iacts + a->off, *cnt = m->iacts + a->ecnt;
+	int64_t *mine = m->ep_bytes, *theirs = m->ep_bytes + P;
+	for (int p = 0; p < P; p++) {
+		int64_t n = 0;
+		for (int64_t e = 0; e < El; e++)
+			n += cnt[p * El + e];
+		mine[p] = (off[(p + 1) * El] - off[p * El]) * row;
+		theirs[p] = n * row;
+	}
+	if (to_experts)
+		m->epg->all_to_all_v(m->epg->ctx, send, mine, recv, theirs);
+	else
+		m->epg->all_to_all_v(m->epg->ctx, send, theirs, recv, mine);
+}
+
+/* Rows of C reals between source-major (src: rank p's rows for expert 0, 1, ..) and
+ * expert-major (ex: expert e's rows from rank 0, 1, ..); to_expert: src -> ex. */
+static void MT(ep_regroup)(struct moe_model *m, const struct moe_block_acts *a, MREAL *src,
+                           MREAL *ex, bool to_expert)
+{
+	int P = m->ep;
+	int64_t El = m->E_local, C = m->cfg.dim, so = 0;
+	const int32_t *cnt = m->iacts + a->ecnt, *eoff = m->iacts + a->eoff;
+	int32_t *next = m->iacts + m->ifill; /* each expert's next row of ex */
+	for (int64_t e = 0; e < El; e++)
+		next[e] = eoff[e];
+	for (int p = 0; p < P; p++)
+		for (int64_t e = 0; e < El; e++) {
+			int64_t n = cnt[p * El + e];
+			MREAL *s = src + so * C, *x = ex + (int64_t)next[e] * C;
+			size_t bytes = (size_t)(n * C) * sizeof(MREAL);
+			if (to_expert)
+				memcpy(x, s, bytes);
+			else
+				memcpy(s, x, bytes);
+			next[e] += (int32_t)n;
+			so += n;
+		}
+}
+
 /* out = xmid + shared(xn2) + sum_k g_k expert_k(xn2); returns the auxiliary loss sum */
 static double MT(moe_forward)(struct moe_model *m, int l, MREAL *out)
 {
@@ -185,15 +277,16 @@ static double MT(moe_forward)(struct moe_model *m, int l, MREAL *out)
 #pragma omp parallel for schedule(static)
 	for (int64_t i = 0; i < N * K; i++)
 		memcpy(xs + (int64_t)pos[i] * C, xn + (i / K) * C, (size_t)C * sizeof(MREAL));
-	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w2 = MT(bt)(m, MUW(m), l, MB_W2);
-	MREAL *w3 = MT(bt)(m, MUW(m), l, MB_W3);
-	for (int64_t e = 0; e < E; e++) {
-		int64_t r0 = off[e], n = off[e + 1] - off[e];
-		if (n == 0) /* no token: no call (a zero-row matmul) */
-			continue;
-		MT(swiglu_ffn)(y + r0 * C, xs + r0 * C, w1 + e * Fm * C, w2 + e * C * Fm,
-		               w3 + e * Fm * C, eh1 + r0 * Fm, eh3 + r0 * Fm, gate + r0 * Fm, n, C,
-		               Fm, 0);
+	if (m->ep > 1) { /* to the experts' ranks, through them, and back in xs's order */
+		MT(ep_counts)(m, a);
+		MREAL *xr = MT(scr)(m, m->s_xr), *xe = MT(act)(m, a->xe), *ye = MT(scr)(m, m->s_ye);
+		MT(ep_exchange)(m, a, xs, xr, true);
+		MT(ep_regroup)(m, a, xr, xe, true);
+		MT(experts_forward)(m, l, xe, m->iacts + a->eoff, m->E_local, ye, eh1, eh3, gate);
+		MT(ep_regroup)(m, a, xr, ye, false);
+		MT(ep_exchange)(m, a, xr, y, false);
+	} else {
+		MT(experts_forward)(m, l, xs, off, E, y, eh1, eh3, gate);
 	}
 	memcpy(out, MT(act)(m, a->xmid), (size_t)(N * C) * sizeof(MREAL));
 #pragma omp parallel for schedule(static)
@@ -371,6 +464,28 @@ static void MT(route_backward)(struct moe_model *m, int l, const MREAL *dg, MREA
 	                    MT(bt)(m, MUW(m), l, MB_GATE), N, C, E);
 }
 
+/* The backward of experts_forward: dx (the same rows) from dy, the experts' weight gradients accumulate. */
+static void MT(experts_backward)(struct moe_model *m, int l, const MREAL *x, const int32_t *eoff,
+                                 int64_t nE, const MREAL *dy, MREAL *dx, const MREAL *eh1,
+                                 const MREAL *eh3, MREAL *gate, MREAL *dh1, MREAL *dh3)
+{
+	int64_t C = m->cfg.dim, Fm = m->cfg.moe_inter_dim;
+	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w2 = MT(bt)(m, MUW(m), l, MB_W2);
+	MREAL *w3 = MT(bt)(m, MUW(m), l, MB_W3), *dw1 = MT(bt)(m, MUDW(m), l, MB_W1);
+	MREAL *dw2 = MT(bt)(m, MUDW(m), l, MB_W2), *dw3 = MT(bt)(m, MUDW(m), l, MB_W3);
+	for (int64_t e = 0; e < nE; e++) {
+		int64_t r0 = eoff[e], n = eoff[e + 1] - eoff[e];
+		if (n == 0)
+			continue;
+		memset(dx + r0 * C, 0, (size_t)(n * C) * sizeof(MREAL));
+		MT(swiglu_ffn_backward)(dx + r0 * C, dw1 + e * Fm * C, dw2 + e * C * Fm,
+		                        dw3 + e * Fm * C, dy + r0 * C, x + r0 * C, w1 + e * Fm * C,
+		                        w2 + e * C * Fm, w3 + e * Fm * C, eh1 + r0 * Fm,
+		                        eh3 + r0 * Fm, gate + r0 * Fm, dh1 + r0 * Fm, dh3 + r0 * Fm, n,
+		                        C, Fm);
+	}
+}
+
 /* Backward of the MoE FFN: dout = d(block output) (N, C); dxn = d(xn2), overwritten. */
 static void MT(moe_backward)(struct moe_model *m, int l, const MREAL *dout, MREAL *dxn,
                              double dscale)
@@ -405,19 +520,17 @@ static void MT(moe_backward)(struct moe_model *m, int l, const MREAL *dout, MREA
 			}
 			dg[t * K + k] = (MREAL)dot;
 		}
-	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w2 = MT(bt)(m, MUW(m), l, MB_W2);
-	MREAL *w3 = MT(bt)(m, MUW(m), l, MB_W3), *dw1 = MT(bt)(m, MUDW(m), l, MB_W1);
-	MREAL *dw2 = MT(bt)(m, MUDW(m), l, MB_W2), *dw3 = MT(bt)(m, MUDW(m), l, MB_W3);
-	for (int64_t e = 0; e < E; e++) {
-		int64_t r0 = off[e], n = off[e + 1] - off[e];
-		if (n == 0)
-			continue;
-		memset(dxs + r0 * C, 0, (size_t)(n * C) * sizeof(MREAL));
-		MT(swiglu_ffn_backward)(dxs + r0 * C, dw1 + e * Fm * C, dw2 + e * C * Fm,
-		                        dw3 + e * Fm * C, dy + r0 * C, xs + r0 * C, w1 + e * Fm * C,
-		                        w2 + e * C * Fm, w3 + e * Fm * C, eh1 + r0 * Fm,
-		                        eh3 + r0 * Fm, gate + r0 * Fm, dh1 + r0 * Fm, dh3 + r0 * Fm, n,
-		                        C, Fm);
+	if (m->ep > 1) { /* the output gradients along the forward's routes, the input's back */
+		MREAL *xr = MT(scr)(m, m->s_xr), *dye = MT(scr)(m, m->s_ye);
+		MREAL *dxe = MT(scr)(m, m->s_dxe);
+		MT(ep_exchange)(m, a, dy, xr, true);
+		MT(ep_regroup)(m, a, xr, dye, true);
+		MT(experts_backward)(m, l, MT(act)(m, a->xe), m->iacts + a->eoff, m->E_local, dye,
+		                     dxe, eh1, eh3, gate, dh1, dh3);
+		MT(ep_regroup)(m, a, xr, dxe, false);
+		MT(ep_exchange)(m, a, xr, dxs, false);
+	} else {
+		MT(experts_backward)(m, l, xs, off, E, dy, dxs, eh1, eh3, gate, dh1, dh3);
 	}
 #pragma omp parallel for schedule(static)
 	for (int64_t t = 0; t < N; t++)
