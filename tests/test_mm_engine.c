@@ -135,6 +135,62 @@ TEST_CASE(test_bf16_twin)
 	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
 }
 
+/* A held operand (mm_bf16_hold) is rounded once and read by every product until released:
+ * bitwise the product of the unheld operand, as A and as a transposed A (the dW product);
+ * changing x while held (against the contract, to see which copy is read) leaves the products
+ * on the held values; after release they follow x again. A hold inside a held range is not
+ * taken (returns false), so releasing it cannot drop the outer one; fp32 takes no hold. */
+TEST_CASE(test_bf16_hold)
+{
+	mm_engine_configure(MM_ENGINE_ONEDNN, MM_F32);
+	float probe = 1;
+	EXPECT(!mm_bf16_hold(&probe, 1), "fp32 compute took a hold");
+	mm_engine_configure(MM_ENGINE_ONEDNN, MM_BF16);
+	if (strncmp(mm_onednn_bf16_impl(), "none", 4) == 0) {
+		fprintf(stderr, "  oneDNN runs no bf16 matmul here (%s): holds unused, skipped\n",
+		        mm_onednn_isa());
+		mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+		return;
+	}
+	int64_t M = 33, N = 17, K = 24;
+	float *X = malloc((size_t)(M * K) * 4), *X0 = malloc((size_t)(M * K) * 4);
+	float *W = malloc((size_t)(M * N) * 4), *C[6]; /* (K, N) and (M, N) views, M > K */
+	for (int i = 0; i < 6; i++)
+		C[i] = calloc((size_t)(M > K ? M : K) * (size_t)N * 4, 1);
+	test_fill_f32(X, M * K, -1, 1);
+	test_fill_f32(W, M * N, -1, 1);
+	memcpy(X0, X, (size_t)(M * K) * 4);
+	/* C = X W (M x N) and C = X^T Y (K x N) with Y = the first M rows of W viewed (M, N) */
+	mm_gemm(false, false, M, N, K, X, K, W, N, 0.0f, C[0], N);
+	mm_gemm(true, false, K, N, M, X, K, W, N, 0.0f, C[1], N);
+	int64_t held0, per0, held1, per1;
+	mm_bf16_round_totals(&held0, &per0);
+	EXPECT(mm_bf16_hold(X, M * K), "bf16 compute on oneDNN took no hold");
+	EXPECT(!mm_bf16_hold(X + K, K), "a hold inside a held range was taken");
+	mm_gemm(false, false, M, N, K, X, K, W, N, 0.0f, C[2], N);
+	for (int64_t i = 0; i < M * K; i++)
+		X[i] *= 2;
+	mm_gemm(true, false, K, N, M, X, K, W, N, 0.0f, C[3], N);
+	mm_bf16_round_totals(&held1, &per1);
+	mm_bf16_release(X);
+	mm_gemm(false, false, M, N, K, X, K, W, N, 0.0f, C[4], N);
+	EXPECT(held1 - held0 == M * K && per1 - per0 == (K + M) * N,
+	       "rounded %lld held and %lld per call, expected %lld and %lld (W's views, X never)",
+	       (long long)(held1 - held0), (long long)(per1 - per0), (long long)(M * K),
+	       (long long)((K + M) * N));
+	int bad = 0;
+	for (int64_t i = 0; i < M * N; i++)
+		bad += C[2][i] != C[0][i] || C[4][i] != 2.0f * C[0][i];
+	for (int64_t i = 0; i < K * N; i++)
+		bad += C[3][i] != C[1][i];
+	EXPECT(bad == 0, "%d elements: a held product differs from the unheld one, or the hold "
+	       "was not read, or still read after release", bad);
+	free(X), free(X0), free(W);
+	for (int i = 0; i < 6; i++)
+		free(C[i]);
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+}
+
 /* max over C's elements of |C - ref| / bound, ref = beta C0 + op(A) op(B) in float64 (op(X) =
  * X^T when tX; row-major, leading dimensions lda, ldb, ldc for C and C0) and bound the fp32
  * accumulation bound (K + 2) 2^-23 sum |terms|. */
@@ -313,6 +369,7 @@ int main(void)
 	RUN(test_openblas_guard_choice);
 	RUN(test_engines_against_reference);
 	RUN(test_bf16_twin);
+	RUN(test_bf16_hold);
 	RUN(test_transposed_b);
 	RUN(test_second_impl);
 	return test_summary();

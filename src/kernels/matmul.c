@@ -26,6 +26,15 @@ static bool matmul_fp8_backward(real *dinp, real *dw, const real *dout, const re
 	(void)dinp, (void)dw, (void)dout, (void)inp, (void)w, (void)N, (void)C, (void)OC, (void)acc;
 	return false;
 }
+static bool matmul_hold(const real *x, int64_t n)
+{
+	(void)x, (void)n;
+	return false;
+}
+static void matmul_release(const real *x)
+{
+	(void)x;
+}
 #else
 #include "kernels/fp8_linear.h"
 #define matmul_gemm mm_gemm
@@ -45,6 +54,8 @@ static bool matmul_fp8_backward(float *dinp, float *dw, const float *dout, const
 	fp8_linear_backward(dinp, dw, dout, inp, w, N, C, OC, acc);
 	return true;
 }
+#define matmul_hold    mm_bf16_hold
+#define matmul_release mm_bf16_release
 #endif
 
 void KFN(matmul_forward)(real *out, const real *inp, const real *w, int64_t N, int64_t C,
@@ -62,12 +73,16 @@ static void matmul_backward_beta(real *dinp, real *dw, const real *dout, const r
 {
 	if (matmul_fp8_backward(dinp, dw, dout, inp, w, N, C, OC, dinp_acc))
 		return;
+	/* bf16 compute: dout feeds both products, rounded once (kernels/mm_engine.h) */
+	bool hold = dinp && dw && matmul_hold(dout, N * OC);
 	/* dinp(N,C) (+)= dout(N,OC) . w(OC,C) */
 	if (dinp)
 		matmul_gemm(false, false, N, C, OC, dout, OC, w, C, dinp_acc ? 1 : 0, dinp, C);
 	/* dw(OC,C) += dout(N,OC)^T . inp(N,C) */
 	if (dw)
 		matmul_gemm(true, false, OC, C, N, dout, OC, inp, C, 1, dw, C);
+	if (hold)
+		matmul_release(dout);
 }
 
 void KFN(matmul_backward)(real *dinp, real *dw, const real *dout, const real *inp, const real *w,

@@ -125,9 +125,12 @@ static void *mm_scratch(int i, size_t bytes)
 
 /* The stored rows x cols block of X (leading dimension ld) rounded to bf16, packed (ld = cols):
  * as bf16 (to_bf16) or as bf16-valued floats. */
+static int64_t g_round_held, g_round_per_call; /* elements rounded (mm_bf16_round_totals) */
+
 static void *mm_round(int slot, const float *X, int64_t rows, int64_t cols, int64_t ld,
                       bool to_bf16)
 {
+	g_round_per_call += rows * cols;
 	void *out = mm_scratch(slot, (size_t)(rows * cols) * (to_bf16 ? 2 : 4));
 	uint16_t *h = out;
 	float *f = out;
@@ -204,6 +207,64 @@ static const uint16_t *mm_twin_of(const float *X, int64_t rows, int64_t cols, in
 			return g_twin[i].w16 + (X - w);
 	}
 	return NULL;
+}
+
+/* Held activations (mm_bf16_hold): grow-only bf16 buffers, each the twin of one float
+ * buffer while held. Used by the compute thread only. */
+static struct {
+	const float *x;
+	uint16_t *h;
+	size_t bytes;
+} g_hold[MM_HOLDS];
+
+bool mm_bf16_hold(const float *x, int64_t n)
+{
+	pthread_mutex_lock(&g_lock);
+	mm_env_override();
+	bool useful = g_dtype == MM_BF16 && g_engine != MM_ENGINE_OPENBLAS && !g_warned_bf16 &&
+	              n > 0 && !mm_twin_of(x, 1, n, n);
+	pthread_mutex_unlock(&g_lock);
+	if (!useful)
+		return false;
+	int s = -1;
+	for (int i = 0; i < MM_HOLDS; i++) {
+		CHECK(g_hold[i].x != x, "mm_engine: %p held twice", (const void *)x);
+		if (s < 0 && !g_hold[i].x)
+			s = i;
+	}
+	CHECK(s >= 0, "mm_engine: more than %d operands held", MM_HOLDS);
+	size_t bytes = (size_t)n * sizeof(uint16_t);
+	if (bytes > g_hold[s].bytes) {
+		if (g_hold[s].h)
+			mem_free(MEM_ACTIVATIONS, g_hold[s].h, g_hold[s].bytes);
+		g_hold[s].h = mem_alloc(MEM_ACTIVATIONS, bytes);
+		g_hold[s].bytes = bytes;
+	}
+	uint16_t *h = g_hold[s].h;
+#pragma omp parallel for simd schedule(static)
+	for (int64_t i = 0; i < n; i++)
+		h[i] = bf16_from_f32(x[i]);
+	g_hold[s].x = x;
+	g_round_held += n;
+	mm_bf16_twin_add(x, h, n);
+	return true;
+}
+
+void mm_bf16_release(const float *x)
+{
+	for (int i = 0; i < MM_HOLDS; i++)
+		if (g_hold[i].x == x) {
+			mm_bf16_twin_remove(x);
+			g_hold[i].x = NULL;
+		}
+}
+
+void mm_bf16_round_totals(int64_t *held, int64_t *per_call)
+{
+	pthread_mutex_lock(&g_lock);
+	*held = g_round_held;
+	*per_call = g_round_per_call;
+	pthread_mutex_unlock(&g_lock);
 }
 
 /* One call on one engine, the engine mutex held. bf16 operands: rounded here, or taken from
@@ -440,6 +501,10 @@ void mm_engine_log_summary(void)
 	         mm_engine_name(g_engine), g_dtype == MM_BF16 ? "bf16" : "fp32", mm_onednn_isa(),
 	         mm_onednn_bf16_impl(), mm_openblas_core(),
 	         g_seconds > 0 ? g_flops / g_seconds / 1e9 : 0.0, g_flops / 1e9);
+	if (g_dtype == MM_BF16)
+		LOG_INFO("bf16 operands rounded: %.3g M elements once per held activation, %.3g M "
+		         "per call (operands without a twin)",
+		         (double)g_round_held / 1e6, (double)g_round_per_call / 1e6);
 	for (int64_t i = 0; i < MM_SHAPES; i++) {
 		const struct mm_shape *s = &g_shapes[i];
 		if (!s->used || s->chosen == MM_ENGINE_COUNT || s->K <= 0)

@@ -55,6 +55,22 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
 void mm_bf16_twin_add(const float *w, const uint16_t *w16, int64_t n);
 void mm_bf16_twin_remove(const float *w);
 
+/* bf16 compute, activations rounded once: x[0, n) feeds several matmuls before it changes (a
+ * norm output feeding wq, wk and wv; an output gradient feeding dx and dW). mm_bf16_hold
+ * rounds it to bf16 once into engine scratch and makes that its twin until
+ * mm_bf16_release(x), so those matmuls read the same bf16 values they would each have rounded
+ * themselves (bitwise the same products). x must not change while held. A no-op in fp32,
+ * with the OpenBLAS engine forced, where oneDNN has said it cannot run bf16 (the operands then
+ * go through fp32 kernels), and for x already covered by a twin (held by a caller, or a
+ * weight): it returns whether it took a hold, and only the taker releases. At most MM_HOLDS
+ * at once. */
+#define MM_HOLDS 4
+bool mm_bf16_hold(const float *x, int64_t n);
+void mm_bf16_release(const float *x);
+/* Elements rounded by mm_bf16_hold and by per-call operand rounding so far (for tests and
+ * logs: how much rounding the holds saved). */
+void mm_bf16_round_totals(int64_t *held, int64_t *per_call);
+
 /* Shapes auto runs as oneDNN on a transposed copy of B (for logs and tests; the environment
  * variable CT_MATMUL_FORCE_BT=1 makes auto choose it wherever it applies, for tests). */
 int mm_engine_bt_shapes(void);

@@ -22,6 +22,7 @@
 
 #include "base/log.h"
 #include "kernels/kernels.h"
+#include "kernels/mm_engine.h"
 #include "model/llama/llama_impl.h"
 
 /* ---------------------------------------------------------------- a block's operands */
@@ -91,9 +92,12 @@ static void f_attn(struct llama_model *m, int l)
 	struct blk c = blk_of(m, l);
 	const struct llama_dims d = c.d;
 	const float *xg = llama_xg(m);
+	bool held = mm_bf16_hold(xg, d.N * d.C); /* bf16: rounded once for the three */
 	matmul_forward_f32(c.a->q, xg, c.w.wq, d.N, d.C, d.HD, 0);
 	matmul_forward_f32(c.a->k, xg, c.w.wk, d.N, d.C, d.KVD, 0);
 	matmul_forward_f32(c.a->v, xg, c.w.wv, d.N, d.C, d.KVD, 0);
+	if (held)
+		mm_bf16_release(xg);
 	f_rope_attention(m, &c);
 	row_parallel_forward(m, c.a->xmid, c.a->x, c.a->att, c.w.wo, d.N, d.HD, d.C);
 }
@@ -111,8 +115,11 @@ static void f_ffn(struct llama_model *m, int l)
 	struct blk c = blk_of(m, l);
 	const struct llama_dims d = c.d;
 	const float *xg = llama_xg(m);
+	bool held = mm_bf16_hold(xg, d.N * d.C);
 	matmul_forward_f32(c.h1, xg, c.w.w1, d.N, d.C, d.F, 0);
 	matmul_forward_f32(c.h3, xg, c.w.w3, d.N, d.C, d.F, 0);
+	if (held)
+		mm_bf16_release(xg);
 	swiglu_forward_f32(m->gate, c.h1, c.h3, d.N * d.F);
 	row_parallel_forward(m, llama_block_output(m, l), c.a->xmid, m->gate, c.w.w2, d.N, d.F,
 	                     d.C);
@@ -195,6 +202,11 @@ static void b_ffn(struct llama_model *m, int l)
 	float *dx = llama_dx_part(m);
 	size_t nc = (size_t)(d.N * d.C) * sizeof(float), nf = (size_t)(d.N * d.F) * sizeof(float);
 	const float *h1 = c.a->h1, *h3 = c.a->h3;
+	/* bf16: xg feeds up to four matmuls here and dout two, each rounded once; dout is
+	 * released before dx, which is the same buffer under TP, is written */
+	const struct llama_wkeep k = llama_wkeep_at(m, l + 1);
+	bool split = k.dout2 != NULL;
+	bool held_x = (!split || m->recompute_ffn) && mm_bf16_hold(xg, d.N * d.C);
 	if (m->recompute_ffn) { /* activation_checkpoint.mode = ffn: the up-projections again */
 		matmul_forward_f32(m->h1s, xg, c.w.w1, d.N, d.C, d.F, 0);
 		matmul_forward_f32(m->h3s, xg, c.w.w3, d.N, d.C, d.F, 0);
@@ -202,8 +214,7 @@ static void b_ffn(struct llama_model *m, int l)
 		h3 = m->h3s;
 	}
 	swiglu_forward_f32(m->gate, h1, h3, d.N * d.F);
-	const struct llama_wkeep k = llama_wkeep_at(m, l + 1);
-	bool split = k.dout2 != NULL;
+	bool held_d = !split && mm_bf16_hold(dout, d.N * d.C);
 	if (split) {
 		memcpy(k.dout2, dout, nc);
 		memcpy(k.gate, m->gate, nf);
@@ -212,9 +223,13 @@ static void b_ffn(struct llama_model *m, int l)
 	}
 	/* the first write of each activation gradient overwrites it (beta 0): no zeroing pass */
 	matmul_backward_set_f32(m->gate, NULL, dout, NULL, c.w.w2, d.N, d.F, d.C); /* d(gate) */
+	if (held_d)
+		mm_bf16_release(dout);
 	swiglu_backward_f32(m->dh1, m->dh3, m->gate, h1, h3, d.N * d.F);
 	matmul_backward_set_f32(dx, split ? NULL : c.dw.w1, m->dh1, xg, c.w.w1, d.N, d.C, d.F);
 	matmul_backward_f32(dx, split ? NULL : c.dw.w3, m->dh3, xg, c.w.w3, d.N, d.C, d.F);
+	if (held_x)
+		mm_bf16_release(xg);
 	if (split) {
 		memcpy(k.dh1, m->dh1, nf);
 		memcpy(k.dh3, m->dh3, nf);
@@ -279,6 +294,7 @@ static void b_qkv(struct llama_model *m, int l)
 	float *dx = llama_dx_part(m);
 	const struct llama_wkeep k = llama_wkeep_at(m, l + 1);
 	bool split = k.dout2 != NULL;
+	bool held = !split && mm_bf16_hold(xg, d.N * d.C); /* bf16: rounded once for dW */
 	if (m->tp) { /* zeroed, then accumulated (padding rows included) */
 		memset(dx, 0, (size_t)(m->Np * d.C) * sizeof(float));
 		matmul_backward_f32(dx, split ? NULL : c.dw.wq, m->dq, xg, c.w.wq, d.N, d.C, d.HD);
@@ -288,6 +304,8 @@ static void b_qkv(struct llama_model *m, int l)
 	}
 	matmul_backward_f32(dx, split ? NULL : c.dw.wk, m->dk, xg, c.w.wk, d.N, d.C, d.KVD);
 	matmul_backward_f32(dx, split ? NULL : c.dw.wv, m->dv, xg, c.w.wv, d.N, d.C, d.KVD);
+	if (held)
+		mm_bf16_release(xg);
 	if (split) {
 		memcpy(k.dq, m->dq, (size_t)(d.N * d.HD) * sizeof(float));
 		memcpy(k.dk, m->dk, (size_t)(d.N * d.KVD) * sizeof(float));
