@@ -72,6 +72,7 @@ LAYOUTS = {
     "cp2xfsdp2": (4, [CP, SHARD], "CP 2 x FSDP 2 (parameters sharded over dp_shard x cp)"),
     "cp2xtp2": (4, [CP, TP], "CP 2 x TP 2"),
     "pp2xcp2": (4, [PP, sched("1F1B"), CP], "PP 2 (1F1B) x CP 2"),
+    "pp2xcp2-zbh1": (4, [PP, sched("ZBH1"), CP], "PP 2 (ZB-H1) x CP 2"),
     "pp2xfsdp2xtp2": (8, [PP, sched("1F1B"), SHARD, TP], "3D: PP 2 x FSDP 2 x TP 2 (--full only)"),
 }
 F8 = "--model.converters=float8"

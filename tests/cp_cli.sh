@@ -2,7 +2,7 @@
 # Context parallelism through `ctitan train`: cp=2 (head-tail, K/V all-gathered) on synthetic
 # data and on a shard folder (the loader's sequences cut by the same token order, validation
 # too), cp=2 as a ring on the comm stream's thread, cp=4 without load balancing,
-# cp=2 x async tp=2 and pp=2 x cp=2 (1F1B; interleaved with the ring) train
+# cp=2 x async tp=2 and pp=2 x cp=2 (1F1B; interleaved and ZB-H1 with the ring) train
 # like 1 rank (losses and grad norms within 1e-5 relative, from metrics.jsonl); bad CP
 # settings exit 2 naming the key and the numbers.
 #   tests/cp_cli.sh build/ctitan
@@ -41,6 +41,9 @@ cp_run pp2_cp2 4 --parallelism.context_parallel_degree=2 --parallelism.pipeline_
 cp_run pp2_cp2_ring_interleaved 4 --parallelism.context_parallel_degree=2 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B \
   --parallelism.context_parallel_rotate_method=alltoall
+cp_run pp2_cp2_ring_zbh1 4 --parallelism.context_parallel_degree=2 \
+  --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 \
+  --parallelism.context_parallel_rotate_method=alltoall --comm.progress=thread
 
 # a shard folder: the loader reads whole sequences, each rank keeps its tokens of them
 token_shards "$tmp/data" 7 0.8 5 3 train_000000=20000 val_000000=3000 # tests/lib.sh
@@ -115,10 +118,6 @@ bad "cp x tp x shard not the world" 4 \
   "data_parallel_shard_degree 2 x context_parallel_degree 2 x tensor_parallel_degree 2 does not match the world of 4" \
   --parallelism.context_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
   --parallelism.data_parallel_shard_degree=2
-bad "pp x cp with a split backward" 4 \
-  "ZeroBubbleH1 (split backward, I/W) with context_parallel_degree = 2: not yet supported" \
-  --parallelism.context_parallel_degree=2 --parallelism.pipeline_parallel_degree=2 \
-  --parallelism.pipeline_parallel_schedule=ZeroBubbleH1
 bad "cp with hyena" 2 'not supported for model.name = "hyena"' \
   --parallelism.context_parallel_degree=2 --model.name=hyena --model.flavor=hyena-debug
 bad "cp with automatic buckets" 2 'with comm.buckets = "auto": not yet supported' \

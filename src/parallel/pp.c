@@ -130,14 +130,6 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		          pp_style_name(pp->sched.style));
 		return CT_ERR_USAGE;
 	}
-	if (pp->split && mesh->cp > 1) {
-		LOG_ERROR("parallelism.pipeline_parallel_schedule = %s (split backward, I/W) with "
-		          "context_parallel_degree = %d: not yet supported (the context-parallel "
-		          "attention has no separate weight-gradient pass); use GPipe, 1F1B or "
-		          "Interleaved1F1B",
-		          pp_style_name(pp->sched.style), mesh->cp);
-		return CT_ERR_USAGE;
-	}
 	pp->v = pp->sched.v;
 	pp->S = pp->sched.n_stages;
 	pp->stage_u0 = xcalloc((size_t)pp->S + 1, sizeof(int));

@@ -53,11 +53,6 @@ static void *cp_alloc(struct llama_cp_bufs *b, int64_t floats)
 int llama_cp_build(struct llama_model *m, const struct llama_build_opts *opts)
 {
 	const struct model_group *g = opts->cp;
-	if (opts->split_backward) {
-		LOG_ERROR("llama: context parallelism is not yet supported with a split backward "
-		          "(zero-bubble pipeline schedules)");
-		return CT_ERR_USAGE;
-	}
 	CHECK(opts->cp_order, "llama: context parallelism without the token order");
 	struct llama_cp_bufs *b = xcalloc(1, sizeof(*b));
 	m->cp = g;
