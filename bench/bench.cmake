@@ -15,3 +15,7 @@ add_executable(bench_float8 bench/bench_float8.c)
 target_link_libraries(bench_float8 PRIVATE ctcore)
 set_target_properties(bench_float8 PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench
                       BUILD_RPATH /usr/lib/x86_64-linux-gnu/openblas-openmp)
+add_executable(bench_cp_balance bench/bench_cp_balance.c)
+target_link_libraries(bench_cp_balance PRIVATE ctcore)
+set_target_properties(bench_cp_balance PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench
+                      BUILD_RPATH /usr/lib/x86_64-linux-gnu/openblas-openmp)
