@@ -45,7 +45,7 @@ static void fixed_cost(struct sched_cost_model *cm, const struct sched *s, enum 
 {
 	struct model_config c;
 	config(llama_cfg_init(&c));
-	const struct model_cost_shape sh = {B, T, ac, 1, 4}; /* B, T, ac, tp, elem_bytes */
+	const struct model_cost_shape sh = {B, T, ac, 1, 4, 1, false, false}; /* tp 1, fp32, cp 1 */
 	sched_cost_init(cm, &c, &sh, s, mesh.dp_shard, false);
 	cm->matmul_flops = cm->attn_flops = 2e10;
 	cm->mem_bytes_s = 1e10;
@@ -323,7 +323,7 @@ TEST_CASE(test_checkpoint_memory)
 		measured[i] = mem_current(MEM_ACTIVATIONS) - before;
 		struct model_config mc;
 		*llama_cfg_init(&mc) = c;
-		const struct model_cost_shape sh = {Bm, Tm, modes[i], 1, 4}; /* tp 1, fp32 */
+		const struct model_cost_shape sh = {Bm, Tm, modes[i], 1, 4, 1, false, false};
 		predicted[i] = model_cost_activation_bytes(&mc, &sh);
 		n = m.table.numel;
 		if (!params) {
