@@ -268,6 +268,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	char peak_why[256];
 	double peak = compute_peak_flops(c, peak_why, sizeof(peak_why));
 	cm.matmul_flops = cm.attn_flops = peak * c->plan.compute_efficiency;
+	if (c->plan.attention_efficiency > 0)
+		cm.attn_flops = peak * c->plan.attention_efficiency;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9;
 	char f8note[256] = "";
 	double *f8esz = compute_float8(c) ? plan_float8(c, &t, shard * cp, Bm * T / cp, bf16, peak,
@@ -316,9 +318,10 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       (long long)world, (long long)rep, (long long)shard,
 	       c->parallelism.fsdp_reshard_after_forward, (long long)cp, (long long)tp,
 	       sched_ac_name(ac));
-	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency, %s matmuls, link %.0f Gbit/s + "
-	       "%.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
-	       peak / 1e12, peak_why, c->plan.compute_efficiency, bf16 ? "bf16" : "fp32",
+	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency (attention %.2f), %s matmuls, "
+	       "link %.0f Gbit/s + %.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
+	       peak / 1e12, peak_why, c->plan.compute_efficiency, cm.attn_flops / peak,
+	       bf16 ? "bf16" : "fp32",
 	       c->comm.bandwidth_gbps, c->comm.latency_us, c->plan.memory_bandwidth_gbs,
 	       act16 ? "bf16" : "fp32");
 	printf("schedule after passes (checkpoint %s -> buckets %s -> reorder prefetch %d, "

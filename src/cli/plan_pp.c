@@ -142,6 +142,8 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	/* stage times from the cost model's per-node-kind terms: FLOPs at the target's peak x
 	 * efficiency (x tp: a TP group shares a stage's work), bytes at its memory bandwidth */
 	cm.matmul_flops = cm.attn_flops = rate;
+	if (c->plan.attention_efficiency > 0)
+		cm.attn_flops = peak_flops * c->plan.attention_efficiency * (double)tp;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9 * (double)tp;
 	cm.ag_latency_s = cm.rs_latency_s = lat;
 	cm.ag_bytes_s = cm.rs_bytes_s = bw;
