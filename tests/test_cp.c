@@ -20,6 +20,7 @@
 #include "comm/stream.h"
 #include "data/synthetic.h"
 #include "model/model_cost.h"
+#include "schedule/sched_cost.h"
 #include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
@@ -333,6 +334,50 @@ TEST_CASE(test_cp_cost_figures)
 	}
 }
 
+/* The cost model's price of a block's cp transfers (schedule/sched_cost.h): all-gathers and
+ * reduce-scatters block the pass (latency + bytes / rate each); the ring's K/V steps are
+ * hidden by the attention beside them (none when attention takes no time, every one when it
+ * takes forever), its dK/dV steps never; one latency per ring step. */
+TEST_CASE(test_cp_cost_price)
+{
+	struct model_config c;
+	config(&c);
+	struct sched_cost_model cm;
+	memset(&cm, 0, sizeof(cm));
+	cm.cp_latency_s = 1e-5;
+	cm.cp_bytes_s = 1e9;
+	for (int r = 0; r < 2; r++) {
+		const struct model_cost_shape sh = {B, T, ac, 1, 4, cp, r == 1,
+		                                    balancer == CP_BALANCE_HEADTAIL};
+		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
+			struct model_prog g;
+			model_cost_unit_inner(&c, &sh, 1, (enum model_pass)p, &g);
+			double wire = 0, fast = 0, slow = 0, blocking = 0;
+			for (int j = 0; j < g.n; j++) {
+				double w;
+				cm.attn_flops = 1e30;
+				fast += sched_cost_cp_s(&cm, (enum sched_work)p, &g.c[j], &w);
+				cm.attn_flops = 1e-30;
+				slow += sched_cost_cp_s(&cm, (enum sched_work)p, &g.c[j], NULL);
+				int n = g.c[j].steps > 0 ? g.c[j].steps : 1;
+				EXPECT(fabs(w - (n * cm.cp_latency_s + (double)g.c[j].bytes / 1e9)) <=
+				           1e-12,
+				       "transfer %d of pass %d: %g s on the wire", j, p, w);
+				wire += w;
+				blocking += g.c[j].ring ? 0.0 : w;
+			}
+			EXPECT(fabs(fast - wire) <= 1e-12, "pass %d: attention of no time hides "
+			                                   "nothing: %g s of %g s exposed",
+			       p, fast, wire);
+			EXPECT(fabs(slow - blocking) <= 1e-12,
+			       "%s pass %d: %g s exposed beside endless attention, want %g (the "
+			       "collectives and dK/dV steps)",
+			       r ? "ring" : "allgather", p, slow, blocking);
+			EXPECT(r == 0 || g.n == 0 || blocking < wire, "ring pass %d: no step hidden", p);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(comm_init(&argc, &argv) == CT_OK, "comm init");
@@ -373,6 +418,7 @@ int main(int argc, char **argv)
 		                                   : "");
 	RUN(test_cp_equivalence);
 	RUN(test_cp_cost_figures);
+	RUN(test_cp_cost_price);
 	/* every rank's verdict counts */
 	int64_t fails = test_summary() != 0;
 	comm_all_reduce_i64(&mesh.world_group, &fails, 1);
