@@ -46,7 +46,10 @@ cp_run cp4_none 4 --parallelism.context_parallel_degree=4 \
   --parallelism.context_parallel_load_balancer=none
 cp_run cp2_tp2_async 4 --parallelism.context_parallel_degree=2 \
   --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
-cp_run pp2_cp2 4 --parallelism.context_parallel_degree=2 --parallelism.pipeline_parallel_degree=2
+cp_run pp2_cp2 4 --parallelism.context_parallel_degree=2 --parallelism.pipeline_parallel_degree=2 \
+  --profiling.enable_profiling=true --profiling.profile_freq=2
+grep -q "cost model vs this step (pipeline): predicted" "$tmp/pp2_cp2.log"
+check "pp=2 x cp=2 profiled: the pipeline cost model compares the step" $?
 cp_run pp2_cp2_ring_interleaved 4 --parallelism.context_parallel_degree=2 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B \
   --parallelism.context_parallel_rotate_method=alltoall
@@ -154,4 +157,12 @@ check "ctitan plan with cp=2 as a ring: 48 MiB" $?
 grep -q "mesh: 2 ranks = 1 replicas x 1 shards (FSDP, reshard default) x 2 context-parallel" \
   "$tmp/plan"
 check "ctitan plan with cp=2: FSDP's mesh names the cp ranks" $?
+# pp=2 x cp=2, one sequence per micro-batch: a stage's 3 blocks gather K and V in forward
+# (3 x 2 x 128 KiB over a 1 Gbit/s cp link: 6.3 ms) and gather and reduce-scatter in backward
+"$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 4 --comm.bandwidth_gbps=400 \
+  --metrics.peak_tflops=989 --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.context_parallel_degree=2 --parallelism.tp_bandwidth_gbps=1 \
+  --training.local_batch_size=1 > "$tmp/plan" 2>&1 &&
+  grep -q "per stage and micro-batch: forward 6.3 ms, backward 12.6 ms" "$tmp/plan"
+check "ctitan plan with pp=2 x cp=2: the stages' K/V transfers in their forward and backward" $?
 finish

@@ -42,8 +42,11 @@ static void plan_usage(FILE *f)
 	        "With parallelism.pipeline_parallel_degree > 1 it simulates the pipeline schedule\n"
 	        "(parallelism.pipeline_parallel_schedule) instead: bubble fraction, in-flight\n"
 	        "activations per rank, step time and tokens/s per GPU for pp x tp x replicate x\n"
-	        "shard (tensor parallelism as a compute divisor only).\n\n"
-	        "  --world-size N  ranks (replicate x shard, times pipeline x tensor with pp)\n"
+	        "shard x cp (tensor parallelism as a compute divisor only).\n\n"
+	        "With parallelism.context_parallel_degree > 1 a rank holds seq_len / cp tokens;\n"
+	        "its K/V transfers go over parallelism.tp_bandwidth_gbps; the attention kernel\n"
+	        "runs at plan.attention_efficiency of the peak (0: plan.compute_efficiency).\n\n"
+	        "  --world-size N  ranks (replicate x shard x context x tensor, times pipeline with pp)\n"
 	        "  --nodes         print every node of the step (default: micro-batch 0)\n");
 }
 
@@ -177,13 +180,6 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	int64_t cp = c->parallelism.context_parallel_degree > 1
 	                 ? c->parallelism.context_parallel_degree
 	                 : 1;
-	if (cp > 1 && c->parallelism.pipeline_parallel_degree > 1) {
-		LOG_ERROR("ctitan plan: parallelism.context_parallel_degree = %lld with pipeline "
-		          "parallelism: not yet supported (the pipeline cost model does not model "
-		          "context parallelism's K/V transfers)",
-		          (long long)cp);
-		return CT_ERR_USAGE;
-	}
 	if (cp > 1 && c->training.seq_len % (2 * cp)) {
 		LOG_ERROR("ctitan plan: training.seq_len = %lld is not divisible by 2 x "
 		          "context_parallel_degree = %lld",

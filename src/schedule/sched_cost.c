@@ -147,6 +147,13 @@ static double inner_s(const struct sched_cost_model *cm, int u, enum sched_work 
 	return t;
 }
 
+double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k)
+{
+	double wire;
+	int64_t bytes;
+	return inner_s(cm, u, k, &wire, &bytes);
+}
+
 /* A unit pass's compute under cm: a lowered schedule's segment carries its share (the pass
  * over its segments, evenly), an unlowered node the whole pass plus its TP collectives. The
  * in-pass cp collectives are in the first segment's. */

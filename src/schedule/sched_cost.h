@@ -124,6 +124,9 @@ double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
 double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
                        const struct model_coll_desc *c, double *comm_s);
 
+/* Unit u's in-pass (cp) collectives' time in pass k (0 without any). */
+double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k);
+
 /* One node's time under cm, and its terms (terms may be NULL). */
 double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, int unit,
                          double terms[SCHED_TERM_COUNT]);

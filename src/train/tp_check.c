@@ -65,15 +65,6 @@ int cp_check_config(const struct ct_config *cfg)
 		          fam->no_cp_why ? fam->no_cp_why : "the family has no context-parallel form");
 		return CT_ERR_USAGE;
 	}
-	/* FSDP's cost model prices the K/V transfers (model_cost_ops.unit_inner); the pipeline's
-	 * (parallel/pp_cost.c) does not yet */
-	if (cfg->parallelism.pipeline_parallel_degree > 1 && cfg->profiling.enable_profiling) {
-		LOG_ERROR("parallelism.context_parallel_degree = %lld with pipeline parallelism and "
-		          "profiling.enable_profiling: not yet supported (the pipeline cost model "
-		          "does not model context parallelism's transfers)",
-		          (long long)cp);
-		return CT_ERR_USAGE;
-	}
 	if (compute_float8(cfg) && strcmp(cfg->float8.recipe_name, "tensorwise") == 0) {
 		LOG_ERROR("parallelism.context_parallel_degree = %lld with quantize.linear.float8."
 		          "recipe_name = tensorwise: not yet supported (a tensorwise scale would be "
