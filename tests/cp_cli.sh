@@ -165,4 +165,16 @@ check "ctitan plan with cp=2: FSDP's mesh names the cp ranks" $?
   --training.local_batch_size=1 > "$tmp/plan" 2>&1 &&
   grep -q "per stage and micro-batch: forward 6.3 ms, backward 12.6 ms" "$tmp/plan"
 check "ctitan plan with pp=2 x cp=2: the stages' K/V transfers in their forward and backward" $?
+plan_bad() { # what, message, args...
+  local what=$1 msg=$2
+  shift 2
+  "$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 2 --comm.bandwidth_gbps=400 \
+    --metrics.peak_tflops=989 --parallelism.context_parallel_degree=2 "$@" > "$tmp/plan" 2>&1
+  [ $? -eq 2 ] && grep -q "$msg" "$tmp/plan"
+  check "ctitan plan with $what: exit 2 naming it" $?
+}
+plan_bad "cp=2 and a sequence of 250" "training.seq_len = 250 is not divisible by 4" \
+  --training.seq_len=250
+plan_bad "cp and hyena" 'context_parallel_degree = 2: not supported for model.name = "hyena"' \
+  --model.name=hyena --model.flavor=hyena-debug
 finish

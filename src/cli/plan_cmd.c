@@ -19,6 +19,7 @@
 #include "io/config.h"
 #include "kernels/fp8_linear.h"
 #include "model/model_cost.h"
+#include "parallel/cp.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
 #include "train/compute.h"
@@ -180,11 +181,29 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	int64_t cp = c->parallelism.context_parallel_degree > 1
 	                 ? c->parallelism.context_parallel_degree
 	                 : 1;
-	if (cp > 1 && c->training.seq_len % (2 * cp)) {
-		LOG_ERROR("ctitan plan: training.seq_len = %lld is not divisible by 2 x "
-		          "context_parallel_degree = %lld",
-		          (long long)c->training.seq_len, (long long)(2 * cp));
-		return CT_ERR_USAGE;
+	if (cp > 1) { /* what training checks (train/tp_check.c), but the world size */
+		const struct model_family *cf = model_family_named(c->model.name);
+		if (cf && !cf->cp) {
+			LOG_ERROR("ctitan plan: parallelism.context_parallel_degree = %lld: not "
+			          "supported for model.name = \"%s\" (%s)",
+			          (long long)cp, c->model.name,
+			          cf->no_cp_why ? cf->no_cp_why
+			                        : "the family has no context-parallel form");
+			return CT_ERR_USAGE;
+		}
+		enum cp_balancer b;
+		int brc = cp_balancer_parse(c->parallelism.context_parallel_load_balancer, &b);
+		if (brc)
+			return brc;
+		int64_t div = cp_seq_divisor((int)cp, b);
+		if (c->training.seq_len % div) {
+			LOG_ERROR("ctitan plan: training.seq_len = %lld is not divisible by %lld "
+			          "(parallelism.context_parallel_degree = %lld, "
+			          "context_parallel_load_balancer = %s)",
+			          (long long)c->training.seq_len, (long long)div, (long long)cp,
+			          c->parallelism.context_parallel_load_balancer);
+			return CT_ERR_USAGE;
+		}
 	}
 	if (c->parallelism.expert_parallel_degree > 1) {
 		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported: "
