@@ -29,6 +29,20 @@
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
 
+/* A cost-model shape of one TP rank's fp32 slice (before the B and T macros below). */
+static struct model_cost_shape cost_shape(int64_t b, int64_t t, enum model_ac a, int64_t c,
+                                          bool c_ring, bool headtail)
+{
+	return (struct model_cost_shape){.B = b,
+	                                 .T = t,
+	                                 .ac = a,
+	                                 .tp = 1,
+	                                 .elem_bytes = 4,
+	                                 .cp = c,
+	                                 .cp_ring = c_ring,
+	                                 .cp_headtail = headtail};
+}
+
 static int cp = 2, replicate = 1, tp = 1;
 static bool ring, stream_ring;
 static enum cp_balancer balancer = CP_BALANCE_HEADTAIL;
@@ -73,11 +87,10 @@ static void cost_check_activations(const struct model_config *c, const struct me
 	CHECK(model_build(&m1, c, B, Tl, &o1) == CT_OK, "build");
 	int64_t plain = mem_current(MEM_ACTIVATIONS) - a0;
 	model_free(&m1);
-	/* B, T, ac, tp, elem_bytes, cp, cp_ring, cp_headtail (B and T are macros here) */
-	struct model_cost_shape sh = {B, T, ac, 1, 4, ms->cp, use_ring,
-	                              balancer == CP_BALANCE_HEADTAIL};
+	struct model_cost_shape sh =
+	    cost_shape(B, T, ac, ms->cp, use_ring, balancer == CP_BALANCE_HEADTAIL);
 	int64_t pred = model_cost_activation_bytes(c, &sh);
-	sh = (struct model_cost_shape){B, Tl, ac, 1, 4, 1, false, false};
+	sh = cost_shape(B, Tl, ac, 1, false, false);
 	int64_t pred1 = model_cost_activation_bytes(c, &sh);
 	EXPECT(pred - pred1 == measured - plain,
 	       "cp activations: the cost model adds %lld bytes to a %lld-token rank's, the built "
@@ -286,10 +299,10 @@ TEST_CASE(test_cp_cost_figures)
 {
 	struct model_config c;
 	config(&c);
-	const struct model_cost_shape one = {B, T, ac, 1, 4, 1, false, false};
+	const struct model_cost_shape one = cost_shape(B, T, ac, 1, false, false);
 	for (int r = 0; r < 2; r++) {
-		const struct model_cost_shape sh = {B, T, ac, 1, 4, cp, r == 1,
-		                                    balancer == CP_BALANCE_HEADTAIL};
+		const struct model_cost_shape sh =
+		    cost_shape(B, T, ac, cp, r == 1, balancer == CP_BALANCE_HEADTAIL);
 		model_cost_work w1, wc;
 		model_cost_unit_work(&c, &one, 1, w1);
 		model_cost_unit_work(&c, &sh, 1, wc);
@@ -347,8 +360,8 @@ TEST_CASE(test_cp_cost_price)
 	cm.cp_latency_s = 1e-5;
 	cm.cp_bytes_s = 1e9;
 	for (int r = 0; r < 2; r++) {
-		const struct model_cost_shape sh = {B, T, ac, 1, 4, cp, r == 1,
-		                                    balancer == CP_BALANCE_HEADTAIL};
+		const struct model_cost_shape sh =
+		    cost_shape(B, T, ac, cp, r == 1, balancer == CP_BALANCE_HEADTAIL);
 		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
 			struct model_prog g;
 			model_cost_unit_inner(&c, &sh, 1, (enum model_pass)p, &g);
