@@ -97,8 +97,9 @@ static void cost_check_activations(const struct model_config *c, const struct me
 	       "model %lld",
 	       (long long)(pred - pred1), (long long)Tl, (long long)(measured - plain));
 	if (ms->rank == 0)
-		fprintf(stderr, "  cost model: cp rank's activations %.3f MiB predicted, %.3f MiB "
-		                "measured (%s)\n",
+		fprintf(stderr,
+		        "  cost model: cp rank's activations %.3f MiB predicted, %.3f MiB "
+		        "measured (%s)\n",
 		        (double)pred / 1048576.0, (double)measured / 1048576.0,
 		        use_ring ? "ring" : "allgather");
 }
@@ -317,7 +318,8 @@ TEST_CASE(test_cp_cost_figures)
 			       b[MODEL_COST_MATMUL], a[MODEL_COST_MATMUL] / cp);
 			EXPECT(fabs(b[MODEL_COST_ATTN] - a[MODEL_COST_ATTN] * share) <=
 			           1e-9 * a[MODEL_COST_ATTN],
-			       "pass %d: attention FLOPs of a cp rank %g, want %g (%.4f of one rank's)",
+			       "pass %d: attention FLOPs of a cp rank %g, want %g (%.4f of one "
+			       "rank's)",
 			       p, b[MODEL_COST_ATTN], a[MODEL_COST_ATTN] * share, share);
 		}
 		/* K (or V) of one shard: B x T/cp x n_kv_heads x head_dim floats */
@@ -337,8 +339,9 @@ TEST_CASE(test_cp_cost_figures)
 				sent += g.c[j].role == MODEL_GROUP_CP && g.c[j].group == cp
 				            ? g.c[j].bytes
 				            : 0;
-			EXPECT(sent == want[p], "%s pass %d: a block's cp transfers send %lld bytes, "
-			                        "want %lld",
+			EXPECT(sent == want[p],
+			       "%s pass %d: a block's cp transfers send %lld bytes, "
+			       "want %lld",
 			       r ? "ring" : "allgather", p, (long long)sent, (long long)want[p]);
 			struct model_prog e;
 			model_cost_unit_inner(&c, &sh, 0, (enum model_pass)p, &e);
@@ -373,20 +376,22 @@ TEST_CASE(test_cp_cost_price)
 				cm.attn_flops = 1e-30;
 				slow += sched_cost_cp_s(&cm, (enum sched_work)p, &g.c[j], NULL);
 				int n = g.c[j].steps > 0 ? g.c[j].steps : 1;
-				EXPECT(fabs(w - (n * cm.cp_latency_s + (double)g.c[j].bytes / 1e9)) <=
-				           1e-12,
+				EXPECT(fabs(w - (n * cm.cp_latency_s +
+				                 (double)g.c[j].bytes / 1e9)) <= 1e-12,
 				       "transfer %d of pass %d: %g s on the wire", j, p, w);
 				wire += w;
 				blocking += g.c[j].ring ? 0.0 : w;
 			}
-			EXPECT(fabs(fast - wire) <= 1e-12, "pass %d: attention of no time hides "
-			                                   "nothing: %g s of %g s exposed",
+			EXPECT(fabs(fast - wire) <= 1e-12,
+			       "pass %d: attention of no time hides "
+			       "nothing: %g s of %g s exposed",
 			       p, fast, wire);
 			EXPECT(fabs(slow - blocking) <= 1e-12,
 			       "%s pass %d: %g s exposed beside endless attention, want %g (the "
 			       "collectives and dK/dV steps)",
 			       r ? "ring" : "allgather", p, slow, blocking);
-			EXPECT(r == 0 || g.n == 0 || blocking < wire, "ring pass %d: no step hidden", p);
+			EXPECT(r == 0 || g.n == 0 || blocking < wire,
+			       "ring pass %d: no step hidden", p);
 		}
 	}
 }

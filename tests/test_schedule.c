@@ -30,7 +30,8 @@ static uint64_t seed;
 /* A cost-model shape of one fp32 rank (before the B and T macros below). */
 static struct model_cost_shape cost_shape(int64_t b, int64_t t, enum model_ac a)
 {
-	return (struct model_cost_shape){.B = b, .T = t, .ac = a, .tp = 1, .elem_bytes = 4, .cp = 1};
+	return (struct model_cost_shape){
+	    .B = b, .T = t, .ac = a, .tp = 1, .elem_bytes = 4, .cp = 1};
 }
 
 #define STEPS 2

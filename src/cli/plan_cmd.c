@@ -47,7 +47,8 @@ static void plan_usage(FILE *f)
 	        "With parallelism.context_parallel_degree > 1 a rank holds seq_len / cp tokens;\n"
 	        "its K/V transfers go over parallelism.tp_bandwidth_gbps; the attention kernel\n"
 	        "runs at plan.attention_efficiency of the peak (0: plan.compute_efficiency).\n\n"
-	        "  --world-size N  ranks (replicate x shard x context x tensor, times pipeline with pp)\n"
+	        "  --world-size N  ranks (replicate x shard x context x tensor, times pipeline "
+	        "with pp)\n"
 	        "  --nodes         print every node of the step (default: micro-batch 0)\n");
 }
 
@@ -178,9 +179,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 {
 	const struct ct_config *c = cfg;
 	int64_t tp = c->parallelism.tensor_parallel_degree;
-	int64_t cp = c->parallelism.context_parallel_degree > 1
-	                 ? c->parallelism.context_parallel_degree
-	                 : 1;
+	int64_t cp =
+	    c->parallelism.context_parallel_degree > 1 ? c->parallelism.context_parallel_degree : 1;
 	if (cp > 1) { /* what training checks (train/tp_check.c), but the world size */
 		const struct model_family *cf = model_family_named(c->model.name);
 		if (cf && !cf->cp) {
@@ -336,9 +336,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency (attention %.2f), %s matmuls, "
 	       "link %.0f Gbit/s + %.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
 	       peak / 1e12, peak_why, c->plan.compute_efficiency, cm.attn_flops / peak,
-	       bf16 ? "bf16" : "fp32",
-	       c->comm.bandwidth_gbps, c->comm.latency_us, c->plan.memory_bandwidth_gbs,
-	       act16 ? "bf16" : "fp32");
+	       bf16 ? "bf16" : "fp32", c->comm.bandwidth_gbps, c->comm.latency_us,
+	       c->plan.memory_bandwidth_gbs, act16 ? "bf16" : "fp32");
 	printf("schedule after passes (checkpoint %s -> buckets %s -> reorder prefetch %d, "
 	       "reduce-scatter defer %d):\n",
 	       sched_ac_name(ac), o.buckets, o.reorder.prefetch, o.reorder.rs_defer);
@@ -384,13 +383,14 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		       tokens / p.step_s, 100.0 * fpt * tokens / p.step_s / peak, fpt);
 	}
 	if (cp > 1)
-		printf("context parallelism      %lld ranks, %lld tokens each (%s), K/V %s over %.0f "
-		       "Gbit/s (parallelism.tp_bandwidth_gbps): %.1f MiB sent per step and rank, "
-		       "%.3f s on the wire, %.3f s exposed in the attention passes\n",
-		       (long long)cp, (long long)(T / cp),
-		       sh.cp_headtail ? "head-tail balanced" : "contiguous",
-		       sh.cp_ring ? "round a ring" : "all-gathered", c->parallelism.tp_bandwidth_gbps,
-		       (double)p.cp_wire_bytes / 1048576.0, p.cp_comm_s, p.cp_s);
+		printf(
+		    "context parallelism      %lld ranks, %lld tokens each (%s), K/V %s over %.0f "
+		    "Gbit/s (parallelism.tp_bandwidth_gbps): %.1f MiB sent per step and rank, "
+		    "%.3f s on the wire, %.3f s exposed in the attention passes\n",
+		    (long long)cp, (long long)(T / cp),
+		    sh.cp_headtail ? "head-tail balanced" : "contiguous",
+		    sh.cp_ring ? "round a ring" : "all-gathered", c->parallelism.tp_bandwidth_gbps,
+		    (double)p.cp_wire_bytes / 1048576.0, p.cp_comm_s, p.cp_s);
 	printf(
 	    "all-gather bytes         %.1f MiB per step sent by each rank (%lld-byte elements%s)\n",
 	    (double)p.ag_wire_bytes / 1048576.0, (long long)cm.ag_elem_bytes,

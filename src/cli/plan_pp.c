@@ -45,22 +45,22 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	int64_t rep = c->parallelism.data_parallel_replicate_degree;
 	int64_t shard = c->parallelism.data_parallel_shard_degree;
 	/* context parallelism: cp ranks share each sequence; the stages shard over shard x cp */
-	int64_t cp = c->parallelism.context_parallel_degree > 1
-	                 ? c->parallelism.context_parallel_degree
-	                 : 1;
+	int64_t cp =
+	    c->parallelism.context_parallel_degree > 1 ? c->parallelism.context_parallel_degree : 1;
 	if (world % (pp * tp * rep * cp)) {
-		LOG_ERROR("--world-size %lld is not a multiple of pipeline (%lld) x tensor (%lld) x "
-		          "replicate (%lld) x context (%lld)",
-		          (long long)world, (long long)pp, (long long)tp, (long long)rep,
-		          (long long)cp);
+		LOG_ERROR(
+		    "--world-size %lld is not a multiple of pipeline (%lld) x tensor (%lld) x "
+		    "replicate (%lld) x context (%lld)",
+		    (long long)world, (long long)pp, (long long)tp, (long long)rep, (long long)cp);
 		return CT_ERR_USAGE;
 	}
 	if (shard == -1)
 		shard = world / (pp * tp * rep * cp);
 	if (pp * tp * rep * shard * cp != world) {
-		LOG_ERROR("--world-size %lld is not pipeline x tensor x replicate x shard x context = "
-		          "%lld",
-		          (long long)world, (long long)(pp * tp * rep * shard * cp));
+		LOG_ERROR(
+		    "--world-size %lld is not pipeline x tensor x replicate x shard x context = "
+		    "%lld",
+		    (long long)world, (long long)(pp * tp * rep * shard * cp));
 		return CT_ERR_USAGE;
 	}
 	int64_t dp = rep * shard, Bm = c->training.local_batch_size, T = c->training.seq_len;

@@ -122,8 +122,8 @@ double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
 		*comm_s = n * step;
 	if (!c->ring)
 		return n * step;
-	double r = cm->rate[work][SCHED_TERM_ATTN] > 0 ? cm->rate[work][SCHED_TERM_ATTN]
-	                                               : cm->attn_flops;
+	double r =
+	    cm->rate[work][SCHED_TERM_ATTN] > 0 ? cm->rate[work][SCHED_TERM_ATTN] : cm->attn_flops;
 	double hide = r > 0 ? c->ring_flops / r / n : 0.0;
 	return n * (step > hide ? step - hide : 0.0);
 }
@@ -341,7 +341,8 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		case SCHED_BWD:
 		case SCHED_RECOMPUTE: {
 			int u = n->unit;
-			double tp, dt = pass_compute_s(s, cm, n, work_of(sched_node_pass(n)), &tp, p);
+			double tp;
+			double dt = pass_compute_s(s, cm, n, work_of(sched_node_pass(n)), &tp, p);
 			p->compute_s += dt;
 			p->tp_s += tp;
 			double wall = repay(&debt, dt);

@@ -108,8 +108,8 @@ struct sched_prediction {
 	int64_t full_params_bytes, full_grads_bytes, comm_bytes;
 	int64_t n_collectives;
 	int64_t ag_wire_bytes; /* what this rank's all-gathers of the step send (its shards) */
-	double cp_s;           /* context parallelism's transfers exposed in the passes (in step_s) */
-	double cp_comm_s;      /* their time on the wire */
+	double cp_s;      /* context parallelism's transfers exposed in the passes (in step_s) */
+	double cp_comm_s; /* their time on the wire */
 	int64_t cp_wire_bytes; /* what this rank sends in them over the step */
 };
 

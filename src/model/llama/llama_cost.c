@@ -178,9 +178,9 @@ int64_t llama_cp_buf_bytes(const struct model_config *mc, const struct model_cos
 		return 0;
 	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
 	int64_t Tl = cp_local_T(s), KVD = c.n_kv_heads * c.head_dim, blk = s->B * Tl * KVD;
-	int64_t floats = s->cp_ring ? 8 * blk + s->B * Tl * c.n_heads * c.head_dim +
-	                                  s->B * c.n_heads * Tl
-	                            : 4 * s->cp * blk + 2 * blk;
+	int64_t floats = s->cp_ring
+	                     ? 8 * blk + s->B * Tl * c.n_heads * c.head_dim + s->B * c.n_heads * Tl
+	                     : 4 * s->cp * blk + 2 * blk;
 	return floats * s->elem_bytes;
 }
 
@@ -191,8 +191,8 @@ int64_t llama_cp_buf_bytes(const struct model_config *mc, const struct model_cos
  *     attention of the shard held; backward passes K/V on cp - 1 times beside the gradient
  *     of the shard held, and the shard's dK/dV on after it, cp times (the last brings it
  *     home), each waited for. */
-static void llama_cost_inner(const struct model_config *mc, const struct model_cost_shape *s,
-                             int u, enum model_pass p, struct model_prog *out)
+static void llama_cost_inner(const struct model_config *mc, const struct model_cost_shape *s, int u,
+                             enum model_pass p, struct model_prog *out)
 {
 	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
 	const int L = (int)c.n_layers, cp = (int)s->cp;
@@ -245,8 +245,8 @@ static double llama_cost_flops(const struct model_config *mc, int64_t seq_len)
 static void llama_cost_prog(const struct model_config *mc, const struct model_cost_shape *s,
                             bool async, int u, enum model_pass p, struct model_prog *out)
 {
-	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, s->ac, s->B, cp_local_T(s), s->elem_bytes, u,
-	              p, out);
+	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, s->ac, s->B, cp_local_T(s), s->elem_bytes,
+	              u, p, out);
 }
 
 /* ---------------------------------------------------------------- calibration */
