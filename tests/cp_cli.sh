@@ -3,8 +3,10 @@
 # data and on a shard folder (the loader's sequences cut by the same token order, validation
 # too), cp=2 as a ring on the comm stream's thread, cp=4 without load balancing,
 # cp=2 x async tp=2 and pp=2 x cp=2 (1F1B; interleaved and ZB-H1 with the ring) train
-# like 1 rank (losses and grad norms within 1e-5 relative, from metrics.jsonl); bad CP
-# settings exit 2 naming the key and the numbers.
+# like 1 rank (losses and grad norms within 1e-5 relative, from metrics.jsonl), also with
+# automatic buckets and a profiled step (the cost model prices the K/V transfers); `ctitan
+# plan` with cp counts the K/V bytes per step; bad CP settings exit 2 naming the key and the
+# numbers.
 #   tests/cp_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -31,13 +33,23 @@ check "cp=2 says how the sequence is split" $?
 metric "$tmp/one/metrics.jsonl" 1 3 tokens_seen > "$tmp/one.t"
 metric "$tmp/cp2/metrics.jsonl" 1 3 tokens_seen > "$tmp/cp2.t" && same "$tmp/cp2.t" "$tmp/one.t"
 check "cp=2 counts the tokens seen as 1 rank does" $?
+# the cost model prices the K/V transfers: automatic buckets and a profiled step (predicted vs
+# measured, per node kind)
+cp_run cp2_auto_profiled 2 --parallelism.context_parallel_degree=2 --comm.buckets=auto \
+  --profiling.enable_profiling=true --profiling.profile_freq=2
+grep -q "cost model: context-parallel K/V transfers" "$tmp/cp2_auto_profiled.log" &&
+  grep -q "cost model vs this step" "$tmp/cp2_auto_profiled.log"
+check "cp=2 with automatic buckets and profiling: the K/V transfers priced, the step compared" $?
 cp_run cp2_ring_thread 2 --parallelism.context_parallel_degree=2 \
   --parallelism.context_parallel_rotate_method=alltoall --comm.progress=thread
 cp_run cp4_none 4 --parallelism.context_parallel_degree=4 \
   --parallelism.context_parallel_load_balancer=none
 cp_run cp2_tp2_async 4 --parallelism.context_parallel_degree=2 \
   --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true
-cp_run pp2_cp2 4 --parallelism.context_parallel_degree=2 --parallelism.pipeline_parallel_degree=2
+cp_run pp2_cp2 4 --parallelism.context_parallel_degree=2 --parallelism.pipeline_parallel_degree=2 \
+  --profiling.enable_profiling=true --profiling.profile_freq=2
+grep -q "cost model vs this step (pipeline): predicted" "$tmp/pp2_cp2.log"
+check "pp=2 x cp=2 profiled: the pipeline cost model compares the step" $?
 cp_run pp2_cp2_ring_interleaved 4 --parallelism.context_parallel_degree=2 \
   --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=Interleaved1F1B \
   --parallelism.context_parallel_rotate_method=alltoall
@@ -120,14 +132,49 @@ bad "cp x tp x shard not the world" 4 \
   --parallelism.data_parallel_shard_degree=2
 bad "cp with hyena" 2 'not supported for model.name = "hyena"' \
   --parallelism.context_parallel_degree=2 --model.name=hyena --model.flavor=hyena-debug
-bad "cp with automatic buckets" 2 'with comm.buckets = "auto": not yet supported' \
-  --parallelism.context_parallel_degree=2 --comm.buckets=auto
 bad "an unknown load balancer" 1 "context_parallel_load_balancer" \
   --parallelism.context_parallel_load_balancer=ptrr
 bad "an unknown rotate method" 1 "context_parallel_rotate_method" \
   --parallelism.context_parallel_rotate_method=ring
-"$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 2 --comm.bandwidth_gbps=400 \
-  --metrics.peak_tflops=989 --parallelism.context_parallel_degree=2 > "$tmp/err" 2>&1
-[ $? -eq 2 ] && grep -q "context_parallel_degree = 2: not yet supported" "$tmp/err"
-check "ctitan plan with cp: exit 2 naming it" $?
+# the plan's K/V bytes per step and rank: debugmodel (6 layers, 16 x 16 K/V columns), batch 8 x
+# 256 tokens, fp32: K or V of the whole sequence 2 MiB, a rank sends (cp-1)/cp of it; allgather
+# gathers K and V in forward and backward and reduce-scatters dK, dV (3 x 6 x 2 x 2 MiB / 2 =
+# 36 MiB), a full recompute gathers again (48 MiB); the ring sends (cp-1) K/V shards in forward,
+# (cp-1) K/V + cp dK/dV in backward (8 MiB a block: 48 MiB)
+plan_cp() { # want, args...
+  local want=$1
+  shift
+  "$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 2 --comm.bandwidth_gbps=400 \
+    --metrics.peak_tflops=989 --parallelism.context_parallel_degree=2 "$@" > "$tmp/plan" 2>&1
+  [ $? -eq 0 ] && grep -q "context parallelism .*: $want MiB sent per step and rank" "$tmp/plan"
+}
+plan_cp 36.0
+check "ctitan plan with cp=2 (allgather): 36 MiB of K/V per step and rank" $?
+plan_cp 48.0 --activation_checkpoint.mode=full
+check "ctitan plan with cp=2 and full checkpointing: 48 MiB (the recompute gathers again)" $?
+plan_cp 48.0 --parallelism.context_parallel_rotate_method=alltoall
+check "ctitan plan with cp=2 as a ring: 48 MiB" $?
+grep -q "mesh: 2 ranks = 1 replicas x 1 shards (FSDP, reshard default) x 2 context-parallel" \
+  "$tmp/plan"
+check "ctitan plan with cp=2: FSDP's mesh names the cp ranks" $?
+# pp=2 x cp=2, one sequence per micro-batch: a stage's 3 blocks gather K and V in forward
+# (3 x 2 x 128 KiB over a 1 Gbit/s cp link: 6.3 ms) and gather and reduce-scatter in backward
+"$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 4 --comm.bandwidth_gbps=400 \
+  --metrics.peak_tflops=989 --parallelism.pipeline_parallel_degree=2 \
+  --parallelism.context_parallel_degree=2 --parallelism.tp_bandwidth_gbps=1 \
+  --training.local_batch_size=1 > "$tmp/plan" 2>&1 &&
+  grep -q "per stage and micro-batch: forward 6.3 ms, backward 12.6 ms" "$tmp/plan"
+check "ctitan plan with pp=2 x cp=2: the stages' K/V transfers in their forward and backward" $?
+plan_bad() { # what, message, args...
+  local what=$1 msg=$2
+  shift 2
+  "$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 2 --comm.bandwidth_gbps=400 \
+    --metrics.peak_tflops=989 --parallelism.context_parallel_degree=2 "$@" > "$tmp/plan" 2>&1
+  [ $? -eq 2 ] && grep -q "$msg" "$tmp/plan"
+  check "ctitan plan with $what: exit 2 naming it" $?
+}
+plan_bad "cp=2 and a sequence of 250" "training.seq_len = 250 is not divisible by 4" \
+  --training.seq_len=250
+plan_bad "cp and hyena" 'context_parallel_degree = 2: not supported for model.name = "hyena"' \
+  --model.name=hyena --model.flavor=hyena-debug
 finish

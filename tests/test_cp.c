@@ -19,6 +19,8 @@
 #include "comm/comm.h"
 #include "comm/stream.h"
 #include "data/synthetic.h"
+#include "model/model_cost.h"
+#include "schedule/sched_cost.h"
 #include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/tp.h"
@@ -26,6 +28,20 @@
 #include "testutil.h"
 #include "train/lr_schedule.h"
 #include "train/trainer.h"
+
+/* A cost-model shape of one TP rank's fp32 slice (before the B and T macros below). */
+static struct model_cost_shape cost_shape(int64_t b, int64_t t, enum model_ac a, int64_t c,
+                                          bool c_ring, bool headtail)
+{
+	return (struct model_cost_shape){.B = b,
+	                                 .T = t,
+	                                 .ac = a,
+	                                 .tp = 1,
+	                                 .elem_bytes = 4,
+	                                 .cp = c,
+	                                 .cp_ring = c_ring,
+	                                 .cp_headtail = headtail};
+}
 
 static int cp = 2, replicate = 1, tp = 1;
 static bool ring, stream_ring;
@@ -56,6 +72,38 @@ struct run {
 	int64_t act_bytes; /* MEM_ACTIVATIONS held by the built model */
 };
 
+/* The cost model's activation bytes of a cp rank (model/model_cost.h, cp in the shape): what
+ * they add to a one-rank model of the rank's T/cp tokens (the K/V buffers of llama_cp.c)
+ * must be what the built cp model adds in the memory accounting, to the byte. */
+static void cost_check_activations(const struct model_config *c, const struct mesh *ms,
+                                   bool use_ring, int64_t measured)
+{
+	if (ms->tp > 1)
+		return;
+	const int64_t Tl = T / ms->cp;
+	struct model m1;
+	const struct model_build_opts o1 = {.own_params = true, .ac = ac};
+	int64_t a0 = mem_current(MEM_ACTIVATIONS);
+	CHECK(model_build(&m1, c, B, Tl, &o1) == CT_OK, "build");
+	int64_t plain = mem_current(MEM_ACTIVATIONS) - a0;
+	model_free(&m1);
+	struct model_cost_shape sh =
+	    cost_shape(B, T, ac, ms->cp, use_ring, balancer == CP_BALANCE_HEADTAIL);
+	int64_t pred = model_cost_activation_bytes(c, &sh);
+	sh = cost_shape(B, Tl, ac, 1, false, false);
+	int64_t pred1 = model_cost_activation_bytes(c, &sh);
+	EXPECT(pred - pred1 == measured - plain,
+	       "cp activations: the cost model adds %lld bytes to a %lld-token rank's, the built "
+	       "model %lld",
+	       (long long)(pred - pred1), (long long)Tl, (long long)(measured - plain));
+	if (ms->rank == 0)
+		fprintf(stderr,
+		        "  cost model: cp rank's activations %.3f MiB predicted, %.3f MiB "
+		        "measured (%s)\n",
+		        (double)pred / 1048576.0, (double)measured / 1048576.0,
+		        use_ring ? "ring" : "allgather");
+}
+
 /* FSDP over dp_shard x cp on mesh `ms` with context parallelism over its cp group. */
 static void run_cp(struct run *out, const struct mesh *ms, bool use_ring)
 {
@@ -82,6 +130,7 @@ static void run_cp(struct run *out, const struct mesh *ms, bool use_ring)
 	int64_t a0 = mem_current(MEM_ACTIVATIONS);
 	CHECK(model_build(&m, &c, B, Tl, &opts) == CT_OK, "build");
 	out->act_bytes = mem_current(MEM_ACTIVATIONS) - a0;
+	cost_check_activations(&c, ms, use_ring, out->act_bytes);
 	struct fsdp f;
 	fsdp_build(&f, &m, ms, false, FSDP_RESHARD_DEFAULT, stream);
 	fsdp_init_params(&f, seed);
@@ -242,6 +291,111 @@ TEST_CASE(test_cp_equivalence)
 	free(ref.params);
 }
 
+/* The cost model's figures for a cp rank (model/model_cost.h): a block's matmuls are 1/cp
+ * of the whole sequence's, its attention 1/cp of it with head-tail balancing and (2cp-1)/cp^2
+ * (the last shard's) without; its in-pass collectives send, per block, K and V's (cp - 1)
+ * shards in each all-gather (forward, a full recompute, backward) and dK, dV's in
+ * backward's reduce-scatters; the ring cp - 1 K/V steps and, in backward, cp dK/dV steps. */
+TEST_CASE(test_cp_cost_figures)
+{
+	struct model_config c;
+	config(&c);
+	const struct model_cost_shape one = cost_shape(B, T, ac, 1, false, false);
+	for (int r = 0; r < 2; r++) {
+		const struct model_cost_shape sh =
+		    cost_shape(B, T, ac, cp, r == 1, balancer == CP_BALANCE_HEADTAIL);
+		model_cost_work w1, wc;
+		model_cost_unit_work(&c, &one, 1, w1);
+		model_cost_unit_work(&c, &sh, 1, wc);
+		double share = balancer == CP_BALANCE_HEADTAIL
+		                   ? 1.0 / cp
+		                   : (2.0 * cp - 1.0) / ((double)cp * cp);
+		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
+			const double *a = w1[p], *b = wc[p];
+			EXPECT(fabs(b[MODEL_COST_MATMUL] - a[MODEL_COST_MATMUL] / cp) <=
+			           1e-9 * a[MODEL_COST_MATMUL],
+			       "pass %d: matmul FLOPs of a cp rank %g, 1/cp of one rank's %g", p,
+			       b[MODEL_COST_MATMUL], a[MODEL_COST_MATMUL] / cp);
+			EXPECT(fabs(b[MODEL_COST_ATTN] - a[MODEL_COST_ATTN] * share) <=
+			           1e-9 * a[MODEL_COST_ATTN],
+			       "pass %d: attention FLOPs of a cp rank %g, want %g (%.4f of one "
+			       "rank's)",
+			       p, b[MODEL_COST_ATTN], a[MODEL_COST_ATTN] * share, share);
+		}
+		/* K (or V) of one shard: B x T/cp x n_kv_heads x head_dim floats */
+		const struct llama_config *lc = llama_cfg(&c);
+		const int64_t blk = (int64_t)B * (T / cp) * lc->n_kv_heads * lc->head_dim * 4;
+		const int64_t want[MODEL_PASS_COUNT] = {
+		    [MODEL_PASS_FWD] = r ? (cp - 1) * 2 * blk : 2 * (cp - 1) * blk,
+		    [MODEL_PASS_BWD] = r ? (2 * cp - 1) * 2 * blk : 4 * (cp - 1) * blk,
+		    [MODEL_PASS_REC] = ac != MODEL_AC_FULL ? 0
+		                       : r                 ? (cp - 1) * 2 * blk
+		                                           : 2 * (cp - 1) * blk};
+		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
+			struct model_prog g;
+			model_cost_unit_inner(&c, &sh, 1, (enum model_pass)p, &g);
+			int64_t sent = 0;
+			for (int j = 0; j < g.n; j++)
+				sent += g.c[j].role == MODEL_GROUP_CP && g.c[j].group == cp
+				            ? g.c[j].bytes
+				            : 0;
+			EXPECT(sent == want[p],
+			       "%s pass %d: a block's cp transfers send %lld bytes, "
+			       "want %lld",
+			       r ? "ring" : "allgather", p, (long long)sent, (long long)want[p]);
+			struct model_prog e;
+			model_cost_unit_inner(&c, &sh, 0, (enum model_pass)p, &e);
+			EXPECT(e.n == 0, "the embedding has no cp transfers");
+		}
+	}
+}
+
+/* The cost model's price of a block's cp transfers (schedule/sched_cost.h): all-gathers and
+ * reduce-scatters block the pass (latency + bytes / rate each); the ring's K/V steps are
+ * hidden by the attention beside them (none when attention takes no time, every one when it
+ * takes forever), its dK/dV steps never; one latency per ring step. */
+TEST_CASE(test_cp_cost_price)
+{
+	struct model_config c;
+	config(&c);
+	struct sched_cost_model cm;
+	memset(&cm, 0, sizeof(cm));
+	cm.cp_latency_s = 1e-5;
+	cm.cp_bytes_s = 1e9;
+	for (int r = 0; r < 2; r++) {
+		const struct model_cost_shape sh =
+		    cost_shape(B, T, ac, cp, r == 1, balancer == CP_BALANCE_HEADTAIL);
+		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
+			struct model_prog g;
+			model_cost_unit_inner(&c, &sh, 1, (enum model_pass)p, &g);
+			double wire = 0, fast = 0, slow = 0, blocking = 0;
+			for (int j = 0; j < g.n; j++) {
+				double w;
+				cm.attn_flops = 1e30;
+				fast += sched_cost_cp_s(&cm, (enum sched_work)p, &g.c[j], &w);
+				cm.attn_flops = 1e-30;
+				slow += sched_cost_cp_s(&cm, (enum sched_work)p, &g.c[j], NULL);
+				int n = g.c[j].steps > 0 ? g.c[j].steps : 1;
+				EXPECT(fabs(w - (n * cm.cp_latency_s +
+				                 (double)g.c[j].bytes / 1e9)) <= 1e-12,
+				       "transfer %d of pass %d: %g s on the wire", j, p, w);
+				wire += w;
+				blocking += g.c[j].ring ? 0.0 : w;
+			}
+			EXPECT(fabs(fast - wire) <= 1e-12,
+			       "pass %d: attention of no time hides "
+			       "nothing: %g s of %g s exposed",
+			       p, fast, wire);
+			EXPECT(fabs(slow - blocking) <= 1e-12,
+			       "%s pass %d: %g s exposed beside endless attention, want %g (the "
+			       "collectives and dK/dV steps)",
+			       r ? "ring" : "allgather", p, slow, blocking);
+			EXPECT(r == 0 || g.n == 0 || blocking < wire,
+			       "ring pass %d: no step hidden", p);
+		}
+	}
+}
+
 int main(int argc, char **argv)
 {
 	CHECK(comm_init(&argc, &argv) == CT_OK, "comm init");
@@ -281,6 +435,8 @@ int main(int argc, char **argv)
 		        : ac == MODEL_AC_SELECTIVE ? ", selective activation checkpointing"
 		                                   : "");
 	RUN(test_cp_equivalence);
+	RUN(test_cp_cost_figures);
+	RUN(test_cp_cost_price);
 	/* every rank's verdict counts */
 	int64_t fails = test_summary() != 0;
 	comm_all_reduce_i64(&mesh.world_group, &fails, 1);

@@ -27,6 +27,13 @@
 static struct mesh mesh;
 static uint64_t seed;
 
+/* A cost-model shape of one fp32 rank (before the B and T macros below). */
+static struct model_cost_shape cost_shape(int64_t b, int64_t t, enum model_ac a)
+{
+	return (struct model_cost_shape){
+	    .B = b, .T = t, .ac = a, .tp = 1, .elem_bytes = 4, .cp = 1};
+}
+
 #define STEPS 2
 #define B     2
 #define T     16
@@ -45,7 +52,7 @@ static void fixed_cost(struct sched_cost_model *cm, const struct sched *s, enum 
 {
 	struct model_config c;
 	config(llama_cfg_init(&c));
-	const struct model_cost_shape sh = {B, T, ac, 1, 4}; /* B, T, ac, tp, elem_bytes */
+	const struct model_cost_shape sh = cost_shape(B, T, ac);
 	sched_cost_init(cm, &c, &sh, s, mesh.dp_shard, false);
 	cm->matmul_flops = cm->attn_flops = 2e10;
 	cm->mem_bytes_s = 1e10;
@@ -323,7 +330,7 @@ TEST_CASE(test_checkpoint_memory)
 		measured[i] = mem_current(MEM_ACTIVATIONS) - before;
 		struct model_config mc;
 		*llama_cfg_init(&mc) = c;
-		const struct model_cost_shape sh = {Bm, Tm, modes[i], 1, 4}; /* tp 1, fp32 */
+		const struct model_cost_shape sh = cost_shape(Bm, Tm, modes[i]);
 		predicted[i] = model_cost_activation_bytes(&mc, &sh);
 		n = m.table.numel;
 		if (!params) {

@@ -19,6 +19,7 @@
 #include "io/config.h"
 #include "kernels/fp8_linear.h"
 #include "model/model_cost.h"
+#include "parallel/cp.h"
 #include "schedule/sched_cost.h"
 #include "schedule/sched_pass.h"
 #include "train/compute.h"
@@ -42,8 +43,12 @@ static void plan_usage(FILE *f)
 	        "With parallelism.pipeline_parallel_degree > 1 it simulates the pipeline schedule\n"
 	        "(parallelism.pipeline_parallel_schedule) instead: bubble fraction, in-flight\n"
 	        "activations per rank, step time and tokens/s per GPU for pp x tp x replicate x\n"
-	        "shard (tensor parallelism as a compute divisor only).\n\n"
-	        "  --world-size N  ranks (replicate x shard, times pipeline x tensor with pp)\n"
+	        "shard x cp (tensor parallelism as a compute divisor only).\n\n"
+	        "With parallelism.context_parallel_degree > 1 a rank holds seq_len / cp tokens;\n"
+	        "its K/V transfers go over parallelism.tp_bandwidth_gbps; the attention kernel\n"
+	        "runs at plan.attention_efficiency of the peak (0: plan.compute_efficiency).\n\n"
+	        "  --world-size N  ranks (replicate x shard x context x tensor, times pipeline "
+	        "with pp)\n"
 	        "  --nodes         print every node of the step (default: micro-batch 0)\n");
 }
 
@@ -174,11 +179,31 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 {
 	const struct ct_config *c = cfg;
 	int64_t tp = c->parallelism.tensor_parallel_degree;
-	if (c->parallelism.context_parallel_degree > 1) {
-		LOG_ERROR("ctitan plan: parallelism.context_parallel_degree = %lld: not yet supported "
-		          "(the cost model does not model context parallelism's K/V transfers)",
-		          (long long)c->parallelism.context_parallel_degree);
-		return CT_ERR_USAGE;
+	int64_t cp =
+	    c->parallelism.context_parallel_degree > 1 ? c->parallelism.context_parallel_degree : 1;
+	if (cp > 1) { /* what training checks (train/tp_check.c), but the world size */
+		const struct model_family *cf = model_family_named(c->model.name);
+		if (cf && !cf->cp) {
+			LOG_ERROR("ctitan plan: parallelism.context_parallel_degree = %lld: not "
+			          "supported for model.name = \"%s\" (%s)",
+			          (long long)cp, c->model.name,
+			          cf->no_cp_why ? cf->no_cp_why
+			                        : "the family has no context-parallel form");
+			return CT_ERR_USAGE;
+		}
+		enum cp_balancer b;
+		int brc = cp_balancer_parse(c->parallelism.context_parallel_load_balancer, &b);
+		if (brc)
+			return brc;
+		int64_t div = cp_seq_divisor((int)cp, b);
+		if (c->training.seq_len % div) {
+			LOG_ERROR("ctitan plan: training.seq_len = %lld is not divisible by %lld "
+			          "(parallelism.context_parallel_degree = %lld, "
+			          "context_parallel_load_balancer = %s)",
+			          (long long)c->training.seq_len, (long long)div, (long long)cp,
+			          c->parallelism.context_parallel_load_balancer);
+			return CT_ERR_USAGE;
+		}
 	}
 	if (c->parallelism.expert_parallel_degree > 1) {
 		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported: "
@@ -198,11 +223,13 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	int64_t rep = c->parallelism.data_parallel_replicate_degree;
 	int64_t shard = c->parallelism.data_parallel_shard_degree;
 	if (shard == -1)
-		shard = world / (rep * tp);
-	if (rep * shard * tp != world) {
+		shard = world / (rep * cp * tp);
+	if (rep * shard * cp * tp != world) {
 		LOG_ERROR("--world-size %lld is not data_parallel_replicate_degree (%lld) x "
-		          "data_parallel_shard_degree (%lld) x tensor_parallel_degree (%lld)",
-		          (long long)world, (long long)rep, (long long)shard, (long long)tp);
+		          "data_parallel_shard_degree (%lld) x context_parallel_degree (%lld) x "
+		          "tensor_parallel_degree (%lld)",
+		          (long long)world, (long long)rep, (long long)shard, (long long)cp,
+		          (long long)tp);
 		return CT_ERR_USAGE;
 	}
 	int64_t dpw = rep * shard; /* data-parallel ranks */
@@ -234,13 +261,15 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	bool bf16 = o.bf16;
 	bool act16 = strcmp(c->plan.activation_dtype, "bfloat16") == 0 ||
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
-	/* the cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary */
+	/* the cost model's shapes are one TP rank's: its heads, FFN hidden and vocabulary; one
+	 * cp rank's T / cp tokens; FSDP shards over dp_shard x cp */
 	const struct step_plan_layout lay = {.B = Bm,
 	                                     .T = T,
 	                                     .tp = tp,
-	                                     .dp_shard = shard,
+	                                     .dp_shard = shard * cp,
 	                                     .elem_bytes = act16 ? 2 : 4,
-	                                     .accum = accum};
+	                                     .accum = accum,
+	                                     .cp = cp};
 	const struct model_cost_shape sh = step_plan_shape(&o, &lay);
 	enum model_ac ac = o.ac;
 	struct param_table t;
@@ -254,14 +283,19 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	char peak_why[256];
 	double peak = compute_peak_flops(c, peak_why, sizeof(peak_why));
 	cm.matmul_flops = cm.attn_flops = peak * c->plan.compute_efficiency;
+	if (c->plan.attention_efficiency > 0)
+		cm.attn_flops = peak * c->plan.attention_efficiency;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9;
 	char f8note[256] = "";
-	double *f8esz = compute_float8(c) ? plan_float8(c, &t, shard, Bm * T, bf16, peak, &cm,
-	                                                f8note, sizeof(f8note))
+	double *f8esz = compute_float8(c) ? plan_float8(c, &t, shard * cp, Bm * T / cp, bf16, peak,
+	                                                &cm, f8note, sizeof(f8note))
 	                                  : NULL;
 	step_plan_cost_link(&cm, &o);
 	cm.tp_latency_s = c->comm.latency_us * 1e-6;
 	cm.tp_bytes_s = c->parallelism.tp_bandwidth_gbps * 1e9 / 8.0;
+	/* the cp group's K/V transfers: on the intra-node link, as TP's */
+	cm.cp_latency_s = cm.tp_latency_s;
+	cm.cp_bytes_s = cm.tp_bytes_s;
 	cm.full_elem_bytes = act16 ? 2 : 4;
 	cm.full_twin_bytes = 0; /* the target keeps gathered weights in one dtype */
 	cm.overlap = true;
@@ -283,7 +317,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	struct sched_prediction p;
 	sched_predict(&s, &cm, &p, NULL);
 	double fpt = model_cost_flops_per_token(&mc, T);
-	double tokens = (double)(Bm * T * accum) / (double)tp; /* per rank: TP shares tokens */
+	/* per rank: TP shares tokens, cp ranks hold T / cp each */
+	double tokens = (double)(Bm * T * accum) / (double)(tp * cp);
 	struct plan_tp tpv[2];                                 /* plain, async */
 	if (tp > 1)
 		for (int v = 0; v < 2; v++)
@@ -294,14 +329,15 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       (long long)model_config_n_layers(&mc), (long long)model_config_dim(&mc),
 	       (long long)Bm, (long long)T, accum);
 	printf("mesh: %lld ranks = %lld replicas x %lld shards (FSDP, reshard %s) x %lld "
-	       "tensor-parallel; activation checkpointing %s\n",
+	       "context-parallel x %lld tensor-parallel; activation checkpointing %s\n",
 	       (long long)world, (long long)rep, (long long)shard,
-	       c->parallelism.fsdp_reshard_after_forward, (long long)tp, sched_ac_name(ac));
-	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency, %s matmuls, link %.0f Gbit/s + "
-	       "%.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
-	       peak / 1e12, peak_why, c->plan.compute_efficiency, bf16 ? "bf16" : "fp32",
-	       c->comm.bandwidth_gbps, c->comm.latency_us, c->plan.memory_bandwidth_gbs,
-	       act16 ? "bf16" : "fp32");
+	       c->parallelism.fsdp_reshard_after_forward, (long long)cp, (long long)tp,
+	       sched_ac_name(ac));
+	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency (attention %.2f), %s matmuls, "
+	       "link %.0f Gbit/s + %.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
+	       peak / 1e12, peak_why, c->plan.compute_efficiency, cm.attn_flops / peak,
+	       bf16 ? "bf16" : "fp32", c->comm.bandwidth_gbps, c->comm.latency_us,
+	       c->plan.memory_bandwidth_gbs, act16 ? "bf16" : "fp32");
 	printf("schedule after passes (checkpoint %s -> buckets %s -> reorder prefetch %d, "
 	       "reduce-scatter defer %d):\n",
 	       sched_ac_name(ac), o.buckets, o.reorder.prefetch, o.reorder.rs_defer);
@@ -346,6 +382,15 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		       "%.3g per token)\n",
 		       tokens / p.step_s, 100.0 * fpt * tokens / p.step_s / peak, fpt);
 	}
+	if (cp > 1)
+		printf(
+		    "context parallelism      %lld ranks, %lld tokens each (%s), K/V %s over %.0f "
+		    "Gbit/s (parallelism.tp_bandwidth_gbps): %.1f MiB sent per step and rank, "
+		    "%.3f s on the wire, %.3f s exposed in the attention passes\n",
+		    (long long)cp, (long long)(T / cp),
+		    sh.cp_headtail ? "head-tail balanced" : "contiguous",
+		    sh.cp_ring ? "round a ring" : "all-gathered", c->parallelism.tp_bandwidth_gbps,
+		    (double)p.cp_wire_bytes / 1048576.0, p.cp_comm_s, p.cp_s);
 	printf(
 	    "all-gather bytes         %.1f MiB per step sent by each rank (%lld-byte elements%s)\n",
 	    (double)p.ag_wire_bytes / 1048576.0, (long long)cm.ag_elem_bytes,

@@ -44,17 +44,23 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	int64_t tp = c->parallelism.tensor_parallel_degree;
 	int64_t rep = c->parallelism.data_parallel_replicate_degree;
 	int64_t shard = c->parallelism.data_parallel_shard_degree;
-	if (world % (pp * tp * rep)) {
-		LOG_ERROR("--world-size %lld is not a multiple of pipeline (%lld) x tensor (%lld) x "
-		          "replicate (%lld)",
-		          (long long)world, (long long)pp, (long long)tp, (long long)rep);
+	/* context parallelism: cp ranks share each sequence; the stages shard over shard x cp */
+	int64_t cp =
+	    c->parallelism.context_parallel_degree > 1 ? c->parallelism.context_parallel_degree : 1;
+	if (world % (pp * tp * rep * cp)) {
+		LOG_ERROR(
+		    "--world-size %lld is not a multiple of pipeline (%lld) x tensor (%lld) x "
+		    "replicate (%lld) x context (%lld)",
+		    (long long)world, (long long)pp, (long long)tp, (long long)rep, (long long)cp);
 		return CT_ERR_USAGE;
 	}
 	if (shard == -1)
-		shard = world / (pp * tp * rep);
-	if (pp * tp * rep * shard != world) {
-		LOG_ERROR("--world-size %lld is not pipeline x tensor x replicate x shard = %lld",
-		          (long long)world, (long long)(pp * tp * rep * shard));
+		shard = world / (pp * tp * rep * cp);
+	if (pp * tp * rep * shard * cp != world) {
+		LOG_ERROR(
+		    "--world-size %lld is not pipeline x tensor x replicate x shard x context = "
+		    "%lld",
+		    (long long)world, (long long)(pp * tp * rep * shard * cp));
 		return CT_ERR_USAGE;
 	}
 	int64_t dp = rep * shard, Bm = c->training.local_batch_size, T = c->training.seq_len;
@@ -126,7 +132,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		rc = model_table_build_tp(&tt, &mc, (int)tp, 0);
 	if (rc)
 		goto out;
-	sched_units_from_table(&tt, shard, units);
+	sched_units_from_table(&tt, shard * cp, units);
 	sched_build(&naive, units, t.n_units, 1, SCHED_RESHARD_NEVER);
 	bool bf16 = compute_bf16(c);
 	char peak_why[256];
@@ -135,15 +141,27 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	             (strcmp(c->plan.activation_dtype, "auto") == 0 && bf16);
 	int64_t eb = act16 ? 2 : 4;
 	/* the whole model's work per stage (tp divides it below) */
-	const struct model_cost_shape sh = {.B = mbs, .T = T, .ac = ac, .tp = 1, .elem_bytes = eb};
-	sched_cost_init(&cm, &mc, &sh, &naive, shard, bf16);
+	const struct model_cost_shape sh = {.B = mbs,
+	                                    .T = T,
+	                                    .ac = ac,
+	                                    .tp = 1,
+	                                    .elem_bytes = eb,
+	                                    .cp = cp,
+	                                    .cp_ring = so.cp_ring,
+	                                    .cp_headtail = so.cp_headtail};
+	sched_cost_init(&cm, &mc, &sh, &naive, shard * cp, bf16);
 	double rate = peak_flops * c->plan.compute_efficiency * (double)tp;
 	double bw = c->comm.bandwidth_gbps * 1e9 / 8.0, lat = c->comm.latency_us * 1e-6;
 	/* stage times from the cost model's per-node-kind terms: FLOPs at the target's peak x
 	 * efficiency (x tp: a TP group shares a stage's work), bytes at its memory bandwidth */
 	cm.matmul_flops = cm.attn_flops = rate;
+	if (c->plan.attention_efficiency > 0)
+		cm.attn_flops = peak_flops * c->plan.attention_efficiency * (double)tp;
 	cm.mem_bytes_s = c->plan.memory_bandwidth_gbs * 1e9 * (double)tp;
 	cm.ag_latency_s = cm.rs_latency_s = lat;
+	/* the K/V transfers inside the stages: the intra-node link, as TP's */
+	cm.cp_latency_s = lat;
+	cm.cp_bytes_s = c->parallelism.tp_bandwidth_gbps * 1e9 / 8.0;
 	cm.ag_bytes_s = cm.rs_bytes_s = bw;
 	cm.overlap = false;
 	double tf_max = 0, tb_max = 0;
@@ -156,7 +174,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		tf_max = fmax(tf_max, sched_cost_pp_node_s(rs, &cm, &f));
 		tb_max = fmax(tb_max, sched_cost_pp_node_s(rs, &cm, &b));
 	}
-	double xfer_bytes = (double)(mbs * T * model_config_dim(&mc) * eb) / (double)tp;
+	double xfer_bytes = (double)(mbs * T / cp * model_config_dim(&mc) * eb) / (double)tp;
 	double xfer = lat + xfer_bytes / bw;
 	char why[256];
 	if (!pp_sched_check(&s, &sim, why, sizeof(why))) { /* in-flight micro-batches */
@@ -181,7 +199,8 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 		act_stage += (double)act_model * blocks / (double)n_layers / (double)tp;
 	}
 	if (rep > 1)
-		ar = lat + 2.0 * stage_params / (double)shard * 4.0 * (double)(rep - 1) / (double)rep / bw;
+		ar = lat + 2.0 * stage_params / (double)(shard * cp) * 4.0 * (double)(rep - 1) /
+		               (double)rep / bw;
 	double step = pred.step_s + ar;
 	double tokens = (double)(global * T);
 	double tps_gpu = tokens / step / (double)world;
@@ -189,7 +208,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	double peak = peak_flops;
 	double theory = pp_bubble_theory(style, (int)pp, v, m);
 	int inflight0 = sim.peak_inflight[0];
-	double shard_p = stage_params / (double)shard;
+	double shard_p = stage_params / (double)(shard * cp);
 	double mem_shards = shard_p * 4.0 * 4.0; /* master, gradient, two moments */
 	double mem_full = stage_params * (bf16 ? 2.0 : 4.0) * 2.0; /* gathered params + grads */
 	double mem_act = act_stage / (double)v * (double)inflight0;
@@ -199,11 +218,13 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	       fam->name, model_config_flavor(&mc), (double)t.numel, (long long)n_layers,
 	       (long long)model_config_dim(&mc), (long long)global, (long long)T);
 	printf("mesh: %lld ranks = %lld pipeline x %lld tensor x %lld replicas x %lld shards "
-	       "(FSDP inside each stage); activation checkpointing %s\n",
+	       "x %lld context-parallel (FSDP inside each stage over shards x cp); activation "
+	       "checkpointing %s\n",
 	       (long long)world, (long long)pp, (long long)tp, (long long)rep, (long long)shard,
-	       sched_ac_name(ac));
-	printf("pipeline: %s, %d stages (%d per rank), %d micro-batches of %lld x %lld tokens\n",
-	       pp_style_name(s.style), S, v, m, (long long)mbs, (long long)T);
+	       (long long)cp, sched_ac_name(ac));
+	printf("pipeline: %s, %d stages (%d per rank), %d micro-batches of %lld x %lld tokens%s\n",
+	       pp_style_name(s.style), S, v, m, (long long)mbs, (long long)(T / cp),
+	       cp > 1 ? " (a cp rank's share of each sequence)" : "");
 	printf("target: %.4g TFLOP/s peak (%s) x %.2f efficiency per GPU, link %.0f Gbit/s + "
 	       "%.0f us; %s activations\n",
 	       peak_flops / 1e12, peak_why, c->plan.compute_efficiency, c->comm.bandwidth_gbps,

@@ -164,6 +164,7 @@ struct ct_config {
 		double memory_bandwidth_gbs; /* 3000: the target's memory bandwidth, GB/s */
 		char activation_dtype[16];   /* "auto" | float32 | bfloat16 */
 		double fp8_peak_tflops;      /* 0: the target's dense fp8 peak (0: none) */
+		double attention_efficiency; /* 0: compute_efficiency; the attention kernel's */
 	} plan;
 	struct {
 		int64_t seed;       /* 0, >= 0: weights and synthetic data */

@@ -352,6 +352,9 @@ const struct cfg_key cfg_schema[] = {
      .help = "ctitan plan with model.converters = [\"float8\"]: the target's dense fp8 peak "
              "in TFLOP/s (H100 SXM: 1979); the float8 linears' matmuls are planned at it. 0: "
              "at the bf16 rate, as the emulation runs on CPUs."},
+    {ROW(plan, attention_efficiency), .def = "0", IN_CC(0, 1),
+     .help = "ctitan plan: fraction of metrics.peak_tflops the attention kernel achieves on "
+             "the target (its causal FLOPs); 0: plan.compute_efficiency."},
 
     {ROW(debug, seed), .def = "0", GE(0), .help = "Seed of the weights and synthetic data."},
     {ROW(debug, deterministic), .def = "true",

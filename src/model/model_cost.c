@@ -44,6 +44,14 @@ void model_cost_unit_prog(const struct model_config *c, const struct model_cost_
 		cost_ops(c)->unit_prog(c, s, async, u, p, out);
 }
 
+void model_cost_unit_inner(const struct model_config *c, const struct model_cost_shape *s, int u,
+                           enum model_pass p, struct model_prog *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (s->cp > 1 && cost_ops(c)->unit_inner)
+		cost_ops(c)->unit_inner(c, s, u, p, out);
+}
+
 void model_cost_calib_init(struct model_cost_calib *cal, const struct model_config *c,
                            const struct model_cost_shape *s)
 {

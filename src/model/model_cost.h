@@ -40,6 +40,13 @@ struct model_cost_shape {
 	enum model_ac ac;
 	int64_t tp;         /* tensor-parallel ranks (1: none); the figures are one rank's */
 	int64_t elem_bytes; /* per activation element: 4 (the CPU computes in fp32), 2 (bf16) */
+	/* context parallelism (cp <= 1: none): T is the whole sequence, of which each of cp
+	 * ranks holds T / cp tokens; the figures are the critical path's rank (head-tail
+	 * balanced: every rank's causal attention is 1/cp of the sequence's; contiguous: the
+	 * last shard's). cp_ring: K/V passed round a ring (rotate method alltoall), else
+	 * all-gathered (allgather). */
+	int64_t cp;
+	bool cp_ring, cp_headtail;
 };
 
 /* Work of one unit's passes: [MODEL_PASS_*][MODEL_COST_*], FLOPs or bytes (0: none). */
@@ -79,6 +86,10 @@ struct model_cost_ops {
 	                  bool async, int u, enum model_pass p, struct model_prog *out);
 	void (*calib_init)(struct model_cost_calib *cal, const struct model_config *c,
 	                   const struct model_cost_shape *s);
+	/* the collectives run inside unit u's pass p (context parallelism's K/V transfers over
+	 * the cp group, role MODEL_GROUP_CP), priced with the pass; NULL: none */
+	void (*unit_inner)(const struct model_config *c, const struct model_cost_shape *s, int u,
+	                   enum model_pass p, struct model_prog *out);
 };
 
 /* The family's cost model (NULL: it has none; the callers refuse what needs it). */
@@ -90,6 +101,9 @@ int64_t model_cost_activation_bytes(const struct model_config *c, const struct m
 double model_cost_flops_per_token(const struct model_config *c, int64_t seq_len);
 void model_cost_unit_prog(const struct model_config *c, const struct model_cost_shape *s,
                           bool async, int u, enum model_pass p, struct model_prog *out);
+/* n = 0 without cp > 1 or a unit_inner hook */
+void model_cost_unit_inner(const struct model_config *c, const struct model_cost_shape *s, int u,
+                           enum model_pass p, struct model_prog *out);
 void model_cost_calib_init(struct model_cost_calib *cal, const struct model_config *c,
                            const struct model_cost_shape *s);
 void model_cost_calib_free(struct model_cost_calib *cal);

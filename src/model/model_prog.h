@@ -18,6 +18,12 @@
 enum model_pass { MODEL_PASS_FWD, MODEL_PASS_BWD, MODEL_PASS_REC, MODEL_PASS_COUNT };
 enum model_coll { MODEL_COLL_ALL_GATHER, MODEL_COLL_REDUCE_SCATTER };
 
+/* The group a collective runs over, and so the link it is priced on: the tensor-parallel
+ * group (a program's collectives, lowered into TP_* nodes), or the context-parallel group
+ * (the K/V transfers of context parallelism, which today are calls inside the attention
+ * segment: model_cost_ops.unit_inner lists them, the cost model prices them with the pass). */
+enum model_group_role { MODEL_GROUP_TP, MODEL_GROUP_CP };
+
 /* When a collective runs: always, or only on one side of the fused loss gradient (the head's
  * reduce-scatter of d(norm output) runs in forward when the step's loss scale is known before
  * the forward, as in a training step, and in backward otherwise; the other is a no-op). */
@@ -32,6 +38,11 @@ struct model_coll_desc {
 	int group;         /* ranks in the group */
 	bool ring;         /* async TP: group ring steps fused with the matmul beside it */
 	double ring_flops; /* ring: FLOPs of that matmul on this rank (what hides the steps) */
+	enum model_group_role role; /* TP (0) unless set */
+	/* CP: steps > 0: that many point-to-point ring steps of bytes / steps each, a latency
+	 * each (0: one collective); with ring, each step hidden by 1 / steps of ring_flops of
+	 * attention (the K/V shard travels while the one held is attended to) */
+	int steps;
 };
 
 struct model_prog {

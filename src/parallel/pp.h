@@ -83,6 +83,7 @@ struct pp_opts {
 	 * cp_order the token order (parallel/cp.h), cp_ring the ring variant */
 	const int64_t *cp_order;
 	bool cp_ring;
+	bool cp_headtail; /* head-tail load balancing (the cost model's critical path) */
 };
 
 /* Split L blocks into S stages as above: u0[s] is the first unit of stage s (S + 1 entries,

@@ -18,12 +18,22 @@ int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_m
 		                      : "the family has no cost model");
 		return CT_ERR_USAGE;
 	}
-	/* the whole model's units, sharded over dp_shard as the stages' shards are */
-	const struct model_cost_shape sh = {
-	    .B = pp->o.micro_rows, .T = pp->o.T, .ac = pp->o.ac, .tp = 1, .elem_bytes = 4};
-	sched_cost_init(cm, &pp->cfg, &sh, &pp->step, mesh->dp_shard, false);
-	sched_cost_calibrate(cm, &pp->cfg, &sh, stream, &mesh->dp_shard_group, &mesh->world_group,
+	/* the whole model's units, sharded over dp_shard x cp as the stages' shards are; a cp
+	 * rank holds T / cp tokens of the sequence */
+	const struct model_cost_shape sh = {.B = pp->o.micro_rows,
+	                                    .T = pp->o.T * mesh->cp,
+	                                    .ac = pp->o.ac,
+	                                    .tp = 1,
+	                                    .elem_bytes = 4,
+	                                    .cp = mesh->cp,
+	                                    .cp_ring = pp->o.cp_ring,
+	                                    .cp_headtail = pp->o.cp_headtail};
+	sched_cost_init(cm, &pp->cfg, &sh, &pp->step, mesh->shard, false);
+	sched_cost_calibrate(cm, &pp->cfg, &sh, stream, &mesh->shard_group, &mesh->world_group,
 	                     false, true);
+	if (mesh->cp > 1) /* the K/V transfers inside the stages' attention */
+		sched_cost_calibrate_cp(cm, &mesh->cp_group, &mesh->world_group, pp->o.sim_gbps,
+		                        pp->o.sim_latency_us);
 	cm->overlap = false; /* the stages' collectives run blocking (pp.c) */
 	int64_t N = pp->o.micro_rows * pp->o.T;
 	sched_cost_calibrate_pp_link(link, &mesh->pp_group, &mesh->world_group,

@@ -11,8 +11,14 @@
 struct model_cost_shape step_plan_shape(const struct step_plan_opts *o,
                                         const struct step_plan_layout *l)
 {
-	return (struct model_cost_shape){
-	    .B = l->B, .T = l->T, .ac = o->ac, .tp = l->tp, .elem_bytes = l->elem_bytes};
+	return (struct model_cost_shape){.B = l->B,
+	                                 .T = l->T,
+	                                 .ac = o->ac,
+	                                 .tp = l->tp,
+	                                 .elem_bytes = l->elem_bytes,
+	                                 .cp = l->cp > 1 ? l->cp : 1,
+	                                 .cp_ring = o->cp_ring,
+	                                 .cp_headtail = o->cp_headtail};
 }
 
 int step_plan_check_buckets(const char *buckets, int n_units)
@@ -126,6 +132,12 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 		    cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
 		    cm->rs_bytes_s / 1e9, p.comm_cpu_s,
 		    100.0 * (cm->overlap ? cm->interference : 0.0), p.comm_cpu_paid_s);
+	if (cm->inner && cm->cp_bytes_s > 0)
+		LOG_INFO("cost model: context-parallel K/V transfers %.3f s of the step in the "
+		         "attention passes (%.3f s on the wire, %.1f MiB sent), link %.0f us + "
+		         "%.2f GB/s",
+		         p.cp_s, p.cp_comm_s, (double)p.cp_wire_bytes / 1048576.0,
+		         cm->cp_latency_s * 1e6, cm->cp_bytes_s / 1e9);
 	if (cm->tp_bytes_s > 0)
 		LOG_INFO(
 		    "cost model: tensor-parallel collectives %.3f s of the step on the compute "
@@ -191,23 +203,28 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
 	struct sched naive, s;
 	fsdp_naive_schedule(f, accum, &naive);
 	if (*have_cm) {
+		/* the model holds T / cp tokens; FSDP shards over dp_shard x cp */
 		const struct step_plan_layout l = {.B = m->B,
-		                                   .T = m->T,
+		                                   .T = m->T * f->mesh->cp,
 		                                   .tp = f->mesh->tp,
-		                                   .dp_shard = f->mesh->dp_shard,
+		                                   .dp_shard = f->mesh->shard,
 		                                   .elem_bytes = 4,
-		                                   .accum = accum};
+		                                   .accum = accum,
+		                                   .cp = f->mesh->cp};
 		step_plan_cost_init(cm, &m->cfg, o, &l, &naive);
 		const struct model_cost_shape sh = step_plan_shape(o, &l);
-		sched_cost_calibrate(cm, &m->cfg, &sh, stream, &f->mesh->dp_shard_group,
+		sched_cost_calibrate(cm, &m->cfg, &sh, stream, &f->mesh->shard_group,
 		                     &f->mesh->world_group, o->overlap, false);
 		step_plan_cost_link(cm, o);
 		cm->overlap = o->overlap;
 		/* one shard computed in place (fsdp.c): no collectives, no copies */
 		cm->single =
-		    f->mesh->dp_shard == 1 && f->mesh->dp_replicate == 1 && !o->bf16 && !f->fp8_ag;
+		    f->mesh->shard == 1 && f->mesh->dp_replicate == 1 && !o->bf16 && !f->fp8_ag;
 		if (f->mesh->tp > 1)
 			sched_cost_calibrate_tp(cm, &f->mesh->tp_group, &f->mesh->world_group,
+			                        o->tp_sim_gbps, o->tp_sim_latency_us);
+		if (f->mesh->cp > 1) /* the cp group's transfers run on its own tp_coll */
+			sched_cost_calibrate_cp(cm, &f->mesh->cp_group, &f->mesh->world_group,
 			                        o->tp_sim_gbps, o->tp_sim_latency_us);
 	}
 	struct sched_auto_report rep;

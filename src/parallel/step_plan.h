@@ -34,13 +34,19 @@ struct step_plan_opts {
 	/* the simulated TP link (tp_sim_gbps > 0: TP collectives stretched to it), else the TP
 	 * link is measured */
 	double tp_sim_gbps, tp_sim_latency_us;
+	/* context parallelism's K/V: round a ring (rotate method alltoall) or all-gathered;
+	 * head-tail load balancing or contiguous shards */
+	bool cp_ring, cp_headtail;
 };
 
 /* Where the step runs: micro-batches of B x T, accum of them per step and rank, on one of tp
- * tensor-parallel ranks and dp_shard FSDP shards, activations of elem_bytes per element. */
+ * tensor-parallel ranks and dp_shard FSDP shards, activations of elem_bytes per element; with
+ * cp > 1 T is the whole sequence, of which this rank holds T / cp tokens (dp_shard: FSDP's
+ * shards, which include the cp ranks). */
 struct step_plan_layout {
 	int64_t B, T, tp, dp_shard, elem_bytes;
 	int accum;
+	int64_t cp; /* 0 or 1: none */
 };
 
 /* The micro-batch and slice the family's cost figures are for. */

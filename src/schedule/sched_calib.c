@@ -227,9 +227,11 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct model_config
 {
 	/* the model's shapes, capped for time: sequences up to 1024, up to 2048 tokens */
 	struct model_cost_shape cs = *sh;
-	cs.T = sh->T > 1024 ? 1024 : sh->T;
+	const int64_t cp = sh->cp > 1 ? sh->cp : 1, Tl = sh->T / cp; /* a cp rank's tokens */
+	cs.T = Tl > 1024 ? 1024 : Tl;
 	while (cs.B > 1 && cs.B * cs.T > 2048)
 		cs.B--;
+	cs.T *= cp;
 	cs.elem_bytes = 4; /* the kernels compute in fp32 */
 	struct cal c;
 	model_cost_calib_init(&c.m, mc, &cs);
@@ -336,12 +338,12 @@ void sched_cost_calibrate(struct sched_cost_model *cm, const struct model_config
 	}
 }
 
-void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_group *tp,
-                             const struct comm_group *world, double sim_gbps, double sim_latency_us)
+static void calibrate_link(double *latency_s, double *bytes_s, const struct comm_group *tp,
+                           const struct comm_group *world, double sim_gbps, double sim_latency_us)
 {
 	if (sim_gbps > 0) { /* the model stretches every TP collective to the simulated link */
-		cm->tp_bytes_s = sim_gbps * 1e9 / 8.0;
-		cm->tp_latency_s = sim_latency_us * 1e-6;
+		*bytes_s = sim_gbps * 1e9 / 8.0;
+		*latency_s = sim_latency_us * 1e-6;
 		return;
 	}
 	/* blocking all-gathers on the group, as the TP nodes run them: best of 3 per size */
@@ -369,5 +371,17 @@ void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_grou
 	double xb[N_SIZES], ty[N_SIZES];
 	for (int i = 0; i < N_SIZES; i++)
 		xb[i] = vals[2 * i], ty[i] = vals[2 * i + 1];
-	fit_line(xb, ty, N_SIZES, &cm->tp_latency_s, &cm->tp_bytes_s);
+	fit_line(xb, ty, N_SIZES, latency_s, bytes_s);
+}
+
+void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_group *tp,
+                             const struct comm_group *world, double sim_gbps, double sim_latency_us)
+{
+	calibrate_link(&cm->tp_latency_s, &cm->tp_bytes_s, tp, world, sim_gbps, sim_latency_us);
+}
+
+void sched_cost_calibrate_cp(struct sched_cost_model *cm, const struct comm_group *cp,
+                             const struct comm_group *world, double sim_gbps, double sim_latency_us)
+{
+	calibrate_link(&cm->cp_latency_s, &cm->cp_bytes_s, cp, world, sim_gbps, sim_latency_us);
 }

@@ -40,6 +40,13 @@ void sched_cost_init(struct sched_cost_model *cm, const struct model_config *c,
 			for (int t = 0; t < SCHED_TERM_COUNT; t++)
 				cm->work[k][t][u] = w[k][t];
 	}
+	if (sh->cp > 1) {
+		cm->inner = xcalloc((size_t)U * SCHED_WORK_COUNT, sizeof(*cm->inner));
+		for (int u = 0; u < U; u++)
+			for (int k = 0; k < SCHED_WORK_COUNT; k++)
+				model_cost_unit_inner(c, sh, u, (enum model_pass)k,
+				                      &cm->inner[u * SCHED_WORK_COUNT + k]);
+	}
 	cm->dp_shard = dp_shard;
 	cm->ag_elem_bytes = bf16_gather ? 2 : 4;
 	cm->act_elem_bytes = sh->elem_bytes;
@@ -60,6 +67,7 @@ void sched_cost_free(struct sched_cost_model *cm)
 	for (int k = 0; k < SCHED_WORK_COUNT; k++)
 		for (int t = 0; t < SCHED_TERM_COUNT; t++)
 			free(cm->work[k][t]);
+	free(cm->inner);
 	memset(cm, 0, sizeof(*cm));
 }
 
@@ -101,19 +109,74 @@ double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
 	return first + (rest > mm ? rest - mm : 0.0);
 }
 
+double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
+                       const struct model_coll_desc *c, double *comm_s)
+{
+	if (comm_s)
+		*comm_s = 0.0;
+	if (cm->cp_bytes_s <= 0 || c->group < 2)
+		return 0.0;
+	double n = c->steps > 0 ? (double)c->steps : 1.0;
+	double step = cm->cp_latency_s + (double)c->bytes / n / cm->cp_bytes_s;
+	if (comm_s)
+		*comm_s = n * step;
+	if (!c->ring)
+		return n * step;
+	double r =
+	    cm->rate[work][SCHED_TERM_ATTN] > 0 ? cm->rate[work][SCHED_TERM_ATTN] : cm->attn_flops;
+	double hide = r > 0 ? c->ring_flops / r / n : 0.0;
+	return n * (step > hide ? step - hide : 0.0);
+}
+
+/* Unit u's in-pass (cp) collectives: their time in the pass, on the wire, and bytes sent. */
+static double inner_s(const struct sched_cost_model *cm, int u, enum sched_work k, double *wire_s,
+                      int64_t *bytes)
+{
+	double t = 0.0;
+	*wire_s = 0.0;
+	*bytes = 0;
+	if (!cm->inner)
+		return 0.0;
+	const struct model_prog *g = &cm->inner[u * SCHED_WORK_COUNT + k];
+	for (int j = 0; j < g->n; j++) {
+		double w;
+		t += sched_cost_cp_s(cm, k, &g->c[j], &w);
+		*wire_s += w;
+		*bytes += g->c[j].bytes;
+	}
+	return t;
+}
+
+double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k)
+{
+	double wire;
+	int64_t bytes;
+	return inner_s(cm, u, k, &wire, &bytes);
+}
+
 /* A unit pass's compute under cm: a lowered schedule's segment carries its share (the pass
- * over its segments, evenly), an unlowered node the whole pass plus its TP collectives. */
+ * over its segments, evenly), an unlowered node the whole pass plus its TP collectives. The
+ * in-pass cp collectives are in the first segment's. */
 static double pass_compute_s(const struct sched *s, const struct sched_cost_model *cm,
-                             const struct sched_node *n, enum sched_work k, double *tp_s)
+                             const struct sched_node *n, enum sched_work k, double *tp_s,
+                             struct sched_prediction *p)
 {
 	const struct model_prog *g = sched_node_prog(s, n);
-	double dt = sched_cost_node_s(cm, k, n->unit, NULL);
+	double dt = sched_cost_node_s(cm, k, n->unit, NULL), cp = 0.0;
 	*tp_s = 0.0;
+	if (cm->inner && (!s->lowered || n->seg == 0)) {
+		double wire;
+		int64_t bytes;
+		cp = inner_s(cm, n->unit, k, &wire, &bytes);
+		p->cp_s += cp;
+		p->cp_comm_s += wire;
+		p->cp_wire_bytes += bytes;
+	}
 	if (s->lowered)
-		return dt / (double)(g->n + 1);
+		return dt / (double)(g->n + 1) + cp;
 	for (int j = 0; j < g->n; j++)
 		*tp_s += sched_cost_tp_s(cm, k, &g->c[j], NULL);
-	return dt;
+	return dt + cp;
 }
 
 static enum sched_work work_of(enum model_pass p)
@@ -278,7 +341,8 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		case SCHED_BWD:
 		case SCHED_RECOMPUTE: {
 			int u = n->unit;
-			double tp, dt = pass_compute_s(s, cm, n, work_of(sched_node_pass(n)), &tp);
+			double tp;
+			double dt = pass_compute_s(s, cm, n, work_of(sched_node_pass(n)), &tp, p);
 			p->compute_s += dt;
 			p->tp_s += tp;
 			double wall = repay(&debt, dt);

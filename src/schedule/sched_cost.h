@@ -72,6 +72,12 @@ struct sched_cost_model {
 	 * bytes / rate; an async-TP ring exposes one step of it plus what its matmul (at the
 	 * matmul rate) does not cover. tp_bytes_s = 0: priced at nothing (no TP link known). */
 	double tp_latency_s, tp_bytes_s;
+	/* context parallelism's K/V transfers (the family's in-pass collectives, role CP, on the
+	 * compute thread inside the attention segment): the cp group's link, time = steps x
+	 * latency + bytes / rate; a ring step beside attention exposes what that attention (at
+	 * the pass's attention rate) does not cover. cp_bytes_s = 0: priced at nothing. */
+	double cp_latency_s, cp_bytes_s;
+	struct model_prog *inner; /* [unit * SCHED_WORK_COUNT + pass]: those collectives, or NULL */
 	bool overlap; /* collectives progress during compute (comm.progress = thread) */
 	bool single;  /* one shard computed in place (parallel/fsdp, dp_shard = 1 in fp32): the
 	                 schedule's collectives and their copies cost nothing, only compute,
@@ -102,12 +108,24 @@ struct sched_prediction {
 	int64_t full_params_bytes, full_grads_bytes, comm_bytes;
 	int64_t n_collectives;
 	int64_t ag_wire_bytes; /* what this rank's all-gathers of the step send (its shards) */
+	double cp_s;      /* context parallelism's transfers exposed in the passes (in step_s) */
+	double cp_comm_s; /* their time on the wire */
+	int64_t cp_wire_bytes; /* what this rank sends in them over the step */
 };
 
 /* One tensor-parallel collective's time on the compute thread, and what it moves on the
  * wire (*comm_s, may be NULL). `work` picks the matmul rate that hides a ring. */
 double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
                        const struct model_coll_desc *c, double *comm_s);
+
+/* One in-pass collective of the cp group (role MODEL_GROUP_CP): its time in the pass (ring
+ * steps: what the attention beside them does not hide), and its time on the wire (*comm_s,
+ * may be NULL). */
+double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
+                       const struct model_coll_desc *c, double *comm_s);
+
+/* Unit u's in-pass (cp) collectives' time in pass k (0 without any). */
+double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k);
 
 /* One node's time under cm, and its terms (terms may be NULL). */
 double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, int unit,
@@ -132,6 +150,10 @@ void sched_cost_free(struct sched_cost_model *cm);
  * stretches its TP collectives to it), else blocking all-gathers on `tp` fitted over 4
  * sizes, the median over `world`. Collective on tp and world: all ranks call it. */
 void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_group *tp,
+                             const struct comm_group *world, double sim_gbps,
+                             double sim_latency_us);
+/* The same for the context-parallel link (cm->cp_*) on the cp group. */
+void sched_cost_calibrate_cp(struct sched_cost_model *cm, const struct comm_group *cp,
                              const struct comm_group *world, double sim_gbps,
                              double sim_latency_us);
 

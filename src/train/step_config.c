@@ -30,5 +30,7 @@ int step_config_opts(const struct ct_config *cfg, struct step_plan_opts *o)
 	o->link_latency_us = cfg->comm.latency_us;
 	o->tp_sim_gbps = cfg->comm.simulate_bandwidth_gbps;
 	o->tp_sim_latency_us = cfg->comm.simulate_latency_us;
+	o->cp_ring = strcmp(cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0;
+	o->cp_headtail = strcmp(cfg->parallelism.context_parallel_load_balancer, "headtail") == 0;
 	return CT_OK;
 }

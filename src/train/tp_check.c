@@ -65,16 +65,6 @@ int cp_check_config(const struct ct_config *cfg)
 		          fam->no_cp_why ? fam->no_cp_why : "the family has no context-parallel form");
 		return CT_ERR_USAGE;
 	}
-	if (strcmp(cfg->comm.buckets, "auto") == 0 || cfg->comm.memory_budget_gb > 0 ||
-	    cfg->profiling.enable_profiling) {
-		LOG_ERROR("parallelism.context_parallel_degree = %lld with %s: not yet supported (the "
-		          "cost model does not model context parallelism's transfers)",
-		          (long long)cp,
-		          strcmp(cfg->comm.buckets, "auto") == 0 ? "comm.buckets = \"auto\""
-		          : cfg->comm.memory_budget_gb > 0       ? "comm.memory_budget_gb"
-		                                                 : "profiling.enable_profiling");
-		return CT_ERR_USAGE;
-	}
 	if (compute_float8(cfg) && strcmp(cfg->float8.recipe_name, "tensorwise") == 0) {
 		LOG_ERROR("parallelism.context_parallel_degree = %lld with quantize.linear.float8."
 		          "recipe_name = tensorwise: not yet supported (a tensorwise scale would be "

@@ -82,6 +82,7 @@ static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, e
 	    .T = cfg->training.seq_len / tr->mesh.cp,
 	    .cp_order = tr->cp_order,
 	    .cp_ring = strcmp(cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0,
+	    .cp_headtail = strcmp(cfg->parallelism.context_parallel_load_balancer, "headtail") == 0,
 	    .ac = ac,
 	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
 	    .bf16 = compute_bf16(cfg),

@@ -37,16 +37,64 @@ static void block_work(const struct llama_config *c, int64_t B, int64_t T,
 	w->embed = e * 5.0 * N * C; /* lookup: read + write; scatter: read dout, update rows */
 }
 
+/* ---------------------------------------------------------------- context parallelism */
+
+/* A cp rank's tokens of each sequence. */
+static int64_t cp_local_T(const struct model_cost_shape *s)
+{
+	return s->cp > 1 ? s->T / s->cp : s->T;
+}
+
+/* The share of the whole sequence's causal attention the critical path's cp rank computes:
+ * head-tail balanced, rank r holds chunks r and 2cp-1-r, so every rank has 1/cp of it;
+ * contiguous, the last shard's queries see all keys: rows (cp-1)T/cp..T of the triangle,
+ * (2cp - 1) / cp^2 of it. */
+double llama_cp_attn_share(const struct model_cost_shape *s)
+{
+	if (s->cp <= 1)
+		return 1.0;
+	double cp = (double)s->cp;
+	return s->cp_headtail ? 1.0 / cp : (2.0 * cp - 1.0) / (cp * cp);
+}
+
+/* A block's work on a cp rank: token-local terms on its T/cp tokens (w at those shapes), the
+ * attention of its queries against the keys they see, and llama_cp.c's copies: allgather
+ * rearranges the gathered K/V (forward: read + write 2T rows; backward: that, zeroing the
+ * dK/dV of all T keys, and restaging them rank-major), the ring copies its K/V into the
+ * first slot and merges cp - 1 partial outputs (read out, lse, partial out and lse; write
+ * out). Elementwise bytes in fp32, as block_work's. */
+static void cp_block_work(const struct llama_config *c, const struct model_cost_shape *s,
+                          struct llama_block_work *w)
+{
+	if (s->cp <= 1)
+		return;
+	double B = (double)s->B, T = (double)s->T, Tl = (double)cp_local_T(s), cp = (double)s->cp;
+	double H = (double)c->n_heads, D = (double)c->head_dim, KVD = (double)c->n_kv_heads * D;
+	w->fwd_attn = 2.0 * B * H * T * T * D * llama_cp_attn_share(s);
+	w->bwd_attn = 2.5 * w->fwd_attn;
+	double kv = 2.0 * B * T * KVD * 4.0; /* K and V of the whole sequence */
+	if (s->cp_ring) {
+		double merge = (cp - 1.0) * 4.0 * (3.0 * B * Tl * H * D + 3.0 * B * H * Tl);
+		w->fwd_elem += 2.0 * kv / cp + merge;
+		w->bwd_elem += 2.0 * kv / cp + kv / cp + 2.0 * kv / cp;
+	} else {
+		w->fwd_elem += 2.0 * kv;
+		w->bwd_elem += 2.0 * kv + kv + 2.0 * kv;
+	}
+}
+
 /* Units: 0 the embedding, 1..L the blocks, L + 1 the final norm + output (+ loss). A TP rank
- * computes its slice of the shapes (its heads, FFN columns and vocabulary piece). */
+ * computes its slice of the shapes (its heads, FFN columns and vocabulary piece); a cp rank
+ * its T/cp tokens (cp_block_work). */
 static void llama_unit_work(const struct model_config *mc, const struct model_cost_shape *s, int u,
                             model_cost_work wk)
 {
 	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
 	const int L = (int)c.n_layers;
 	struct llama_block_work w;
-	block_work(&c, s->B, s->T, &w);
-	double N = (double)(s->B * s->T), C = (double)c.dim, F = (double)c.ffn_hidden;
+	block_work(&c, s->B, cp_local_T(s), &w);
+	cp_block_work(&c, s, &w);
+	double N = (double)(s->B * cp_local_T(s)), C = (double)c.dim, F = (double)c.ffn_hidden;
 	double KVD = (double)c.n_kv_heads * (double)c.head_dim;
 	double HD = (double)c.n_heads * (double)c.head_dim;
 	double es = (double)s->elem_bytes / 4.0; /* elementwise traffic scales with the dtype */
@@ -117,8 +165,72 @@ static int64_t activation_bytes(const struct llama_config *c, int64_t B, int64_t
 static int64_t llama_activation_bytes(const struct model_config *mc,
                                       const struct model_cost_shape *s)
 {
-	int64_t a = activation_bytes(llama_cfg(mc), s->B, s->T, s->ac, s->elem_bytes);
-	return s->tp > 1 ? a / s->tp : a;
+	int64_t a = activation_bytes(llama_cfg(mc), s->B, cp_local_T(s), s->ac, s->elem_bytes);
+	return (s->tp > 1 ? a / s->tp : a) + llama_cp_buf_bytes(mc, s);
+}
+
+/* llama_cp_build's buffers (blk: one shard's K of this TP rank's heads): allgather, the
+ * gathered K/V, the dK/dV of all keys (their rank-major staging) and the reduce-scatter
+ * scratch; the ring, two slots of [K|V|dK|dV], a partial output and its lse. */
+int64_t llama_cp_buf_bytes(const struct model_config *mc, const struct model_cost_shape *s)
+{
+	if (s->cp <= 1)
+		return 0;
+	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
+	int64_t Tl = cp_local_T(s), KVD = c.n_kv_heads * c.head_dim, blk = s->B * Tl * KVD;
+	int64_t floats = s->cp_ring
+	                     ? 8 * blk + s->B * Tl * c.n_heads * c.head_dim + s->B * c.n_heads * Tl
+	                     : 4 * s->cp * blk + 2 * blk;
+	return floats * s->elem_bytes;
+}
+
+/* The K/V transfers of a block's pass over the cp group (llama_cp.c), what this rank sends:
+ *   allgather: forward (and a full recompute) all-gathers K and V, (cp - 1) shards each;
+ *     backward gathers them again and reduce-scatters dK and dV;
+ *   ring: forward (and a full recompute) passes K/V on cp - 1 times, each step beside the
+ *     attention of the shard held; backward passes K/V on cp - 1 times beside the gradient
+ *     of the shard held, and the shard's dK/dV on after it, cp times (the last brings it
+ *     home), each waited for. */
+static void llama_cost_inner(const struct model_config *mc, const struct model_cost_shape *s, int u,
+                             enum model_pass p, struct model_prog *out)
+{
+	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
+	const int L = (int)c.n_layers, cp = (int)s->cp;
+	bool attn = p != MODEL_PASS_REC || s->ac == MODEL_AC_FULL;
+	if (u < 1 || u > L || !attn)
+		return;
+	int64_t blk = s->B * cp_local_T(s) * c.n_kv_heads * c.head_dim * s->elem_bytes;
+	struct llama_block_work w;
+	block_work(&c, s->B, cp_local_T(s), &w);
+	cp_block_work(&c, s, &w);
+	const struct model_coll_desc ag = {.kind = MODEL_COLL_ALL_GATHER,
+	                                   .bytes = (int64_t)(cp - 1) * blk,
+	                                   .group = cp,
+	                                   .role = MODEL_GROUP_CP};
+	if (!s->cp_ring) {
+		out->c[out->n++] = ag; /* K */
+		out->c[out->n++] = ag; /* V */
+		if (p == MODEL_PASS_BWD) {
+			struct model_coll_desc rs = ag;
+			rs.kind = MODEL_COLL_REDUCE_SCATTER;
+			out->c[out->n++] = rs; /* dK */
+			out->c[out->n++] = rs; /* dV */
+		}
+		return;
+	}
+	struct model_coll_desc kv = ag;
+	kv.bytes = (int64_t)(cp - 1) * 2 * blk;
+	kv.steps = cp - 1;
+	kv.ring = true;
+	kv.ring_flops = (p == MODEL_PASS_BWD ? w.bwd_attn : w.fwd_attn) * (cp - 1) / cp;
+	out->c[out->n++] = kv;
+	if (p == MODEL_PASS_BWD) {
+		struct model_coll_desc g = ag;
+		g.kind = MODEL_COLL_REDUCE_SCATTER;
+		g.bytes = (int64_t)cp * 2 * blk;
+		g.steps = cp;
+		out->c[out->n++] = g;
+	}
 }
 
 static double llama_cost_flops(const struct model_config *mc, int64_t seq_len)
@@ -133,7 +245,8 @@ static double llama_cost_flops(const struct model_config *mc, int64_t seq_len)
 static void llama_cost_prog(const struct model_config *mc, const struct model_cost_shape *s,
                             bool async, int u, enum model_pass p, struct model_prog *out)
 {
-	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, s->ac, s->B, s->T, s->elem_bytes, u, p, out);
+	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, s->ac, s->B, cp_local_T(s), s->elem_bytes,
+	              u, p, out);
 }
 
 /* ---------------------------------------------------------------- calibration */
@@ -305,9 +418,9 @@ static void llama_calib_init(struct model_cost_calib *cal, const struct model_co
 {
 	const struct llama_config lc = llama_config_tp_slice(llama_cfg(mc), s->tp);
 	struct cal *c = xcalloc(1, sizeof(*c));
-	cal_alloc(c, &lc, s->B, s->T);
+	cal_alloc(c, &lc, s->B, cp_local_T(s)); /* the kernels at a cp rank's shapes */
 	struct llama_block_work w;
-	block_work(&lc, s->B, s->T, &w);
+	block_work(&lc, s->B, cp_local_T(s), &w);
 	const struct model_cost_part parts[CAL_PARTS] = {
 	    [CAL_FWD_MM] = {MODEL_PASS_FWD, MODEL_COST_MATMUL, w.fwd_mm},
 	    [CAL_FWD_ATTN] = {MODEL_PASS_FWD, MODEL_COST_ATTN, w.fwd_attn},
@@ -332,4 +445,5 @@ const struct model_cost_ops llama_cost_ops = {
     .flops_per_token = llama_cost_flops,
     .unit_prog = llama_cost_prog,
     .calib_init = llama_calib_init,
+    .unit_inner = llama_cost_inner,
 };
