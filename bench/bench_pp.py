@@ -23,8 +23,6 @@ import glob
 import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 
 import ctbench
@@ -36,15 +34,10 @@ MPI_ENV = ompi_env()  # scripts/ompi.env
 
 
 def run(cmd, env):
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    text = p.stdout.decode(errors="replace")
-    if p.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{text[-4000:]}")
-    return text
+    return ctbench.run(cmd, env, ROOT)
 
 
-def load():
-    return open("/proc/loadavg").read().split()[0]
+load = ctbench.load
 
 
 def idle_fractions(trace_dir):

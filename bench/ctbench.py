@@ -24,3 +24,19 @@ def engine_line(text):
             print(f"CPU {cpu_name()}; compute: {line.split('compute:', 1)[1].strip()}",
                   flush=True)
             return
+
+
+def run(cmd, env, cwd):
+    """Run a command, its output as text; exit naming it and its tail when it fails."""
+    import subprocess
+    import sys
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+    text = p.stdout.decode(errors="replace")
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}):\n{text[-4000:]}")
+    return text
+
+
+def load():
+    """The 1-minute load average, as /proc/loadavg prints it."""
+    return open("/proc/loadavg").read().split()[0]
