@@ -89,6 +89,10 @@ PRECISIONS = {
                      "float8 tensorwise + fp8 all-gather"),
 }
 ACS = {m: (["--activation_checkpoint.mode=" + m], m) for m in ("none", "ffn", "selective", "full")}
+# TorchTitan's per-layer option: full checkpointing on every second block, none on the others
+ACS["layer2"] = (["--activation_checkpoint.mode=selective",
+                  "--activation_checkpoint.selective_ac_option=2"],
+                 "per-layer: full on every 2nd block")
 FAMILIES = {
     "llama3": ([], "Llama 3 debugmodel"),
     "hyena": (["--model.name=hyena", "--model.flavor=hyena-debug"], "Hyena debug"),

@@ -85,11 +85,17 @@ for layout in "1 one" "2 fsdp2" "2 tp2" "2 pp2" "4 pp2tp2"; do
   esac
   train "$n" "${name}_none" "${extra[@]}" --activation_checkpoint.mode=none
   check "$name, mode none runs and exports" $?
-  for mode in ffn selective full; do
-    train "$n" "${name}_$mode" "${extra[@]}" --activation_checkpoint.mode=$mode
+  # layer2: TorchTitan's per-layer option, full checkpointing on blocks 2, 4, ... only (one
+  # rank and across pipeline stages here; tests/compose.py pairs it with every layout)
+  modes="ffn selective full"
+  case $name in one|pp2) modes="$modes layer2" ;; esac
+  for mode in $modes; do
+    ac=(--activation_checkpoint.mode=$mode)
+    [ $mode = layer2 ] && ac=(--activation_checkpoint.mode=selective --activation_checkpoint.selective_ac_option=2)
+    train "$n" "${name}_$mode" "${extra[@]}" "${ac[@]}"
     rc=$?
     [ $rc -eq 0 ] && same "${name}_$mode" "${name}_none"
-    check "$name: activation_checkpoint.mode=$mode equals none (loss, grad_norm, parameters)" $?
+    check "$name: ${ac[*]#--activation_checkpoint.} equals none (loss, grad_norm, parameters)" $?
   done
 done
 

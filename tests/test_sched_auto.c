@@ -72,7 +72,7 @@ static bool manual(const struct sched *naive, const struct setup *x,
 	struct sched_reorder_opts o = {p, d, budget};
 	struct sched s;
 	log_set_level(LOG_LEVEL_COUNT); /* a plan over the budget logs why; expected here */
-	int rc = sched_pipeline(naive, x->ac, spec, INT64_MAX / 4, &o, cm, &s, NULL);
+	int rc = sched_pipeline(naive, x->ac, 0, spec, INT64_MAX / 4, &o, cm, &s, NULL);
 	log_set_level(LOG_INFO);
 	if (rc)
 		return false;
@@ -139,7 +139,7 @@ static int check_setup(const struct setup *x, int P, int D, int64_t budget, bool
 	struct sched_reorder_opts o = {P, D, budget};
 	struct sched_auto_report rep;
 	log_set_level(LOG_LEVEL_COUNT);
-	int rc = sched_pipeline(&naive, x->ac, "auto", INT64_MAX / 4, &o, &cm, &s, &rep);
+	int rc = sched_pipeline(&naive, x->ac, 0, "auto", INT64_MAX / 4, &o, &cm, &s, &rep);
 	log_set_level(LOG_INFO);
 	double astep = INFINITY;
 	int64_t apeak = 0;
@@ -296,7 +296,7 @@ TEST_CASE(test_comm_cpu_repaid)
 	struct sched_cost_model cm;
 	build(&x, &naive, &cm);
 	struct sched_reorder_opts o = {1, 1, 0};
-	CHECK(sched_pipeline(&naive, x.ac, "per_block", INT64_MAX / 4, &o, &cm, &s, NULL) == CT_OK,
+	CHECK(sched_pipeline(&naive, x.ac, 0, "per_block", INT64_MAX / 4, &o, &cm, &s, NULL) == CT_OK,
 	      "per-block schedule");
 	struct sched_prediction p0, p1, ph, pz, pi;
 	sched_predict(&s, &cm, &p0, NULL);
@@ -435,7 +435,7 @@ TEST_CASE(test_tp_lowering)
 	tp_units(u, U, &c, false, x.B, x.T);
 	struct sched naive, ck, lo, again;
 	sched_build(&naive, u, U, M, x.reshard);
-	sched_pass_ac(&naive, MODEL_AC_FULL, &ck);
+	sched_pass_ac(&naive, MODEL_AC_FULL, 0, &ck);
 	sched_lower_tp(&ck, &lo);
 	sched_lower_tp(&lo, &again);
 	char why[256] = "";

@@ -88,7 +88,7 @@ static void run(struct run *out, enum model_ac ac, int plan, bool reorder,
 		struct sched_cost_model cm;
 		fixed_cost(&cm, &naive, ac);
 		struct sched_reorder_opts o = {reorder ? 2 : 0, reorder ? 1 : 0, 0};
-		CHECK(sched_pipeline(&naive, ac, plans[plan], 64 << 20, &o, &cm, &s, NULL) == CT_OK,
+		CHECK(sched_pipeline(&naive, ac, 0, plans[plan], 64 << 20, &o, &cm, &s, NULL) == CT_OK,
 		      "pipeline");
 		EXPECT(fsdp_set_schedule(&f, &s) == CT_OK, "schedule rejected");
 		char names[256] = "";
@@ -229,7 +229,7 @@ TEST_CASE(test_passes_structure)
 			struct sched s, ck, bk, ro;
 			naive_sched(&s, (enum sched_reshard)r, micro);
 			EXPECT(sched_validate(&s, why, sizeof(why)), "naive: %s", why);
-			sched_pass_ac(&s, MODEL_AC_FULL, &ck);
+			sched_pass_ac(&s, MODEL_AC_FULL, 0, &ck);
 			EXPECT(sched_validate(&ck, why, sizeof(why)), "checkpoint: %s", why);
 			struct sched_bucket plan[3] = {{0, 2}, {2, 1}, {3, 2}};
 			sched_pass_bucket(&ck, plan, 3, &bk);
@@ -309,28 +309,36 @@ TEST_CASE(test_memory_budget)
 TEST_CASE(test_checkpoint_memory)
 {
 	/* one process, own parameters: activation memory per mode vs the cost model's
-	 * prediction, and bitwise equal loss and gradients */
+	 * prediction, and bitwise equal loss and gradients. Five blocks, so that per-layer
+	 * checkpointing of every second one (blocks 2 and 4) saves a block's worth: with one
+	 * checkpointed block the shared recompute buffers cost what the block saves. */
 	struct llama_config c;
 	config(&c);
+	c.n_layers = 5;
 	int64_t Bm = 2, Tm = 256;
-	static const enum model_ac modes[] = {MODEL_AC_NONE, MODEL_AC_SELECTIVE, MODEL_AC_FULL};
-	int64_t measured[3], predicted[3];
-	double loss[3];
-	float *grads[3];
+	enum { NM = 4 };
+	static const enum model_ac modes[NM] = {MODEL_AC_NONE, MODEL_AC_SELECTIVE, MODEL_AC_FULL,
+	                                        MODEL_AC_LAYER};
+	static const int every[NM] = {0, 0, 0, 2};
+	int64_t measured[NM], predicted[NM];
+	double loss[NM];
+	float *grads[NM];
 	int64_t n = 0;
 	float *params = NULL;
 	int32_t *tok = malloc((size_t)(Bm * Tm) * sizeof(int32_t));
 	int32_t *tgt = malloc((size_t)(Bm * Tm) * sizeof(int32_t));
 	synthetic_batch(seed, c.vocab_size, 0, Bm, Tm, tok, tgt);
-	for (int i = 0; i < 3; i++) {
+	for (int i = 0; i < NM; i++) {
 		int64_t before = mem_current(MEM_ACTIVATIONS);
 		struct llama_model m;
-		const struct llama_build_opts opts = {.own_params = true, .ac = modes[i]};
+		const struct llama_build_opts opts = {
+		    .own_params = true, .ac = modes[i], .ac_every = every[i]};
 		CHECK(llama_build_ex(&m, &c, Bm, Tm, &opts) == CT_OK, "build");
 		measured[i] = mem_current(MEM_ACTIVATIONS) - before;
 		struct model_config mc;
 		*llama_cfg_init(&mc) = c;
-		const struct model_cost_shape sh = cost_shape(Bm, Tm, modes[i]);
+		struct model_cost_shape sh = cost_shape(Bm, Tm, modes[i]);
+		sh.ac_every = every[i];
 		predicted[i] = model_cost_activation_bytes(&mc, &sh);
 		n = m.table.numel;
 		if (!params) {
@@ -346,7 +354,7 @@ TEST_CASE(test_checkpoint_memory)
 		memcpy(grads[i], m.grads, (size_t)n * sizeof(float));
 		llama_free(&m);
 	}
-	for (int i = 1; i < 3; i++) {
+	for (int i = 1; i < NM; i++) {
 		double cut = (double)(measured[0] - measured[i]);
 		double want = (double)(predicted[0] - predicted[i]);
 		fprintf(stderr,
@@ -361,7 +369,11 @@ TEST_CASE(test_checkpoint_memory)
 		EXPECT(memcmp(grads[i], grads[0], (size_t)n * sizeof(float)) == 0,
 		       "%s: gradients differ", sched_ac_name(modes[i]));
 	}
-	for (int i = 0; i < 3; i++)
+	/* every second block keeps only its input: less than none, more than full */
+	EXPECT(measured[3] < measured[0] && measured[3] > measured[2],
+	       "per-layer: %lld bytes, none %lld, full %lld", (long long)measured[3],
+	       (long long)measured[0], (long long)measured[2]);
+	for (int i = 0; i < NM; i++)
 		free(grads[i]);
 	free(params), free(tok), free(tgt);
 }

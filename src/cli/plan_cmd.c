@@ -272,6 +272,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	                                     .cp = cp};
 	const struct model_cost_shape sh = step_plan_shape(&o, &lay);
 	enum model_ac ac = o.ac;
+	char acl[96];
 	struct param_table t;
 	struct sched naive, s;
 	rc = step_plan_naive_shapes(&mc, &o, &lay, &t, &naive);
@@ -332,7 +333,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       "context-parallel x %lld tensor-parallel; activation checkpointing %s\n",
 	       (long long)world, (long long)rep, (long long)shard,
 	       c->parallelism.fsdp_reshard_after_forward, (long long)cp, (long long)tp,
-	       sched_ac_name(ac));
+	       sched_ac_label(ac, o.ac_every, acl, sizeof(acl)));
 	printf("target: %.3g TFLOP/s peak (%s) x %.2f efficiency (attention %.2f), %s matmuls, "
 	       "link %.0f Gbit/s + %.0f us, memory %.0f GB/s; %s activations and gathers\n\n",
 	       peak / 1e12, peak_why, c->plan.compute_efficiency, cm.attn_flops / peak,
@@ -340,7 +341,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       c->plan.memory_bandwidth_gbs, act16 ? "bf16" : "fp32");
 	printf("schedule after passes (checkpoint %s -> buckets %s -> reorder prefetch %d, "
 	       "reduce-scatter defer %d):\n",
-	       sched_ac_name(ac), o.buckets, o.reorder.prefetch, o.reorder.rs_defer);
+	       acl, o.buckets, o.reorder.prefetch, o.reorder.rs_defer);
 	sched_print(&s, stdout, !all_nodes);
 	printf("\nplans compared (comm.buckets = \"auto\", prefetch 0..%d, reduce-scatter defer "
 	       "0..%d, bucket cap %.0f MiB%s):\n",

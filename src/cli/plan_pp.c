@@ -97,6 +97,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	if (rc)
 		return rc;
 	enum model_ac ac = so.ac;
+	char acl[96];
 	enum pp_style style = PP_1F1B;
 	struct pp_sched s;
 	int v = 1;
@@ -144,6 +145,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	const struct model_cost_shape sh = {.B = mbs,
 	                                    .T = T,
 	                                    .ac = ac,
+	                                    .ac_every = so.ac_every,
 	                                    .tp = 1,
 	                                    .elem_bytes = eb,
 	                                    .cp = cp,
@@ -221,7 +223,7 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	       "x %lld context-parallel (FSDP inside each stage over shards x cp); activation "
 	       "checkpointing %s\n",
 	       (long long)world, (long long)pp, (long long)tp, (long long)rep, (long long)shard,
-	       (long long)cp, sched_ac_name(ac));
+	       (long long)cp, sched_ac_label(ac, so.ac_every, acl, sizeof(acl)));
 	printf("pipeline: %s, %d stages (%d per rank), %d micro-batches of %lld x %lld tokens%s\n",
 	       pp_style_name(s.style), S, v, m, (long long)mbs, (long long)(T / cp),
 	       cp > 1 ? " (a cp rank's share of each sequence)" : "");

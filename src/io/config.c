@@ -17,6 +17,7 @@
 
 #include "base/log.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -821,6 +822,20 @@ static int cfg_validate_field(const struct ct_config *cfg, const struct cfg_key 
 	return 0;
 }
 
+int config_ac_every(const struct ct_config *cfg)
+{
+	const char *s = cfg->activation_checkpoint.selective_ac_option;
+	if (strcmp(s, "op") == 0)
+		return 0;
+	char *end = NULL;
+	errno = 0;
+	long n = strtol(s, &end, 10);
+	if (errno || end == s || *end != '\0' || !isdigit((unsigned char)s[0]) || n < 1 ||
+	    n > 1000000)
+		return -1;
+	return (int)n;
+}
+
 /* Keys that would silently do nothing in this config are refused (exit 2, naming the key):
  * a setting the user believes in but the run ignores is worse than an error. */
 static int cfg_validate_inert(const struct ct_config *cfg)
@@ -884,11 +899,11 @@ int config_validate(const struct ct_config *cfg)
 		                (long long)cfg->training.global_batch_size,
 		                (long long)cfg->training.local_batch_size);
 	if (strcmp(cfg->activation_checkpoint.mode, "selective") == 0 &&
-	    strcmp(cfg->activation_checkpoint.selective_ac_option, "op") != 0)
+	    config_ac_every(cfg) < 0)
 		return cfg_fail(&w,
-		                "activation_checkpoint.selective_ac_option: '%s' is not "
-		                "supported (only \"op\", the per-op policy: the checkpointing "
-		                "mode applies to every block alike, not to every N-th)",
+		                "activation_checkpoint.selective_ac_option: '%s' is neither \"op\" "
+		                "(the per-op policy) nor a positive integer N (full checkpointing "
+		                "on every N-th block)",
 		                cfg->activation_checkpoint.selective_ac_option);
 	int rc = cfg_validate_inert(cfg);
 	if (rc)

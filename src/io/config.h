@@ -197,6 +197,9 @@ int config_apply_args(struct ct_config *cfg, int argc, char **argv);
 /* Cross-field checks after all sources are applied (e.g. global batch divisibility needs the
  * world size, so that one is the trainer's; here: choices, ranges, combinations). */
 int config_validate(const struct ct_config *cfg);
+/* activation_checkpoint.selective_ac_option as TorchTitan's per-layer N: 0 for "op", N >= 1
+ * for a positive integer, -1 for anything else. */
+int config_ac_every(const struct ct_config *cfg);
 /* The effective config as a TOML file that config_load_file reads back unchanged. */
 void config_print(const struct ct_config *cfg, FILE *f);
 /* Every key with type, default, range/choices and help, grouped by section. */

@@ -265,9 +265,10 @@ const struct cfg_key cfg_schema[] = {
              "every second matmul, recompute the rest); full: keep only each block's input and "
              "recompute the block before its backward."},
     {ROW(activation_checkpoint, selective_ac_option), .def = "op",
-     .help = "For mode = selective: \"op\" (per-op policy). TorchTitan's per-layer integer "
-             "option (every N-th block fully checkpointed) is not supported: ctitan's "
-             "checkpointing mode applies to every block alike."},
+     .help = "For mode = selective: \"op\" (the per-op policy on every block) or a positive "
+             "integer N as a string (TorchTitan's per-layer option: full checkpointing on every "
+             "N-th block, blocks N, 2N, ... counted from 1 over the whole model on every "
+             "layout, none on the others; \"1\" is full on every block)."},
 
     {ROW(comm, progress), .def = "inline", CHOICES("inline", "thread"),
      .help = "How collectives advance: inline on the compute thread (each runs, blocking, "

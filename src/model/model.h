@@ -67,6 +67,7 @@ struct model_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
 	bool recompute_ffn; /* Llama: recompute the FFN up-projections in backward */
 	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
+	int ac_every;       /* ac = MODEL_AC_LAYER: full on every ac_every-th block */
 	/* tensor parallelism over these collectives (Llama only; NULL or size 1: none) */
 	const struct model_group *tp;
 	/* Llama: plan activations only for units [unit_lo, unit_hi) (a pipeline stage: its
@@ -143,6 +144,7 @@ struct model {
 	/* views of the implementation's buffers (valid while it lives) */
 	const struct param_table *table;
 	enum model_ac ac; /* the activation checkpointing it was built with */
+	int ac_every;     /* and MODEL_AC_LAYER's N */
 	int n_units;
 	int64_t B, T, N, vocab_size;
 	int32_t *tokens, *targets; /* (N) current micro-batch */

@@ -38,6 +38,7 @@ enum model_cost_term {
 struct model_cost_shape {
 	int64_t B, T;
 	enum model_ac ac;
+	int ac_every;       /* ac = MODEL_AC_LAYER: its N (model/model_ac.h) */
 	int64_t tp;         /* tensor-parallel ranks (1: none); the figures are one rank's */
 	int64_t elem_bytes; /* per activation element: 4 (the CPU computes in fp32), 2 (bf16) */
 	/* context parallelism (cp <= 1: none): T is the whole sequence, of which each of cp

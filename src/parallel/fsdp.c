@@ -257,7 +257,7 @@ void fsdp_naive_schedule(const struct fsdp *f, int accum, struct sched *s)
 	/* the model's checkpointing is part of the step: RECOMPUTE before each such backward */
 	if (f->model->ac != MODEL_AC_NONE) {
 		struct sched next;
-		sched_pass_ac(s, f->model->ac, &next);
+		sched_pass_ac(s, f->model->ac, f->model->ac_every, &next);
 		sched_replace(s, &next);
 	}
 }
@@ -270,7 +270,7 @@ int fsdp_set_schedule(struct fsdp *f, const struct sched *s)
 		          s->n_units != f->n_units ? "wrong number of units" : why);
 		return CT_ERR_USAGE;
 	}
-	if (s->ac != f->model->ac) {
+	if (s->ac != f->model->ac || s->ac_every != f->model->ac_every) {
 		LOG_ERROR("schedule: activation checkpointing '%s' does not match the model's",
 		          sched_ac_name(s->ac));
 		return CT_ERR_USAGE;

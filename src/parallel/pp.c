@@ -375,6 +375,7 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		const struct model_build_opts mo = {
 		    .own_params = false,
 		    .ac = pp->o.ac,
+		    .ac_every = pp->o.ac_every,
 		    .tp = pp->mesh->tp > 1 ? &pp->tp.ops : NULL,
 		    .tp_async = pp->mesh->tp > 1 && pp->o.tp_async,
 		    .unit_lo = ch->u0, /* only this stage's activations */

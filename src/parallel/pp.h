@@ -72,6 +72,7 @@ struct pp_opts {
 	int64_t T;
 	int64_t n_micro;    /* micro-batches per step */
 	enum model_ac ac;
+	int ac_every; /* ac = MODEL_AC_LAYER: full on every ac_every-th block */
 	bool tp_async; /* the stage models' TP collectives as async TP's ring steps */
 	/* training.mixed_precision_param = bfloat16: the gathered parameters are rounded to
 	 * bf16 values before compute (FSDP2's param_dtype; the masters stay fp32), except the

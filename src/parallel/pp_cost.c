@@ -23,6 +23,7 @@ int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_m
 	const struct model_cost_shape sh = {.B = pp->o.micro_rows,
 	                                    .T = pp->o.T * mesh->cp,
 	                                    .ac = pp->o.ac,
+	                                    .ac_every = pp->o.ac_every,
 	                                    .tp = 1,
 	                                    .elem_bytes = 4,
 	                                    .cp = mesh->cp,

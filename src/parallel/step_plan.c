@@ -14,6 +14,7 @@ struct model_cost_shape step_plan_shape(const struct step_plan_opts *o,
 	return (struct model_cost_shape){.B = l->B,
 	                                 .T = l->T,
 	                                 .ac = o->ac,
+	                                 .ac_every = o->ac_every,
 	                                 .tp = l->tp,
 	                                 .elem_bytes = l->elem_bytes,
 	                                 .cp = l->cp > 1 ? l->cp : 1,
@@ -84,7 +85,7 @@ int step_plan_naive_shapes(const struct model_config *c, const struct step_plan_
 	/* as fsdp_naive_schedule: the model's checkpointing is part of the step */
 	if (o->ac != MODEL_AC_NONE) {
 		struct sched next;
-		sched_pass_ac(naive, o->ac, &next);
+		sched_pass_ac(naive, o->ac, o->ac_every, &next);
 		sched_replace(naive, &next);
 	}
 	return CT_OK;
@@ -111,7 +112,7 @@ int step_plan_passes(const struct sched *naive, const struct step_plan_opts *o,
                      const struct sched_cost_model *cm, struct sched *out,
                      struct sched_auto_report *report)
 {
-	return sched_pipeline(naive, o->ac, o->buckets, o->bucket_cap_bytes, &o->reorder, cm, out,
+	return sched_pipeline(naive, o->ac, o->ac_every, o->buckets, o->bucket_cap_bytes, &o->reorder, cm, out,
 	                      report);
 }
 
@@ -195,7 +196,8 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
                     struct comm_stream *stream, struct sched_cost_model *cm, bool *have_cm)
 {
 	struct model *m = f->model;
-	CHECK((enum sched_reshard)f->reshard == o->reshard && m->ac == o->ac,
+	CHECK((enum sched_reshard)f->reshard == o->reshard && m->ac == o->ac &&
+	          m->ac_every == o->ac_every,
 	      "step plan: options and FSDP disagree on resharding or checkpointing");
 	int rc = step_plan_needs_cost(o, &m->cfg, have_cm);
 	if (rc)
@@ -235,7 +237,7 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
 	if (rc == CT_OK)
 		rc = fsdp_set_schedule(f, &s);
 	if (rc == CT_OK) {
-		char names[1024] = "";
+		char names[1024] = "", acl[96];
 		size_t at = 0;
 		for (int b = 0; b < s.n_buckets && at + 64 < sizeof(names); b++) {
 			char one[256];
@@ -246,7 +248,7 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
 		LOG_INFO("schedule: %d nodes, %d buckets (%s), prefetch %d, reduce-scatter defer "
 		         "%d, activation checkpointing %s",
 		         s.n_nodes, s.n_buckets, names, o->reorder.prefetch, o->reorder.rs_defer,
-		         sched_ac_name(o->ac));
+		         sched_ac_label(o->ac, o->ac_every, acl, sizeof(acl)));
 		if (*have_cm)
 			step_plan_log(&s, cm);
 	}

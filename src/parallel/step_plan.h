@@ -21,6 +21,7 @@
 
 struct step_plan_opts {
 	enum model_ac ac;         /* activation checkpointing */
+	int ac_every;             /* with ac = MODEL_AC_LAYER: full on every ac_every-th block */
 	const char *buckets;      /* "auto", "per_block" or unit groups (sched_bucket_plan_parse) */
 	int64_t bucket_cap_bytes; /* auto: gathered bytes of a bucket of more than one unit */
 	struct sched_reorder_opts reorder; /* prefetch, reduce-scatter deferral, memory budget */

@@ -129,13 +129,14 @@ void sched_pass_bucket(const struct sched *in, const struct sched_bucket *bucket
 	sched_free(&mid);
 }
 
-static int pipeline_passes(const struct sched *naive, enum model_ac ac, const char *buckets,
+static int pipeline_passes(const struct sched *naive, enum model_ac ac, int ac_every,
+                           const char *buckets,
                            int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
                            const struct sched_cost_model *cm, struct sched *out,
                            struct sched_auto_report *report)
 {
 	struct sched ck, bk;
-	sched_pass_ac(naive, ac, &ck);
+	sched_pass_ac(naive, ac, ac_every, &ck);
 	if (strcmp(buckets, "auto") == 0) {
 		if (!cm) {
 			LOG_ERROR("comm.buckets = \"auto\" needs the cost model");
@@ -188,13 +189,13 @@ static int pipeline_passes(const struct sched *naive, enum model_ac ac, const ch
 	return CT_OK;
 }
 
-int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buckets,
+int sched_pipeline(const struct sched *naive, enum model_ac ac, int ac_every, const char *buckets,
                    int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
                    const struct sched_cost_model *cm, struct sched *out,
                    struct sched_auto_report *report)
 {
 	struct sched passed;
-	int rc = pipeline_passes(naive, ac, buckets, bucket_cap_bytes, o, cm, &passed, report);
+	int rc = pipeline_passes(naive, ac, ac_every, buckets, bucket_cap_bytes, o, cm, &passed, report);
 	if (rc)
 		return rc;
 	sched_lower_tp(&passed, out); /* last: the passes move whole units */

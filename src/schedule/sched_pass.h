@@ -25,7 +25,7 @@
 
 struct sched_cost_model;
 
-void sched_pass_ac(const struct sched *in, enum model_ac ac, struct sched *out);
+void sched_pass_ac(const struct sched *in, enum model_ac ac, int ac_every, struct sched *out);
 
 /* Parse a bucket plan: "per_block" (one bucket per unit: embedding, each block, norm +
  * output), or comma-separated groups of '+'-joined units — "embed", block indices from 0,
@@ -98,12 +98,12 @@ void sched_plan_string(const struct sched_bucket *b, int n_buckets, int n_units,
 void sched_auto_report_print(const struct sched_auto_report *r, int n_units, FILE *f,
                              const char *indent);
 
-/* checkpoint(ac) → bucket(spec: "per_block", "auto" or groups) → reorder(o) → lower the
+/* checkpoint(ac, ac_every) → bucket(spec: "per_block", "auto" or groups) → reorder(o) → lower the
  * tensor-parallel collectives into nodes (sched_lower_tp). CT_ERR_USAGE
  * (message logged, naming comm.buckets or comm.memory_budget_gb) on a bad spec or when no
  * plan fits the budget. With "auto", report (may be NULL) receives the plans compared
  * (sched_auto_report_free); with a manual plan it is zeroed. */
-int sched_pipeline(const struct sched *naive, enum model_ac ac, const char *buckets,
+int sched_pipeline(const struct sched *naive, enum model_ac ac, int ac_every, const char *buckets,
                    int64_t bucket_cap_bytes, const struct sched_reorder_opts *o,
                    const struct sched_cost_model *cm, struct sched *out,
                    struct sched_auto_report *report);

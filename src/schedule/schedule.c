@@ -12,7 +12,7 @@ static const char *const sched_kind_names[] = {
 _Static_assert(sizeof(sched_kind_names) / sizeof(sched_kind_names[0]) == SCHED_KIND_COUNT,
                "one name per node kind");
 
-static const char *const sched_ac_names[] = {"none", "ffn", "selective", "full"};
+static const char *const sched_ac_names[] = {"none", "ffn", "selective", "full", "per-layer"};
 _Static_assert(sizeof(sched_ac_names) / sizeof(sched_ac_names[0]) == MODEL_AC_COUNT,
                "one name per activation-checkpointing mode");
 
@@ -26,9 +26,25 @@ const char *sched_ac_name(enum model_ac a)
 	return a < MODEL_AC_COUNT ? sched_ac_names[a] : "?";
 }
 
+const char *sched_ac_label(enum model_ac a, int every, char *buf, size_t n)
+{
+	if (a == MODEL_AC_LAYER) {
+		int t = every % 100, o = every % 10;
+		const char *th = t >= 11 && t <= 13 ? "th"
+		                 : o == 1           ? "st"
+		                 : o == 2           ? "nd"
+		                 : o == 3           ? "rd"
+		                                    : "th";
+		snprintf(buf, n, "per-layer (full on every %d%s block, none on the others)", every, th);
+	}
+	else
+		snprintf(buf, n, "%s", sched_ac_name(a));
+	return buf;
+}
+
 int sched_ac_parse(const char *name, enum model_ac *a)
 {
-	for (int i = 0; i < MODEL_AC_COUNT; i++)
+	for (int i = 0; i < MODEL_AC_LAYER; i++) /* per-layer is selective with a number */
 		if (strcmp(name, sched_ac_names[i]) == 0) {
 			*a = (enum model_ac)i;
 			return CT_OK;
@@ -56,6 +72,7 @@ void sched_init_like(struct sched *dst, const struct sched *src)
 	dst->n_micro = src->n_micro;
 	dst->reshard = src->reshard;
 	dst->ac = src->ac;
+	dst->ac_every = src->ac_every;
 	dst->prefetch = src->prefetch;
 	dst->lowered = src->lowered;
 	dst->n_stages = src->n_stages;
@@ -512,8 +529,9 @@ void sched_print(const struct sched *s, FILE *f, bool brief)
 		sched_bucket_name(s, b, name, sizeof(name));
 		fprintf(f, "%s%s", b ? ", " : " ", name);
 	}
+	char ac[96];
 	fprintf(f, "\nnodes (%d; activation checkpointing %s, prefetch %d):\n", s->n_nodes,
-	        sched_ac_name(s->ac), s->prefetch);
+	        sched_ac_label(s->ac, s->ac_every, ac, sizeof(ac)), s->prefetch);
 	int shown = 0;
 	for (int i = 0; i < s->n_nodes; i++) {
 		const struct sched_node *n = &s->nodes[i];

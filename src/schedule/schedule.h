@@ -110,6 +110,7 @@ struct sched {
 	struct sched_bucket *buckets;
 	enum sched_reshard reshard;
 	enum model_ac ac; /* set by the activation-checkpointing pass */
+	int ac_every;     /* with it: MODEL_AC_LAYER's N (model/model_ac.h) */
 	int prefetch;     /* set by the reordering pass (for printing) */
 	bool lowered;     /* sched_lower_tp ran: TP units' passes are segments and TP nodes */
 	/* a pipeline rank's step (sched_build_pp): n_stages stages over pp_size ranks, this is
@@ -180,6 +181,8 @@ int sched_bucket_of(const struct sched *s, int u);
 
 const char *sched_kind_name(enum sched_kind k);
 const char *sched_ac_name(enum model_ac a);
+/* The name, with MODEL_AC_LAYER's N (buf of n bytes; returns buf). */
+const char *sched_ac_label(enum model_ac a, int every, char *buf, size_t n);
 int sched_ac_parse(const char *name, enum model_ac *a);
 /* Short label of node i, e.g. "AG b3" or "FWD u2" (buf >= 32 bytes). */
 void sched_node_label(const struct sched *s, int i, char *buf, size_t size);

@@ -12,6 +12,11 @@ int step_config_opts(const struct ct_config *cfg, struct step_plan_opts *o)
 	int rc = sched_ac_parse(cfg->activation_checkpoint.mode, &o->ac);
 	if (rc)
 		return rc;
+	/* TorchTitan: mode selective with an integer option is per-layer (every N-th block) */
+	if (o->ac == MODEL_AC_SELECTIVE && config_ac_every(cfg) > 0) {
+		o->ac = MODEL_AC_LAYER;
+		o->ac_every = config_ac_every(cfg);
+	}
 	enum fsdp_reshard reshard;
 	rc = fsdp_reshard_parse(cfg->parallelism.fsdp_reshard_after_forward, &reshard);
 	if (rc)

@@ -70,7 +70,8 @@ static int trainer_pp_check(struct trainer *tr, const struct model_config *mc)
 	return CT_OK;
 }
 
-static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, enum model_ac ac)
+static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, enum model_ac ac,
+                            int ac_every)
 {
 	const struct ct_config *cfg = tr->cfg;
 	struct pp_opts o = {
@@ -84,6 +85,7 @@ static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, e
 	    .cp_ring = strcmp(cfg->parallelism.context_parallel_rotate_method, "alltoall") == 0,
 	    .cp_headtail = strcmp(cfg->parallelism.context_parallel_load_balancer, "headtail") == 0,
 	    .ac = ac,
+	    .ac_every = ac_every,
 	    .tp_async = cfg->parallelism.enable_async_tensor_parallel,
 	    .bf16 = compute_bf16(cfg),
 	    .fp8_from_masters = compute_fp8_all_gather(cfg),
@@ -138,6 +140,7 @@ static int trainer_build_model(struct trainer *tr)
 	const struct model_build_opts opts = {
 	    .own_params = false,
 	    .ac = ac,
+	    .ac_every = so.ac_every,
 	    .tp = tr->mesh.tp > 1 ? &tr->tp.ops : NULL,
 	    /* under PP the stages run their own slots: this model only describes (table,
 	     * shapes), so it plans no more than the embedding's output */
@@ -186,7 +189,7 @@ static int trainer_build_model(struct trainer *tr)
 			return rc;
 		fsdp_engine(&tr->fsdp, &tr->engine);
 	} else if (tr->piped) {
-		rc = trainer_pp_build(tr, &mc, ac);
+		rc = trainer_pp_build(tr, &mc, ac, so.ac_every);
 		if (rc)
 			return rc;
 		pp_init_params(&tr->pp, seed);

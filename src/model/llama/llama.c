@@ -424,14 +424,19 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 	    [BA_XMID] = Nr * C * f, [BA_RSTD2] = Nr * f,     [BA_H1] = N * d.F * f,
 	    [BA_H3] = N * d.F * f,
 	};
-	unsigned keeps = block_keeps[m->ac];
 	int L = (int)c->n_layers, lo = m->unit_lo, hi = m->unit_hi;
 	bool head = hi == L + 2; /* the final norm + output + loss unit is planned */
 	m->tokens = carve(cv, N * (int64_t)sizeof(int32_t));
 	m->targets = carve(cv, N * (int64_t)sizeof(int32_t));
+	/* what some block of the range drops and re-derives: one shared set (FFN recomputes
+	 * into backward scratch instead) */
+	unsigned dropped = 0;
+	for (int l = lo - 1; l < hi - 1; l++)
+		if (l >= 0 && l < L && llama_block_ac(m, l) != MODEL_AC_FFN)
+			dropped |= ~block_keeps[llama_block_ac(m, l)] & ((1u << BA_COUNT) - 1);
 	struct llama_block_acts shared = {0};
 	for (int k = 0; k < BA_COUNT; k++)
-		if (!(keeps & KEEP(k)) && m->ac != MODEL_AC_FFN)
+		if (dropped & KEEP(k))
 			*block_act_slot(&shared, (enum block_act)k) = carve(cv, bytes[k]);
 	for (int l = 0; l < L; l++) {
 		struct llama_block_acts *a = &m->acts[l];
@@ -442,6 +447,7 @@ static void plan_acts(struct llama_model *m, struct carver *cv)
 			continue;
 		*a = shared;
 		a->x = carve(cv, Nr * C * f);
+		unsigned keeps = block_keeps[llama_block_ac(m, l)];
 		for (int k = 0; k < BA_COUNT; k++)
 			if (keeps & KEEP(k))
 				*block_act_slot(a, (enum block_act)k) = carve(cv, bytes[k]);
@@ -511,6 +517,8 @@ int llama_build_ex(struct llama_model *m, const struct llama_config *c, int64_t 
 	memset(m, 0, sizeof(*m));
 	m->cfg = *c;
 	m->ac = opts->recompute_ffn ? MODEL_AC_FFN : opts->ac;
+	m->ac_every = m->ac == MODEL_AC_LAYER ? opts->ac_every : 0;
+	CHECK(m->ac != MODEL_AC_LAYER || m->ac_every > 0, "llama: per-layer checkpointing needs N");
 	m->recompute_ffn = m->ac == MODEL_AC_FFN;
 	int rc = llama_config_finish(&m->cfg);
 	if (rc)
@@ -635,9 +643,15 @@ struct llama_prog llama_prog_of(int L, bool async, enum model_ac ac, int u, enum
 	return llama_block_prog(async, ac, p);
 }
 
+enum model_ac llama_unit_ac(const struct llama_model *m, int u)
+{
+	return u >= 1 && u <= m->cfg.n_layers ? llama_block_ac(m, u - 1) : m->ac;
+}
+
 static struct llama_prog model_prog_of(const struct llama_model *m, int u, enum model_pass p)
 {
-	return llama_prog_of((int)m->cfg.n_layers, m->tp && m->tpb->async, m->ac, u, p);
+	return llama_prog_of((int)m->cfg.n_layers, m->tp && m->tpb->async, llama_unit_ac(m, u), u,
+	                     p);
 }
 
 /* Ops [lo, hi) of unit u's pass p: the segments, and under TP the collectives (*ran: whether
@@ -702,15 +716,14 @@ void llama_unit_backward_weight(struct llama_model *m, int u)
 
 bool llama_unit_needs_recompute(const struct llama_model *m, int u)
 {
-	return (m->ac == MODEL_AC_SELECTIVE || m->ac == MODEL_AC_FULL) && u > 0 &&
-	       u <= m->cfg.n_layers;
+	return u > 0 && u <= m->cfg.n_layers && model_ac_block_recomputes(m->ac, m->ac_every, u - 1);
 }
 
 void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out)
 {
 	if (m->tp)
-		llama_tp_prog(&m->cfg, m->tp->size, m->tpb->async, m->ac, m->B, m->T, sizeof(float),
-		              u, p, out);
+		llama_tp_prog(&m->cfg, m->tp->size, m->tpb->async, llama_unit_ac(m, u), m->B, m->T,
+		              sizeof(float), u, p, out);
 	else
 		memset(out, 0, sizeof(*out)); /* one segment */
 }

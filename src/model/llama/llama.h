@@ -125,6 +125,7 @@ struct llama_build_opts {
 	                       up-projections (w1, w3 outputs: 2*N*F floats per block, the largest
 	                       activations); recompute them in backward (two extra matmuls) */
 	enum model_ac ac;   /* activation checkpointing (recompute_ffn sets FFN) */
+	int ac_every;       /* ac = MODEL_AC_LAYER: full on every ac_every-th block */
 	/* Tensor parallelism over this group's collectives (NULL or size 1: none; model/
 	 * model_group.h, run by parallel/tp_coll): Megatron column/row parallel blocks with
 	 * sequence parallelism and a vocabulary-parallel loss, the same block as one rank's
@@ -182,6 +183,7 @@ struct llama_model {
 	float *h1s, *h3s; /* (N,F) recomputed w1/w3 outputs (recompute_ffn only) */
 	bool recompute_ffn;
 	enum model_ac ac;
+	int ac_every; /* MODEL_AC_LAYER's N; llama_block_ac gives a block's own mode */
 	float *dq, *dk, *dv, *datt; /* (N,H*D) / (N,KV*D) */
 	float *ce_scratch;          /* ce_rows * V */
 	int64_t ce_rows;

@@ -99,7 +99,6 @@ static void llama_unit_work(const struct model_config *mc, const struct model_co
 	double HD = (double)c.n_heads * (double)c.head_dim;
 	double es = (double)s->elem_bytes / 4.0; /* elementwise traffic scales with the dtype */
 	double *fw = wk[MODEL_PASS_FWD], *bw = wk[MODEL_PASS_BWD], *rc = wk[MODEL_PASS_REC];
-	enum model_ac ac = s->ac;
 	if (u == 0) {
 		fw[MODEL_COST_EMBED] = es * 4.0 * 2.0 * N * C;
 		bw[MODEL_COST_EMBED] = es * 4.0 * 3.0 * N * C;
@@ -110,6 +109,7 @@ static void llama_unit_work(const struct model_config *mc, const struct model_co
 		bw[MODEL_COST_ELEM] = es * 4.0 * 4.0 * N * C; /* final norm backward */
 		return;
 	}
+	const enum model_ac ac = model_ac_block(s->ac, s->ac_every, u - 1); /* block u - 1's */
 	fw[MODEL_COST_MATMUL] = w.fwd_mm;
 	fw[MODEL_COST_ATTN] = w.fwd_attn;
 	fw[MODEL_COST_ELEM] = es * w.fwd_elem;
@@ -126,38 +126,58 @@ static void llama_unit_work(const struct model_config *mc, const struct model_co
 	}
 }
 
-/* What llama_build_ex allocates for these shapes under `ac` (saved activations plus backward
- * scratch), e bytes per element. */
-static int64_t activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
-                                enum model_ac ac, int64_t e)
+/* One block's saved tensors under its own mode ac (never MODEL_AC_LAYER), in elements: what
+ * it keeps, what the blocks that re-derive share, and backward scratch on top. */
+static void block_elems(const struct llama_config *c, int64_t N, enum model_ac ac,
+                        int64_t *per_block, int64_t *shared, int64_t *scratch_extra)
 {
-	int64_t N = B * T, C = c->dim, H = c->n_heads, D = c->head_dim, HD = H * D;
-	int64_t KVD = c->n_kv_heads * D, F = c->ffn_hidden, V = c->vocab_size, L = c->n_layers;
+	int64_t C = c->dim, H = c->n_heads, D = c->head_dim, HD = H * D;
+	int64_t KVD = c->n_kv_heads * D, F = c->ffn_hidden;
 	/* one block's saved tensors, by name */
 	int64_t x = N * C, rstd = N, q = N * HD, k = N * KVD, v = N * KVD, att = N * HD;
 	int64_t lse = N * H, xmid = N * C, h = N * F;
-	int64_t per_block, shared = 0, scratch_extra = 0;
+	*shared = *scratch_extra = 0;
 	switch (ac) {
 	case MODEL_AC_FULL: /* keep the block input; everything else once, recomputed */
-		per_block = x;
-		shared = 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
+		*per_block = x;
+		*shared = 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
 		break;
 	case MODEL_AC_SELECTIVE: /* keep wq, wv, w1 matmul and attention outputs */
-		per_block = x + q + v + att + lse + h;
-		shared = 2 * rstd + k + xmid + h;
+		*per_block = x + q + v + att + lse + h;
+		*shared = 2 * rstd + k + xmid + h;
 		break;
 	case MODEL_AC_FFN: /* w1, w3 outputs recomputed into backward scratch */
-		per_block = x + 2 * rstd + q + k + v + att + lse + xmid;
-		scratch_extra = 2 * h;
+		*per_block = x + 2 * rstd + q + k + v + att + lse + xmid;
+		*scratch_extra = 2 * h;
 		break;
 	default:
-		per_block = x + 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
+		*per_block = x + 2 * rstd + q + k + v + att + lse + xmid + 2 * h;
+	}
+}
+
+/* What llama_build_ex allocates for these shapes under `ac` (saved activations plus backward
+ * scratch), e bytes per element. The shared set is the largest any block needs: blocks of
+ * one model re-derive either nothing, the selective set or everything (per-layer: FULL and
+ * NONE), each a subset of the next. */
+static int64_t activation_bytes(const struct llama_config *c, int64_t B, int64_t T,
+                                enum model_ac ac, int every, int64_t e)
+{
+	int64_t N = B * T, C = c->dim, H = c->n_heads, D = c->head_dim, HD = H * D;
+	int64_t KVD = c->n_kv_heads * D, F = c->ffn_hidden, V = c->vocab_size, L = c->n_layers;
+	int64_t q = N * HD, k = N * KVD, h = N * F;
+	int64_t blocks = 0, shared = 0, scratch_extra = 0;
+	for (int64_t l = 0; l < L; l++) {
+		int64_t pb, sh, se;
+		block_elems(c, N, model_ac_block(ac, every, (int)l), &pb, &sh, &se);
+		blocks += pb;
+		shared = sh > shared ? sh : shared;
+		scratch_extra = se > scratch_extra ? se : scratch_extra;
 	}
 	int64_t ce_rows = llama_ce_rows(V, N);
 	int64_t head = N * C + N + N * C + T * D; /* x_final, rstd_f, xn_final, rope tables */
 	int64_t scratch = 3 * N * C + 3 * h + 2 * q + 2 * k + ce_rows * V + scratch_extra;
 	int64_t tokens = 2 * N * 4; /* tokens + targets, int32 */
-	return tokens + e * (L * per_block + shared + head + scratch);
+	return tokens + e * (blocks + shared + head + scratch);
 }
 
 /* Under tensor parallelism (sequence parallelism: the residual stream is sharded too) a rank
@@ -165,7 +185,8 @@ static int64_t activation_bytes(const struct llama_config *c, int64_t B, int64_t
 static int64_t llama_activation_bytes(const struct model_config *mc,
                                       const struct model_cost_shape *s)
 {
-	int64_t a = activation_bytes(llama_cfg(mc), s->B, cp_local_T(s), s->ac, s->elem_bytes);
+	int64_t a = activation_bytes(llama_cfg(mc), s->B, cp_local_T(s), s->ac, s->ac_every,
+	                             s->elem_bytes);
 	return (s->tp > 1 ? a / s->tp : a) + llama_cp_buf_bytes(mc, s);
 }
 
@@ -196,9 +217,10 @@ static void llama_cost_inner(const struct model_config *mc, const struct model_c
 {
 	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
 	const int L = (int)c.n_layers, cp = (int)s->cp;
-	bool attn = p != MODEL_PASS_REC || s->ac == MODEL_AC_FULL;
-	if (u < 1 || u > L || !attn)
+	if (u < 1 || u > L)
 		return;
+	if (p == MODEL_PASS_REC && model_ac_block(s->ac, s->ac_every, u - 1) != MODEL_AC_FULL)
+		return; /* only a full recompute runs the attention (and its transfers) again */
 	int64_t blk = s->B * cp_local_T(s) * c.n_kv_heads * c.head_dim * s->elem_bytes;
 	struct llama_block_work w;
 	block_work(&c, s->B, cp_local_T(s), &w);
@@ -245,8 +267,10 @@ static double llama_cost_flops(const struct model_config *mc, int64_t seq_len)
 static void llama_cost_prog(const struct model_config *mc, const struct model_cost_shape *s,
                             bool async, int u, enum model_pass p, struct model_prog *out)
 {
-	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, s->ac, s->B, cp_local_T(s), s->elem_bytes,
-	              u, p, out);
+	const int L = (int)llama_cfg(mc)->n_layers;
+	enum model_ac ac = u >= 1 && u <= L ? model_ac_block(s->ac, s->ac_every, u - 1) : s->ac;
+	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, ac, s->B, cp_local_T(s), s->elem_bytes, u, p,
+	              out);
 }
 
 /* ---------------------------------------------------------------- calibration */

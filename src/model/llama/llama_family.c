@@ -146,6 +146,7 @@ void model_wrap_llama(struct model *m, struct llama_model *lm)
 	m->act_bytes = lm->act_bytes;
 	m->scratch_bytes = lm->scratch_bytes;
 	m->ac = lm->ac;
+	m->ac_every = lm->ac_every;
 }
 
 static int llama_family_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
@@ -155,6 +156,7 @@ static int llama_family_build(struct model *m, const struct model_config *c, int
 	const struct llama_build_opts lo = {.own_params = opts->own_params,
 	                                    .recompute_ffn = opts->recompute_ffn,
 	                                    .ac = opts->ac,
+	                                    .ac_every = opts->ac_every,
 	                                    .tp = opts->tp,
 	                                    .unit_lo = opts->unit_lo,
 	                                    .unit_hi = opts->unit_hi,

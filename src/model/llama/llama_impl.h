@@ -96,8 +96,17 @@ struct llama_prog {
 		.ring = true, .ring_mm = (mm)                                                      \
 	}
 
+/* Block l's own checkpointing mode (never MODEL_AC_LAYER: that policy picks FULL or NONE per
+ * block, model/model_ac.h), and unit u's (the embedding and head: the model's mode). */
+static inline enum model_ac llama_block_ac(const struct llama_model *m, int l)
+{
+	return model_ac_block(m->ac, m->ac_every, l);
+}
+enum model_ac llama_unit_ac(const struct llama_model *m, int u);
+
 /* The programs of each kind of unit (llama_block.c, llama_head.c) and of unit u of a model
- * of L blocks (llama.c). Recompute is the forward's program unless said otherwise. */
+ * of L blocks (llama.c), ac the unit's own mode. Recompute is the forward's program unless
+ * said otherwise. */
 struct llama_prog llama_block_prog(bool async, enum model_ac ac, enum model_pass p);
 struct llama_prog llama_embed_prog(enum model_pass p);
 struct llama_prog llama_head_prog(enum model_pass p);
