@@ -181,11 +181,6 @@ RULES = [
      "micro-batch, until the activation amaxes are max-reduced over the cp group (the matrix "
      "saw w3 differ by 3% after 3 steps); the rowwise recipes scale per token and compose",
      "recipe_name = tensorwise: not yet supported"),
-    ("float8-asynctp", lambda c: is_f8(c["precision"]) and is_async(c["layout"]),
-     "async TP multiplies each token block as it arrives, but a float8 scale needs the amax "
-     "of the whole activation; torchao casts before the gather (fp8 activations on the wire), "
-     "which ctitan does not",
-     "not supported (async TP multiplies each token block"),
     ("validation-pp", lambda c: c["mode"] == "validation" and is_pp(c["layout"]),
      "the pipeline schedules are training steps (forward and backward per micro-batch); no "
      "forward-only pipeline schedule exists for the validation loss",

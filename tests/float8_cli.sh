@@ -93,11 +93,12 @@ f8run 1 mb1 --training.local_batch_size=1 &&
   f8run 4 pptp --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 &&
   f8same pptp mb1
 check "float8 tensorwise: PP 2 (1F1B) x TP 2 equals 1 rank" $?
-"$ROOT/scripts/launch" 2 "$CTITAN" train "$D" "${F8[@]}" --job.dump_folder="$tmp/bad" \
-  --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true \
-  > "$tmp/out" 2>&1
-[ $? -eq 2 ] && grep -q "enable_async_tensor_parallel = true: not supported (async TP" "$tmp/out"
-check "float8 with async TP: exit 2 saying why" $?
+# async TP: the ring multiplies row blocks with the whole operand's scales, taken before it
+AT=(--parallelism.enable_async_tensor_parallel=true)
+f8run 4 atp "${FT[@]}" "${AT[@]}" --comm.progress=thread && f8same atp one
+check "float8 tensorwise: FSDP 2 x async TP 2 (comm thread) equals 1 rank" $?
+f8run 2 atprw --parallelism.tensor_parallel_degree=2 "${AT[@]}" $REC=rowwise && f8same atprw rw1
+check "float8 rowwise: async TP 2 equals 1 rank" $?
 P="$ROOT/configs/8b.toml --world-size 64 --training.mixed_precision_param=bfloat16"
 # shellcheck disable=SC2086
 "$CTITAN" plan $P > "$tmp/p0" 2>&1 &&

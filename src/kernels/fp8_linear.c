@@ -78,6 +78,14 @@ void fp8_amax_cols(float *out, const float *x, int64_t rows, int64_t cols)
 
 /* ---------------------------------------------------------------- configuration, registry */
 
+/* An operand's or weight's amaxes as one rank takes them (fp8_block_*): of the whole tensor,
+ * of each row (along the columns; NULL: each block's own rows, taken as it is cast) and of
+ * each column (along the rows). rows and cols only for the rowwise recipes. */
+struct fp8_amaxes {
+	float tensor;
+	float *rows, *cols;
+};
+
 struct fp8_entry {
 	const float *w;
 	int64_t rows, cols;
@@ -85,6 +93,8 @@ struct fp8_entry {
 	bool prepared;
 	float scale;
 	struct fp8_slice slice;
+	bool blk; /* amaxes taken for the open row-block scope */
+	struct fp8_amaxes a;
 };
 
 static bool g_on;
@@ -232,6 +242,138 @@ static void reduce_amax(fp8_red r, float *a, int64_t n)
 		r->max_f32(r->ctx, a, n);
 }
 
+/* ---------------------------------------------------------------- row blocks */
+
+struct fp8_block_op {
+	const float *full;
+	int64_t rows, cols;
+	struct fp8_amaxes a;
+};
+
+static bool g_blk_on;
+static struct fp8_block_op g_blk[FP8_BLOCK_MAX];
+static int g_blk_n;
+
+bool fp8_block_active(void)
+{
+	return g_blk_on;
+}
+
+void fp8_block_begin(void)
+{
+	CHECK(!g_blk_on, "fp8 row blocks: a scope is already open");
+	g_blk_on = true;
+	g_blk_n = 0;
+}
+
+static void amaxes_free(struct fp8_amaxes *a)
+{
+	free(a->rows), free(a->cols);
+	memset(a, 0, sizeof(*a));
+}
+
+void fp8_block_end(void)
+{
+	CHECK(g_blk_on, "fp8 row blocks: no scope open");
+	for (int i = 0; i < g_blk_n; i++)
+		amaxes_free(&g_blk[i].a);
+	for (int i = 0; i < g_n; i++)
+		if (g_ent[i].blk) {
+			amaxes_free(&g_ent[i].a);
+			g_ent[i].blk = false;
+		}
+	g_blk_on = false;
+	g_blk_n = 0;
+}
+
+/* x (rows x cols, all of it here): its amaxes, each along a dimension split over red's group
+ * max-reduced over it (rows_split: the rows are; cols_split: the columns are). */
+static void take_amaxes(struct fp8_amaxes *a, const float *x, int64_t rows, int64_t cols,
+                        bool rows_split, bool cols_split, fp8_red red)
+{
+	memset(a, 0, sizeof(*a));
+	a->tensor = rows > 0 ? fp8_amax(x, rows * cols) : 0.0f;
+	if (rows_split || cols_split)
+		reduce_amax(red, &a->tensor, 1);
+	if (g_recipe == FP8_TENSORWISE)
+		return;
+	a->cols = xcalloc((size_t)cols, sizeof(float));
+	if (rows > 0)
+		fp8_amax_cols(a->cols, x, rows, cols);
+	if (rows_split)
+		reduce_amax(red, a->cols, cols);
+	if (!rows_split) { /* every row is here: its amax now (a split row max-reduced) */
+		a->rows = xcalloc((size_t)(rows > 0 ? rows : 1), sizeof(float));
+		if (rows > 0)
+			fp8_amax_rows(a->rows, x, rows, cols);
+		if (cols_split)
+			reduce_amax(red, a->rows, rows);
+	}
+}
+
+void fp8_block_operand(const float *full, int64_t rows, int64_t cols, const float *held,
+                       int64_t held_rows, enum fp8_split split, const struct fp8_slice *red)
+{
+	CHECK(g_blk_on, "fp8 row blocks: operand declared outside a scope");
+	CHECK(g_blk_n < FP8_BLOCK_MAX, "fp8 row blocks: more than %d operands", FP8_BLOCK_MAX);
+	CHECK(red && red->max_f32, "fp8 row blocks: an operand needs its group's max");
+	CHECK(split == FP8_SPLIT_ROWS || (held == full && held_rows == rows),
+	      "fp8 row blocks: a column-split operand is held whole");
+	struct fp8_block_op *b = &g_blk[g_blk_n++];
+	b->full = full;
+	b->rows = rows;
+	b->cols = cols;
+	take_amaxes(&b->a, held, held_rows, cols, split == FP8_SPLIT_ROWS, split == FP8_SPLIT_COLS,
+	            red);
+}
+
+void fp8_block_weight(const float *w)
+{
+	CHECK(g_blk_on, "fp8 row blocks: weight declared outside a scope");
+	struct fp8_entry *e = fp8_find(w);
+	CHECK(e, "fp8 row blocks: %p is not a registered float8 weight", (const void *)w);
+	if (e->blk)
+		return;
+	bool split = e->slice.dim >= 0;
+	take_amaxes(&e->a, e->w, e->rows, e->cols, split && e->slice.dim == 0,
+	            split && e->slice.dim == 1, split ? &e->slice : NULL);
+	e->blk = true;
+}
+
+/* Inside a scope: the declared operand that x (rows x cols) is a row block of, its first row
+ * in *r0 (every activation a float8 linear sees there must be declared). NULL outside. */
+static const struct fp8_amaxes *block_of(const float *x, int64_t rows, int64_t cols,
+                                         int64_t *r0)
+{
+	*r0 = 0;
+	if (!g_blk_on || !x)
+		return NULL;
+	for (int i = 0; i < g_blk_n; i++) {
+		const struct fp8_block_op *b = &g_blk[i];
+		if (b->cols != cols || x < b->full || x >= b->full + b->rows * cols)
+			continue;
+		int64_t off = x - b->full;
+		CHECK(off % cols == 0 && off / cols + rows <= b->rows,
+		      "fp8 row blocks: %lld rows at offset %lld leave their operand", (long long)rows,
+		      (long long)off);
+		*r0 = off / cols;
+		return &b->a;
+	}
+	CHECK(false, "fp8 row blocks: a float8 linear on an undeclared %lld x %lld operand",
+	      (long long)rows, (long long)cols);
+	return NULL;
+}
+
+/* The weight's amaxes taken for the scope, or NULL. */
+static const struct fp8_amaxes *weight_block(const struct fp8_entry *e)
+{
+	if (!g_blk_on || !e)
+		return NULL;
+	CHECK(e->blk || e->slice.dim < 0 || e->prepared,
+	      "fp8 row blocks: a split float8 weight not declared for the scope");
+	return e->blk ? &e->a : NULL;
+}
+
 /* The weight's group when `split` (the amax runs along a split dimension), else NULL. */
 static fp8_red red_if(const struct fp8_entry *e, bool split)
 {
@@ -239,13 +381,20 @@ static fp8_red red_if(const struct fp8_entry *e, bool split)
 }
 
 /* q = fp8 values of x (rows x cols) under scales of granularity g; inv[] = 1/scale (1, rows
- * or cols entries); the amaxes maximised over red's group first. */
+ * or cols entries); the amaxes maximised over red's group first, or taken from pa (x's
+ * amaxes for a row-block scope, x its rows from r0 on). */
 static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t cols,
-                  enum fp8_gran g, enum fp8_fmt f, bool pow2, fp8_red red)
+                  enum fp8_gran g, enum fp8_fmt f, bool pow2, fp8_red red,
+                  const struct fp8_amaxes *pa, int64_t r0)
 {
+	/* a row block's own rows: no group to ask (its rows are whole here) */
+	bool own_rows = pa && g == GRAN_ROWS && !pa->rows;
+	CHECK(!g_blk_on || !red || (pa && !own_rows),
+	      "fp8 row blocks: an amax would need a collective inside a ring step");
 	if (g == GRAN_TENSOR) {
-		float a = fp8_amax(x, rows * cols);
-		reduce_amax(red, &a, 1);
+		float a = pa ? pa->tensor : fp8_amax(x, rows * cols);
+		if (!pa)
+			reduce_amax(red, &a, 1);
 		float s = fp8_scale_from_amax(a, f, pow2);
 		inv[0] = 1.0f / s;
 #pragma omp parallel for schedule(static)
@@ -255,11 +404,16 @@ static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t co
 	}
 	int64_t ns = g == GRAN_ROWS ? rows : cols;
 	float *s = scratch(SCR_S, ns);
-	if (g == GRAN_ROWS)
-		fp8_amax_rows(s, x, rows, cols);
-	else
-		fp8_amax_cols(s, x, rows, cols);
-	reduce_amax(red, s, ns);
+	if (pa && !own_rows) {
+		memcpy(s, g == GRAN_ROWS ? pa->rows + r0 : pa->cols, (size_t)ns * sizeof(float));
+	} else {
+		if (g == GRAN_ROWS)
+			fp8_amax_rows(s, x, rows, cols);
+		else
+			fp8_amax_cols(s, x, rows, cols);
+		if (!pa)
+			reduce_amax(red, s, ns);
+	}
 	for (int64_t i = 0; i < ns; i++) {
 		s[i] = fp8_scale_from_amax(s[i], f, pow2);
 		inv[i] = 1.0f / s[i];
@@ -316,7 +470,7 @@ static const float *weight_tensorwise(const float *w, int64_t OC, int64_t C, boo
 		return w;
 	}
 	float *q = scratch(SCR_QB, OC * C);
-	quant(q, inv, w, OC, C, GRAN_TENSOR, FP8_E4M3, pow2, red_if(e, true));
+	quant(q, inv, w, OC, C, GRAN_TENSOR, FP8_E4M3, pow2, red_if(e, true), weight_block(e), 0);
 	return q;
 }
 
@@ -328,10 +482,12 @@ void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N,
 	const struct fp8_entry *e = fp8_find(w);
 	int dim = e ? e->slice.dim : -1;
 	fp8_red rc = red_if(e, dim == 1);
+	int64_t r0;
+	const struct fp8_amaxes *px = block_of(inp, N, C, &r0); /* inside a row-block scope */
 	float *qx = scratch(SCR_QA, N * C);
 	if (g_recipe == FP8_TENSORWISE) {
 		float ix, iw;
-		quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc);
+		quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc, px, r0);
 		const float *qw = weight_tensorwise(w, OC, C, false, &iw);
 		scaled_mm(false, true, N, OC, C, qx, C, qw, C, &ix, false, &iw, false, out,
 		          accumulate);
@@ -339,8 +495,8 @@ void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N,
 	}
 	/* rowwise, rowwise_with_gw_hp: x per row, w per row (both along C) */
 	float *ix = scratch(SCR_IA, N), *iw = scratch(SCR_IB, OC), *qw = scratch(SCR_QB, OC * C);
-	quant(qx, ix, inp, N, C, GRAN_ROWS, FP8_E4M3, true, rc);
-	quant(qw, iw, w, OC, C, GRAN_ROWS, FP8_E4M3, true, rc);
+	quant(qx, ix, inp, N, C, GRAN_ROWS, FP8_E4M3, true, rc, px, r0);
+	quant(qw, iw, w, OC, C, GRAN_ROWS, FP8_E4M3, true, rc, weight_block(e), 0);
 	scaled_mm(false, true, N, OC, C, qx, C, qw, C, ix, true, iw, true, out, accumulate);
 }
 
@@ -352,10 +508,15 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 	const struct fp8_entry *e = fp8_find(w);
 	int dim = e ? e->slice.dim : -1;
 	fp8_red rc = red_if(e, dim == 1), ro = red_if(e, dim == 0), rw = red_if(e, true);
+	/* inside a row-block scope: the amaxes taken for it (x only where it is cast) */
+	int64_t d0, x0;
+	const struct fp8_amaxes *pd = block_of(dout, N, OC, &d0), *pw = weight_block(e);
+	bool cast_x = dw && g_recipe != FP8_ROWWISE_GW_HP;
+	const struct fp8_amaxes *px = cast_x ? block_of(inp, N, C, &x0) : NULL;
 	float *qd = scratch(SCR_QA, N * OC);
 	if (g_recipe == FP8_TENSORWISE) {
 		float id, iw, ix;
-		quant(qd, &id, dout, N, OC, GRAN_TENSOR, FP8_E5M2, false, ro);
+		quant(qd, &id, dout, N, OC, GRAN_TENSOR, FP8_E5M2, false, ro, pd, d0);
 		if (dinp) {
 			const float *qw = weight_tensorwise(w, OC, C, false, &iw);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, &id, false, &iw, false, dinp,
@@ -364,7 +525,7 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		if (dw) {
 			/* qd stays in SCR_QA; x goes to QB (the weight's values are not needed now) */
 			float *qx = scratch(SCR_QB, N * C);
-			quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc);
+			quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc, px, x0);
 			scaled_mm(true, false, OC, C, N, qd, OC, qx, C, &id, false, &ix, false, dw,
 			          true);
 		}
@@ -373,15 +534,15 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 	if (dinp) {
 		/* dx(N,C) = dy(N,OC) w(OC,C): dy per row; w per column (rowwise) or tensorwise */
 		float *id = scratch(SCR_IA, N), *qw = scratch(SCR_QB, OC * C);
-		quant(qd, id, dout, N, OC, GRAN_ROWS, FP8_E4M3, true, ro);
+		quant(qd, id, dout, N, OC, GRAN_ROWS, FP8_E4M3, true, ro, pd, d0);
 		if (g_recipe == FP8_ROWWISE) {
 			float *iw = scratch(SCR_IB, C);
-			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true, ro);
+			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true, ro, pw, 0);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, iw, true, dinp,
 			          dinp_acc);
 		} else {
 			float iw;
-			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true, rw);
+			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true, rw, pw, 0);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, &iw, false, dinp,
 			          dinp_acc);
 		}
@@ -395,8 +556,8 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		/* dw(OC,C) = dy^T(OC,N) x(N,C): both per column (along N) */
 		float *id = scratch(SCR_IA, OC), *ix = scratch(SCR_IB, C),
 		      *qx = scratch(SCR_QB, N * C);
-		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true, NULL);
-		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true, NULL);
+		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true, NULL, pd, d0);
+		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true, NULL, px, x0);
 		scaled_mm(true, false, OC, C, N, qd, OC, qx, C, id, true, ix, true, dw, true);
 	}
 }

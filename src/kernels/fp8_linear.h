@@ -83,6 +83,36 @@ bool fp8_linear_is(const float *w);
 /* The buffer of w now holds fp8 values (of a tensorwise e4m3 cast with `scale`). */
 void fp8_linear_set_prepared(const float *w, float scale);
 
+/* Row blocks (async tensor parallelism). Async TP multiplies a gathered activation block by
+ * block as the blocks arrive, and computes the partial sums beside a reduce-scatter ring one
+ * block of rows at a time; on different ranks the same step holds different blocks. A scale
+ * whose amax runs along the rows (tensorwise; the rowwise weight gradient's per-column
+ * scales) must still be the whole operand's, one across a split dimension the group's, and
+ * no collective may run inside a ring step. So around a ring the caller opens a scope and
+ * declares the operands its linears will see in row blocks, with what this rank holds of
+ * them; the amaxes one rank would compute are taken (and max-reduced over the group) there,
+ * once, and the linears inside use them. Inside a scope a float8 linear on an undeclared
+ * activation, or one that would need a collective, stops the run (a bug, not an input).
+ *
+ *   fp8_block_begin() / fp8_block_end(): the scope (no nesting).
+ *   fp8_block_operand(full, rows, cols, held, held_rows, split, red): the linears will see row
+ *     blocks of full (rows x cols, row-major). split = FP8_SPLIT_ROWS: the rows are divided
+ *     over red's group and this rank holds held (held_rows of them: its token shard, gathered
+ *     into full during the ring); FP8_SPLIT_COLS: the columns are (this rank's features), held
+ *     is full itself with all its rows. red: the group's max (fp8_slice; dim unused).
+ *   fp8_block_weight(w): a registered float8 weight's amaxes taken now, with its own
+ *     reduction (fp8_slice), for the linears inside.
+ * The results equal those of one call on the whole operand: the same scales cast every block,
+ * and the fp8 values of a row do not depend on the block it is cast in. */
+enum fp8_split { FP8_SPLIT_ROWS, FP8_SPLIT_COLS };
+#define FP8_BLOCK_MAX 8
+void fp8_block_begin(void);
+void fp8_block_operand(const float *full, int64_t rows, int64_t cols, const float *held,
+                       int64_t held_rows, enum fp8_split split, const struct fp8_slice *red);
+void fp8_block_weight(const float *w);
+void fp8_block_end(void);
+bool fp8_block_active(void);
+
 /* The float8 versions of matmul_forward / matmul_backward (kernels.h): same arguments and
  * accumulation rules (forward adds into out when `accumulate`; backward adds into dw, and
  * into dinp when dinp_acc, else overwrites it: matmul_backward_set). */

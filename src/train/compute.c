@@ -86,16 +86,6 @@ static int compute_setup_float8(const struct ct_config *cfg, bool log)
 		          "(the family has no float8 linears)", cfg->model.name);
 		return CT_ERR_USAGE;
 	}
-	if (cfg->parallelism.tensor_parallel_degree > 1 &&
-	    cfg->parallelism.enable_async_tensor_parallel) {
-		LOG_ERROR("model.converters = [\"float8\"] with "
-		          "parallelism.enable_async_tensor_parallel = true: not supported (async TP "
-		          "multiplies each token block as it arrives, but a float8 scale comes from "
-		          "the amax of the whole activation, known only once every block is there; "
-		          "torchao casts before the all-gather and sends fp8 activations, which "
-		          "ctitan does not); use plain TP");
-		return CT_ERR_USAGE;
-	}
 	if (!q->emulate) {
 		LOG_ERROR("quantize.linear.float8.emulate = false: no fp8 matmul hardware on the CPUs "
 		          "ctitan runs on; float8 compute is emulated (set it to true)");

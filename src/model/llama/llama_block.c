@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "kernels/fp8_linear.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
 #include "model/llama/llama_impl.h"
@@ -392,38 +393,101 @@ static void rb_dxqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t
 	matmul_backward_f32(out, NULL, m->dv + r0 * d->KVD, NULL, c->w.wv, n, d->C, d->KVD);
 }
 
+/* Float8 linears beside a ring (kernels/fp8_linear.h, row blocks): the operands its callback
+ * multiplies in row blocks, and the weights, declared before the ring with the amaxes one
+ * rank would take (max-reduced over the TP group: the gathered ones hold a token shard here,
+ * the others this rank's features). Every TP rank declares the same, in the same order. */
+enum ring_uses {
+	RU_XN = 1u << 0,   /* the norm output, gathered into tpb->xg */
+	RU_DRES = 1u << 1, /* the residual gradient, gathered into tpb->part */
+	RU_ATT = 1u << 2,
+	RU_GATE = 1u << 3,
+	RU_DQKV = 1u << 4,
+	RU_DH13 = 1u << 5,
+	RU_WQKV = 1u << 6,
+	RU_WO = 1u << 7,
+	RU_W13 = 1u << 8,
+	RU_W2 = 1u << 9,
+};
+
+static bool ring_fp8_begin(struct llama_model *m, const struct blk *c, unsigned uses)
+{
+	if (!fp8_linear_enabled())
+		return false;
+	const struct llama_dims *d = &c->d;
+	const struct fp8_slice red = {
+	    .dim = -1, .max_f32 = m->tp->all_reduce_max_f32, .ctx = m->tp->ctx};
+	int64_t r0 = m->tp->rank * m->Ns, held = m->N - r0 < m->Ns ? m->N - r0 : m->Ns;
+	held = held > 0 ? held : 0; /* this rank's real token rows (the last may be padding) */
+	const struct {
+		unsigned use;
+		const float *x;
+		int64_t cols;
+	} local[] = {{RU_ATT, c->a->att, d->HD}, {RU_GATE, m->gate, d->F}, {RU_DQKV, m->dq, d->HD},
+	             {RU_DQKV, m->dk, d->KVD},   {RU_DQKV, m->dv, d->KVD},  {RU_DH13, m->dh1, d->F},
+	             {RU_DH13, m->dh3, d->F}};
+	const struct {
+		unsigned use;
+		const float *w;
+	} weights[] = {{RU_WQKV, c->w.wq}, {RU_WQKV, c->w.wk}, {RU_WQKV, c->w.wv},
+	               {RU_WO, c->w.wo},   {RU_W13, c->w.w1},  {RU_W13, c->w.w3},
+	               {RU_W2, c->w.w2}};
+	fp8_block_begin();
+	if (uses & RU_XN)
+		fp8_block_operand(m->tpb->xg, d->N, d->C, m->xn, held, FP8_SPLIT_ROWS, &red);
+	if (uses & RU_DRES)
+		fp8_block_operand(m->tpb->part, d->N, d->C, m->dres, held, FP8_SPLIT_ROWS, &red);
+	for (size_t i = 0; i < sizeof(local) / sizeof(local[0]); i++)
+		if (uses & local[i].use)
+			fp8_block_operand(local[i].x, d->N, local[i].cols, local[i].x, d->N,
+			                  FP8_SPLIT_COLS, &red);
+	for (size_t i = 0; i < sizeof(weights) / sizeof(weights[0]); i++)
+		if ((uses & weights[i].use) && fp8_linear_is(weights[i].w))
+			fp8_block_weight(weights[i].w);
+	return true;
+}
+
 /* the ring collectives: a gather or reduce-scatter with the callback beside it */
-#define RING_GATHER(name, src, dst, fn)                                                            \
+#define RING_GATHER(name, src, dst, fn, uses)                                                      \
 	static bool name(struct llama_model *m, int l)                                             \
 	{                                                                                          \
 		struct blk c = blk_of(m, l);                                                       \
+		bool f8 = ring_fp8_begin(m, &c, uses);                                             \
 		llama_tp_ring_gather(m, src, dst, fn, &c);                                         \
+		if (f8)                                                                            \
+			fp8_block_end();                                                           \
 		return true;                                                                       \
 	}
-#define RING_REDUCE_SCATTER(name, fn)                                                              \
+#define RING_REDUCE_SCATTER(name, fn, uses)                                                        \
 	static bool name(struct llama_model *m, int l)                                             \
 	{                                                                                          \
 		struct blk c = blk_of(m, l);                                                       \
+		bool f8 = ring_fp8_begin(m, &c, uses);                                             \
 		llama_tp_ring_reduce_scatter(m, m->tpb->rs_out, fn, &c);                           \
+		if (f8)                                                                            \
+			fp8_block_end();                                                           \
 		return true;                                                                       \
 	}
 
-RING_GATHER(r_ag_qkv, m->xn, m->tpb->xg, rf_qkv)
-RING_REDUCE_SCATTER(r_rs_wo, rf_wo)
-RING_GATHER(r_ag_w13, m->xn, m->tpb->xg, rf_w13)
-RING_REDUCE_SCATTER(r_rs_w2, rf_w2)
-RING_GATHER(r_ag_dres_w2, m->dres, m->tpb->part, rb_w2)
-RING_GATHER(r_ag_dw13, m->xn, m->tpb->xg, rb_dw13)
-RING_REDUCE_SCATTER(r_rs_dx13, rb_dx13)
-RING_GATHER(r_ag_dwqkv, m->xn, m->tpb->xg, rb_dwqkv)
-RING_REDUCE_SCATTER(r_rs_dxqkv, rb_dxqkv)
+RING_GATHER(r_ag_qkv, m->xn, m->tpb->xg, rf_qkv, RU_XN | RU_WQKV)
+RING_REDUCE_SCATTER(r_rs_wo, rf_wo, RU_ATT | RU_WO)
+RING_GATHER(r_ag_w13, m->xn, m->tpb->xg, rf_w13, RU_XN | RU_W13)
+RING_REDUCE_SCATTER(r_rs_w2, rf_w2, RU_GATE | RU_W2)
+RING_GATHER(r_ag_dres_w2, m->dres, m->tpb->part, rb_w2, RU_DRES | RU_GATE | RU_W2)
+RING_GATHER(r_ag_dw13, m->xn, m->tpb->xg, rb_dw13, RU_XN | RU_DH13 | RU_W13)
+RING_REDUCE_SCATTER(r_rs_dx13, rb_dx13, RU_DH13 | RU_W13)
+RING_GATHER(r_ag_dwqkv, m->xn, m->tpb->xg, rb_dwqkv, RU_XN | RU_DQKV | RU_WQKV)
+RING_REDUCE_SCATTER(r_rs_dxqkv, rb_dxqkv, RU_DQKV | RU_WQKV)
 
 /* wo's input gradient accumulates over the ring's blocks: zero it first */
 static bool r_ag_dres_wo(struct llama_model *m, int l)
 {
 	struct blk c = blk_of(m, l);
 	memset(m->datt, 0, (size_t)(c.d.N * c.d.HD) * sizeof(float));
+	bool f8 = ring_fp8_begin(m, &c, RU_DRES | RU_ATT | RU_WO);
 	llama_tp_ring_gather(m, m->dres, m->tpb->part, rb_wo, &c);
+	if (f8)
+		fp8_block_end();
 	return true;
 }
 
