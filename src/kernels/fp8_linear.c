@@ -364,6 +364,15 @@ static const struct fp8_amaxes *block_of(const float *x, int64_t rows, int64_t c
 	return NULL;
 }
 
+float fp8_block_amax(const float *full)
+{
+	for (int i = 0; i < g_blk_n; i++)
+		if (g_blk[i].full == full)
+			return g_blk[i].a.tensor;
+	CHECK(false, "fp8 row blocks: %p was not declared", (const void *)full);
+	return 0.0f;
+}
+
 /* The weight's amaxes taken for the scope, or NULL. */
 static const struct fp8_amaxes *weight_block(const struct fp8_entry *e)
 {

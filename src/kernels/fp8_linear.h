@@ -112,6 +112,9 @@ void fp8_block_operand(const float *full, int64_t rows, int64_t cols, const floa
 void fp8_block_weight(const float *w);
 void fp8_block_end(void);
 bool fp8_block_active(void);
+/* The tensorwise amax taken for the declared operand `full` (a gather's fp8 wire casts the
+ * shard with it). */
+float fp8_block_amax(const float *full);
 
 /* The float8 versions of matmul_forward / matmul_backward (kernels.h): same arguments and
  * accumulation rules (forward adds into out when `accumulate`; backward adds into dw, and

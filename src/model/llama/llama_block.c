@@ -447,13 +447,38 @@ static bool ring_fp8_begin(struct llama_model *m, const struct blk *c, unsigned 
 	return true;
 }
 
+/* A gathering ring's wire (llama_tp_comm.c, fp8 on the wire): fp8 when every weight it
+ * feeds is a tensorwise float8 linear, cast with the amax declared for the gathered operand;
+ * NULL (fp32) otherwise. */
+static const struct llama_tp_wire *ring_wire(struct llama_model *m, const struct blk *c,
+                                             unsigned uses, const float *full,
+                                             struct llama_tp_wire *out)
+{
+	const float *ws[3];
+	int n = 0;
+	if (uses & RU_WQKV)
+		ws[n++] = c->w.wq, ws[n++] = c->w.wk, ws[n++] = c->w.wv;
+	else if (uses & RU_W13)
+		ws[n++] = c->w.w1, ws[n++] = c->w.w3;
+	else if (uses & RU_W2)
+		ws[n++] = c->w.w2;
+	else if (uses & RU_WO)
+		ws[n++] = c->w.wo;
+	if (!fp8_block_active() || !llama_tp_fp8_wire(m, ws, n))
+		return NULL;
+	out->fmt = full == m->tpb->part ? FP8_E5M2 : FP8_E4M3; /* a gradient, or the norm output */
+	out->scale = fp8_scale_from_amax(fp8_block_amax(full), out->fmt, false);
+	return out;
+}
+
 /* the ring collectives: a gather or reduce-scatter with the callback beside it */
 #define RING_GATHER(name, src, dst, fn, uses)                                                      \
 	static bool name(struct llama_model *m, int l)                                             \
 	{                                                                                          \
 		struct blk c = blk_of(m, l);                                                       \
+		struct llama_tp_wire w;                                                            \
 		bool f8 = ring_fp8_begin(m, &c, uses);                                             \
-		llama_tp_ring_gather(m, src, dst, fn, &c);                                         \
+		llama_tp_ring_gather(m, src, dst, fn, &c, ring_wire(m, &c, uses, dst, &w));        \
 		if (f8)                                                                            \
 			fp8_block_end();                                                           \
 		return true;                                                                       \
@@ -484,8 +509,11 @@ static bool r_ag_dres_wo(struct llama_model *m, int l)
 {
 	struct blk c = blk_of(m, l);
 	memset(m->datt, 0, (size_t)(c.d.N * c.d.HD) * sizeof(float));
-	bool f8 = ring_fp8_begin(m, &c, RU_DRES | RU_ATT | RU_WO);
-	llama_tp_ring_gather(m, m->dres, m->tpb->part, rb_wo, &c);
+	const unsigned uses = RU_DRES | RU_ATT | RU_WO;
+	struct llama_tp_wire w;
+	bool f8 = ring_fp8_begin(m, &c, uses);
+	llama_tp_ring_gather(m, m->dres, m->tpb->part, rb_wo, &c,
+	                     ring_wire(m, &c, uses, m->tpb->part, &w));
 	if (f8)
 		fp8_block_end();
 	return true;
@@ -585,8 +613,9 @@ void llama_block_backward_weight(struct llama_model *m, int l, const struct llam
 #define RRS LLAMA_RRS
 
 static const struct llama_op block_fwd[] = {
-    SEG(f_norm1),      AG(llama_c_ag_xn), SEG(f_attn),         RS(llama_c_rs_part), SEG(f_mid),
-    AG(llama_c_ag_xn), SEG(f_ffn),        RS(llama_c_rs_part), SEG(f_out)};
+    SEG(f_norm1),           AG(llama_c_ag_xn_attn), SEG(f_attn),         RS(llama_c_rs_part),
+    SEG(f_mid),             AG(llama_c_ag_xn_ffn),  SEG(f_ffn),          RS(llama_c_rs_part),
+    SEG(f_out)};
 static const struct llama_op block_fwd_async[] = {
     SEG(f_norm1), RAG(r_ag_qkv, LLAMA_MM_QKV), SEG(f_attn_core), RRS(r_rs_wo, LLAMA_MM_WO),
     SEG(f_mid),   RAG(r_ag_w13, LLAMA_MM_W13), SEG(f_swiglu),    RRS(r_rs_w2, LLAMA_MM_W2),
@@ -594,17 +623,17 @@ static const struct llama_op block_fwd_async[] = {
 
 static const struct llama_op block_bwd[] = {
     SEG(NULL),
-    AG(llama_c_ag_dres),
+    AG(llama_c_ag_dres_w2),
     SEG(b_norm2),
-    AG(llama_c_ag_xn),
+    AG(llama_c_ag_xn_ffn),
     SEG(b_ffn),
     RS(llama_c_rs_part),
     SEG(b_ffn_norm),
     AGN(llama_c_ag_dnorm),
     SEG(b_ffn_norm_sum),
-    AG(llama_c_ag_dres),
+    AG(llama_c_ag_dres_wo),
     SEG(b_attn),
-    AG(llama_c_ag_xn),
+    AG(llama_c_ag_xn_attn),
     SEG(b_qkv),
     RS(llama_c_rs_part),
     SEG(b_attn_norm),
@@ -632,8 +661,8 @@ static const struct llama_op block_bwd_async[] = {
 };
 
 static const struct llama_op block_rec_selective[] = {
-    SEG(f_norm1), AG(llama_c_ag_xn), SEG(s_k_wo), RS(llama_c_rs_part),
-    SEG(f_mid),   AG(llama_c_ag_xn), SEG(s_w3)};
+    SEG(f_norm1), AG(llama_c_ag_xn_attn), SEG(s_k_wo), RS(llama_c_rs_part),
+    SEG(f_mid),   AG(llama_c_ag_xn_ffn),  SEG(s_w3)};
 
 struct llama_prog llama_block_prog(bool async, enum model_ac ac, enum model_pass p)
 {

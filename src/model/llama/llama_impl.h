@@ -17,6 +17,7 @@
 #ifndef CT_MODEL_LLAMA_IMPL_H
 #define CT_MODEL_LLAMA_IMPL_H
 
+#include "base/fp8.h"
 #include "model/llama/llama.h"
 #include "model/model_group.h"
 #include "model/model_prog.h"
@@ -147,6 +148,7 @@ struct llama_tp_bufs {
 	float *dnorm;      /* (tp, C): a norm weight's gradient from every rank */
 	float *stat;       /* 3 * ce_rows: row max, sum of exponentials, target logit */
 	float *ring;       /* async: 3 * Ns * C (two partial sums in flight, one received) */
+	uint8_t *w8;       /* tensorwise float8: Np * C + Ns * C bytes, the fp8 wire */
 	size_t bytes;
 	bool async; /* ring steps instead of the block's all-gathers and reduce-scatters */
 };
@@ -186,8 +188,16 @@ void llama_tp_reduce_scatter(struct llama_model *m, float *part, float *out);
  * [r0, r0 + n) of the matmul beside the collective. */
 typedef void (*llama_tp_ring_fn)(struct llama_model *m, const void *ctx, int64_t r0, int64_t n,
                                  float *out);
+/* wire: NULL (fp32), or the fp8 format and scale the shard travels in (tpb->w8) */
+struct llama_tp_wire {
+	enum fp8_fmt fmt;
+	float scale;
+};
 void llama_tp_ring_gather(struct llama_model *m, const float *shard, float *full,
-                          llama_tp_ring_fn fn, const void *ctx);
+                          llama_tp_ring_fn fn, const void *ctx, const struct llama_tp_wire *wire);
+/* Whether block l's linears ws[0..n) all take fp8 inputs over the wire (tensorwise float8
+ * under TP: the gathers that feed only them carry fp8, llama_tp_comm.c). */
+bool llama_tp_fp8_wire(const struct llama_model *m, const float *const *ws, int n);
 void llama_tp_ring_reduce_scatter(struct llama_model *m, float *out, llama_tp_ring_fn fn,
                                   const void *ctx);
 
@@ -196,6 +206,12 @@ void llama_tp_ring_reduce_scatter(struct llama_model *m, float *out, llama_tp_ri
  * reduce-scattered, a norm weight's partial gradients gathered. */
 bool llama_c_ag_xn(struct llama_model *m, int l);
 bool llama_c_ag_dres(struct llama_model *m, int l);
+/* The same for block l's float8 linears: into wq/wk/wv, into w1/w3, into w2's backward and
+ * into wo's (fp8 on the wire when every one of them is a tensorwise float8 linear). */
+bool llama_c_ag_xn_attn(struct llama_model *m, int l);
+bool llama_c_ag_xn_ffn(struct llama_model *m, int l);
+bool llama_c_ag_dres_w2(struct llama_model *m, int l);
+bool llama_c_ag_dres_wo(struct llama_model *m, int l);
 bool llama_c_rs_part(struct llama_model *m, int l);
 bool llama_c_ag_dnorm(struct llama_model *m, int l);
 

@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/fp8_linear.h"
 #include "kernels/kernels.h"
 #include "model/llama/llama_impl.h"
 #include "model/model_group.h"
@@ -32,6 +33,8 @@ void llama_tp_build(struct llama_model *m, const struct llama_build_opts *opts)
 	b->stat = b->dnorm + S * C;
 	b->ring = opts->tp_async ? b->stat + 3 * m->ce_rows : NULL;
 	b->async = opts->tp_async;
+	if (fp8_linear_enabled() && fp8_linear_recipe() == FP8_TENSORWISE)
+		b->w8 = mem_alloc(MEM_OTHER, (size_t)((Np + Ns) * C));
 	m->tpb = b;
 }
 
@@ -40,6 +43,8 @@ void llama_tp_free(struct llama_model *m)
 	if (!m->tpb)
 		return;
 	mem_free(MEM_ACTIVATIONS, m->tpb->xg, m->tpb->bytes);
+	if (m->tpb->w8)
+		mem_free(MEM_OTHER, m->tpb->w8, (size_t)((m->Np + m->Ns) * m->cfg.dim));
 	free(m->tpb);
 	m->tpb = NULL;
 }
@@ -83,6 +88,97 @@ bool llama_c_ag_dres(struct llama_model *m, int l)
 	(void)l;
 	llama_tp_gather(m, m->dres, m->tpb->part);
 	return true;
+}
+
+/* ---------------------------------------------------------------- fp8 on the wire
+ *
+ * Under the tensorwise float8 recipe an all-gather whose gathered activation feeds only
+ * float8 linears carries fp8 (torchao's float8 tensor parallelism casts before the
+ * all-gather): the norm output into wq/wk/wv and into w1/w3 in e4m3, the residual gradient
+ * into w2's and wo's backward in e5m2. A rank casts its token shard with the scale of the
+ * whole activation (its real rows' amax max-reduced over the group: what one rank's linear
+ * takes), one byte per value travels instead of four, and every block is decoded into the
+ * gathered buffer as value / scale. The linears cast those values again with that tensorwise
+ * amax (up to the rounding of the scale), which gives back the same fp8 values: they lie on
+ * the grid. The rowwise recipes gather fp32, as torchao: their weight gradient casts the
+ * activation again with per-column scales, which fp8-rounded rows would change. */
+
+bool llama_tp_fp8_wire(const struct llama_model *m, const float *const *ws, int n)
+{
+	if (!m->tp || !m->tpb->w8)
+		return false;
+	for (int i = 0; i < n; i++)
+		if (!fp8_linear_is(ws[i]))
+			return false;
+	return true;
+}
+
+/* This rank's real token rows of the Ns it holds (the last rank's may be padding). */
+static int64_t held_rows(const struct llama_model *m)
+{
+	int64_t n = m->N - (int64_t)m->tp->rank * m->Ns;
+	return n < 0 ? 0 : (n < m->Ns ? n : m->Ns);
+}
+
+/* The wire of a gather of shard: the scale of the whole activation (see above). */
+static struct llama_tp_wire wire_of(struct llama_model *m, const float *shard, enum fp8_fmt fmt)
+{
+	int64_t h = held_rows(m);
+	float a = h > 0 ? fp8_amax(shard, h * m->cfg.dim) : 0.0f;
+	m->tp->all_reduce_max_f32(m->tp->ctx, &a, 1);
+	return (struct llama_tp_wire){.fmt = fmt, .scale = fp8_scale_from_amax(a, fmt, false)};
+}
+
+static void wire_decode(const struct llama_tp_wire *w, float *out, const uint8_t *q, int64_t n)
+{
+	fp8_dequantize(out, q, n, 1.0f / w->scale, w->fmt);
+}
+
+/* As llama_tp_gather, the shard travelling as fp8 under wire. */
+static void gather_fp8(struct llama_model *m, const float *shard, float *full,
+                       const struct llama_tp_wire *w)
+{
+	int64_t blk = m->Ns * m->cfg.dim;
+	uint8_t *mine = m->tpb->w8 + m->Np * m->cfg.dim, *all = m->tpb->w8;
+	fp8_quantize(mine, shard, blk, w->scale, w->fmt);
+	m->tp->all_gather(m->tp->ctx, mine, all, blk, true);
+	wire_decode(w, full, all, m->Np * m->cfg.dim);
+}
+
+static bool ag_block(struct llama_model *m, int l, const float *shard, float *full, int which)
+{
+	const struct llama_block_ptrs w = llama_block_ptrs_of(m, m->unit_w, l);
+	const float *attn[] = {w.wq, w.wk, w.wv}, *ffn[] = {w.w1, w.w3}, *w2[] = {w.w2},
+	            *wo[] = {w.wo};
+	const float *const *ws[] = {attn, ffn, w2, wo};
+	const int n[] = {3, 2, 1, 1};
+	if (!llama_tp_fp8_wire(m, ws[which], n[which])) {
+		llama_tp_gather(m, shard, full);
+		return true;
+	}
+	const struct llama_tp_wire wire = wire_of(m, shard, which < 2 ? FP8_E4M3 : FP8_E5M2);
+	gather_fp8(m, shard, full, &wire);
+	return true;
+}
+
+bool llama_c_ag_xn_attn(struct llama_model *m, int l)
+{
+	return ag_block(m, l, m->xn, m->tpb->xg, 0);
+}
+
+bool llama_c_ag_xn_ffn(struct llama_model *m, int l)
+{
+	return ag_block(m, l, m->xn, m->tpb->xg, 1);
+}
+
+bool llama_c_ag_dres_w2(struct llama_model *m, int l)
+{
+	return ag_block(m, l, m->dres, m->tpb->part, 2);
+}
+
+bool llama_c_ag_dres_wo(struct llama_model *m, int l)
+{
+	return ag_block(m, l, m->dres, m->tpb->part, 3);
 }
 
 /* row-parallel partial sums */
@@ -149,18 +245,29 @@ static int64_t block_rows(const struct llama_model *m, int64_t blk, int64_t *r0)
 }
 
 /* full(Np, C) = every rank's shard (as sp_gather); fn(m, ctx, r0, n, NULL) runs on each
- * block of real rows as soon as it is here. */
+ * block of real rows as soon as it is here. With a wire the blocks travel as fp8 in tpb->w8
+ * and each is decoded into full when it is here. */
 void llama_tp_ring_gather(struct llama_model *m, const float *shard, float *full,
-                          llama_tp_ring_fn fn, const void *ctx)
+                          llama_tp_ring_fn fn, const void *ctx, const struct llama_tp_wire *wire)
 {
 	int64_t C = m->cfg.dim, S = m->tp->size, R = m->tp->rank, blk = m->Ns * C;
-	int64_t bytes = blk * (int64_t)sizeof(float);
-	memcpy(full + R * blk, shard, (size_t)bytes);
+	int64_t bytes = blk * (int64_t)(wire ? 1 : sizeof(float));
+	uint8_t *w8 = wire ? m->tpb->w8 : NULL;
+	if (wire)
+		fp8_quantize(w8 + R * blk, shard, blk, wire->scale, wire->fmt);
+	else
+		memcpy(full + R * blk, shard, (size_t)bytes);
 	for (int64_t k = 0; k < S; k++) {
 		int64_t have = (R - k + S) % S, next = (R - k - 1 + S) % S, r0;
-		if (k < S - 1)
-			m->tp->ring_post(m->tp->ctx, full + have * blk, full + next * blk, bytes,
-			                 (int)k, "async TP all-gather ring step");
+		if (k < S - 1) {
+			const void *send = wire ? (const void *)(w8 + have * blk)
+			                        : (const void *)(full + have * blk);
+			void *recv = wire ? (void *)(w8 + next * blk) : (void *)(full + next * blk);
+			m->tp->ring_post(m->tp->ctx, send, recv, bytes, (int)k,
+			                 "async TP all-gather ring step");
+		}
+		if (wire)
+			wire_decode(wire, full + have * blk, w8 + have * blk, blk);
 		int64_t n = block_rows(m, have, &r0);
 		if (fn && n > 0)
 			fn(m, ctx, r0, n, NULL);
