@@ -417,8 +417,7 @@ static bool ring_fp8_begin(struct llama_model *m, const struct blk *c, unsigned 
 	const struct llama_dims *d = &c->d;
 	const struct fp8_slice red = {
 	    .dim = -1, .max_f32 = m->tp->all_reduce_max_f32, .ctx = m->tp->ctx};
-	int64_t r0 = m->tp->rank * m->Ns, held = m->N - r0 < m->Ns ? m->N - r0 : m->Ns;
-	held = held > 0 ? held : 0; /* this rank's real token rows (the last may be padding) */
+	int64_t held = llama_tp_held_rows(m);
 	const struct {
 		unsigned use;
 		const float *x;

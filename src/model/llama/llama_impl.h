@@ -198,6 +198,8 @@ void llama_tp_ring_gather(struct llama_model *m, const float *shard, float *full
 /* Whether block l's linears ws[0..n) all take fp8 inputs over the wire (tensorwise float8
  * under TP: the gathers that feed only them carry fp8, llama_tp_comm.c). */
 bool llama_tp_fp8_wire(const struct llama_model *m, const float *const *ws, int n);
+/* This rank's real token rows of the Ns it holds (the last rank's may be padding). */
+int64_t llama_tp_held_rows(const struct llama_model *m);
 void llama_tp_ring_reduce_scatter(struct llama_model *m, float *out, llama_tp_ring_fn fn,
                                   const void *ctx);
 

@@ -113,17 +113,18 @@ bool llama_tp_fp8_wire(const struct llama_model *m, const float *const *ws, int 
 	return true;
 }
 
-/* This rank's real token rows of the Ns it holds (the last rank's may be padding). */
-static int64_t held_rows(const struct llama_model *m)
+static int64_t block_rows(const struct llama_model *m, int64_t blk, int64_t *r0);
+
+int64_t llama_tp_held_rows(const struct llama_model *m)
 {
-	int64_t n = m->N - (int64_t)m->tp->rank * m->Ns;
-	return n < 0 ? 0 : (n < m->Ns ? n : m->Ns);
+	int64_t r0, n = block_rows(m, m->tp->rank, &r0);
+	return n > 0 ? n : 0;
 }
 
 /* The wire of a gather of shard: the scale of the whole activation (see above). */
 static struct llama_tp_wire wire_of(struct llama_model *m, const float *shard, enum fp8_fmt fmt)
 {
-	int64_t h = held_rows(m);
+	int64_t h = llama_tp_held_rows(m);
 	float a = h > 0 ? fp8_amax(shard, h * m->cfg.dim) : 0.0f;
 	m->tp->all_reduce_max_f32(m->tp->ctx, &a, 1);
 	return (struct llama_tp_wire){.fmt = fmt, .scale = fp8_scale_from_amax(a, fmt, false)};
