@@ -151,9 +151,6 @@ RULES = [
     ("hyena-float8", lambda c: c["family"] == "hyena" and is_f8(c["precision"]),
      "Hyena has no float8 linears (only Llama's linears are torchao-converted)",
      "the family has no float8 linears"),
-    ("hyena-ac", lambda c: c["family"] == "hyena" and c["ac"] != "none",
-     "Hyena saves every activation: it has no recompute pass to checkpoint",
-     "every activation"),
     ("hyena-cp", lambda c: c["family"] == "hyena" and is_cp(c["layout"]),
      "Hyena's long convolution mixes every position with every earlier one through an FFT "
      "over the whole sequence: a sequence shard cannot be computed from its own tokens and a "

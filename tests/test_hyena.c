@@ -323,6 +323,82 @@ TEST_CASE(test_accumulation_and_determinism)
 	free(tgt);
 }
 
+/* One forward + backward of m on its batch; the gradient left in m->grads. */
+static double fwd_bwd(struct hyena_model *m)
+{
+	memset(m->grads, 0, (size_t)m->table.numel * sizeof(float));
+	m->loss_dscale = 1.0 / (double)m->N;
+	int64_t valid;
+	double loss = hyena_forward(m, &valid);
+	hyena_backward(m, 1.0 / (double)m->N);
+	return loss;
+}
+
+/* Activation checkpointing: every mode (ffn, selective, full, every 2nd block full) gives the
+ * gradients of "none" bitwise (the recompute runs the forward's kernels on the same inputs),
+ * through the model interface's recompute hooks as well, and keeps fewer activations. */
+TEST_CASE(test_activation_checkpointing)
+{
+	struct hyena_config c;
+	tiny_config(&c, 3, 24);
+	c.dim = 16;
+	c.n_layers = 4;
+	int64_t B = 2, T = 24;
+	struct {
+		enum model_ac ac;
+		int every;
+		const char *name;
+	} modes[] = {{MODEL_AC_NONE, 0, "none"},
+	             {MODEL_AC_FFN, 0, "ffn"},
+	             {MODEL_AC_SELECTIVE, 0, "selective"},
+	             {MODEL_AC_FULL, 0, "full"},
+	             {MODEL_AC_LAYER, 2, "layer2"}};
+	struct hyena_model ref;
+	const struct hyena_build_opts o0 = {.own_params = true};
+	CHECK(hyena_build(&ref, &c, B, T, &o0) == CT_OK, "build");
+	int64_t n = ref.table.numel;
+	hyena_init_params(&ref.cfg, &ref.table, test_seed(), ref.params, 0, n);
+	rand_batch(ref.tokens, ref.targets, ref.N, c.vocab_size, true);
+	double l0 = fwd_bwd(&ref);
+	int64_t prev = ref.act_bytes;
+	for (size_t i = 1; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		struct hyena_model m;
+		const struct hyena_build_opts o = {
+		    .own_params = true, .ac = modes[i].ac, .ac_every = modes[i].every};
+		CHECK(hyena_build(&m, &c, B, T, &o) == CT_OK, "build %s", modes[i].name);
+		memcpy(m.params, ref.params, (size_t)n * sizeof(float));
+		memcpy(m.tokens, ref.tokens, (size_t)(2 * m.N) * sizeof(int32_t));
+		double l = fwd_bwd(&m);
+		EXPECT(l == l0, "%s: loss %.9g vs %.9g", modes[i].name, l, l0);
+		EXPECT(memcmp(m.grads, ref.grads, (size_t)n * sizeof(float)) == 0,
+		       "%s: gradients differ from none (rel %.3e)", modes[i].name,
+		       rel_err_f32(m.grads, ref.grads, n));
+		/* the same through the model interface: a step's recompute hooks */
+		struct model mm;
+		model_wrap_hyena(&mm, &m);
+		EXPECT(mm.ac == modes[i].ac, "%s: the model says ac %d", modes[i].name, (int)mm.ac);
+		int recomputed = 0;
+		for (int u = 0; u < mm.n_units; u++)
+			recomputed += model_unit_needs_recompute(&mm, u);
+		int expect = modes[i].ac == MODEL_AC_FULL || modes[i].ac == MODEL_AC_SELECTIVE
+		                 ? (int)c.n_layers
+		                 : modes[i].ac == MODEL_AC_LAYER ? (int)c.n_layers / 2 : 0;
+		EXPECT(recomputed == expect, "%s: %d units recompute, expected %d", modes[i].name,
+		       recomputed, expect);
+		fprintf(stderr, "  %-9s activations %7lld bytes (none %lld): %.2fx\n", modes[i].name,
+		        (long long)m.act_bytes, (long long)ref.act_bytes,
+		        (double)m.act_bytes / (double)ref.act_bytes);
+		EXPECT(m.act_bytes < ref.act_bytes, "%s: %lld activation bytes, none %lld",
+		       modes[i].name, (long long)m.act_bytes, (long long)ref.act_bytes);
+		if (modes[i].ac != MODEL_AC_LAYER) /* ffn > selective > full */
+			EXPECT(m.act_bytes < prev, "%s keeps %lld bytes, the previous mode %lld",
+			       modes[i].name, (long long)m.act_bytes, (long long)prev);
+		prev = modes[i].ac != MODEL_AC_LAYER ? m.act_bytes : prev;
+		hyena_free(&m);
+	}
+	hyena_free(&ref);
+}
+
 TEST_CASE(test_overfit_one_batch)
 {
 	struct hyena_config c;
@@ -529,6 +605,7 @@ int main(int argc, char **argv)
 		RUN(test_filter_compute);
 		RUN(test_accumulation_and_determinism);
 		RUN(test_overfit_one_batch);
+		RUN(test_activation_checkpointing);
 	}
 	if (only_ref || (argc > 1 && strcmp(argv[1], "--all") == 0)) {
 		RUN(test_reference_order3);

@@ -298,27 +298,73 @@ static int64_t carve(int64_t *off, int64_t n)
 	return at;
 }
 
-static void plan_acts(struct hyena_model *m, int64_t *off)
+/* The activations a block under checkpointing mode b does not keep (they live in the set all
+ * such blocks share): hyena_build_opts says what each mode keeps. */
+enum { HA_STAT1 = 1, HA_P = 2, HA_MIX = 4, HA_MID = 8, HA_A = 16, HA_FILT = 32 };
+
+static int dropped(enum model_ac b)
+{
+	switch (b) {
+	case MODEL_AC_FULL:
+		return HA_STAT1 | HA_P | HA_MIX | HA_MID | HA_A | HA_FILT;
+	case MODEL_AC_SELECTIVE:
+		return HA_MIX | HA_FILT;
+	case MODEL_AC_FFN:
+		return HA_A;
+	default:
+		return 0;
+	}
+}
+
+/* Carve the fields of a in mask (the others left as they are). */
+static void carve_block(const struct hyena_model *m, struct hyena_block_acts *a, int mask,
+                        int64_t *off)
 {
 	const struct hyena_config *c = &m->cfg;
 	int64_t Nt = m->N, T = m->T, D = c->dim, P = (c->order + 1) * D;
-	int64_t Cf = (c->order - 1) * D, V = c->vocab_size;
-	for (int l = 0; l < c->n_layers; l++) {
-		struct hyena_block_acts *a = &m->blk[l];
-		a->x = carve(off, Nt * D);
+	int64_t Cf = (c->order - 1) * D;
+	if (mask & HA_STAT1) {
 		a->mean1 = carve(off, Nt);
 		a->rstd1 = carve(off, Nt);
+	}
+	if (mask & HA_P)
 		a->p = carve(off, Nt * P);
+	if (mask & HA_MIX) {
 		a->pc = carve(off, Nt * P);
 		a->g = carve(off, (c->order - 1) * Nt * D);
 		a->v = carve(off, (c->order - 1) * Nt * D);
 		a->y = carve(off, Nt * D);
+	}
+	if (mask & HA_MID) {
 		a->xmid = carve(off, Nt * D);
 		a->mean2 = carve(off, Nt);
 		a->rstd2 = carve(off, Nt);
+	}
+	if (mask & HA_A)
 		a->a = carve(off, Nt * c->ffn_hidden);
+	if (mask & HA_FILT) {
 		a->fa = carve(off, 6 * T * c->filter_order);
 		a->Hf = carve(off, Cf * fftconv_spectrum_stride(T));
+	}
+}
+
+static void plan_acts(struct hyena_model *m, int64_t *off)
+{
+	const struct hyena_config *c = &m->cfg;
+	int64_t Nt = m->N, T = m->T, D = c->dim;
+	int64_t Cf = (c->order - 1) * D, V = c->vocab_size;
+	const int all = HA_STAT1 | HA_P | HA_MIX | HA_MID | HA_A | HA_FILT;
+	int shared = 0;
+	for (int l = 0; l < c->n_layers; l++)
+		shared |= dropped(model_ac_block(m->ac, m->ac_every, l));
+	struct hyena_block_acts sh = {0};
+	carve_block(m, &sh, shared, off);
+	for (int l = 0; l < c->n_layers; l++) {
+		struct hyena_block_acts *a = &m->blk[l];
+		int d = dropped(model_ac_block(m->ac, m->ac_every, l));
+		*a = sh;
+		a->x = carve(off, Nt * D);
+		carve_block(m, a, all & ~d, off);
 	}
 	m->x_final = carve(off, Nt * D);
 	m->mean_f = carve(off, Nt);
@@ -376,6 +422,11 @@ int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, 
 	m->f64 = opts->f64;
 	m->own_params = opts->own_params;
 	m->nthreads = opts->nthreads;
+	m->ac = opts->ac;
+	m->ac_every = opts->ac_every;
+	CHECK(m->ac >= MODEL_AC_NONE && m->ac < MODEL_AC_COUNT &&
+	          (m->ac != MODEL_AC_LAYER || m->ac_every > 0),
+	      "hyena: activation checkpointing mode %d (every %d)", (int)m->ac, m->ac_every);
 #ifdef _OPENMP
 	if (m->nthreads <= 0)
 		m->nthreads = omp_get_max_threads();
@@ -475,6 +526,22 @@ void hyena_unit_backward(struct hyena_model *m, int u, double dscale)
 		hy_unit_backward_f32(m, u, dscale);
 }
 
+bool hyena_unit_needs_recompute(const struct hyena_model *m, int u)
+{
+	return u >= 1 && u <= m->cfg.n_layers &&
+	       model_ac_block_recomputes(m->ac, m->ac_every, u - 1);
+}
+
+void hyena_unit_recompute(struct hyena_model *m, int u)
+{
+	if (!hyena_unit_needs_recompute(m, u))
+		return;
+	if (m->f64)
+		hy_unit_recompute_f64(m, u);
+	else
+		hy_unit_recompute_f32(m, u);
+}
+
 double hyena_forward(struct hyena_model *m, int64_t *n_valid)
 {
 	double loss = 0.0;
@@ -485,8 +552,10 @@ double hyena_forward(struct hyena_model *m, int64_t *n_valid)
 
 void hyena_backward(struct hyena_model *m, double dscale)
 {
-	for (int u = m->table.n_units - 1; u >= 0; u--)
+	for (int u = m->table.n_units - 1; u >= 0; u--) {
+		hyena_unit_recompute(m, u);
 		hyena_unit_backward(m, u, dscale);
+	}
 }
 
 void hyena_logits(struct hyena_model *m, float *logits)

@@ -35,6 +35,7 @@
 #include <stdint.h>
 
 #include "model/llama/llama.h"
+#include "model/model_ac.h"
 
 #define HYENA_IGNORE_INDEX LLAMA_IGNORE_INDEX
 #define HYENA_SHORT_FILTER 3 /* taps of the short depthwise convolution */
@@ -126,6 +127,15 @@ struct hyena_build_opts {
 	bool own_params; /* allocate flat params + grads and bind every unit to them */
 	bool f64;        /* double precision (tests): params64/grads64 instead of params/grads */
 	int nthreads;    /* OpenMP threads of the FFT convolutions; 0: omp_get_max_threads() */
+	/* activation checkpointing (model/model_ac.h; ac_every: MODEL_AC_LAYER's N). What a
+	 * block saves per mode: none, every activation; ffn, all but the fc1 output, which the
+	 * backward derives again from the saved mixer residual; selective (TorchTitan's op
+	 * policy: the matmuls' outputs are kept), the in-projection, fc1 and residual outputs,
+	 * the filters, short and long convolutions and gates re-derived by the recompute pass;
+	 * full, only the block input, the whole block forward re-run by the recompute pass.
+	 * The re-derived activations of all blocks share one set of buffers. */
+	enum model_ac ac;
+	int ac_every;
 };
 
 /* Offsets (in reals) of one block's saved activations inside the activation arena. */
@@ -148,6 +158,8 @@ struct hyena_model {
 	int64_t B, T, N; /* N = B*T tokens */
 	bool f64, own_params;
 	int nthreads;
+	enum model_ac ac; /* activation checkpointing, as built (hyena_build_opts) */
+	int ac_every;
 	/* Where each unit's parameters and gradients live (float models; NULL while unbound
 	 * under FSDP), and the flat buffers with own_params. */
 	float **unit_w, **unit_dw;
@@ -185,6 +197,10 @@ void hyena_bind_unit(struct hyena_model *m, int u, float *params, float *grads);
  * d(loss_sum * dscale). */
 double hyena_unit_forward(struct hyena_model *m, int u, int64_t *n_valid);
 void hyena_unit_backward(struct hyena_model *m, int u, double dscale);
+/* Activation checkpointing: whether unit u's activations are re-derived before its backward
+ * (a block under selective or full), and the pass that does it. */
+bool hyena_unit_needs_recompute(const struct hyena_model *m, int u);
+void hyena_unit_recompute(struct hyena_model *m, int u);
 double hyena_forward(struct hyena_model *m, int64_t *n_valid);
 void hyena_backward(struct hyena_model *m, double dscale);
 /* logits (N,V) of the current batch (runs the forward); float / double models. */

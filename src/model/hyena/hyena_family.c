@@ -1,5 +1,5 @@
 /* The Hyena family behind the model interface (model/model.h): its operations, its entry of
- * the family table, and what it supports (one rank and FSDP; every activation saved). */
+ * the family table, and what it supports (one rank and FSDP; every activation checkpointing mode). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,12 +53,11 @@ static void hyena_op_backward(void *impl, int u, double dscale)
 }
 static void hyena_op_recompute(void *impl, int u)
 {
-	(void)impl, (void)u; /* Hyena saves every activation: nothing to re-derive */
+	hyena_unit_recompute(impl, u);
 }
 static bool hyena_op_needs_recompute(const void *impl, int u)
 {
-	(void)impl, (void)u;
-	return false;
+	return hyena_unit_needs_recompute(impl, u);
 }
 static void hyena_op_dscale(void *impl, double dscale)
 {
@@ -99,6 +98,8 @@ void model_wrap_hyena(struct model *m, struct hyena_model *hm)
 	m->ops = &hyena_ops;
 	m->impl = hm;
 	m->table = &hm->table;
+	m->ac = hm->ac;
+	m->ac_every = hm->ac_every;
 	m->n_units = hm->table.n_units;
 	m->B = hm->B;
 	m->T = hm->T;
@@ -124,13 +125,11 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 		          opts->tp->size);
 		return CT_ERR_USAGE;
 	}
-	if (opts->ac != MODEL_AC_NONE || opts->recompute_ffn) {
-		LOG_ERROR("activation_checkpoint.mode: Hyena models save every activation; "
-		          "only \"none\" is supported");
-		return CT_ERR_USAGE;
-	}
 	struct hyena_model *hm = xcalloc(1, sizeof(*hm));
-	const struct hyena_build_opts ho = {.own_params = opts->own_params};
+	const struct hyena_build_opts ho = {
+	    .own_params = opts->own_params,
+	    .ac = opts->recompute_ffn ? MODEL_AC_FFN : opts->ac,
+	    .ac_every = opts->ac_every};
 	int rc = hyena_build(hm, hyena_cfg(c), B, T, &ho);
 	if (rc) {
 		free(hm);
@@ -275,4 +274,5 @@ const struct model_family hyena_family = {
     .build = hyena_family_build,
     .describe = hyena_describe,
     .manifest_fields = hyena_manifest_fields,
+    .ac = true,
 };

@@ -66,56 +66,111 @@ static void HT(mul_cols)(HREAL *out, const HREAL *a, int64_t lda, const HREAL *b
 			out[n * D + c] = a[n * lda + c] * b[n * ldb + c];
 }
 
-static void HT(block_forward)(struct hyena_model *m, int l)
+/* The block forward in its parts (block_forward runs them all; the recompute pass re-runs
+ * some, hyena_build_opts says which per checkpointing mode). */
+struct HT(blk) {
+	HREAL *w[HYB_COUNT];
+	HREAL *x, *xn, *p, *pc, *g, *v, *y, *xmid, *ha, *Hf, *h, *fft, *gl;
+	int64_t B, T, Nt, D, No, P, Cf, H, S;
+};
+
+static void HT(blk_init)(struct hyena_model *m, int l, struct HT(blk) *k)
 {
 	const struct hyena_config *c = &m->cfg;
 	const struct hyena_block_acts *a = &m->blk[l];
-	HREAL *w[HYB_COUNT];
-	HT(block_ptrs)(m, HUW(m), l, w);
-	int64_t B = m->B, T = m->T, Nt = m->N, D = c->dim, No = c->order, P = (No + 1) * D;
-	int64_t Cf = (No - 1) * D, H = c->ffn_hidden, S = fftconv_spectrum_stride(T);
-	HREAL *x = HT(act)(m, a->x), *xn = HT(scr)(m, m->s_xn), *p = HT(act)(m, a->p);
-	HREAL *pc = HT(act)(m, a->pc), *g = HT(act)(m, a->g), *v = HT(act)(m, a->v);
-	HREAL *y = HT(act)(m, a->y), *xmid = HT(act)(m, a->xmid), *ha = HT(act)(m, a->a);
-	HREAL *Hf = HT(act)(m, a->Hf), *h = HT(scr)(m, m->s_h), *fft = HT(scr)(m, m->s_fft);
-	HREAL *gl = HT(scr)(m, m->s_gl), *out = HT(block_input)(m, l + 1);
+	HT(block_ptrs)(m, HUW(m), l, k->w);
+	k->B = m->B, k->T = m->T, k->Nt = m->N, k->D = c->dim, k->No = c->order;
+	k->P = (k->No + 1) * k->D, k->Cf = (k->No - 1) * k->D, k->H = c->ffn_hidden;
+	k->S = fftconv_spectrum_stride(k->T);
+	k->x = HT(act)(m, a->x), k->xn = HT(scr)(m, m->s_xn), k->p = HT(act)(m, a->p);
+	k->pc = HT(act)(m, a->pc), k->g = HT(act)(m, a->g), k->v = HT(act)(m, a->v);
+	k->y = HT(act)(m, a->y), k->xmid = HT(act)(m, a->xmid), k->ha = HT(act)(m, a->a);
+	k->Hf = HT(act)(m, a->Hf), k->h = HT(scr)(m, m->s_h), k->fft = HT(scr)(m, m->s_fft);
+	k->gl = HT(scr)(m, m->s_gl);
+}
 
-	/* the implicit filters of this block, and their spectra */
-	HT(filter_forward)(c, w, HT(act)(m, m->z), HT(act)(m, m->window), T, h, HT(act)(m, a->fa));
-	HK(fftconv_filter_spectrum)(Hf, h, Cf, T, Cf, fft, m->nthreads);
+/* the implicit filters of the block, and their spectra */
+static void HT(blk_filters)(struct hyena_model *m, int l, struct HT(blk) *k)
+{
+	HT(filter_forward)(&m->cfg, k->w, HT(act)(m, m->z), HT(act)(m, m->window), k->T, k->h,
+	                   HT(act)(m, m->blk[l].fa));
+	HK(fftconv_filter_spectrum)(k->Hf, k->h, k->Cf, k->T, k->Cf, k->fft, m->nthreads);
+}
 
-	/* mixer */
+/* p = in_proj(LN1(x)) */
+static void HT(blk_in)(struct hyena_model *m, int l, struct HT(blk) *k)
+{
+	const struct hyena_block_acts *a = &m->blk[l];
 	HK(layernorm_forward)
-	(xn, HT(act)(m, a->mean1), HT(act)(m, a->rstd1), x, w[HYB_NORM1_W], w[HYB_NORM1_B], Nt, D,
-	 c->norm_eps);
-	HK(matmul_forward)(p, xn, w[HYB_IN_W], Nt, D, P, 0);
-	HK(bias_forward)(p, w[HYB_IN_B], Nt, P);
-	HK(shortconv_forward)(pc, p, w[HYB_SF_W], w[HYB_SF_B], B, T, P, HYENA_SHORT_FILTER);
+	(k->xn, HT(act)(m, a->mean1), HT(act)(m, a->rstd1), k->x, k->w[HYB_NORM1_W],
+	 k->w[HYB_NORM1_B], k->Nt, k->D, m->cfg.norm_eps);
+	HK(matmul_forward)(k->p, k->xn, k->w[HYB_IN_W], k->Nt, k->D, k->P, 0);
+	HK(bias_forward)(k->p, k->w[HYB_IN_B], k->Nt, k->P);
+}
+
+/* short convolution, then the gated long convolutions: pc, g, v, y from p */
+static void HT(blk_mix)(struct hyena_model *m, struct HT(blk) *k)
+{
+	int64_t Nt = k->Nt, D = k->D, No = k->No, P = k->P;
+	HK(shortconv_forward)
+	(k->pc, k->p, k->w[HYB_SF_W], k->w[HYB_SF_B], k->B, k->T, P, HYENA_SHORT_FILTER);
 	for (int64_t o = 0; o < No - 1; o++) {
 		/* g_o = v .* x_{N-1-o}, v_{o+1} = h_o * g_o + bias_o .* g_o */
-		const HREAL *src = o == 0 ? pc + No * D : v + (o - 1) * Nt * D;
+		const HREAL *src = o == 0 ? k->pc + No * D : k->v + (o - 1) * Nt * D;
 		int64_t lds = o == 0 ? P : D;
-		HREAL *go = g + o * Nt * D;
-		HT(mul_cols)(go, src, lds, pc + (No - 1 - o) * D, P, Nt, D);
+		HREAL *go = k->g + o * Nt * D;
+		HT(mul_cols)(go, src, lds, k->pc + (No - 1 - o) * D, P, Nt, D);
 		HK(fftconv_forward)
-		(v + o * Nt * D, go, Hf + o * D * S, w[HYB_FBIAS] + o * D, B, T, D, fft,
-		 m->nthreads);
+		(k->v + o * Nt * D, go, k->Hf + o * D * k->S, k->w[HYB_FBIAS] + o * D, k->B, k->T, D,
+		 k->fft, m->nthreads);
 	}
-	HT(mul_cols)(y, v + (No - 2) * Nt * D, D, pc, P, Nt, D);
-	memcpy(xmid, x, (size_t)(Nt * D) * sizeof(HREAL));
-	HK(matmul_forward)(xmid, y, w[HYB_OUT_W], Nt, D, D, 1);
-	HK(bias_forward)(xmid, w[HYB_OUT_B], Nt, D);
+	HT(mul_cols)(k->y, k->v + (No - 2) * Nt * D, D, k->pc, P, Nt, D);
+}
 
-	/* MLP */
+/* xmid = x + out_proj(y), then a = fc1(LN2(xmid)) */
+static void HT(blk_mid)(struct hyena_model *m, int l, struct HT(blk) *k)
+{
+	const struct hyena_block_acts *a = &m->blk[l];
+	memcpy(k->xmid, k->x, (size_t)(k->Nt * k->D) * sizeof(HREAL));
+	HK(matmul_forward)(k->xmid, k->y, k->w[HYB_OUT_W], k->Nt, k->D, k->D, 1);
+	HK(bias_forward)(k->xmid, k->w[HYB_OUT_B], k->Nt, k->D);
 	HK(layernorm_forward)
-	(xn, HT(act)(m, a->mean2), HT(act)(m, a->rstd2), xmid, w[HYB_NORM2_W], w[HYB_NORM2_B], Nt,
-	 D, c->norm_eps);
-	HK(matmul_forward)(ha, xn, w[HYB_FC1_W], Nt, D, H, 0);
-	HK(bias_forward)(ha, w[HYB_FC1_B], Nt, H);
-	HK(gelu_forward)(gl, ha, Nt * H);
-	memcpy(out, xmid, (size_t)(Nt * D) * sizeof(HREAL));
-	HK(matmul_forward)(out, gl, w[HYB_FC2_W], Nt, H, D, 1);
-	HK(bias_forward)(out, w[HYB_FC2_B], Nt, D);
+	(k->xn, HT(act)(m, a->mean2), HT(act)(m, a->rstd2), k->xmid, k->w[HYB_NORM2_W],
+	 k->w[HYB_NORM2_B], k->Nt, k->D, m->cfg.norm_eps);
+	HK(matmul_forward)(k->ha, k->xn, k->w[HYB_FC1_W], k->Nt, k->D, k->H, 0);
+	HK(bias_forward)(k->ha, k->w[HYB_FC1_B], k->Nt, k->H);
+}
+
+static void HT(block_forward)(struct hyena_model *m, int l)
+{
+	struct HT(blk) k;
+	HT(blk_init)(m, l, &k);
+	HREAL *out = HT(block_input)(m, l + 1);
+	HT(blk_filters)(m, l, &k);
+	HT(blk_in)(m, l, &k);
+	HT(blk_mix)(m, &k);
+	HT(blk_mid)(m, l, &k);
+	/* MLP output: out = xmid + fc2(gelu(a)) */
+	HK(gelu_forward)(k.gl, k.ha, k.Nt * k.H);
+	memcpy(out, k.xmid, (size_t)(k.Nt * k.D) * sizeof(HREAL));
+	HK(matmul_forward)(out, k.gl, k.w[HYB_FC2_W], k.Nt, k.H, k.D, 1);
+	HK(bias_forward)(out, k.w[HYB_FC2_B], k.Nt, k.D);
+}
+
+/* The recompute pass of block l (selective or full): what its forward dropped, again, by the
+ * same kernels on the same inputs (bitwise the forward's values). The block's output is not
+ * written: the next block's input is saved. */
+static void HT(block_recompute)(struct hyena_model *m, int l)
+{
+	enum model_ac b = model_ac_block(m->ac, m->ac_every, l);
+	struct HT(blk) k;
+	HT(blk_init)(m, l, &k);
+	HT(blk_filters)(m, l, &k);
+	if (b == MODEL_AC_FULL)
+		HT(blk_in)(m, l, &k);
+	HT(blk_mix)(m, &k);
+	if (b == MODEL_AC_FULL)
+		HT(blk_mid)(m, l, &k);
 }
 
 /* Final LayerNorm + tied head + fused cross-entropy (loss gradient too when loss_dscale > 0:
@@ -210,6 +265,10 @@ static void HT(block_backward)(struct hyena_model *m, int l)
 	/* MLP: out = xmid + fc2(gelu(a)), a = fc1(LN2(xmid)) */
 	HK(layernorm_forward)
 	(xn, NULL, NULL, xmid, w[HYB_NORM2_W], w[HYB_NORM2_B], Nt, D, c->norm_eps);
+	if (model_ac_block(m->ac, m->ac_every, l) == MODEL_AC_FFN) { /* fc1's output again */
+		HK(matmul_forward)(ha, xn, w[HYB_FC1_W], Nt, D, H, 0);
+		HK(bias_forward)(ha, w[HYB_FC1_B], Nt, H);
+	}
 	HK(gelu_forward)(gl, ha, Nt * H);
 	HK(bias_backward)(dw[HYB_FC2_B], dres, Nt, D);
 	memset(dgl, 0, nh);
@@ -304,6 +363,12 @@ static void HT(embed_backward)(struct hyena_model *m)
 	for (int64_t i = 0; i < n; i++)
 		dE[i] += head[i];
 	HK(embedding_backward)(dE, HT(scr)(m, m->s_dres), m->tokens, m->N, m->cfg.dim);
+}
+
+static void HT(unit_recompute)(struct hyena_model *m, int u)
+{
+	if (u >= 1 && u <= m->cfg.n_layers)
+		HT(block_recompute)(m, u - 1);
 }
 
 static void HT(unit_backward)(struct hyena_model *m, int u, double dscale)
