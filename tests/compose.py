@@ -145,9 +145,6 @@ RULES = [
      "Hyena's long convolutions and implicit filters have no column/row-parallel form in "
      "ctitan (the family declares no tensor parallelism)",
      'not supported for model.name = "hyena"'),
-    ("hyena-pp", lambda c: c["family"] == "hyena" and is_pp(c["layout"]),
-     "Hyena has no pipeline stages (its blocks are not split into stage units)",
-     "the family has no pipeline stages"),
     ("hyena-float8", lambda c: c["family"] == "hyena" and is_f8(c["precision"]),
      "Hyena has no float8 linears (only Llama's linears are torchao-converted)",
      "the family has no float8 linears"),

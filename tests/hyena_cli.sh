@@ -2,6 +2,7 @@
 # Hyena through the CLI (`[model] name = "hyena"`):
 #  - one rank: trains on synthetic data and the loss falls;
 #  - FSDP on 2 ranks: the same global batch gives the 1-rank losses and grad norms within 1e-5;
+#  - 2 pipeline stages (1F1B) with full activation checkpointing equal 1 rank too;
 #  - a checkpoint saved on 2 ranks resumes on 1 (the manifest names the family), and the
 #    resumed steps equal the uninterrupted run's;
 #  - a Llama run refuses a Hyena checkpoint (naming the family), and export refuses Hyena
@@ -45,6 +46,15 @@ check "1 rank resumes the 2-rank checkpoint (exit 0)" $?
 metric "$tmp/b/metrics.jsonl" 4 6 > "$tmp/c.l"
 metric "$tmp/a/metrics.jsonl" 4 6 > "$tmp/a4.l"
 close "$tmp/c.l" "$tmp/a4.l"; check "resumed steps 4-6 (loss, grad_norm) equal the uninterrupted run's" $?
+
+# 3b. pipeline parallelism (the tied head: the embedding travels to the last stage and its
+# gradient back), with full activation checkpointing: 1-rank losses and grad norms
+"$LAUNCH" 2 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" \
+  --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B \
+  --activation_checkpoint.mode=full --job.dump_folder="$tmp/p" > "$tmp/p.log" 2>&1
+check "2 pipeline stages (1F1B, full AC) train (exit 0)" $?
+metric "$tmp/p/metrics.jsonl" 1 6 > "$tmp/p.l"
+close "$tmp/p.l" "$tmp/a.l"; check "PP losses and grad_norms equal 1-rank ones within 1e-5" $?
 
 # 4. refusals
 "$CTITAN" train "$ROOT/configs/debug.toml" --training.steps=1 --training.seq_len=32 \

@@ -119,6 +119,15 @@ struct model_ops {
 	 * input's */
 	float *(*unit_output)(void *impl, int u);
 	float *(*residual_grad)(void *impl);
+	/* Families with tied_head (the last unit reads table tensor 0, the embedding, as its
+	 * output matrix): the last unit reads it from where set_tied points (NULL: from unit
+	 * 0's binding) and leaves its share of that tensor's gradient for the current
+	 * micro-batch in tied_grad's buffer, which unit 0's backward adds to the tensor's
+	 * gradient (zero while the model never runs its last unit). Pipeline parallelism,
+	 * whose first and last stages are different models, sends the tensor to the last
+	 * stage and that gradient back (parallel/pp). */
+	void (*set_tied)(void *impl, const float *w);
+	float *(*tied_grad)(void *impl);
 	double (*flops_per_token)(const struct model_config *c, const struct param_table *t,
 	                          int64_t seq_len);
 	/* Per-step statistics and an update after the optimizer step (NULL: none; families
@@ -183,6 +192,7 @@ struct model_family {
 	 * context parallelism */
 	bool tp, pp, ac, float8, export_hf, cost_model;
 	bool cp; /* context parallelism (the sequence split over ranks) */
+	bool tied_head; /* the last unit reads table tensor 0 too (model_ops.set_tied) */
 	bool ep; /* expert parallelism (routed experts split over ranks) */
 	/* families without tp / cp: why, in words a user understands (NULL: a generic reason) */
 	const char *no_tp_why, *no_cp_why;
@@ -254,9 +264,19 @@ static inline void model_unit_recompute(struct model *m, int u)
 {
 	m->ops->unit_recompute(m->impl, u);
 }
+/* (a family without a split backward made the weight gradients in unit_backward already) */
 static inline void model_unit_backward_weight(struct model *m, int u)
 {
-	m->ops->unit_backward_weight(m->impl, u);
+	if (m->ops->unit_backward_weight)
+		m->ops->unit_backward_weight(m->impl, u);
+}
+static inline void model_set_tied(struct model *m, const float *w)
+{
+	m->ops->set_tied(m->impl, w);
+}
+static inline float *model_tied_grad(struct model *m)
+{
+	return m->ops->tied_grad(m->impl);
 }
 static inline bool model_unit_needs_recompute(const struct model *m, int u)
 {

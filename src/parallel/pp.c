@@ -137,7 +137,7 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	                     pp->stage_u0);
 	if (rc)
 		return rc;
-	int64_t tag_need = 4LL * pp->S * o->n_micro; /* data and header tags */
+	int64_t tag_need = 4LL * pp->S * o->n_micro + 2; /* data, header and tied tags */
 	pp->tag_max = comm_p2p_tag_max();
 	if (tag_need > pp->tag_max) {
 		LOG_ERROR("parallelism: %d stages x %lld micro-batches need more message tags "
@@ -198,6 +198,16 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	pp->shard_w = mem_alloc(MEM_PARAMS, (size_t)pp->shard_numel * sizeof(float));
 	pp->shard_g = mem_alloc(MEM_GRADS, (size_t)pp->shard_numel * sizeof(float));
 	pp->comm_buf = mem_alloc(MEM_COMM, (size_t)pp->comm_numel * sizeof(float));
+	pp->tied = model_family_of(mc->kind)->tied_head && pp->p > 1;
+	if (pp->tied) {
+		CHECK(mesh->tp == 1, "pp: a tied head under tensor parallelism");
+		pp->tied_numel = t->p[0].numel;
+		CHECK(t->p[0].unit == 0, "pp: the tied tensor is not unit 0's");
+		if (pp->vstages[0].u0 == 0 || pp->vstages[pp->v - 1].u1 == t->n_units)
+			pp->tied_g = mem_alloc(MEM_COMM, (size_t)pp->tied_numel * sizeof(float));
+		if (pp->vstages[pp->v - 1].u1 == t->n_units)
+			pp->tied_w = mem_alloc(MEM_FULL_PARAMS, (size_t)pp->tied_numel * sizeof(float));
+	}
 	/* this rank's step as schedule nodes, over the whole model's units */
 	struct sched_unit *units = xcalloc((size_t)t->n_units, sizeof(*units));
 	sched_units_from_table(t, D, units);
@@ -229,6 +239,10 @@ void pp_free(struct pp *pp)
 	mem_free(MEM_PARAMS, pp->shard_w, (size_t)pp->shard_numel * sizeof(float));
 	mem_free(MEM_GRADS, pp->shard_g, (size_t)pp->shard_numel * sizeof(float));
 	mem_free(MEM_COMM, pp->comm_buf, (size_t)pp->comm_numel * sizeof(float));
+	if (pp->tied_g)
+		mem_free(MEM_COMM, pp->tied_g, (size_t)pp->tied_numel * sizeof(float));
+	if (pp->tied_w)
+		mem_free(MEM_FULL_PARAMS, pp->tied_w, (size_t)pp->tied_numel * sizeof(float));
 	param_table_free(&pp->table);
 	pp_sched_free(&pp->sched);
 	pp_sim_free(&pp->sim);
@@ -359,6 +373,11 @@ void pp_gather_full(struct pp *pp, float *out)
 
 static void slot_wait_sends(struct pp *pp, int c, struct pp_slot *s);
 
+static int t_units(const struct pp *pp)
+{
+	return pp->table.n_units;
+}
+
 static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 {
 	struct pp_vstage *ch = &pp->vstages[c];
@@ -389,6 +408,8 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		      "pp: cannot build a stage model");
 		ch->slot_bytes = mem_current(MEM_ACTIVATIONS) - before;
 		ch->n_slots++;
+		if (pp->tied && ch->u1 == t_units(pp)) /* the head reads the sent embedding */
+			model_set_tied(&s->m, pp->tied_w);
 	}
 	struct pp_slot *s = &ch->slots[k];
 	/* a slot last used by another micro-batch may still be sending its boundary buffer */
@@ -583,6 +604,14 @@ static void act_backward(struct pp *pp, int c, int m, bool input_only)
 			model_unit_recompute(&s->m, u);
 		model_unit_backward(&s->m, u, pp->dscale);
 	}
+	if (pp->tied && ch->u1 == t_units(pp)) { /* the head's share of the embedding's gradient */
+		const float *g = model_tied_grad(&s->m);
+		float *acc = pp->tied_g;
+		int64_t n = pp->tied_numel;
+#pragma omp parallel for simd schedule(static)
+		for (int64_t k = 0; k < n; k++)
+			acc[k] += g[k];
+	}
 	if (!input_only)
 		pp->inflight--;
 	if (ch->stage == 0) /* nothing to send */
@@ -659,6 +688,64 @@ static void be_pp_wait(void *ctx, const struct sched_node *n)
 
 /* Parameters are gathered (and gradients reduced) on the calling thread, once per step: the
  * collective is complete when its node returns (ticket 0). */
+/* The tied tensor's tags (after the stage transfers') and the peer stage's rank. */
+static int tied_tag(const struct pp *pp, bool grad)
+{
+	return 4 * pp->S * (int)pp->o.n_micro + (grad ? 1 : 0);
+}
+
+/* After stage 0's gather: its embedding to the last stage; on the last stage's rank, before
+ * its first forward: receive it. */
+static void tied_after_gather(struct pp *pp, int c)
+{
+	const struct pp_vstage *ch = &pp->vstages[c];
+	size_t bytes = (size_t)pp->tied_numel * sizeof(float);
+	const char *what = "pipeline: the tied embedding from stage 0";
+	if (ch->u0 == 0) {
+		CHECK(pp->t[0].vstage == c, "pp: the embedding is not on stage 0");
+		comm_p2p_isend(&pp->mesh->pp_group, pp_stage_rank(&pp->sched, pp->S - 1),
+		               tied_tag(pp, false), pp->full_w + pp->t[0].full_off, (int64_t)bytes,
+		               &pp->tied_send);
+		pp->tied_send_open = true;
+	}
+	if (ch->u1 == t_units(pp)) {
+		struct comm_p2p r;
+		comm_p2p_irecv(&pp->mesh->pp_group, pp_stage_rank(&pp->sched, 0), tied_tag(pp, false),
+		               pp->tied_w, (int64_t)bytes, &r);
+		comm_p2p_wait(&r, pp->o.timeout_s, what);
+	}
+}
+
+/* Before stage 0's reduce-scatter: the head's gradient of the embedding from the last stage,
+ * added to the embedding's; the last stage sends it after its last backward. */
+static void tied_before_reduce(struct pp *pp, int c)
+{
+	const struct pp_vstage *ch = &pp->vstages[c];
+	int64_t n = pp->tied_numel;
+	if (ch->u1 == t_units(pp)) {
+		if (pp->tied_send_open)
+			comm_p2p_wait(&pp->tied_send, pp->o.timeout_s, "pipeline: the tied embedding");
+		comm_p2p_isend(&pp->mesh->pp_group, pp_stage_rank(&pp->sched, 0), tied_tag(pp, true),
+		               pp->tied_g, n * (int64_t)sizeof(float), &pp->tied_send);
+		pp->tied_send_open = true;
+	}
+	if (ch->u0 == 0) {
+		struct comm_p2p r;
+		comm_p2p_irecv(&pp->mesh->pp_group, pp_stage_rank(&pp->sched, pp->S - 1),
+		               tied_tag(pp, true), pp->tied_g, n * (int64_t)sizeof(float), &r);
+		comm_p2p_wait(&r, pp->o.timeout_s, "pipeline: the head's gradient of the embedding");
+		float *g = pp->full_g + pp->t[0].full_off;
+		const float *h = pp->tied_g;
+#pragma omp parallel for simd schedule(static)
+		for (int64_t k = 0; k < n; k++)
+			g[k] += h[k];
+		if (pp->tied_send_open) { /* the embedding it sent at the step's start */
+			comm_p2p_wait(&pp->tied_send, pp->o.timeout_s, "pipeline: the tied embedding");
+			pp->tied_send_open = false;
+		}
+	}
+}
+
 static int64_t be_all_gather(void *ctx, int c, int64_t *bytes)
 {
 	struct pp *pp = ctx;
@@ -666,6 +753,8 @@ static int64_t be_all_gather(void *ctx, int c, int64_t *bytes)
 	gather_vstage(pp, c, pp->full_w + ch->full_off);
 	if (pp->o.bf16)
 		round_vstage_bf16(pp, c, pp->full_w + ch->full_off);
+	if (pp->tied)
+		tied_after_gather(pp, c);
 	*bytes = pp->mesh->shard > 1 ? ch->shard_numel * (int64_t)sizeof(float) : 0;
 	return 0;
 }
@@ -673,6 +762,8 @@ static int64_t be_all_gather(void *ctx, int c, int64_t *bytes)
 static int64_t be_reduce_scatter(void *ctx, int c, int64_t *bytes)
 {
 	struct pp *pp = ctx;
+	if (pp->tied)
+		tied_before_reduce(pp, c);
 	reduce_vstage(pp, c);
 	*bytes = pp->mesh->shard > 1 ? pp->vstages[c].full_numel * (int64_t)sizeof(float) : 0;
 	return 0;
@@ -742,6 +833,15 @@ static int pp_begin(void *ctx, const struct engine_step_in *in, const struct sch
 	pp->inflight = pp->peak_inflight = 0;
 	pp->link_free = 0;
 	memset(pp->full_g, 0, (size_t)pp->full_numel * sizeof(float));
+	if (pp->tied) {
+		if (pp->tied_send_open) { /* the last step's gradient to stage 0 */
+			comm_p2p_wait(&pp->tied_send, pp->o.timeout_s,
+			              "pipeline: the head's gradient of the embedding");
+			pp->tied_send_open = false;
+		}
+		if (pp->tied_g)
+			memset(pp->tied_g, 0, (size_t)pp->tied_numel * sizeof(float));
+	}
 	*s = &pp->step;
 	*rec = pp->rec;
 	return CT_OK;

@@ -44,9 +44,14 @@
  * (input gradients only, model_build_opts.split_backward) and W its deferred weight
  * gradients; a slot is freed once its W has run and its input gradient is sent.
  *
+ * A tied head (Hyena: the output matrix is the embedding): stage 0 sends the gathered
+ * embedding to the last stage at the step's start, and the last stage sends the head's share
+ * of its gradient, summed over the micro-batches, back before stage 0 reduces its gradients
+ * (Megatron's embedding-group all-reduce, as one point-to-point pair).
+ *
  * Refused (exit 2, saying why): split-backward schedules with async TP (its rings compute the
- * weight gradients inside the input-gradient matmuls), families without pipeline stages
- * (Hyena), validation under PP (no forward-only pipeline schedule).
+ * weight gradients inside the input-gradient matmuls), families without pipeline stages,
+ * validation under PP (no forward-only pipeline schedule).
  */
 #ifndef CT_PARALLEL_PP_H
 #define CT_PARALLEL_PP_H
@@ -159,6 +164,15 @@ struct pp {
 	double dscale, loss_sum, gscale;
 	int inflight, peak_inflight;
 	double link_free; /* simulated link: when this rank's outgoing link is next free */
+	/* a tied head (model_family.tied_head, Hyena): the embedding travels from stage 0 to
+	 * the last stage after the step's all-gather (into tied_w there), and the head's
+	 * gradient of it, summed over the step's micro-batches on the last stage (tied_g),
+	 * travels back before stage 0's reduce-scatter, which adds it to the embedding's */
+	bool tied;
+	int64_t tied_numel;
+	float *tied_w, *tied_g;
+	struct comm_p2p tied_send;
+	bool tied_send_open;
 };
 
 /* Plan stages and shards for this rank's pipeline position and allocate them. */

@@ -177,6 +177,7 @@ struct hyena_model {
 	int64_t z, window;                         /* (T,E), (T,(N-1)D) filter features */
 	int64_t tied_w;                            /* (V,D) embedding copy (no own_params) */
 	int64_t tied_dw;                           /* (V,D) head's embedding gradient */
+	const float *tied_src; /* non-NULL: the head's embedding (a pipeline's last stage) */
 	/* scratch offsets */
 	int64_t s_dres, s_xn, s_dxn, s_gl, s_dgl, s_da, s_dy, s_dv, s_dg, s_dpc, s_dp, s_h, s_dh,
 	    s_filt, s_fft, s_ce;

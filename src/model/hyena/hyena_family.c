@@ -59,6 +59,29 @@ static bool hyena_op_needs_recompute(const void *impl, int u)
 {
 	return hyena_unit_needs_recompute(impl, u);
 }
+/* the residual stream between units: unit u's output is block u's input (x_final after the
+ * last block); the gradient buffer the units' backwards pass down */
+static float *hyena_op_unit_output(void *impl, int u)
+{
+	struct hyena_model *hm = impl;
+	CHECK(u >= 0 && u <= hm->cfg.n_layers, "hyena: unit %d has no residual output", u);
+	return (float *)hm->acts + (u < hm->cfg.n_layers ? hm->blk[u].x : hm->x_final);
+}
+static float *hyena_op_residual_grad(void *impl)
+{
+	struct hyena_model *hm = impl;
+	return (float *)hm->scratch + hm->s_dres;
+}
+/* the tied embedding (tensor 0 of the table), as the head reads it */
+static void hyena_op_set_tied(void *impl, const float *w)
+{
+	((struct hyena_model *)impl)->tied_src = w;
+}
+static float *hyena_op_tied_grad(void *impl)
+{
+	struct hyena_model *hm = impl;
+	return (float *)hm->acts + hm->tied_dw;
+}
 static void hyena_op_dscale(void *impl, double dscale)
 {
 	((struct hyena_model *)impl)->loss_dscale = dscale;
@@ -85,6 +108,10 @@ static const struct model_ops hyena_ops = {
     .unit_recompute = hyena_op_recompute,
     .unit_needs_recompute = hyena_op_needs_recompute,
     .set_loss_dscale = hyena_op_dscale,
+    .unit_output = hyena_op_unit_output,
+    .residual_grad = hyena_op_residual_grad,
+    .set_tied = hyena_op_set_tied,
+    .tied_grad = hyena_op_tied_grad,
     .logits = hyena_op_logits,
     .flops_per_token = hyena_op_flops,
     .free = hyena_op_free,
@@ -275,4 +302,6 @@ const struct model_family hyena_family = {
     .describe = hyena_describe,
     .manifest_fields = hyena_manifest_fields,
     .ac = true,
+    .pp = true,
+    .tied_head = true,
 };

@@ -47,6 +47,15 @@ static HREAL *HT(block_input)(const struct hyena_model *m, int l)
 	return l < m->cfg.n_layers ? HT(act)(m, m->blk[l].x) : HT(act)(m, m->x_final);
 }
 
+/* The embedding as the tied head reads it: unit 0's binding on one rank, the copy the
+ * embedding's forward keeps under FSDP, or where set_tied points (pipeline parallelism). */
+static const HREAL *HT(head_E)(const struct hyena_model *m)
+{
+	if (m->tied_src)
+		return (const HREAL *)m->tied_src;
+	return m->own_params ? HUW(m)[0] : HT(act)(m, m->tied_w);
+}
+
 static void HT(embed_forward)(struct hyena_model *m)
 {
 	int64_t V = m->cfg.vocab_size, D = m->cfg.dim;
@@ -183,7 +192,7 @@ static double HT(head_forward)(struct hyena_model *m, int64_t *n_valid)
 	bool grads = m->loss_dscale > 0.0;
 	HREAL *xn = HT(act)(m, m->xn_final), *dxn = HT(scr)(m, m->s_dxn);
 	HREAL *dE = HT(act)(m, m->tied_dw);
-	const HREAL *E = m->own_params ? HUW(m)[0] : HT(act)(m, m->tied_w);
+	const HREAL *E = HT(head_E)(m);
 	int base = hyena_block_tensor_index(L, 0);
 	HK(layernorm_forward)
 	(xn, HT(act)(m, m->mean_f), HT(act)(m, m->rstd_f), HT(act)(m, m->x_final),
@@ -219,7 +228,7 @@ static void HT(logits)(struct hyena_model *m, HREAL *logits)
 	for (int u = 0; u <= L; u++)
 		HT(unit_forward)(m, u, NULL);
 	int base = hyena_block_tensor_index(L, 0);
-	const HREAL *E = m->own_params ? HUW(m)[0] : HT(act)(m, m->tied_w);
+	const HREAL *E = HT(head_E)(m);
 	HK(layernorm_forward)
 	(HT(act)(m, m->xn_final), HT(act)(m, m->mean_f), HT(act)(m, m->rstd_f),
 	 HT(act)(m, m->x_final), HT(tensor)(m, HUW(m), base), HT(tensor)(m, HUW(m), base + 1), m->N,
@@ -334,7 +343,7 @@ static void HT(head_backward)(struct hyena_model *m, double dscale)
 	int64_t Nt = m->N, D = c->dim, V = c->vocab_size;
 	HREAL *xn = HT(act)(m, m->xn_final), *dxn = HT(scr)(m, m->s_dxn);
 	HREAL *dE = HT(act)(m, m->tied_dw), *dres = HT(scr)(m, m->s_dres);
-	const HREAL *E = m->own_params ? HUW(m)[0] : HT(act)(m, m->tied_w);
+	const HREAL *E = HT(head_E)(m);
 	int base = hyena_block_tensor_index(L, 0);
 	if (!m->head_grads_ready || m->loss_dscale != dscale) {
 		CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
