@@ -5,8 +5,11 @@
 #  - 2 pipeline stages (1F1B) with full activation checkpointing equal 1 rank too;
 #  - a checkpoint saved on 2 ranks resumes on 1 (the manifest names the family), and the
 #    resumed steps equal the uninterrupted run's;
-#  - a Llama run refuses a Hyena checkpoint (naming the family), and export refuses Hyena
-#    with "not supported (the family has no ...)" (exit 2); bad hyena keys are usage errors (exit 2).
+#  - a Llama run refuses a Hyena checkpoint (naming the family); bad hyena keys are usage
+#    errors (exit 2);
+#  - export writes safari's state dict (names, shapes, buffers checked from safari's module
+#    tree and formulas); training from it is bitwise training from the checkpoint; a
+#    trained positional embedding is refused on load.
 #   tests/hyena_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -63,9 +66,78 @@ close "$tmp/p.l" "$tmp/a.l"; check "PP losses and grad_norms equal 1-rank ones w
 rc=$?
 [ $rc -ne 0 ] && grep -q "holds a hyena model, not llama3" "$tmp/d.log"
 check "a llama run refuses the hyena checkpoint (exit $rc)" $?
+
+# 5. export: safari's state dict (long_conv_lm's ConvLMHeadModel with the hyena layer), and back
 "$CTITAN" export "$tmp/b/checkpoint" "$tmp/exp" > "$tmp/e.log" 2>&1
+check "export of the Hyena checkpoint (exit $?)" $?
+/usr/bin/python3 - "$tmp/exp" <<'PY'
+# the names and shapes safari's modules give (written from its module tree, not from ctitan),
+# the fixed buffers from safari's formulas, and the tied and shared tensors
+import json, math, struct, sys
+import numpy as np
+d = sys.argv[1]; cfg = json.load(open(f"{d}/config.json")); ly = cfg["layer"]
+raw = open(f"{d}/model.safetensors", "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n]); hdr.pop("__metadata__", None); data = raw[8 + n:]
+def get(k):
+    b, e = hdr[k]["data_offsets"]; return np.frombuffer(data[b:e], np.float32).reshape(hdr[k]["shape"])
+D, L, H, V = cfg["d_model"], cfg["n_layer"], cfg["d_inner"], cfg["vocab_size"]
+N, F, E, T = ly["order"], ly["filter_order"], ly["emb_dim"], ly["l_max"]
+P, C = (N + 1) * D, (N - 1) * D
+want = {"backbone.embeddings.word_embeddings.weight": [V, D], "backbone.ln_f.weight": [D],
+        "backbone.ln_f.bias": [D], "lm_head.weight": [V, D]}
+for l in range(L):
+    b = f"backbone.layers.{l}."; m = b + "mixer."; f = m + "filter_fn."
+    want.update({b + "norm1.weight": [D], b + "norm1.bias": [D], b + "norm2.weight": [D],
+                 b + "norm2.bias": [D], b + "mlp.fc1.weight": [H, D], b + "mlp.fc1.bias": [H],
+                 b + "mlp.fc2.weight": [D, H], b + "mlp.fc2.bias": [D],
+                 m + "in_proj.weight": [P, D], m + "in_proj.bias": [P], m + "out_proj.weight": [D, D],
+                 m + "out_proj.bias": [D], m + "short_filter.weight": [P, 1, 3],
+                 m + "short_filter.bias": [P], f + "bias": [C], f + "pos_emb.z": [1, T, E],
+                 f + "pos_emb.t": [1, T, 1], f + "modulation.deltas": [1, 1, C],
+                 f + "implicit_filter.0.weight": [F, E], f + "implicit_filter.0.bias": [F],
+                 f + "implicit_filter.2.weight": [F, F], f + "implicit_filter.2.bias": [F],
+                 f + "implicit_filter.4.weight": [F, F], f + "implicit_filter.4.bias": [F],
+                 f + "implicit_filter.6.weight": [C, F]})
+    for k in (1, 3, 5):
+        want[f + f"implicit_filter.{k}.freq"] = [1, F]
+got = {k: v["shape"] for k, v in hdr.items()}
+if got != want:
+    print("names/shapes differ:", [k for k in set(got) | set(want) if got.get(k) != want.get(k)][:6])
+    sys.exit(1)
+t = np.linspace(0, 1, T)[:, None]; w = 2 * math.pi * np.arange(T)[:, None] / T
+bands = (E - 1) // 2; fr = np.linspace(1e-4, bands - 1, bands)[None]
+z = np.concatenate([t, np.cos(-fr * w), np.sin(-fr * w)], axis=1)
+deltas = np.linspace(math.log(1e-2) / 1.5, math.log(1e-2) / 0.3, C)
+for l in range(L):
+    f = f"backbone.layers.{l}.mixer.filter_fn."
+    ok = (np.abs(get(f + "pos_emb.z")[0] - z).max() < 1e-6 and np.abs(get(f + "pos_emb.t")[0] - t).max() < 1e-6
+          and np.abs(get(f + "modulation.deltas")[0, 0] - deltas).max() < 1e-6
+          and all((get(f + "implicit_filter.1.freq") == get(f + f"implicit_filter.{k}.freq")).all() for k in (3, 5)))
+    if not ok: print("layer", l, "buffers differ from safari's formulas"); sys.exit(1)
+if not (get("lm_head.weight") == get("backbone.embeddings.word_embeddings.weight")).all():
+    print("lm_head is not the embedding"); sys.exit(1)
+PY
+check "export: safari's names and shapes, its buffers' values, lm_head tied, one Sin frequency" $?
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=2 --job.dump_folder="$tmp/i1" \
+  --checkpoint.initial_load_path="$tmp/b/checkpoint/step-00000006" > "$tmp/i1.log" 2>&1 &&
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=2 --job.dump_folder="$tmp/i2" \
+  --checkpoint.initial_load_path="$tmp/exp" --checkpoint.initial_load_in_hf=true > "$tmp/i2.log" 2>&1 &&
+metric "$tmp/i1/metrics.jsonl" 1 2 > "$tmp/i1.l" && metric "$tmp/i2/metrics.jsonl" 1 2 > "$tmp/i2.l" &&
+same "$tmp/i1.l" "$tmp/i2.l"
+check "round trip: training from the export is bitwise training from the checkpoint" $?
+cp -r "$tmp/exp" "$tmp/exp2"
+/usr/bin/python3 - "$tmp/exp2/model.safetensors" <<'PY'
+import json, struct, sys
+raw = bytearray(open(sys.argv[1], "rb").read()); n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n]); b, e = hdr["backbone.layers.0.mixer.filter_fn.pos_emb.z"]["data_offsets"]
+raw[8 + n + b + 4:8 + n + b + 8] = struct.pack("<f", 0.5)  # a trained z
+open(sys.argv[1], "wb").write(raw)
+PY
+"$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --training.steps=1 --job.dump_folder="$tmp/i3" \
+  --checkpoint.initial_load_path="$tmp/exp2" --checkpoint.initial_load_in_hf=true > "$tmp/i3.log" 2>&1
 rc=$?
-[ $rc -eq 2 ] && grep -q "not supported (the family has no Hugging" "$tmp/e.log"; check "export: not supported, saying why, exit 2" $?
+[ $rc -ne 0 ] && grep -q "pos_emb.z' differs from the fixed features" "$tmp/i3.log"
+check "a trained positional embedding is refused, naming it (exit $rc)" $?
 for bad in --model.hyena_emb_dim=4 --model.hyena_order=1 --model.flavor=debugmodel \
            --model.hyena_l_max=16; do
   "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" "$bad" \

@@ -77,11 +77,34 @@ static int export_run(const char *ckpt, const char *out)
 		const struct param_entry *p = &t.p[i];
 		char name[160];
 		const float *src;
+		int ndim = p->ndim;
+		int64_t shape[ST_MAX_DIMS] = {0};
+		memcpy(shape, p->shape, (size_t)p->ndim * sizeof(int64_t));
 		CHECK(model_hf_tensor(&mc, p, params + p->offset, perm + p->offset, name,
-		                      sizeof(name), &src),
+		                      sizeof(name), &src, &ndim, shape),
 		      "export: no HF name for %s", p->name);
 		names[i] = xstrdup(name);
-		st_add(&f, names[i], ST_F32, p->ndim, p->shape, src);
+		st_add(&f, names[i], ST_F32, ndim, shape, src);
+	}
+	/* what the format holds besides the table's tensors (buffers, tied copies) */
+	int n_extra = 0;
+	char **xnames = NULL;
+	float **xdata = NULL;
+	for (;;) {
+		char name[160];
+		int ndim = 0;
+		int64_t shape[ST_MAX_DIMS] = {0};
+		float *data = NULL;
+		if (rc || !model_hf_extra(&mc, &t, params, n_extra, name, sizeof(name), &ndim, shape,
+		                          &data))
+			break;
+		xnames = realloc(xnames, (size_t)(n_extra + 1) * sizeof(*xnames));
+		xdata = realloc(xdata, (size_t)(n_extra + 1) * sizeof(*xdata));
+		CHECK(xnames && xdata, "out of memory");
+		xnames[n_extra] = xstrdup(name);
+		xdata[n_extra] = data;
+		st_add(&f, xnames[n_extra], ST_F32, ndim, shape, data);
+		n_extra++;
 	}
 	if (!rc) {
 		st_add_meta(&f, "format", "pt");
@@ -111,6 +134,9 @@ static int export_run(const char *ckpt, const char *out)
 	for (int i = 0; i < t.count; i++)
 		free(names[i]);
 	free(names);
+	for (int i = 0; i < n_extra; i++)
+		free(xnames[i]), free(xdata[i]);
+	free(xnames), free(xdata);
 	mem_free(MEM_PARAMS, params, bytes);
 	mem_free(MEM_OTHER, perm, bytes);
 	param_table_free(&t);

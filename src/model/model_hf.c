@@ -18,9 +18,18 @@ static const struct model_hf_ops *hf_ops(const struct model_config *c)
 }
 
 bool model_hf_tensor(const struct model_config *c, const struct param_entry *e, const float *src,
-                     float *tmp, char *name, size_t n, const float **data)
+                     float *tmp, char *name, size_t n, const float **data, int *ndim,
+                     int64_t *shape)
 {
-	return hf_ops(c)->tensor(c, e, src, tmp, name, n, data);
+	return hf_ops(c)->tensor(c, e, src, tmp, name, n, data, ndim, shape);
+}
+
+bool model_hf_extra(const struct model_config *c, const struct param_table *t,
+                    const float *params, int i, char *name, size_t n, int *ndim, int64_t *shape,
+                    float **data)
+{
+	const struct model_hf_ops *o = hf_ops(c);
+	return o->extra && o->extra(c, t, params, i, name, n, ndim, shape, data);
 }
 
 char *model_hf_config_json(const struct model_config *c)

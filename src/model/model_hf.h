@@ -7,6 +7,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 struct model_config;
 struct param_entry;
@@ -15,9 +16,17 @@ struct param_table;
 struct model_hf_ops {
 	/* Entry e of the whole-model table as Hugging Face stores it: its name into name (n
 	 * bytes; false when it has none) and *data: src (e's values) as they are, or rewritten
-	 * into tmp (e->numel floats), e.g. permuted rows. */
+	 * into tmp (e->numel floats), e.g. permuted rows; *ndim and shape (set to e's by the
+	 * caller) may be changed to another shape of the same size. */
 	bool (*tensor)(const struct model_config *c, const struct param_entry *e, const float *src,
-	               float *tmp, char *name, size_t n, const float **data);
+	               float *tmp, char *name, size_t n, const float **data, int *ndim,
+	               int64_t *shape);
+	/* Tensors the format holds besides the table's (NULL: none): the i-th into name, its
+	 * shape and *data (malloc'd, the caller frees), false past the last; params are the
+	 * whole model's (table layout), e.g. for a tied weight's copy. */
+	bool (*extra)(const struct model_config *c, const struct param_table *t,
+	              const float *params, int i, char *name, size_t n, int *ndim, int64_t *shape,
+	              float **data);
 	/* config.json text (malloc'd) */
 	char *(*config_json)(const struct model_config *c);
 	/* Read an HF folder into params (layout of t, the whole model's table); CT_OK or an
@@ -30,7 +39,11 @@ struct model_hf_ops {
 const struct model_hf_ops *model_hf_of(const struct model_config *c);
 /* The calls of the family's model_hf_ops (it must have one). */
 bool model_hf_tensor(const struct model_config *c, const struct param_entry *e, const float *src,
-                     float *tmp, char *name, size_t n, const float **data);
+                     float *tmp, char *name, size_t n, const float **data, int *ndim,
+                     int64_t *shape);
+bool model_hf_extra(const struct model_config *c, const struct param_table *t,
+                    const float *params, int i, char *name, size_t n, int *ndim, int64_t *shape,
+                    float **data);
 char *model_hf_config_json(const struct model_config *c);
 int model_hf_load(const char *dir, const struct model_config *c, const struct param_table *t,
                   float *params);

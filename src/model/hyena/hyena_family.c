@@ -11,8 +11,10 @@
 #include "model/hyena/hyena.h"
 #include "model/model_group.h"
 
-/* This family's entry of the table (below; model/model.c lists it). */
+/* This family's entry of the table (below; model/model.c lists it) and its export format
+ * (hyena_hf.c). */
 extern const struct model_family hyena_family;
+extern const struct model_hf_ops hyena_hf_ops;
 
 /* ---------------------------------------------------------------- its config */
 
@@ -304,4 +306,6 @@ const struct model_family hyena_family = {
     .ac = true,
     .pp = true,
     .tied_head = true,
+    .export_hf = true,
+    .hf = &hyena_hf_ops,
 };

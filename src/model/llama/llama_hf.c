@@ -275,8 +275,10 @@ int llama_hf_load(const char *dir, const struct llama_config *c, const struct pa
 /* ---------------------------------------------------------------- the family's interop */
 
 static bool llama_hf_tensor(const struct model_config *mc, const struct param_entry *e,
-                            const float *src, float *tmp, char *name, size_t n, const float **data)
+                            const float *src, float *tmp, char *name, size_t n, const float **data,
+                            int *ndim, int64_t *shape)
 {
+	(void)ndim, (void)shape; /* HF's shapes are the table's */
 	if (!llama_hf_name(e->name, name, n))
 		return false;
 	*data = src;
