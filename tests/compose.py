@@ -169,12 +169,6 @@ RULES = [
      "the MoE family saves every activation: a recompute would count the router's tokens "
      "twice in the balancing statistics",
      "every activation"),
-    ("float8-tensorwise-cp", lambda c: c["precision"] in ("f8-tensorwise", "f8-allgather")
-     and is_cp(c["layout"]),
-     "not yet: a tensorwise scale would be the amax of a rank's sequence shard, not of the "
-     "micro-batch, until the activation amaxes are max-reduced over the cp group (the matrix "
-     "saw w3 differ by 3% after 3 steps); the rowwise recipes scale per token and compose",
-     "recipe_name = tensorwise: not yet supported"),
     ("validation-pp", lambda c: c["mode"] == "validation" and is_pp(c["layout"]),
      "the pipeline schedules are training steps (forward and backward per micro-batch); no "
      "forward-only pipeline schedule exists for the validation loss",

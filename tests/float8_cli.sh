@@ -99,6 +99,23 @@ f8run 4 atp "${FT[@]}" "${AT[@]}" --comm.progress=thread && f8same atp one
 check "float8 tensorwise: FSDP 2 x async TP 2 (comm thread) equals 1 rank" $?
 f8run 2 atprw --parallelism.tensor_parallel_degree=2 "${AT[@]}" $REC=rowwise && f8same atprw rw1
 check "float8 rowwise: async TP 2 equals 1 rank" $?
+# Context parallelism: a cp rank's linears see its piece of every sequence, so the tensorwise
+# amaxes of activations and output gradients are maximised over the cp group before the cast
+# (kernels/fp8_linear.h, fp8_slice.tok_max_f32) and every cp rank casts with the micro-batch's
+# scale, as one rank does; same bounds as TP (step-1 loss within 1e-6, seen 0 for CP 2; a
+# scale from the rank's own tokens moves it by 2.2e-5, 2.7e-6 relative). With TP inside cp the
+# fp8 wire of the sequence-parallel gathers and async TP's ring take the same maximum.
+CP=--parallelism.context_parallel_degree=2
+f8run 2 cp2 "$CP" && f8same cp2 one
+check "float8 tensorwise: CP 2 equals 1 rank" $?
+f8run 4 fsdpcp "$CP" --parallelism.data_parallel_shard_degree=2 \
+  --quantize.linear.float8.enable_fsdp_float8_all_gather=true && f8same fsdpcp one
+check "float8 tensorwise + fp8 all-gather: FSDP 2 x CP 2 equals 1 rank" $?
+f8run 4 cptp "$CP" --parallelism.tensor_parallel_degree=2 && f8same cptp one
+check "float8 tensorwise: CP 2 x TP 2 equals 1 rank" $?
+f8run 4 cpatp "$CP" --parallelism.tensor_parallel_degree=2 "${AT[@]}" --comm.progress=thread &&
+  f8same cpatp one
+check "float8 tensorwise: CP 2 x async TP 2 (comm thread) equals 1 rank" $?
 P="$ROOT/configs/8b.toml --world-size 64 --training.mixed_precision_param=bfloat16"
 # shellcheck disable=SC2086
 "$CTITAN" plan $P > "$tmp/p0" 2>&1 &&

@@ -9,7 +9,9 @@
  *   - scales: torchao's amax_to_scale (max / max(amax, 1e-12), optionally floored to 2^k);
  *   - each recipe's forward and both backward matmuls against float64 products of the same
  *     quantised operands (the emulated linear is straight-through: its gradients are those
- *     of the quantised product), with accumulation, and a prepared weight.
+ *     of the quantised product), with accumulation, and a prepared weight;
+ *   - a token group (context parallelism): halves of the rows cast with the whole tensor's
+ *     tensorwise scales once their amaxes are max-reduced, and equal one call on all rows.
  * Runs once per instruction set (CT_FP8_ISA, see tests/kernels.tests.cmake): every variant
  * must equal the reference bit for bit. */
 #include <math.h>
@@ -327,6 +329,90 @@ TEST_CASE(linear_recipes_are_products_of_quantised_operands)
 	check_recipe(FP8_TENSORWISE, true);
 }
 
+/* A token group in one process (context parallelism's cp ranks, each holding some of the
+ * micro-batch's tokens): "rank" h runs the linear on its half of the rows, and its token
+ * group's max (fp8_slice.tok_max_f32) gives back the maximum with what the other half passed
+ * at the same call, recorded in a first pass. Every half then casts with the whole tensor's
+ * scales: its rows of y and dx are those of one call on all the rows, and the two halves'
+ * weight gradients sum to the whole one's. */
+struct tok_fake {
+	float rec[2][8];
+	int n[2], half;
+	bool replay;
+};
+
+static void tok_fake_max(void *ctx, float *buf, int64_t n)
+{
+	struct tok_fake *t = ctx;
+	int k = t->n[t->half]++;
+	if (n != 1 || k >= 8) /* one tensorwise amax a call; the counts are checked */
+		return;
+	if (t->replay)
+		buf[0] = fmaxf(buf[0], t->rec[1 - t->half][k]);
+	else
+		t->rec[t->half][k] = buf[0];
+}
+
+TEST_CASE(token_group_max_gives_one_rank_scales)
+{
+	const int64_t N = 24, H = N / 2, C = 40, OC = 36;
+	float *x = malloc(N * C * 4), *w = malloc(OC * C * 4), *dy = malloc(N * OC * 4);
+	float *y = calloc(N * OC, 4), *dx = calloc(N * C, 4), *dw = calloc(OC * C, 4);
+	float *yh = calloc(N * OC, 4), *dxh = calloc(N * C, 4), *dwh = calloc(OC * C, 4);
+	test_fill_f32(x, N * C, -3, 3);
+	test_fill_f32(w, OC * C, -0.05, 0.05);
+	test_fill_f32(dy, N * OC, -1e-3, 1e-3);
+	for (int64_t i = H * C; i < N * C; i++) /* the halves' amaxes differ */
+		x[i] *= 0.3f;
+	for (int64_t i = 0; i < H * OC; i++)
+		dy[i] *= 0.3f;
+	mm_engine_configure(MM_ENGINE_ONEDNN, MM_F32);
+	fp8_linear_configure(true, FP8_TENSORWISE, "");
+	fp8_linear_unit_set(0, w);
+	fp8_linear_add(0, w, OC, C, NULL);
+	fp8_linear_forward(y, x, w, N, C, OC, 0);
+	fp8_linear_backward(dx, dw, dy, x, w, N, C, OC, 0);
+	fp8_linear_unit_clear(0);
+	struct tok_fake t = {0};
+	const struct fp8_slice sl = {.dim = -1, .tok_max_f32 = tok_fake_max, .tok_ctx = &t};
+	fp8_linear_unit_set(0, w);
+	fp8_linear_add(0, w, OC, C, &sl);
+	double e_local = 0;
+	for (int pass = 0; pass < 2; pass++) {
+		t.replay = pass == 1;
+		t.n[0] = t.n[1] = 0;
+		memset(dwh, 0, OC * C * 4);
+		for (int h = 0; h < 2; h++) {
+			t.half = h;
+			fp8_linear_forward(yh + h * H * OC, x + h * H * C, w, H, C, OC, 0);
+			fp8_linear_backward(dxh + h * H * C, dwh, dy + h * H * OC, x + h * H * C, w, H, C,
+			                    OC, 0);
+		}
+		EXPECT(t.n[0] == 3 && t.n[1] == 3, "token group asked %d/%d times (x, dy, x)", t.n[0],
+		       t.n[1]);
+		double ey = 0, ex = 0, ew = 0, ry = 0, rx = 0, rw = 0;
+		for (int64_t i = 0; i < N * OC; i++)
+			ey += (yh[i] - y[i]) * (double)(yh[i] - y[i]), ry += y[i] * (double)y[i];
+		for (int64_t i = 0; i < N * C; i++)
+			ex += (dxh[i] - dx[i]) * (double)(dxh[i] - dx[i]), rx += dx[i] * (double)dx[i];
+		for (int64_t i = 0; i < OC * C; i++)
+			ew += (dwh[i] - dw[i]) * (double)(dwh[i] - dw[i]), rw += dw[i] * (double)dw[i];
+		ey = sqrt(ey / ry), ex = sqrt(ex / rx), ew = sqrt(ew / rw);
+		printf("  token group %s: rel. difference y %.2e, dx %.2e, dw %.2e\n",
+		       pass ? "max-reduced" : "local only ", ey, ex, ew);
+		if (pass == 0)
+			e_local = fmax(ey, fmax(ex, ew));
+		else /* the same fp8 values and scales; dw only sums in another order */
+			EXPECT(ey < 1e-6 && ex < 1e-6 && ew < 1e-6,
+			       "token group: halves differ from the whole (y %.2e, dx %.2e, dw %.2e)", ey,
+			       ex, ew);
+	}
+	EXPECT(e_local > 1e-4, "token group: the halves' own scales should differ (%.2e)", e_local);
+	fp8_linear_unit_clear(0);
+	fp8_linear_configure(false, FP8_TENSORWISE, "");
+	free(x), free(w), free(dy), free(y), free(dx), free(dw), free(yh), free(dxh), free(dwh);
+}
+
 TEST_CASE(filter_and_recipe_names)
 {
 	fp8_linear_configure(true, FP8_ROWWISE, "output,wk");
@@ -347,6 +433,7 @@ int main(void)
 	RUN(casts_edges_and_random);
 	RUN(scales_as_torchao);
 	RUN(linear_recipes_are_products_of_quantised_operands);
+	RUN(token_group_max_gives_one_rank_scales);
 	RUN(filter_and_recipe_names);
 	return test_summary();
 }

@@ -242,6 +242,13 @@ static void reduce_amax(fp8_red r, float *a, int64_t n)
 		r->max_f32(r->ctx, a, n);
 }
 
+/* The token group's maximum (context parallelism; fp8_slice.tok_max_f32): NULL when none. */
+static void reduce_tok(fp8_red t, float *a, int64_t n)
+{
+	if (t && t->tok_max_f32)
+		t->tok_max_f32(t->tok_ctx, a, n);
+}
+
 /* ---------------------------------------------------------------- row blocks */
 
 struct fp8_block_op {
@@ -287,16 +294,19 @@ void fp8_block_end(void)
 }
 
 /* x (rows x cols, all of it here): its amaxes, each along a dimension split over red's group
- * max-reduced over it (rows_split: the rows are; cols_split: the columns are). */
+ * max-reduced over it (rows_split: the rows are; cols_split: the columns are), the tensorwise
+ * one over tok's token group too (an activation under context parallelism). */
 static void take_amaxes(struct fp8_amaxes *a, const float *x, int64_t rows, int64_t cols,
-                        bool rows_split, bool cols_split, fp8_red red)
+                        bool rows_split, bool cols_split, fp8_red red, fp8_red tok)
 {
 	memset(a, 0, sizeof(*a));
 	a->tensor = rows > 0 ? fp8_amax(x, rows * cols) : 0.0f;
 	if (rows_split || cols_split)
 		reduce_amax(red, &a->tensor, 1);
-	if (g_recipe == FP8_TENSORWISE)
+	if (g_recipe == FP8_TENSORWISE) { /* the rowwise recipes cast no activation per tensor */
+		reduce_tok(tok, &a->tensor, 1);
 		return;
+	}
 	a->cols = xcalloc((size_t)cols, sizeof(float));
 	if (rows > 0)
 		fp8_amax_cols(a->cols, x, rows, cols);
@@ -324,7 +334,7 @@ void fp8_block_operand(const float *full, int64_t rows, int64_t cols, const floa
 	b->rows = rows;
 	b->cols = cols;
 	take_amaxes(&b->a, held, held_rows, cols, split == FP8_SPLIT_ROWS, split == FP8_SPLIT_COLS,
-	            red);
+	            red, red);
 }
 
 void fp8_block_weight(const float *w)
@@ -336,7 +346,7 @@ void fp8_block_weight(const float *w)
 		return;
 	bool split = e->slice.dim >= 0;
 	take_amaxes(&e->a, e->w, e->rows, e->cols, split && e->slice.dim == 0,
-	            split && e->slice.dim == 1, split ? &e->slice : NULL);
+	            split && e->slice.dim == 1, split ? &e->slice : NULL, NULL);
 	e->blk = true;
 }
 
@@ -389,21 +399,31 @@ static fp8_red red_if(const struct fp8_entry *e, bool split)
 	return e && e->slice.dim >= 0 && split ? &e->slice : NULL;
 }
 
+/* The token group of the linear's activations (context parallelism), or NULL. */
+static fp8_red tok_of(const struct fp8_entry *e)
+{
+	return e && e->slice.tok_max_f32 ? &e->slice : NULL;
+}
+
 /* q = fp8 values of x (rows x cols) under scales of granularity g; inv[] = 1/scale (1, rows
- * or cols entries); the amaxes maximised over red's group first, or taken from pa (x's
- * amaxes for a row-block scope, x its rows from r0 on). */
+ * or cols entries); the amaxes maximised over red's group first (a tensorwise one then over
+ * tok's token group: x an activation), or taken from pa (x's amaxes for a row-block scope, x
+ * its rows from r0 on). */
 static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t cols,
-                  enum fp8_gran g, enum fp8_fmt f, bool pow2, fp8_red red,
+                  enum fp8_gran g, enum fp8_fmt f, bool pow2, fp8_red red, fp8_red tok,
                   const struct fp8_amaxes *pa, int64_t r0)
 {
 	/* a row block's own rows: no group to ask (its rows are whole here) */
 	bool own_rows = pa && g == GRAN_ROWS && !pa->rows;
-	CHECK(!g_blk_on || !red || (pa && !own_rows),
+	bool tok_red = g == GRAN_TENSOR && tok && tok->tok_max_f32;
+	CHECK(!g_blk_on || !(red || tok_red) || (pa && !own_rows),
 	      "fp8 row blocks: an amax would need a collective inside a ring step");
 	if (g == GRAN_TENSOR) {
 		float a = pa ? pa->tensor : fp8_amax(x, rows * cols);
-		if (!pa)
+		if (!pa) {
 			reduce_amax(red, &a, 1);
+			reduce_tok(tok, &a, 1);
+		}
 		float s = fp8_scale_from_amax(a, f, pow2);
 		inv[0] = 1.0f / s;
 #pragma omp parallel for schedule(static)
@@ -479,7 +499,8 @@ static const float *weight_tensorwise(const float *w, int64_t OC, int64_t C, boo
 		return w;
 	}
 	float *q = scratch(SCR_QB, OC * C);
-	quant(q, inv, w, OC, C, GRAN_TENSOR, FP8_E4M3, pow2, red_if(e, true), weight_block(e), 0);
+	quant(q, inv, w, OC, C, GRAN_TENSOR, FP8_E4M3, pow2, red_if(e, true), NULL, weight_block(e),
+	      0);
 	return q;
 }
 
@@ -490,13 +511,13 @@ void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N,
 	 * parallel), or the whole weight */
 	const struct fp8_entry *e = fp8_find(w);
 	int dim = e ? e->slice.dim : -1;
-	fp8_red rc = red_if(e, dim == 1);
+	fp8_red rc = red_if(e, dim == 1), rt = tok_of(e);
 	int64_t r0;
 	const struct fp8_amaxes *px = block_of(inp, N, C, &r0); /* inside a row-block scope */
 	float *qx = scratch(SCR_QA, N * C);
 	if (g_recipe == FP8_TENSORWISE) {
 		float ix, iw;
-		quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc, px, r0);
+		quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc, rt, px, r0);
 		const float *qw = weight_tensorwise(w, OC, C, false, &iw);
 		scaled_mm(false, true, N, OC, C, qx, C, qw, C, &ix, false, &iw, false, out,
 		          accumulate);
@@ -504,8 +525,8 @@ void fp8_linear_forward(float *out, const float *inp, const float *w, int64_t N,
 	}
 	/* rowwise, rowwise_with_gw_hp: x per row, w per row (both along C) */
 	float *ix = scratch(SCR_IA, N), *iw = scratch(SCR_IB, OC), *qw = scratch(SCR_QB, OC * C);
-	quant(qx, ix, inp, N, C, GRAN_ROWS, FP8_E4M3, true, rc, px, r0);
-	quant(qw, iw, w, OC, C, GRAN_ROWS, FP8_E4M3, true, rc, weight_block(e), 0);
+	quant(qx, ix, inp, N, C, GRAN_ROWS, FP8_E4M3, true, rc, NULL, px, r0);
+	quant(qw, iw, w, OC, C, GRAN_ROWS, FP8_E4M3, true, rc, NULL, weight_block(e), 0);
 	scaled_mm(false, true, N, OC, C, qx, C, qw, C, ix, true, iw, true, out, accumulate);
 }
 
@@ -516,7 +537,8 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 	 * parallel), or the whole weight */
 	const struct fp8_entry *e = fp8_find(w);
 	int dim = e ? e->slice.dim : -1;
-	fp8_red rc = red_if(e, dim == 1), ro = red_if(e, dim == 0), rw = red_if(e, true);
+	fp8_red rc = red_if(e, dim == 1), ro = red_if(e, dim == 0), rw = red_if(e, true),
+	        rt = tok_of(e);
 	/* inside a row-block scope: the amaxes taken for it (x only where it is cast) */
 	int64_t d0, x0;
 	const struct fp8_amaxes *pd = block_of(dout, N, OC, &d0), *pw = weight_block(e);
@@ -525,7 +547,7 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 	float *qd = scratch(SCR_QA, N * OC);
 	if (g_recipe == FP8_TENSORWISE) {
 		float id, iw, ix;
-		quant(qd, &id, dout, N, OC, GRAN_TENSOR, FP8_E5M2, false, ro, pd, d0);
+		quant(qd, &id, dout, N, OC, GRAN_TENSOR, FP8_E5M2, false, ro, rt, pd, d0);
 		if (dinp) {
 			const float *qw = weight_tensorwise(w, OC, C, false, &iw);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, &id, false, &iw, false, dinp,
@@ -534,7 +556,7 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		if (dw) {
 			/* qd stays in SCR_QA; x goes to QB (the weight's values are not needed now) */
 			float *qx = scratch(SCR_QB, N * C);
-			quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc, px, x0);
+			quant(qx, &ix, inp, N, C, GRAN_TENSOR, FP8_E4M3, false, rc, rt, px, x0);
 			scaled_mm(true, false, OC, C, N, qd, OC, qx, C, &id, false, &ix, false, dw,
 			          true);
 		}
@@ -543,15 +565,15 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 	if (dinp) {
 		/* dx(N,C) = dy(N,OC) w(OC,C): dy per row; w per column (rowwise) or tensorwise */
 		float *id = scratch(SCR_IA, N), *qw = scratch(SCR_QB, OC * C);
-		quant(qd, id, dout, N, OC, GRAN_ROWS, FP8_E4M3, true, ro, pd, d0);
+		quant(qd, id, dout, N, OC, GRAN_ROWS, FP8_E4M3, true, ro, NULL, pd, d0);
 		if (g_recipe == FP8_ROWWISE) {
 			float *iw = scratch(SCR_IB, C);
-			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true, ro, pw, 0);
+			quant(qw, iw, w, OC, C, GRAN_COLS, FP8_E4M3, true, ro, NULL, pw, 0);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, iw, true, dinp,
 			          dinp_acc);
 		} else {
 			float iw;
-			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true, rw, pw, 0);
+			quant(qw, &iw, w, OC, C, GRAN_TENSOR, FP8_E4M3, true, rw, NULL, pw, 0);
 			scaled_mm(false, false, N, C, OC, qd, OC, qw, C, id, true, &iw, false, dinp,
 			          dinp_acc);
 		}
@@ -565,8 +587,8 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		/* dw(OC,C) = dy^T(OC,N) x(N,C): both per column (along N) */
 		float *id = scratch(SCR_IA, OC), *ix = scratch(SCR_IB, C),
 		      *qx = scratch(SCR_QB, N * C);
-		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true, NULL, pd, d0);
-		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true, NULL, px, x0);
+		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true, NULL, NULL, pd, d0);
+		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true, NULL, NULL, px, x0);
 		scaled_mm(true, false, OC, C, N, qd, OC, qx, C, id, true, ix, true, dw, true);
 	}
 }

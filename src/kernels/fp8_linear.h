@@ -63,12 +63,23 @@ bool fp8_linear_wants(const char *name);
  * C) and of each row of x and w when C is split (row parallel); of the output gradient dy (N,
  * OC), each row of dy and each column of w when OC is split (column parallel). Amaxes along
  * the tokens (the weight gradient's columns of x and dy) need none: tensor parallelism does
- * not split the tokens a matmul sees. The kernel never names the collective; the model's group
- * (model/model_group.h) supplies it. */
+ * not split the tokens a matmul sees.
+ *
+ * Context parallelism does: each rank of its group holds a piece of every sequence of the
+ * micro-batch, so a linear sees only this rank's tokens. tok_max_f32(tok_ctx, buf, n) is the
+ * same maximum over that token group (NULL: the linear sees all the micro-batch's tokens).
+ * The tensorwise amaxes of the activations (x, and dy) run along the tokens and are
+ * max-reduced over it too (after the tp reduction where there is one); a weight is whole on
+ * every rank of the token group and needs none. The per-token rows of the rowwise recipes are
+ * whole on a rank; their weight gradient's per-column amaxes (along the tokens) stay this
+ * rank's, as each rank's weight gradient is a partial sum of its own tokens.
+ * The kernel never names a collective; the model's groups (model/model_group.h) supply them. */
 struct fp8_slice {
 	int dim; /* -1: not split (max_f32 unused) */
 	void (*max_f32)(void *ctx, float *buf, int64_t n);
 	void *ctx;
+	void (*tok_max_f32)(void *tok_ctx, float *buf, int64_t n);
+	void *tok_ctx;
 };
 
 /* The registry. Unit u's float8 weights live in the buffer at `base`: unit_is says whether
@@ -99,7 +110,8 @@ void fp8_linear_set_prepared(const float *w, float scale);
  *     blocks of full (rows x cols, row-major). split = FP8_SPLIT_ROWS: the rows are divided
  *     over red's group and this rank holds held (held_rows of them: its token shard, gathered
  *     into full during the ring); FP8_SPLIT_COLS: the columns are (this rank's features), held
- *     is full itself with all its rows. red: the group's max (fp8_slice; dim unused).
+ *     is full itself with all its rows. red: the group's max (fp8_slice; dim unused), and
+ *     the token group's (tok_max_f32, may be NULL) for the tensorwise amax.
  *   fp8_block_weight(w): a registered float8 weight's amaxes taken now, with its own
  *     reduction (fp8_slice), for the linears inside.
  * The results equal those of one call on the whole operand: the same scales cast every block,

@@ -16,8 +16,9 @@ double model_unit_pass(const struct model_ops *ops, void *impl, int u, enum mode
                        double dscale, bool *ran);
 /* Keep the float8 registry (kernels/fp8_linear.h) in step with where unit u's parameters are
  * bound (a family whose linears may be float8 calls it from bind_unit); tp: the group that
- * splits its weights (NULL or size 1: whole weights). */
+ * splits its weights (NULL or size 1: whole weights); cp: the group that splits the tokens of
+ * the micro-batch (context parallelism; NULL or size 1: none). */
 void model_fp8_bind(const struct param_table *t, int u, const float *params,
-                    const struct model_group *tp);
+                    const struct model_group *tp, const struct model_group *cp);
 
 #endif

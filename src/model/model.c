@@ -217,8 +217,11 @@ bool model_fp8_linear(const struct param_entry *e)
  * are bound: its float8 linears' weights, found by the table, are registered at their new
  * addresses (a rebind to the same buffer, e.g. to attach gradients, keeps them as they are). */
 void model_fp8_bind(const struct param_table *t, int u, const float *params,
-                    const struct model_group *tp)
+                    const struct model_group *tp, const struct model_group *cp)
 {
+	/* context parallelism: the linears see this rank's tokens of the micro-batch, so their
+	 * activations' tensorwise amaxes are maximised over the cp group (fp8_slice) */
+	bool tok = cp && cp->size > 1;
 	if (!fp8_linear_enabled() || fp8_linear_unit_is(u, params))
 		return;
 	fp8_linear_unit_clear(u);
@@ -235,7 +238,9 @@ void model_fp8_bind(const struct param_table *t, int u, const float *params,
 		bool split = tp && tp->size > 1 && e->tp_dim >= 0;
 		struct fp8_slice sl = {.dim = split ? e->tp_dim : -1,
 		                       .max_f32 = split ? tp->all_reduce_max_f32 : NULL,
-		                       .ctx = split ? tp->ctx : NULL};
+		                       .ctx = split ? tp->ctx : NULL,
+		                       .tok_max_f32 = tok ? cp->all_reduce_max_f32 : NULL,
+		                       .tok_ctx = tok ? cp->ctx : NULL};
 		fp8_linear_add(u, params + (e->offset - t->unit_begin[u]), e->shape[0],
 		               e->shape[1], &sl);
 	}

@@ -1,12 +1,9 @@
 /* Tensor-parallel configuration checks. */
 #include "train/tp_check.h"
 
-#include <string.h>
-
 #include "base/log.h"
 #include "comm/comm.h"
 #include "parallel/cp.h"
-#include "train/compute.h"
 #include "train/model_spec.h"
 
 int tp_check_config(const struct ct_config *cfg)
@@ -63,15 +60,6 @@ int cp_check_config(const struct ct_config *cfg)
 		          "= \"%s\" (%s)",
 		          (long long)cp, cfg->model.name,
 		          fam->no_cp_why ? fam->no_cp_why : "the family has no context-parallel form");
-		return CT_ERR_USAGE;
-	}
-	if (compute_float8(cfg) && strcmp(cfg->float8.recipe_name, "tensorwise") == 0) {
-		LOG_ERROR("parallelism.context_parallel_degree = %lld with quantize.linear.float8."
-		          "recipe_name = tensorwise: not yet supported (a tensorwise scale would be "
-		          "the amax of a rank's sequence shard, not of the whole micro-batch: the "
-		          "activation amaxes are not yet max-reduced over the cp group); the rowwise "
-		          "recipes scale per token and compose with cp",
-		          (long long)cp);
 		return CT_ERR_USAGE;
 	}
 	enum cp_balancer b;

@@ -396,7 +396,9 @@ static void rb_dxqkv(struct llama_model *m, const void *ctx, int64_t r0, int64_t
 /* Float8 linears beside a ring (kernels/fp8_linear.h, row blocks): the operands its callback
  * multiplies in row blocks, and the weights, declared before the ring with the amaxes one
  * rank would take (max-reduced over the TP group: the gathered ones hold a token shard here,
- * the others this rank's features). Every TP rank declares the same, in the same order. */
+ * the others this rank's features; under context parallelism the tensorwise ones over the cp
+ * group too: this rank holds a piece of the micro-batch's tokens). Every TP rank declares the
+ * same, in the same order. */
 enum ring_uses {
 	RU_XN = 1u << 0,   /* the norm output, gathered into tpb->xg */
 	RU_DRES = 1u << 1, /* the residual gradient, gathered into tpb->part */
@@ -415,8 +417,12 @@ static bool ring_fp8_begin(struct llama_model *m, const struct blk *c, unsigned 
 	if (!fp8_linear_enabled())
 		return false;
 	const struct llama_dims *d = &c->d;
-	const struct fp8_slice red = {
-	    .dim = -1, .max_f32 = m->tp->all_reduce_max_f32, .ctx = m->tp->ctx};
+	const bool tok = m->cp && m->cp->size > 1;
+	const struct fp8_slice red = {.dim = -1,
+	                              .max_f32 = m->tp->all_reduce_max_f32,
+	                              .ctx = m->tp->ctx,
+	                              .tok_max_f32 = tok ? m->cp->all_reduce_max_f32 : NULL,
+	                              .tok_ctx = tok ? m->cp->ctx : NULL};
 	int64_t held = llama_tp_held_rows(m);
 	const struct {
 		unsigned use;

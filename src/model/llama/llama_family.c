@@ -47,7 +47,7 @@ static void llama_op_bind(void *impl, int u, float *params, float *grads)
 {
 	llama_bind_unit(impl, u, params, grads);
 	struct llama_model *m = impl;
-	model_fp8_bind(&m->table, u, params, m->tp);
+	model_fp8_bind(&m->table, u, params, m->tp, m->cp);
 }
 static double llama_op_forward(void *impl, int u, int64_t *n_valid)
 {

@@ -96,9 +96,10 @@ bool llama_c_ag_dres(struct llama_model *m, int l)
  * float8 linears carries fp8 (torchao's float8 tensor parallelism casts before the
  * all-gather): the norm output into wq/wk/wv and into w1/w3 in e4m3, the residual gradient
  * into w2's and wo's backward in e5m2. A rank casts its token shard with the scale of the
- * whole activation (its real rows' amax max-reduced over the group: what one rank's linear
- * takes), one byte per value travels instead of four, and every block is decoded into the
- * gathered buffer as value / scale. The linears cast those values again with that tensorwise
+ * whole activation (its real rows' amax max-reduced over the group, and under context
+ * parallelism over the cp group too: what one rank's linear takes), one byte per value
+ * travels instead of four, and every block is decoded into the gathered buffer as value /
+ * scale. The linears cast those values again with that tensorwise
  * amax (up to the rounding of the scale), which gives back the same fp8 values: they lie on
  * the grid. The rowwise recipes gather fp32, as torchao: their weight gradient casts the
  * activation again with per-column scales, which fp8-rounded rows would change. */
@@ -127,6 +128,8 @@ static struct llama_tp_wire wire_of(struct llama_model *m, const float *shard, e
 	int64_t h = llama_tp_held_rows(m);
 	float a = h > 0 ? fp8_amax(shard, h * m->cfg.dim) : 0.0f;
 	m->tp->all_reduce_max_f32(m->tp->ctx, &a, 1);
+	if (m->cp && m->cp->size > 1) /* the linears' amax (kernels/fp8_linear.h, fp8_slice) */
+		m->cp->all_reduce_max_f32(m->cp->ctx, &a, 1);
 	return (struct llama_tp_wire){.fmt = fmt, .scale = fp8_scale_from_amax(a, fmt, false)};
 }
 
