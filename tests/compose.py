@@ -181,10 +181,6 @@ RULES = [
      "micro-batch, until the activation amaxes are max-reduced over the cp group (the matrix "
      "saw w3 differ by 3% after 3 steps); the rowwise recipes scale per token and compose",
      "recipe_name = tensorwise: not yet supported"),
-    ("validation-pp", lambda c: c["mode"] == "validation" and is_pp(c["layout"]),
-     "the pipeline schedules are training steps (forward and backward per micro-batch); no "
-     "forward-only pipeline schedule exists for the validation loss",
-     "no forward-only pipeline schedule"),
 ]
 
 # Tolerances (relative; parameters: per tensor, |got - ref| / |ref| in the L2 norm), from the
