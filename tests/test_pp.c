@@ -238,11 +238,15 @@ static void compare_eval(const char *what, const struct run *a, const struct run
                          double tol)
 {
 	double worst = 0;
+	int at = 0;
 	for (int s = 0; s < STEPS; s++)
-		worst = fmax(worst, rel(a->eval[s], ref->eval[s]));
-	EXPECT(worst <= tol, "%s rank %d: validation loss rel err %.3g (tol %g; step 1: %.9g vs "
-	       "%.9g)",
-	       what, comm_world_rank(), worst, tol, a->eval[0], ref->eval[0]);
+		if (rel(a->eval[s], ref->eval[s]) > worst) {
+			worst = rel(a->eval[s], ref->eval[s]);
+			at = s;
+		}
+	EXPECT(worst <= tol, "%s rank %d: validation loss rel err %.3g (tol %g; after step %d: "
+	       "%.9g vs %.9g)",
+	       what, comm_world_rank(), worst, tol, at + 1, a->eval[at], ref->eval[at]);
 	if (comm_world_rank() == 0)
 		printf("  %-40s validation %.2e\n", what, worst);
 }
