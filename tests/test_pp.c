@@ -17,7 +17,7 @@
  *    above: the mean loss of held-out rows equals the one-rank forward's of the same rows
  *    within 1e-5 relative (the same fp32 forward, only the sum order of the loss differs),
  *    on every rank; and a run with validation trains bitwise as the same run without it
- *    (losses, gradient norms, parameters).
+ *    (losses, gradient norms, parameters), with no slot or activation byte more.
  * Every rank computes the one-rank reference itself; every rank's verdict counts. */
 #include <math.h>
 #include <stdlib.h>
@@ -334,6 +334,12 @@ TEST_CASE(equivalence)
 		EXPECT(pipeline(W, 1, 1, styles[i], NULL, &rv, &peak, &pred), "%s refused", what);
 		compare_eval(what, &rv, &ref, 1e-5);
 		compare_bitwise(what, &rv, &r);
+		/* validation reuses the step's slots: not one more, not a byte more at the peak */
+		EXPECT(rv.n_slots == r.n_slots && rv.act_peak == r.act_peak,
+		       "%s rank %d: with validation %d slots, activation peak %lld bytes; the step "
+		       "alone %d, %lld",
+		       what, comm_world_rank(), rv.n_slots, (long long)rv.act_peak, r.n_slots,
+		       (long long)r.act_peak);
 		free(rv.params);
 		if (i == 0) {
 			gp = r;

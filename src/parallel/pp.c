@@ -369,19 +369,14 @@ void pp_gather_full(struct pp *pp, float *out)
 /* ---------------------------------------------------------------- slots */
 
 static void slot_wait_sends(struct pp *pp, int c, struct pp_slot *s);
-static bool slot_send_done(struct pp *pp, int c, struct pp_slot *s);
 
-/* The slot of virtual stage c's micro-batch m, taking a free one (or building one) if it has
- * none. A step reuses the first free slot, waiting for its last send; an evaluation only one
- * whose send is done (its sends are never waited for inside the schedule). */
 static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 {
 	struct pp_vstage *ch = &pp->vstages[c];
 	if (ch->slot_of[m] >= 0)
 		return &ch->slots[ch->slot_of[m]];
 	int k = 0;
-	while (k < ch->n_slots &&
-	       (ch->slots[k].micro >= 0 || (pp->eval && !slot_send_done(pp, c, &ch->slots[k]))))
+	while (k < ch->n_slots && ch->slots[k].micro >= 0)
 		k++;
 	if (k == ch->n_slots) {
 		ch->slots = realloc(ch->slots, (size_t)(k + 1) * sizeof(*ch->slots));
@@ -522,17 +517,6 @@ static void wait_send(struct pp *pp, int c, int m, bool backward)
 	wait_until(pp, &x->hdr, 0, peer, what);
 }
 
-static bool slot_send_done(struct pp *pp, int c, struct pp_slot *s)
-{
-	if (!s->send_open)
-		return true;
-	struct pp_xfer *x = &pp->vstages[c].send[s->send_backward][s->send_micro];
-	if (!comm_p2p_test(&x->data) || !comm_p2p_test(&x->hdr))
-		return false;
-	s->send_open = false;
-	return true;
-}
-
 static void slot_wait_sends(struct pp *pp, int c, struct pp_slot *s)
 {
 	if (!s->send_open)
@@ -605,7 +589,11 @@ static void act_forward(struct pp *pp, int c, int m)
 		pp->peak_inflight = pp->inflight;
 }
 
-/* An evaluation's slot is free after its forward (the last stage) or its activation's send. */
+/* An evaluation's slot is free after its forward (the last stage) or its activation's send:
+ * the stage's next micro-batch reuses it (slot_get waits for that send first), so an
+ * evaluation builds no slot the step has not. The wait cannot deadlock: the forward-only
+ * lists are sorted by (micro-batch, stage), and the receive it waits for belongs to an
+ * earlier micro-batch than the waiting action, so an earlier action in that order. */
 static void slot_release_eval(struct pp *pp, int c, int m)
 {
 	struct pp_vstage *ch = &pp->vstages[c];

@@ -48,8 +48,8 @@
  * (pp_sched_forward_only, lowered by sched_build_pp) through the same executor and backend:
  * the stage shards gathered, every micro-batch's forward with the loss gradient scale 0 (no
  * backward, so no recompute, no gradients, no reduce-scatter, no optimizer), a slot free again
- * once its activation is sent (reused only after the send completed, so eval never blocks in
- * a send). The last stage's loss sums and valid-token counts are summed over the whole mesh,
+ * once its activation is sent (the stage's next micro-batch reuses it: no slot more than the
+ * step's). The last stage's loss sums and valid-token counts are summed over the whole mesh,
  * so every rank holds the mean of all data-parallel ranks' rows; the training state (shards,
  * moments, the last step's record) is untouched.
  *

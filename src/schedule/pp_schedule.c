@@ -246,8 +246,8 @@ int pp_sched_forward_only(struct pp_sched *s, enum pp_style style, int p, int v,
 	sched_init(s, style, p, v, m);
 	s->forward_only = true;
 	for (int r = 0; r < p; r++)
-		for (int c = 0; c < v; c++)
-			for (int mb = 0; mb < m; mb++)
+		for (int mb = 0; mb < m; mb++)
+			for (int c = 0; c < v; c++)
 				push(s, r, PP_F, c * p + r, mb);
 	pp_sched_add_comms(s);
 	return CT_OK;

@@ -27,10 +27,11 @@
  * or W): the prediction the executor's measurement is tested against.
  *
  * A forward-only schedule (pp_sched_forward_only: the validation loss) has F actions and
- * their SEND_F / RECV_F only: each rank runs its stages in order, all micro-batches through
- * a stage before its next one (a topological order of the forwards, so with non-blocking
- * sends it cannot deadlock); the checker then asks for every (stage, micro-batch)'s F once
- * and no backward at all.
+ * their SEND_F / RECV_F only: each rank runs micro-batch after micro-batch, each through its
+ * stages in order, so every rank's list is sorted by (micro-batch, stage), one topological
+ * order of all forwards: no wait, not even a send's before its buffer is reused, can wait on
+ * a later action (parallel/pp.c relies on it); the checker then asks for every (stage,
+ * micro-batch)'s F once and no backward at all.
  */
 #ifndef CT_SCHEDULE_PP_SCHEDULE_H
 #define CT_SCHEDULE_PP_SCHEDULE_H
