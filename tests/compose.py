@@ -169,10 +169,6 @@ RULES = [
      "the MoE family saves every activation: a recompute would count the router's tokens "
      "twice in the balancing statistics",
      "every activation"),
-    ("validation-pp", lambda c: c["mode"] == "validation" and is_pp(c["layout"]),
-     "the pipeline schedules are training steps (forward and backward per micro-batch); no "
-     "forward-only pipeline schedule exists for the validation loss",
-     "no forward-only pipeline schedule"),
 ]
 
 # Tolerances (relative; parameters: per tensor, |got - ref| / |ref| in the L2 norm), from the

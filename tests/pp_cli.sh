@@ -12,7 +12,10 @@
 #     the batch, a CSV with an unmatched send; ZB-H1 with async TP says why not (Hyena under PP: tests/hyena_cli.sh);
 #     ZeroBubbleH1 and async TP on pp=2 x tp=2 equal the one-rank run, and pp=2 with bf16
 #     parameters the one-rank bf16 run;
-#  4. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
+#  4. validation under PP (the forward-only pipeline schedule): pp=2 Interleaved1F1B and
+#     pp=2 x tp=2 ZB-H1 log the one-rank run's validation losses within 1e-5, and train
+#     bitwise as without validation (every step's loss and grad norm, the step-6 checkpoint);
+#  5. `ctitan plan` with pp: 405B on 512 GPUs within 15% of TorchTitan's tokens/s per GPU for
 #     1F1B and Interleaved1F1B (assumptions in the command), bubble and in-flight memory.
 #   tests/pp_cli.sh build/ctitan
 set -u
@@ -169,7 +172,50 @@ bad "ZB-H1 with async TP" "ZeroBubbleH1 (split backward, I/W) with enable_async_
   --parallelism.pipeline_parallel_degree=2 --parallelism.tensor_parallel_degree=2 \
   --parallelism.enable_async_tensor_parallel=true --parallelism.pipeline_parallel_schedule=ZeroBubbleH1
 
-# 4. plan: Llama 3.1 405B on 512 H100s (FSDP 8 x TP 8 x PP 8, full AC, 8 sequences of 8192 per
+# 4. validation under PP
+token_shards "$tmp/dval" 5 0.8 7 1 train_000000=30000 val_000000=4000
+VAL=(--training.dataset_path="$tmp/dval" --validation.enable=true --validation.freq=3
+     --validation.steps=2 --checkpoint.enable=true --checkpoint.interval=6)
+same_train() { $PY - "$1" "$2" <<'PY'
+import json, os, sys
+def run(d):
+    m = {}
+    for l in open(os.path.join(d, "metrics.jsonl")):
+        r = json.loads(l); m.setdefault(r["step"], {}).update(r)
+    ck = os.path.join(d, "checkpoint", "step-00000006")
+    files = b"".join(open(os.path.join(ck, f), "rb").read()
+                     for f in sorted(os.listdir(ck)) if f.endswith(".safetensors"))
+    return [(m[s]["loss"], m[s]["grad_norm"]) for s in range(1, 7)], files
+a, b = run(sys.argv[1]), run(sys.argv[2])
+sys.exit(0 if a[0] == b[0] and a[1] == b[1] and a[1] else 1)
+PY
+}
+close_val() { $PY - "$1" "$2" <<'PY'
+import json, sys
+def val(p):
+    return {r["step"]: r["validation_loss"] for r in map(json.loads, open(p))
+            if "validation_loss" in r}
+a, b = val(sys.argv[1]), val(sys.argv[2])
+print("validation", a, "one rank", b)
+sys.exit(0 if sorted(a) == sorted(b) == [3, 6] and
+         all(abs(a[s] - b[s]) <= 1e-5 * abs(b[s]) for s in a) else 1)
+PY
+}
+train 1 "$tmp/v1" "${VAL[@]}"
+for layout in "2 pp2i --parallelism.pipeline_parallel_schedule=Interleaved1F1B" \
+              "4 pp2tp2zb --parallelism.pipeline_parallel_schedule=ZeroBubbleH1 --parallelism.tensor_parallel_degree=2"; do
+  set -- $layout
+  n=$1 name=$2
+  shift 2
+  train "$n" "$tmp/v_$name" "${VAL[@]}" --parallelism.pipeline_parallel_degree=2 "$@" &&
+    close_val "$tmp/v_$name/metrics.jsonl" "$tmp/v1/metrics.jsonl"
+  check "$name with validation: the validation losses of steps 3 and 6 equal one rank's within 1e-5" $?
+  train "$n" "$tmp/n_$name" "${VAL[@]}" --validation.enable=false \
+    --parallelism.pipeline_parallel_degree=2 "$@" && same_train "$tmp/v_$name" "$tmp/n_$name"
+  check "$name: training with validation is bitwise the run without it (losses, norms, checkpoint)" $?
+done
+
+# 5. plan: Llama 3.1 405B on 512 H100s (FSDP 8 x TP 8 x PP 8, full AC, 8 sequences of 8192 per
 # data-parallel rank in micro-batches of 1, compute at 0.64 of the bf16 peak) within 15% of
 # TorchTitan's 100 (1F1B) and 128 (Interleaved1F1B) tokens/s per GPU
 P405=(--world-size 512 --metrics.peak_tflops=989 --comm.bandwidth_gbps=400 --comm.latency_us=30

@@ -12,7 +12,12 @@
  *  - ZB-H1 (backward split into input-gradient I and deferred weight-gradient W halves) on
  *    pp=2 and pp=4 like the others;
  *  - a CSV schedule (1F1B written and read back) runs like the generated one, and ZB-H1 on
- *    pp=2 x tp=2 (the split backward keeps TP's gathered activations) like the others.
+ *    pp=2 x tp=2 (the split backward keeps TP's gathered activations) like the others;
+ *  - validation (pp_eval_loss, the forward-only schedule) after every step, in every run
+ *    above: the mean loss of held-out rows equals the one-rank forward's of the same rows
+ *    within 1e-5 relative (the same fp32 forward, only the sum order of the loss differs),
+ *    on every rank; and a run with validation trains bitwise as the same run without it
+ *    (losses, gradient norms, parameters), with no slot or activation byte more.
  * Every rank computes the one-rank reference itself; every rank's verdict counts. */
 #include <math.h>
 #include <stdlib.h>
@@ -50,6 +55,8 @@ static void config(struct model_config *mc)
 }
 
 struct run {
+	bool with_eval;       /* in: validate after every step */
+	double eval[STEPS];   /* out: the validation losses */
 	double loss[STEPS], norm[STEPS];
 	float *params;
 	/* memory (measured from MEM_ACTIVATIONS): the step's peak over what was there before
@@ -61,6 +68,13 @@ struct run {
 static void batch(int64_t step, int64_t micro_total, int32_t *tok, int32_t *tgt, int64_t vocab)
 {
 	synthetic_batch(seed, vocab, step * micro_total * MROWS, micro_total * MROWS, SEQ, tok, tgt);
+}
+
+/* The validation rows after step `step`: rows no training step reads. */
+static void val_batch(int64_t step, int64_t micro_total, int32_t *tok, int32_t *tgt,
+                      int64_t vocab)
+{
+	batch(1000 + step, micro_total, tok, tgt, vocab);
 }
 
 /* One rank, dp * NMICRO micro-batches per step (the same rows the layouts split). */
@@ -82,6 +96,19 @@ static void reference(int dp, struct run *out)
 		train_step(&m, &opt, tok, tgt, acc, 1e-3, 0.5, &res);
 		out->loss[s] = res.loss;
 		out->norm[s] = res.grad_norm;
+		/* the validation loss: the one-rank forward of every validation micro-batch */
+		val_batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
+		double sum = 0;
+		int64_t valid = 0;
+		model_set_loss_dscale(&m, 0);
+		for (int64_t a = 0; a < acc; a++) {
+			int64_t N = MROWS * SEQ, v = 0;
+			memcpy(m.tokens, tok + a * N, (size_t)N * 4);
+			memcpy(m.targets, tgt + a * N, (size_t)N * 4);
+			sum += model_forward(&m, &v);
+			valid += v;
+		}
+		out->eval[s] = sum / (double)valid;
 	}
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
 	memcpy(out->params, m.params, (size_t)m.table->numel * sizeof(float));
@@ -133,6 +160,14 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 		CHECK(engine_run(&e, mt, mg, NMICRO, &opt, 1e-3, 0.5, &res) == CT_OK, "step");
 		out->loss[s] = res.loss;
 		out->norm[s] = res.grad_norm;
+		if (!out->with_eval)
+			continue;
+		val_batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
+		for (int a = 0; a < NMICRO; a++) {
+			memcpy(mt + a * N, tok + (a * dp + d) * N, (size_t)N * 4);
+			memcpy(mg + a * N, tgt + (a * dp + d) * N, (size_t)N * 4);
+		}
+		out->eval[s] = pp_eval_loss(&pp, mt, mg, NULL, NULL);
 	}
 	*peak = pp.peak_inflight;
 	out->act_peak = mem_peak(MEM_ACTIVATIONS) - act0;
@@ -196,6 +231,37 @@ static void compare(const char *what, const struct run *a, const struct run *b, 
 	       what, worst, perr, tol);
 	if (comm_world_rank() == 0)
 		printf("  %-40s loss/norm %.2e  params %.2e\n", what, worst, perr);
+}
+
+/* Validation of a run against the one-rank reference's (tol relative, every rank's value). */
+static void compare_eval(const char *what, const struct run *a, const struct run *ref,
+                         double tol)
+{
+	double worst = 0;
+	int at = 0;
+	for (int s = 0; s < STEPS; s++)
+		if (rel(a->eval[s], ref->eval[s]) > worst) {
+			worst = rel(a->eval[s], ref->eval[s]);
+			at = s;
+		}
+	EXPECT(worst <= tol, "%s rank %d: validation loss rel err %.3g (tol %g; after step %d: "
+	       "%.9g vs %.9g)",
+	       what, comm_world_rank(), worst, tol, at + 1, a->eval[at], ref->eval[at]);
+	if (comm_world_rank() == 0)
+		printf("  %-40s validation %.2e\n", what, worst);
+}
+
+/* Validation leaves training as it was: the same run without it, bitwise. */
+static void compare_bitwise(const char *what, const struct run *a, const struct run *b)
+{
+	int64_t diff = 0, n = n_params();
+	for (int s = 0; s < STEPS; s++)
+		diff += a->loss[s] != b->loss[s] || a->norm[s] != b->norm[s];
+	for (int64_t i = 0; i < n; i++)
+		diff += memcmp(&a->params[i], &b->params[i], sizeof(float)) != 0;
+	EXPECT(diff == 0, "%s rank %d: with validation, %lld losses/norms/parameters differ from "
+	       "the run without it",
+	       what, comm_world_rank(), (long long)diff);
 }
 
 /* MEM_ACTIVATIONS of one whole-model micro-batch instance with L layers (no parameters). */
@@ -264,6 +330,17 @@ TEST_CASE(equivalence)
 			       peak);
 		if (styles[i] != PP_INTERLEAVED_1F1B)
 			check_memory(what, &r, pred, styles[i] != PP_ZB_H1);
+		struct run rv = {.with_eval = true};
+		EXPECT(pipeline(W, 1, 1, styles[i], NULL, &rv, &peak, &pred), "%s refused", what);
+		compare_eval(what, &rv, &ref, 1e-5);
+		compare_bitwise(what, &rv, &r);
+		/* validation reuses the step's slots: not one more, not a byte more at the peak */
+		EXPECT(rv.n_slots == r.n_slots && rv.act_peak == r.act_peak,
+		       "%s rank %d: with validation %d slots, activation peak %lld bytes; the step "
+		       "alone %d, %lld",
+		       what, comm_world_rank(), rv.n_slots, (long long)rv.act_peak, r.n_slots,
+		       (long long)r.act_peak);
+		free(rv.params);
 		if (i == 0) {
 			gp = r;
 		} else {
@@ -279,18 +356,20 @@ TEST_CASE(equivalence)
 
 TEST_CASE(with_data_parallel)
 {
-	struct run ref, r = {0};
+	struct run ref, r = {.with_eval = true}; /* and validation */
 	int peak = 0, pred = 0;
 	if (comm_world_size() == 8) { /* 3D: pp x tp x dp_shard, and pp x dp_replicate x dp_shard */
 		reference(2, &ref);
 		EXPECT(pipeline_tp(2, 1, 2, 2, PP_1F1B, NULL, &r, &peak, &pred), "2x2x2 refused");
 		compare("pp=2 x dp_shard=2 x tp=2 1F1B", &r, &ref, 1e-5);
+		compare_eval("pp=2 x dp_shard=2 x tp=2 1F1B", &r, &ref, 1e-5);
 		free(r.params);
 		free(ref.params);
 		reference(4, &ref);
 		EXPECT(pipeline(2, 2, 2, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
 		       "2x2x2 refused");
 		compare("pp=2 x dp_replicate=2 x dp_shard=2 Interleaved1F1B", &r, &ref, 1e-5);
+		compare_eval("pp=2 x dp_replicate=2 x dp_shard=2 Interleaved1F1B", &r, &ref, 1e-5);
 		free(r.params);
 		free(ref.params);
 		return;
@@ -300,16 +379,19 @@ TEST_CASE(with_data_parallel)
 	reference(2, &ref);
 	EXPECT(pipeline(2, 1, 2, PP_1F1B, NULL, &r, &peak, &pred), "pp2 x shard2 refused");
 	compare("pp=2 x dp_shard=2 1F1B", &r, &ref, 1e-5);
+	compare_eval("pp=2 x dp_shard=2 1F1B", &r, &ref, 1e-5);
 	free(r.params);
 	EXPECT(pipeline(2, 2, 1, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
 	       "pp2 x rep2 refused");
 	compare("pp=2 x dp_replicate=2 Interleaved1F1B", &r, &ref, 1e-5);
+	compare_eval("pp=2 x dp_replicate=2 Interleaved1F1B", &r, &ref, 1e-5);
 	free(r.params);
 	free(ref.params);
 	reference(1, &ref);
 	EXPECT(pipeline_tp(2, 1, 1, 2, PP_INTERLEAVED_1F1B, NULL, &r, &peak, &pred),
 	       "pp2 x tp2 refused");
 	compare("pp=2 x tp=2 Interleaved1F1B", &r, &ref, 1e-5);
+	compare_eval("pp=2 x tp=2 Interleaved1F1B", &r, &ref, 1e-5);
 	free(r.params);
 	free(ref.params);
 }
@@ -330,11 +412,12 @@ TEST_CASE(csv_and_refusals)
 	struct mesh mesh;
 	mesh_build(&mesh, 1, 1, -1, 1);
 	comm_barrier(&mesh.world_group);
-	struct run ref, r = {0};
+	struct run ref, r = {.with_eval = true}; /* and validation */
 	int peak = 0, pred = 0;
 	reference(1, &ref);
 	EXPECT(pipeline(W, 1, 1, PP_GPIPE, path, &r, &peak, &pred), "CSV refused");
 	compare("pp CSV (1F1B)", &r, &ref, 1e-5);
+	compare_eval("pp CSV (1F1B)", &r, &ref, 1e-5);
 	free(r.params);
 	comm_barrier(&mesh.world_group);
 	if (comm_world_rank() == 0)
@@ -343,6 +426,7 @@ TEST_CASE(csv_and_refusals)
 		EXPECT(pipeline_tp(2, 1, 1, 2, PP_ZB_H1, NULL, &r, &peak, &pred),
 		       "pp2 x tp2 ZB-H1 refused");
 		compare("pp=2 x tp=2 ZB-H1", &r, &ref, 1e-5);
+		compare_eval("pp=2 x tp=2 ZB-H1", &r, &ref, 1e-5);
 		free(r.params);
 	}
 	free(ref.params);

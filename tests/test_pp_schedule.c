@@ -11,7 +11,11 @@
  *    an unmatched send, wrong micro-batch counts and unknown names are rejected;
  *  - every rank's step as schedule nodes (sched_build_pp) validates for every style, and
  *    validation rejects it with a node removed (a transfer's WAIT, a compute node) or a SEND
- *    moved before the compute it sends. */
+ *    moved before the compute it sends;
+ *  - the forward-only schedule (validation) checks for p = 2, 4, v = 1, 2, m = 4, 8: each
+ *    rank v x m forwards and no backward or backward transfer; it fails with a forward removed
+ *    or a backward added; its nodes validate without reduce-scatter, CLIP or OPTIM, and not
+ *    with a forward removed. */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -269,6 +273,68 @@ TEST_CASE(pipeline_nodes)
 		}
 }
 
+TEST_CASE(forward_only)
+{
+	for (int p = 2; p <= 4; p += 2)
+		for (int v = 1; v <= 2; v++)
+			for (int m = 4; m <= 8; m += 4) {
+				struct pp_sched s;
+				char why[256] = "";
+				EXPECT(pp_sched_forward_only(&s, PP_1F1B, p, v, m) == CT_OK, "generate");
+				EXPECT(pp_sched_check(&s, NULL, why, sizeof(why)),
+				       "forward-only p=%d v=%d m=%d: %s", p, v, m, why);
+				for (int r = 0; r < p; r++) {
+					int nf = 0, nb = 0;
+					for (int i = 0; i < s.n[r]; i++) {
+						nf += s.a[r][i].kind == PP_F;
+						nb += s.a[r][i].kind != PP_F &&
+						      s.a[r][i].kind != PP_SEND_F &&
+						      s.a[r][i].kind != PP_RECV_F;
+					}
+					EXPECT(nf == v * m && nb == 0,
+					       "forward-only p=%d v=%d rank %d: %d F, %d other", p, v,
+					       r, nf, nb);
+				}
+				/* the nodes of every rank validate, with no tail */
+				int S = p * v, *u0 = calloc((size_t)S + 1, sizeof(int));
+				for (int k = 0; k <= S; k++)
+					u0[k] = 2 * k;
+				struct sched_unit *units = calloc((size_t)2 * S, sizeof(*units));
+				for (int r = 0; r < p; r++) {
+					struct sched n, bad;
+					sched_build_pp(&n, &s, r, units, 2 * S, u0);
+					EXPECT(sched_validate(&n, why, sizeof(why)),
+					       "forward-only nodes p=%d rank %d: %s", p, r, why);
+					EXPECT(find(&n, SCHED_REDUCE_SCATTER, SCHED_WAIT, -1) < 0 &&
+					           find(&n, SCHED_OPTIM, SCHED_WAIT, -1) < 0,
+					       "forward-only nodes have a tail");
+					edited(&n, find(&n, SCHED_PP_F, SCHED_WAIT, -1), -1, -1, &bad);
+					EXPECT(!sched_validate(&bad, why, sizeof(why)),
+					       "forward-only rank %d: a missing forward passes", r);
+					sched_free(&bad);
+					sched_free(&n);
+				}
+				free(units), free(u0);
+				/* damaged: a forward dropped; a backward added */
+				int r = (int)test_uniform(0, p), i;
+				do {
+					i = (int)test_uniform(0, s.n[r]);
+				} while (s.a[r][i].kind != PP_F);
+				struct pp_action a = drop(&s, r, i);
+				EXPECT(!pp_sched_check(&s, NULL, why, sizeof(why)),
+				       "forward-only without %dF%d checks", a.stage, a.micro);
+				pp_sched_free(&s);
+				pp_sched_forward_only(&s, PP_1F1B, p, v, m);
+				s.a[p - 1][s.n[p - 1] - 1] = (struct pp_action){PP_B, S - 1, m - 1};
+				EXPECT(!pp_sched_check(&s, NULL, why, sizeof(why)) &&
+				           strstr(why, "runs a backward"),
+				       "forward-only with a backward: '%s'", why);
+				if (p == 2 && v == 1 && m == 4)
+					printf("  forward-only with a backward: %s\n", why);
+				pp_sched_free(&s);
+			}
+}
+
 /* The pipeline's cost model on ranks that share cores: with host_load 2 (4 ranks on 2 cores,
  * rates calibrated with all computing) the bubbles' compute runs at twice the calibrated
  * rate, so the step is shorter than the fully shared timing but no shorter than half of it;
@@ -324,6 +390,7 @@ int main(void)
 	RUN(csv);
 	RUN(bad_names_and_counts);
 	RUN(pipeline_nodes);
+	RUN(forward_only);
 	RUN(pipeline_cost_shared_cores);
 	return test_summary();
 }

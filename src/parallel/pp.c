@@ -212,8 +212,16 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	struct sched_unit *units = xcalloc((size_t)t->n_units, sizeof(*units));
 	sched_units_from_table(t, D, units);
 	sched_build_pp(&pp->step, &pp->sched, pp->r, units, t->n_units, pp->stage_u0);
-	free(units);
 	CHECK(sched_validate(&pp->step, why, sizeof(why)), "pipeline step rejected: %s", why);
+	/* and the validation loss's forward-only step over the same stages */
+	rc = pp_sched_forward_only(&pp->eval_sched, pp->sched.style, pp->p, pp->v,
+	                           (int)o->n_micro);
+	CHECK(rc == CT_OK && pp_sched_check(&pp->eval_sched, NULL, why, sizeof(why)),
+	      "forward-only pipeline schedule rejected: %s", why);
+	sched_build_pp(&pp->eval_step, &pp->eval_sched, pp->r, units, t->n_units, pp->stage_u0);
+	free(units);
+	CHECK(sched_validate(&pp->eval_step, why, sizeof(why)), "forward-only step rejected: %s",
+	      why);
 	pp->rec = xcalloc((size_t)pp->step.n_nodes, sizeof(*pp->rec));
 	return CT_OK;
 }
@@ -222,6 +230,7 @@ void pp_free(struct pp *pp)
 {
 	if (!pp->vstages) {
 		pp_sched_free(&pp->sched);
+		pp_sched_free(&pp->eval_sched);
 		pp_sim_free(&pp->sim);
 		free(pp->stage_u0);
 		return;
@@ -245,8 +254,10 @@ void pp_free(struct pp *pp)
 		mem_free(MEM_FULL_PARAMS, pp->tied_w, (size_t)pp->tied_numel * sizeof(float));
 	param_table_free(&pp->table);
 	pp_sched_free(&pp->sched);
+	pp_sched_free(&pp->eval_sched);
 	pp_sim_free(&pp->sim);
 	sched_free(&pp->step);
+	sched_free(&pp->eval_step);
 	free(pp->stage_u0), free(pp->vstages), free(pp->t), free(pp->rec);
 	memset(pp, 0, sizeof(*pp));
 }
@@ -588,10 +599,27 @@ static void act_forward(struct pp *pp, int c, int m)
 	memcpy(mm->tokens, pp->tokens + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
 	memcpy(mm->targets, pp->targets + (int64_t)m * mm->N, (size_t)mm->N * sizeof(int32_t));
 	model_set_loss_dscale(mm, pp->dscale);
-	for (int u = ch->u0; u < ch->u1; u++)
-		pp->loss_sum += model_unit_forward(mm, u, NULL);
+	for (int u = ch->u0; u < ch->u1; u++) {
+		int64_t v = 0;
+		pp->loss_sum += model_unit_forward(mm, u, pp->eval ? &v : NULL);
+		pp->valid += v;
+	}
+	if (pp->eval)
+		return;
 	if (++pp->inflight > pp->peak_inflight)
 		pp->peak_inflight = pp->inflight;
+}
+
+/* An evaluation's slot is free after its forward (the last stage) or its activation's send:
+ * the stage's next micro-batch reuses it (slot_get waits for that send first), so an
+ * evaluation builds no slot the step has not. The wait cannot deadlock: the forward-only
+ * lists are sorted by (micro-batch, stage), and the receive it waits for belongs to an
+ * earlier micro-batch than the waiting action, so an earlier action in that order. */
+static void slot_release_eval(struct pp *pp, int c, int m)
+{
+	struct pp_vstage *ch = &pp->vstages[c];
+	slot_of(pp, c, m)->micro = -1;
+	ch->slot_of[m] = -1;
 }
 
 /* B, or with a split backward its I half (the input gradients). */
@@ -636,7 +664,11 @@ static void be_pp_compute(void *ctx, const struct sched_node *n)
 	int c = n->stage / pp->p, m = n->micro;
 	CHECK(pp->vstages[c].stage == n->stage, "pp: stage %d is not on rank %d", n->stage, pp->r);
 	switch (n->kind) {
-	case SCHED_PP_F: act_forward(pp, c, m); return;
+	case SCHED_PP_F:
+		act_forward(pp, c, m);
+		if (pp->eval && pp->vstages[c].stage == pp->S - 1)
+			slot_release_eval(pp, c, m);
+		return;
 	case SCHED_PP_B: act_backward(pp, c, m, false); break;
 	case SCHED_PP_I: act_backward(pp, c, m, true); break;
 	case SCHED_PP_W: act_weight(pp, c, m); break;
@@ -658,6 +690,8 @@ static int64_t be_pp_transfer(void *ctx, const struct sched_node *n)
 		if (backward) {
 			slot_of(pp, c, m)->sent_b = true;
 			slot_release(pp, c, m);
+		} else if (pp->eval) {
+			slot_release_eval(pp, c, m);
 		}
 	} else {
 		struct model *mm = backward ? &slot_of(pp, c, m)->m : &slot_get(pp, c, m)->m;
@@ -703,6 +737,8 @@ static void tied_after_gather(struct pp *pp, int c)
 	const char *what = "pipeline: the tied embedding from stage 0";
 	if (ch->u0 == 0) {
 		CHECK(pp->t[0].vstage == c, "pp: the embedding is not on stage 0");
+		if (pp->tied_send_open) /* the last gather's (validation gathers too) */
+			comm_p2p_wait(&pp->tied_send, pp->o.timeout_s, what);
 		comm_p2p_isend(&pp->mesh->pp_group, pp_stage_rank(&pp->sched, pp->S - 1),
 		               tied_tag(pp, false), pp->full_w + pp->t[0].full_off, (int64_t)bytes,
 		               &pp->tied_send);
@@ -862,6 +898,43 @@ void pp_engine(struct pp *pp, struct engine *e)
 	                            .pp_transfer = be_pp_transfer,
 	                            .pp_wait = be_pp_wait,
 	                            .progress = progress}};
+}
+
+/* ---------------------------------------------------------------- evaluation */
+
+double pp_eval_loss(struct pp *pp, const int32_t *tokens, const int32_t *targets, double *sum,
+                    int64_t *valid)
+{
+	const struct mesh *mesh = pp->mesh;
+	/* the step's per-step state, restored after: a later step's begin sets it anew, but
+	 * its metrics may still be read between */
+	double loss_sum = pp->loss_sum, dscale = pp->dscale;
+	int64_t step_valid = pp->valid;
+	const int32_t *tok = pp->tokens, *tgt = pp->targets;
+	pp->eval = true;
+	pp->tokens = tokens;
+	pp->targets = targets;
+	pp->dscale = 0; /* no loss gradient */
+	pp->loss_sum = 0;
+	pp->valid = 0;
+	struct engine e;
+	pp_engine(pp, &e);
+	CHECK(sched_exec_run(&pp->eval_step, &e.be, NULL, NULL) == CT_OK, "pp: evaluation");
+	/* the loss lives on the last stage, whole on each of its TP ranks: TP rank 0 counts */
+	bool counts = pp->vstages[pp->v - 1].stage == pp->S - 1 && mesh->tp_rank == 0;
+	double s[2] = {counts ? pp->loss_sum : 0.0, counts ? (double)pp->valid : 0.0};
+	comm_all_reduce_f64(&mesh->world_group, s, 2);
+	pp->eval = false;
+	pp->tokens = tok;
+	pp->targets = tgt;
+	pp->dscale = dscale;
+	pp->loss_sum = loss_sum;
+	pp->valid = step_valid;
+	if (sum)
+		*sum = s[0];
+	if (valid)
+		*valid = (int64_t)s[1];
+	return s[1] > 0 ? s[0] / s[1] : 0.0;
 }
 
 /* The span of the last step's pipeline: from its first action to its last send's wait. */

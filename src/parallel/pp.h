@@ -45,13 +45,21 @@
  * gradients; a slot is freed once its W has run and its input gradient is sent.
  *
  * A tied head (Hyena: the output matrix is the embedding): stage 0 sends the gathered
- * embedding to the last stage at the step's start, and the last stage sends the head's share
- * of its gradient, summed over the micro-batches, back before stage 0 reduces its gradients
- * (Megatron's embedding-group all-reduce, as one point-to-point pair).
+ * embedding to the last stage after each gather (a step's or validation's), and the last stage
+ * sends the head's share of its gradient, summed over the micro-batches, back before stage 0
+ * reduces its gradients (Megatron's embedding-group all-reduce, as one point-to-point pair).
+ *
+ * Validation (pp_eval_loss) runs the forward-only schedule over the same stages
+ * (pp_sched_forward_only, lowered by sched_build_pp) through the same executor and backend:
+ * the stage shards gathered, every micro-batch's forward with the loss gradient scale 0 (no
+ * backward, so no recompute, no gradients, no reduce-scatter, no optimizer), a slot free again
+ * once its activation is sent (the stage's next micro-batch reuses it: no slot more than the
+ * step's). The last stage's loss sums and valid-token counts are summed over the whole mesh,
+ * so every rank holds the mean of all data-parallel ranks' rows; the training state (shards,
+ * moments, the last step's record) is untouched.
  *
  * Refused (exit 2, saying why): split-backward schedules with async TP (its rings compute the
- * weight gradients inside the input-gradient matmuls), families without pipeline stages,
- * validation under PP (no forward-only pipeline schedule).
+ * weight gradients inside the input-gradient matmuls), families without pipeline stages.
  */
 #ifndef CT_PARALLEL_PP_H
 #define CT_PARALLEL_PP_H
@@ -145,6 +153,9 @@ struct pp {
 	struct pp_sched sched; /* every rank's action lists */
 	struct pp_sim sim;     /* the schedule's unit-time prediction */
 	struct sched step;     /* this rank's step as schedule nodes (sched_build_pp) */
+	struct pp_sched eval_sched; /* the forward-only schedule of pp_eval_loss */
+	struct sched eval_step;     /* and this rank's nodes of it */
+	bool eval;                  /* pp_eval_loss is running */
 	struct sched_record *rec; /* the executor's record of the last step */
 	int p, r, v, S;
 	bool split; /* the schedule splits backwards into I and W (zero-bubble) */
@@ -186,6 +197,12 @@ void pp_init_params(struct pp *pp, uint64_t seed);
  * runs pp->step: the gathers, the rank's actions with their transfers, the reduce-scatters,
  * CLIP over all stages, AdamW. */
 void pp_engine(struct pp *pp, struct engine *e);
+/* The validation loss of one batch laid out as a step's (n_micro micro-batches of
+ * micro_rows x T, this rank's rows), run as the forward-only schedule: the mean over every
+ * data-parallel rank's rows, the same on every rank; *sum and *valid (may be NULL) its loss
+ * sum and valid tokens over them (to combine batches). Leaves the training state as it was. */
+double pp_eval_loss(struct pp *pp, const int32_t *tokens, const int32_t *targets, double *sum,
+                    int64_t *valid);
 /* Where this rank's rows of table tensor i live (false: the tensor is on another stage). */
 bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at);
 /* The full flat parameter buffer (table layout) on every rank (tests, export). */

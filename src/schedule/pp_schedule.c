@@ -234,6 +234,25 @@ int pp_sched_generate(struct pp_sched *s, enum pp_style style, int p, int v, int
 	return CT_OK;
 }
 
+int pp_sched_forward_only(struct pp_sched *s, enum pp_style style, int p, int v, int m)
+{
+	memset(s, 0, sizeof(*s));
+	if (p < 1 || v < 1 || m < 1) {
+		LOG_ERROR("parallelism: pipeline degree %d, stages per rank %d and micro-batches %d "
+		          "must be positive",
+		          p, v, m);
+		return CT_ERR_USAGE;
+	}
+	sched_init(s, style, p, v, m);
+	s->forward_only = true;
+	for (int r = 0; r < p; r++)
+		for (int mb = 0; mb < m; mb++)
+			for (int c = 0; c < v; c++)
+				push(s, r, PP_F, c * p + r, mb);
+	pp_sched_add_comms(s);
+	return CT_OK;
+}
+
 bool pp_sched_has_comms(const struct pp_sched *s)
 {
 	for (int r = 0; r < s->p; r++)
@@ -465,7 +484,7 @@ bool pp_sched_check(const struct pp_sched *s, struct pp_sim *sim_out, char *why,
 				FAIL("rank %d action %d (%s) occurs twice", r, i, buf);
 			o->pos = i;
 			split |= a->kind == PP_I || a->kind == PP_W;
-			any_b |= a->kind == PP_B;
+			any_b |= a->kind == PP_B || (s->forward_only && a->kind >= PP_SEND_B);
 			bool cross_next = a->stage < S - 1 && pp_stage_rank(s, a->stage + 1) != r;
 			bool cross_prev = a->stage > 0 && pp_stage_rank(s, a->stage - 1) != r;
 			if ((a->kind == PP_SEND_F && !cross_next) ||
@@ -478,16 +497,19 @@ bool pp_sched_check(const struct pp_sched *s, struct pp_sim *sim_out, char *why,
 		}
 	if (split && any_b)
 		FAIL("mixes full backward (B) with split backward (I/W)");
+	if (s->forward_only && (split || any_b))
+		FAIL("a forward-only schedule runs a backward");
 	/* every compute once; every transfer matched */
 	for (int st = 0; st < S; st++)
 		for (int m = 0; m < M; m++) {
 			int r = pp_stage_rank(s, st);
 			const enum pp_kind need[3] = {PP_F, split ? PP_I : PP_B, PP_W};
-			for (int k = 0; k < (split ? 3 : 2); k++)
+			int n_need = s->forward_only ? 1 : (split ? 3 : 2);
+			for (int k = 0; k < n_need; k++)
 				if (occ[key(s, need[k], st, m)].count != 1)
 					FAIL("rank %d never runs %d%s%d", r, st,
 					     pp_kind_name(need[k]), m);
-			for (int k = PP_SEND_F; k <= PP_RECV_B; k++) {
+			for (int k = PP_SEND_F; k <= (s->forward_only ? PP_RECV_F : PP_RECV_B); k++) {
 				bool cross = (k == PP_SEND_F || k == PP_RECV_B)
 				                 ? st < S - 1 && pp_stage_rank(s, st + 1) != r
 				                 : st > 0 && pp_stage_rank(s, st - 1) != r;

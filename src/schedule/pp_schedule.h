@@ -25,6 +25,13 @@
  * the end without deadlock. The simulation also yields each rank's idle fraction (the bubble)
  * and peak number of in-flight micro-batches (forward done, activations not yet freed by B
  * or W): the prediction the executor's measurement is tested against.
+ *
+ * A forward-only schedule (pp_sched_forward_only: the validation loss) has F actions and
+ * their SEND_F / RECV_F only: each rank runs micro-batch after micro-batch, each through its
+ * stages in order, so every rank's list is sorted by (micro-batch, stage), one topological
+ * order of all forwards: no wait, not even a send's before its buffer is reused, can wait on
+ * a later action (parallel/pp.c relies on it); the checker then asks for every (stage,
+ * micro-batch)'s F once and no backward at all.
  */
 #ifndef CT_SCHEDULE_PP_SCHEDULE_H
 #define CT_SCHEDULE_PP_SCHEDULE_H
@@ -49,6 +56,7 @@ struct pp_sched {
 	int *n;                      /* p: actions per rank */
 	struct pp_action **a;        /* p lists */
 	int *cap;
+	bool forward_only; /* F and forward transfers only (pp_sched_forward_only) */
 };
 
 /* What the unit-time simulation found. */
@@ -72,6 +80,9 @@ bool pp_style_split_backward(enum pp_style s);
  * with the transfers inserted. CT_ERR_USAGE (message naming the key) if the combination is
  * not usable: v != 1 for a non-interleaved style, m not a multiple of p for Interleaved1F1B. */
 int pp_sched_generate(struct pp_sched *s, enum pp_style style, int p, int v, int m);
+/* The forward-only schedule over the same p x v stages and m micro-batches (above); style
+ * names the training schedule it evaluates (printing). CT_ERR_USAGE if p, v or m < 1. */
+int pp_sched_forward_only(struct pp_sched *s, enum pp_style style, int p, int v, int m);
 void pp_sched_free(struct pp_sched *s);
 /* Insert RECV before and SEND after every compute action whose input / output crosses to
  * another rank (no-op for a schedule that already has transfers). */

@@ -99,6 +99,9 @@ void sched_build_pp(struct sched *out, const struct pp_sched *ps, int rank,
 	for (int i = 0; i < n_sends; i++)
 		sched_push(out, sends[i]);
 	free(sends);
+	out->forward_only = ps->forward_only;
+	if (ps->forward_only) /* an evaluation: nothing to reduce or update */
+		return;
 	for (int c = 0; c < ps->v; c++)
 		sched_push(out, bucket_node(SCHED_REDUCE_SCATTER, c, SCHED_PH_BWD));
 	for (int c = 0; c < ps->v; c++)
@@ -163,6 +166,10 @@ bool sched_validate_pp(const struct sched *s, char *why, size_t why_size)
 		bool fwd = n->phase == SCHED_PH_FWD;
 		if (sched_kind_pp_compute(n->kind) && !res[c])
 			FAIL("node %d (%s): parameters not gathered", i, lab);
+		if (s->forward_only &&
+		    ((sched_kind_pp(k) && !fwd) || n->kind == SCHED_REDUCE_SCATTER ||
+		     n->kind == SCHED_CLIP || n->kind == SCHED_OPTIM))
+			FAIL("node %d (%s): in a forward-only step", i, lab);
 		switch (n->kind) {
 		case SCHED_ALL_GATHER:
 		case SCHED_REDUCE_SCATTER:
@@ -256,7 +263,7 @@ bool sched_validate_pp(const struct sched *s, char *why, size_t why_size)
 	for (int c = 0; c < V; c++)
 		for (int m = 0; m < M; m++) {
 			int f = st[c * M + m], stage = c * p + r;
-			int need = PPS_F | PPS_B | (split ? PPS_W : 0);
+			int need = s->forward_only ? PPS_F : PPS_F | PPS_B | (split ? PPS_W : 0);
 			if ((f & need) != need)
 				FAIL("stage %d micro-batch %d: compute missing", stage, m);
 			if (((f & PPS_SEND_F) && !(f & PPS_SENT_F)) ||
@@ -266,7 +273,7 @@ bool sched_validate_pp(const struct sched *s, char *why, size_t why_size)
 				FAIL("stage %d micro-batch %d: a transfer is never waited for", stage,
 				     m);
 		}
-	if (s->n_nodes < 2 || s->nodes[s->n_nodes - 1].kind != SCHED_OPTIM)
+	if (!s->forward_only && (s->n_nodes < 2 || s->nodes[s->n_nodes - 1].kind != SCHED_OPTIM))
 		FAIL("the step does not end with OPTIM");
 out:
 	free(st), free(ag), free(res), free(rs), free(reduced);

@@ -78,6 +78,7 @@ void sched_init_like(struct sched *dst, const struct sched *src)
 	dst->n_stages = src->n_stages;
 	dst->pp_size = src->pp_size;
 	dst->pp_rank = src->pp_rank;
+	dst->forward_only = src->forward_only;
 	dst->units = xcalloc((size_t)src->n_units, sizeof(*dst->units));
 	memcpy(dst->units, src->units, (size_t)src->n_units * sizeof(*dst->units));
 	dst->n_buckets = src->n_buckets;

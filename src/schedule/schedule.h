@@ -116,6 +116,7 @@ struct sched {
 	/* a pipeline rank's step (sched_build_pp): n_stages stages over pp_size ranks, this is
 	 * rank pp_rank; bucket c is its virtual stage c (stage c * pp_size + pp_rank). 0: none */
 	int n_stages, pp_size, pp_rank;
+	bool forward_only; /* a pipeline evaluation: forwards and their transfers, no tail */
 	int n_nodes, cap;
 	struct sched_node *nodes;
 };
@@ -168,7 +169,8 @@ void sched_build_pp(struct sched *out, const struct pp_sched *ps, int rank,
 /* Per rank: every transfer issued once and waited once after its issue, every compute action
  * of each (stage, micro) once in dependency order (F before B or I, I before W, a RECV's WAIT
  * before the compute that reads it, a SEND after the compute that writes it), the buckets
- * gathered before and reduce-scattered after every compute node, CLIP and OPTIM last. Across
+ * gathered before and reduce-scattered after every compute node, CLIP and OPTIM last (a
+ * forward-only step: every F once, no backward, no reduce-scatter, CLIP or OPTIM). Across
  * ranks (that sends match receives and nothing deadlocks) the action lists are checked by
  * pp_sched_check. */
 bool sched_validate_pp(const struct sched *s, char *why, size_t why_size);

@@ -52,13 +52,6 @@ static int trainer_pp_check(struct trainer *tr, const struct model_config *mc)
 		          model_kind_name(mc->kind));
 		return CT_ERR_USAGE;
 	}
-	if (cfg->validation.enable) {
-		LOG_ERROR("validation.enable with parallelism.pipeline_parallel_degree > 1: not "
-		          "supported (the pipeline schedules are training steps, a forward and a "
-		          "backward per micro-batch; there is no forward-only pipeline schedule for "
-		          "the validation loss)");
-		return CT_ERR_USAGE;
-	}
 	int64_t rows = tr->accum * cfg->training.local_batch_size;
 	if (rows % cfg->parallelism.pipeline_parallel_microbatch_size) {
 		LOG_ERROR("parallelism.pipeline_parallel_microbatch_size: %lld does not divide the "
@@ -599,7 +592,9 @@ static int trainer_step(struct trainer *tr, int64_t step, struct step_metrics *s
 	return CT_OK;
 }
 
-/* Mean loss over the val split (or validation.steps batches of it), all ranks. */
+/* Mean loss over the val split (or validation.steps batches of it), all ranks. Under PP each
+ * batch runs the forward-only pipeline schedule (pp_eval_loss), its sums already over the
+ * whole mesh. */
 static int trainer_validate(struct trainer *tr, double *loss)
 {
 	struct model *m = &tr->model;
@@ -612,6 +607,14 @@ static int trainer_validate(struct trainer *tr, double *loss)
 		loader_next(tr->val_ld, tr->cp_tokens ? tr->cp_tokens : tr->batch_tokens,
 		            tr->cp_tokens ? tr->cp_targets : tr->batch_targets);
 		trainer_cp_take(tr);
+		if (tr->piped) {
+			double sum;
+			int64_t valid;
+			pp_eval_loss(&tr->pp, tr->batch_tokens, tr->batch_targets, &sum, &valid);
+			sums[0] += sum;
+			sums[1] += (double)valid;
+			continue;
+		}
 		for (int64_t a = 0; a < tr->accum; a++) {
 			const int32_t *tok = tr->batch_tokens + a * m->N;
 			const int32_t *tgt = tr->batch_targets + a * m->N;
@@ -622,7 +625,8 @@ static int trainer_validate(struct trainer *tr, double *loss)
 			sums[1] += (double)valid;
 		}
 	}
-	comm_all_reduce_f64(&tr->mesh.loss_group, sums, 2);
+	if (!tr->piped)
+		comm_all_reduce_f64(&tr->mesh.loss_group, sums, 2);
 	*loss = sums[1] > 0 ? sums[0] / sums[1] : 0.0;
 	if (!isfinite(*loss)) {
 		LOG_ERROR("validation loss is not finite");
