@@ -3,7 +3,7 @@
 # ranks, in seconds, without MPI. Every input of configs/8b.toml's plan is stated, so its
 # figures are checked against an independent computation (FLOPs, ring bytes over the stated
 # link) within a few percent, and step time and memory are pinned to the current cost model;
-# bad arguments exit 2.
+# Hyena plans, its planned activations equal to a trained model's; bad arguments exit 2.
 #   tests/plan.sh build/ctitan
 set -u
 CTITAN=$1
@@ -128,6 +128,28 @@ for T, cp, pin, tt in ((32768, 1, 4763, 3890), (262144, 8, 881, 548)):
 sys.exit(bad)
 PY
 check "Table 2 rows: a cp rank's attention FLOPs, K/V bytes and tokens/s as computed here" $?
+# Hyena (its family's cost model, model/hyena/hyena_cost.c): the plan runs and prints the step
+# time and memory; the activation bytes it plans for one model equal what a 1-rank training
+# run of the same shapes allocates (metrics.jsonl's memory_activations_bytes), every mode.
+"$CTITAN" plan "$ROOT/configs/hyena-small.toml" --world-size 8 $H100 > "$tmp/hy.txt" 2>&1 &&
+  grep -q "predicted step time  *[0-9.]* s" "$tmp/hy.txt" &&
+  grep -q "memory per rank  *[0-9.]* GiB peak" "$tmp/hy.txt"
+check "hyena-small on 8 ranks: a plan with step time and memory" $?
+HY=(--model.name=hyena --model.flavor=hyena-debug --training.seq_len=64
+    --training.local_batch_size=2 --training.global_batch_size=2 --metrics.peak_tflops=1
+    --comm.bandwidth_gbps=100)
+for ac in none ffn selective full selective:2; do
+  acs=(--activation_checkpoint.mode="${ac%%:*}")
+  [ "$ac" != "${ac#*:}" ] && acs+=(--activation_checkpoint.selective_ac_option="${ac#*:}")
+  "$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 1 "${HY[@]}" "${acs[@]}" \
+    > "$tmp/hyp.txt" 2>&1
+  planned=$(sed -n "s/.*activations of one micro-batch's model \([0-9]*\) bytes.*/\1/p" "$tmp/hyp.txt")
+  "$CTITAN" train "$ROOT/configs/debug.toml" "${HY[@]}" "${acs[@]}" --training.steps=1 \
+    --job.dump_folder="$tmp/hy_$ac" > "$tmp/hyt.log" 2>&1
+  built=$(metric "$tmp/hy_$ac/metrics.jsonl" 1 1 memory_activations_bytes 2>/dev/null)
+  [ -n "$planned" ] && [ "$planned" = "${built%.0}" ]
+  check "hyena-debug, activation checkpointing $ac: planned activations $planned bytes = the trained model's ${built:-?}" $?
+done
 # no wall-clock check (a loaded machine fails it; timings belong to bench/): the time is shown
 echo "  (plans so far took $(( $(date +%s) - start )) s)"
 "$CTITAN" plan "$ROOT/configs/8b.toml" > /dev/null 2>&1; [ $? -eq 2 ]; check "no --world-size: exit 2" $?

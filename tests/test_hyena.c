@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "model/hyena/hyena.h"
 #include "model/model.h"
+#include "model/model_cost.h"
 #include "testutil.h"
 #include "train/lr_schedule.h"
 #include "optim/optim.h"
@@ -399,6 +400,66 @@ TEST_CASE(test_activation_checkpointing)
 	hyena_free(&ref);
 }
 
+/* The cost model's activation bytes (model_cost_activation_bytes: hyena.c's carving run
+ * without allocating) equal what a model built as the trainer builds it (parameters bound
+ * by FSDP) puts under MEM_ACTIVATIONS, in every checkpointing mode, and its figures are
+ * sane: recompute work only where a block re-derives, backward more than forward. */
+TEST_CASE(test_cost_model)
+{
+	struct model_config mc;
+	struct hyena_config *c = hyena_cfg_init(&mc);
+	tiny_config(c, 3, 24);
+	c->dim = 16;
+	c->n_layers = 4;
+	int64_t B = 2, T = 20; /* T < l_max: the filters' first T taps */
+	const struct {
+		enum model_ac ac;
+		int every;
+		const char *name;
+	} modes[] = {{MODEL_AC_NONE, 0, "none"},
+	             {MODEL_AC_FFN, 0, "ffn"},
+	             {MODEL_AC_SELECTIVE, 0, "selective"},
+	             {MODEL_AC_FULL, 0, "full"},
+	             {MODEL_AC_LAYER, 2, "layer2"}};
+	EXPECT(model_cost_of(&mc) != NULL, "the hyena family has a cost model");
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		const struct model_cost_shape sh = {.B = B,
+		                                    .T = T,
+		                                    .ac = modes[i].ac,
+		                                    .ac_every = modes[i].every,
+		                                    .tp = 1,
+		                                    .elem_bytes = 4,
+		                                    .cp = 1};
+		int64_t want = model_cost_activation_bytes(&mc, &sh);
+		int64_t before = mem_current(MEM_ACTIVATIONS);
+		struct hyena_model m;
+		const struct hyena_build_opts o = {.ac = modes[i].ac, .ac_every = modes[i].every};
+		CHECK(hyena_build(&m, c, B, T, &o) == CT_OK, "build %s", modes[i].name);
+		int64_t got = mem_current(MEM_ACTIVATIONS) - before;
+		int64_t fields = m.act_bytes + m.scratch_bytes + 2 * m.N * (int64_t)sizeof(int32_t);
+		fprintf(stderr, "  %-9s activations: cost model %lld bytes, built %lld\n",
+		        modes[i].name, (long long)want, (long long)got);
+		EXPECT(want == got && got == fields,
+		       "%s: cost model %lld activation bytes, the built model %lld (fields %lld)",
+		       modes[i].name, (long long)want, (long long)got, (long long)fields);
+		for (int u = 0; u < m.table.n_units; u++) {
+			model_cost_work w;
+			model_cost_unit_work(&mc, &sh, u, w);
+			double rec = 0, fwd = 0, bwd = 0;
+			for (int t = 0; t < MODEL_COST_TERM_COUNT; t++) {
+				rec += w[MODEL_PASS_REC][t];
+				fwd += w[MODEL_PASS_FWD][t];
+				bwd += w[MODEL_PASS_BWD][t];
+			}
+			EXPECT((rec > 0) == hyena_unit_needs_recompute(&m, u),
+			       "%s: unit %d recompute work %g", modes[i].name, u, rec);
+			EXPECT(fwd > 0 && bwd > 0 && (u == 0 || u > c->n_layers || bwd > fwd),
+			       "%s: unit %d forward %g, backward %g", modes[i].name, u, fwd, bwd);
+		}
+		hyena_free(&m);
+	}
+}
+
 TEST_CASE(test_overfit_one_batch)
 {
 	struct hyena_config c;
@@ -606,6 +667,7 @@ int main(int argc, char **argv)
 		RUN(test_accumulation_and_determinism);
 		RUN(test_overfit_one_batch);
 		RUN(test_activation_checkpointing);
+		RUN(test_cost_model);
 	}
 	if (only_ref || (argc > 1 && strcmp(argv[1], "--all") == 0)) {
 		RUN(test_reference_order3);

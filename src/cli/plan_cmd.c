@@ -403,6 +403,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	       "  gathered parameters %.2f, unsharded gradients %.2f, comm buffers %.2f GiB\n",
 	       gib(cm.params_bytes), gib(cm.grads_bytes), gib(cm.optim_bytes), gib(cm.act_bytes),
 	       gib(p.full_params_bytes), gib(p.full_grads_bytes), gib(p.comm_bytes));
+	printf("  activations of one micro-batch's model %lld bytes (saved, scratch, tokens)\n",
+	       (long long)cm.act_bytes);
 	sched_free(&s);
 out_sched:
 	free(f8esz);

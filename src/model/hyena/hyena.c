@@ -399,8 +399,10 @@ static void plan_scratch(struct hyena_model *m, int64_t *off)
 	m->s_ce = carve(off, m->ce_rows * c->vocab_size);
 }
 
-int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
-                const struct hyena_build_opts *opts)
+/* The settings of a model at (B, T) under opts, without allocating: what plan_acts and
+ * plan_scratch read (config, shapes, precision, threads, checkpointing, loss chunk). */
+static int hyena_setup(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
+                       const struct hyena_build_opts *opts)
 {
 	memset(m, 0, sizeof(*m));
 	m->cfg = *c;
@@ -415,7 +417,6 @@ int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, 
 		          (long long)T, (long long)m->cfg.l_max);
 		return CT_ERR_USAGE;
 	}
-	hyena_table_build(&m->table, &m->cfg);
 	m->B = B;
 	m->T = T;
 	m->N = B * T;
@@ -438,6 +439,44 @@ int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, 
 	int64_t V = c->vocab_size;
 	m->ce_rows = (4 << 20) / (int64_t)(esz * (size_t)V);
 	m->ce_rows = m->ce_rows < 1 ? 1 : (m->ce_rows > m->N ? m->N : m->ce_rows);
+	return CT_OK;
+}
+
+/* Carve the activation and scratch arenas (m->blk allocated): sets every offset and
+ * act_bytes, scratch_bytes. */
+static void plan_layout(struct hyena_model *m)
+{
+	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
+	int64_t off = 0;
+	plan_acts(m, &off);
+	m->act_bytes = off * (int64_t)esz;
+	off = 0;
+	plan_scratch(m, &off);
+	m->scratch_bytes = off * (int64_t)esz;
+}
+
+int hyena_activation_bytes(const struct hyena_config *c, int64_t B, int64_t T,
+                           const struct hyena_build_opts *opts, int64_t *bytes)
+{
+	struct hyena_model m;
+	int rc = hyena_setup(&m, c, B, T, opts);
+	if (rc)
+		return rc;
+	m.blk = xcalloc((size_t)c->n_layers, sizeof(*m.blk));
+	plan_layout(&m);
+	*bytes = m.act_bytes + m.scratch_bytes + (int64_t)(2 * m.N) * (int64_t)sizeof(int32_t);
+	free(m.blk);
+	return CT_OK;
+}
+
+int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
+                const struct hyena_build_opts *opts)
+{
+	int rc = hyena_setup(m, c, B, T, opts);
+	if (rc)
+		return rc;
+	hyena_table_build(&m->table, &m->cfg);
+	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
 
 	int nu = m->table.n_units;
 	size_t pbytes = (size_t)m->table.numel * esz;
@@ -464,13 +503,8 @@ int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, 
 	m->tokens = mem_alloc(MEM_ACTIVATIONS, (size_t)(2 * m->N) * sizeof(int32_t));
 	m->targets = m->tokens + m->N;
 	m->blk = xcalloc((size_t)c->n_layers, sizeof(*m->blk));
-	int64_t off = 0;
-	plan_acts(m, &off);
-	m->act_bytes = off * (int64_t)esz;
+	plan_layout(m);
 	m->acts = mem_alloc(MEM_ACTIVATIONS, (size_t)m->act_bytes);
-	off = 0;
-	plan_scratch(m, &off);
-	m->scratch_bytes = off * (int64_t)esz;
 	m->scratch = mem_alloc(MEM_ACTIVATIONS, (size_t)m->scratch_bytes);
 	int64_t Cf = (c->order - 1) * c->dim;
 	if (m->f64)

@@ -189,6 +189,11 @@ struct hyena_model {
 
 int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
                 const struct hyena_build_opts *opts);
+/* What hyena_build allocates under MEM_ACTIVATIONS for these arguments (the activation and
+ * scratch arenas plus tokens and targets), by the same carving, without allocating: the cost
+ * model's activation bytes (hyena_cost.c). */
+int hyena_activation_bytes(const struct hyena_config *c, int64_t B, int64_t T,
+                           const struct hyena_build_opts *opts, int64_t *bytes);
 void hyena_free(struct hyena_model *m);
 /* Point unit u at its parameters and gradients (float models). */
 void hyena_bind_unit(struct hyena_model *m, int u, float *params, float *grads);

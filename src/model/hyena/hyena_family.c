@@ -1,5 +1,6 @@
 /* The Hyena family behind the model interface (model/model.h): its operations, its entry of
- * the family table, and what it supports (one rank and FSDP; every activation checkpointing mode). */
+ * the family table, and what it supports (one rank and FSDP; every activation checkpointing mode;
+ * the cost model, hyena_cost.c). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include "io/config.h"
 #include "model/family.h"
 #include "model/hyena/hyena.h"
+#include "model/hyena/hyena_cost.h"
 #include "model/model_group.h"
 
 /* This family's entry of the table (below; model/model.c lists it) and its export format
@@ -307,5 +309,7 @@ const struct model_family hyena_family = {
     .pp = true,
     .tied_head = true,
     .export_hf = true,
+    .cost_model = true,
     .hf = &hyena_hf_ops,
+    .cost = &hyena_cost_ops,
 };
