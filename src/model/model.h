@@ -70,7 +70,7 @@ struct model_build_opts {
 	int ac_every;       /* ac = MODEL_AC_LAYER: full on every ac_every-th block */
 	/* tensor parallelism over these collectives (Llama only; NULL or size 1: none) */
 	const struct model_group *tp;
-	/* Llama: plan activations only for units [unit_lo, unit_hi) (a pipeline stage: its
+	/* plan activations only for units [unit_lo, unit_hi) (a pipeline stage: its
 	 * blocks, its input and output boundary); unit_hi = 0: every unit */
 	int unit_lo, unit_hi;
 	/* Llama: split backward for zero-bubble schedules (input gradients in B/I, weight gradients in W) */

@@ -354,22 +354,34 @@ static void plan_acts(struct hyena_model *m, int64_t *off)
 	int64_t Nt = m->N, T = m->T, D = c->dim;
 	int64_t Cf = (c->order - 1) * D, V = c->vocab_size;
 	const int all = HA_STAT1 | HA_P | HA_MIX | HA_MID | HA_A | HA_FILT;
-	int shared = 0;
-	for (int l = 0; l < c->n_layers; l++)
-		shared |= dropped(model_ac_block(m->ac, m->ac_every, l));
+	/* a stage's units [lo, hi): block l is unit l + 1; the residual stream's buffer j (block
+	 * j's input, x_final for j = L) is unit j's output, so the stage holds j in
+	 * [lo - 1, hi - 1]; every other offset stays -1 (the units CHECK they are the stage's) */
+	int lo = m->unit_lo, hi = m->unit_hi, L = (int)c->n_layers, shared = 0;
+	for (int l = 0; l < L; l++)
+		if (lo <= l + 1 && l + 1 < hi)
+			shared |= dropped(model_ac_block(m->ac, m->ac_every, l));
 	struct hyena_block_acts sh = {0};
 	carve_block(m, &sh, shared, off);
-	for (int l = 0; l < c->n_layers; l++) {
+	for (int l = 0; l < L; l++) {
 		struct hyena_block_acts *a = &m->blk[l];
+		bool mine = lo <= l + 1 && l + 1 < hi;
+		memset(a, 0xff, sizeof(*a)); /* -1: not this stage's */
+		if (l >= lo - 1 && l <= hi - 1)
+			a->x = carve(off, Nt * D);
+		if (!mine)
+			continue;
 		int d = dropped(model_ac_block(m->ac, m->ac_every, l));
+		int64_t x = a->x;
 		*a = sh;
-		a->x = carve(off, Nt * D);
+		a->x = x;
 		carve_block(m, a, all & ~d, off);
 	}
-	m->x_final = carve(off, Nt * D);
-	m->mean_f = carve(off, Nt);
-	m->rstd_f = carve(off, Nt);
-	m->xn_final = carve(off, Nt * D);
+	bool head = hi == L + 2;
+	m->x_final = L >= lo - 1 && L <= hi - 1 ? carve(off, Nt * D) : -1;
+	m->mean_f = head ? carve(off, Nt) : -1;
+	m->rstd_f = head ? carve(off, Nt) : -1;
+	m->xn_final = head ? carve(off, Nt * D) : -1;
 	m->z = carve(off, T * c->emb_dim);
 	m->window = carve(off, T * Cf);
 	m->tied_w = carve(off, m->own_params ? 0 : V * D);
@@ -425,6 +437,10 @@ static int hyena_setup(struct hyena_model *m, const struct hyena_config *c, int6
 	m->nthreads = opts->nthreads;
 	m->ac = opts->ac;
 	m->ac_every = opts->ac_every;
+	m->unit_lo = opts->unit_lo;
+	m->unit_hi = opts->unit_hi > 0 ? opts->unit_hi : (int)c->n_layers + 2;
+	CHECK(m->unit_lo >= 0 && m->unit_lo < m->unit_hi && m->unit_hi <= c->n_layers + 2,
+	      "hyena: units [%d, %d) of %lld", m->unit_lo, m->unit_hi, (long long)c->n_layers + 2);
 	CHECK(m->ac >= MODEL_AC_NONE && m->ac < MODEL_AC_COUNT &&
 	          (m->ac != MODEL_AC_LAYER || m->ac_every > 0),
 	      "hyena: activation checkpointing mode %d (every %d)", (int)m->ac, m->ac_every);
@@ -547,13 +563,21 @@ void hyena_bind_unit(struct hyena_model *m, int u, float *params, float *grads)
 
 /* ---------------------------------------------------------------- units */
 
+static void check_unit(const struct hyena_model *m, int u)
+{
+	CHECK(u >= m->unit_lo && u < m->unit_hi, "hyena: unit %d is not the stage's [%d, %d)", u,
+	      m->unit_lo, m->unit_hi);
+}
+
 double hyena_unit_forward(struct hyena_model *m, int u, int64_t *n_valid)
 {
+	check_unit(m, u);
 	return m->f64 ? hy_unit_forward_f64(m, u, n_valid) : hy_unit_forward_f32(m, u, n_valid);
 }
 
 void hyena_unit_backward(struct hyena_model *m, int u, double dscale)
 {
+	check_unit(m, u);
 	if (m->f64)
 		hy_unit_backward_f64(m, u, dscale);
 	else
@@ -570,6 +594,7 @@ void hyena_unit_recompute(struct hyena_model *m, int u)
 {
 	if (!hyena_unit_needs_recompute(m, u))
 		return;
+	check_unit(m, u);
 	if (m->f64)
 		hy_unit_recompute_f64(m, u);
 	else
@@ -594,6 +619,7 @@ void hyena_backward(struct hyena_model *m, double dscale)
 
 void hyena_logits(struct hyena_model *m, float *logits)
 {
+	CHECK(m->unit_lo == 0 && m->unit_hi == m->cfg.n_layers + 2, "hyena_logits: a stage");
 	CHECK(!m->f64, "hyena_logits: float model");
 	hy_logits_f32(m, logits);
 }

@@ -136,6 +136,9 @@ struct hyena_build_opts {
 	 * The re-derived activations of all blocks share one set of buffers. */
 	enum model_ac ac;
 	int ac_every;
+	/* a pipeline stage: activations only for units [unit_lo, unit_hi) (its blocks, their
+	 * inputs and outputs, the head's if it holds it); unit_hi = 0: every unit */
+	int unit_lo, unit_hi;
 };
 
 /* Offsets (in reals) of one block's saved activations inside the activation arena. */
@@ -160,6 +163,7 @@ struct hyena_model {
 	int nthreads;
 	enum model_ac ac; /* activation checkpointing, as built (hyena_build_opts) */
 	int ac_every;
+	int unit_lo, unit_hi; /* the units it runs (hyena_build_opts; unit_hi set) */
 	/* Where each unit's parameters and gradients live (float models; NULL while unbound
 	 * under FSDP), and the flat buffers with own_params. */
 	float **unit_w, **unit_dw;

@@ -68,7 +68,9 @@ static bool hyena_op_needs_recompute(const void *impl, int u)
 static float *hyena_op_unit_output(void *impl, int u)
 {
 	struct hyena_model *hm = impl;
-	CHECK(u >= 0 && u <= hm->cfg.n_layers, "hyena: unit %d has no residual output", u);
+	CHECK(u >= 0 && u <= hm->cfg.n_layers && u >= hm->unit_lo - 1 && u <= hm->unit_hi - 1,
+	      "hyena: unit %d has no residual output in units [%d, %d)", u, hm->unit_lo,
+	      hm->unit_hi);
 	return (float *)hm->acts + (u < hm->cfg.n_layers ? hm->blk[u].x : hm->x_final);
 }
 static float *hyena_op_residual_grad(void *impl)
@@ -160,7 +162,9 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 	const struct hyena_build_opts ho = {
 	    .own_params = opts->own_params,
 	    .ac = opts->recompute_ffn ? MODEL_AC_FFN : opts->ac,
-	    .ac_every = opts->ac_every};
+	    .ac_every = opts->ac_every,
+	    .unit_lo = opts->unit_lo,
+	    .unit_hi = opts->unit_hi};
 	int rc = hyena_build(hm, hyena_cfg(c), B, T, &ho);
 	if (rc) {
 		free(hm);
