@@ -96,12 +96,11 @@ ACS["layer2"] = (["--activation_checkpoint.mode=selective",
 FAMILIES = {
     "llama3": ([], "Llama 3 debugmodel"),
     "hyena": (["--model.name=hyena", "--model.flavor=hyena-debug"], "Hyena debug"),
-    # the balancing bias is model state checkpoints do not hold yet (refused with it on), and
-    # the parameters are compared from checkpoints: the matrix runs it off (tests/test_fsdp.c
-    # --moe and tests/moe_cli.sh check the bias on N ranks)
+    # the balancing bias on (the checkpoints hold it: resume restores it), at a coefficient
+    # that moves the routing within the matrix's 3 steps
     "deepseek_v3": (["--model.name=deepseek_v3", "--model.flavor=deepseek_v3-debug",
-                     "--model.moe_load_balance_coeff=0"],
-                    "DeepSeek-V3-style MoE debug (8 experts top-2, balancing bias off)"),
+                     "--model.moe_load_balance_coeff=0.02"],
+                    "DeepSeek-V3-style MoE debug (8 experts top-2, balancing bias on)"),
 }
 MODES = {
     "plain": "train 3 steps",

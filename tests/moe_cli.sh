@@ -7,12 +7,13 @@
 #  - expert parallelism: ep=2 on 2 ranks and ep=2 inside dp_shard=4 give the 1-rank losses,
 #    grad norms, loads and bias; refusals (exit 2, the reason named): a family without
 #    experts, ep not dividing dp_shard, ep not dividing the experts, ep with tp / cp;
-#  - checkpoints reshard between ep layouts (bias off: checkpoints do not hold it yet): a
+#  - checkpoints reshard between ep layouts, with the balancing bias on (a coefficient that
+#    moves the routing within 3 steps; the checkpoint holds the bias in model_state.bin): a
 #    step-3 checkpoint saved at ep=2 holds the experts in the global layout and resumes on 1
 #    rank, one saved on 1 rank resumes at ep=2, both within 1e-5 of the uninterrupted runs;
 #  - ctitan plot draws balance.png;
-#  - refusals with exit 2: TP, PP, activation checkpointing, float8, checkpoints while the
-#    balancing bias is on, ctitan plan (no cost model), a llama3 flavor.
+#  - refusals with exit 2: TP, PP, activation checkpointing, float8, ctitan plan (no cost
+#    model), a llama3 flavor.
 #   tests/moe_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -79,8 +80,8 @@ refuse 4 "not supported with parallelism.tensor_parallel_degree" \
 refuse 4 "not supported with parallelism.context_parallel_degree" \
   --parallelism.expert_parallel_degree=2 --parallelism.context_parallel_degree=2
 
-# 2c. checkpoints reshard between ep layouts (the bias off: checkpoints do not hold it yet)
-CK=(--model.moe_load_balance_coeff=0 --checkpoint.enable=true --checkpoint.interval=3)
+# 2c. checkpoints reshard between ep layouts, the balancing bias on (and held)
+CK=(--model.moe_load_balance_coeff=0.02 --checkpoint.enable=true --checkpoint.interval=3)
 "$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" "${CK[@]}" \
   --parallelism.expert_parallel_degree=2 --job.dump_folder="$tmp/c2" > "$tmp/c2.log" 2>&1
 check "ep=2 run with checkpoints (exit $?)" $?
@@ -114,7 +115,7 @@ done
 check "ctitan plot draws balance.png" $?
 
 # 4. refusals
-for bad in --activation_checkpoint.mode=full --checkpoint.enable=true \
+for bad in --activation_checkpoint.mode=full \
            --model.converters=float8 --model.flavor=debugmodel --model.moe_top_k=9; do
   "$CTITAN" train "$CFG" "${COMMON[@]}" "$bad" --job.dump_folder="$tmp/f" > "$tmp/f.log" 2>&1
   rc=$?

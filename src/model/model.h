@@ -142,6 +142,12 @@ struct model_ops {
 	/* the figures of the last after_step for the log (NULL: none): up to max of them into
 	 * out, returns how many (metrics.jsonl gets each; the console line those marked) */
 	int (*step_metrics)(const void *impl, struct model_step_metric *out, int max);
+	/* Model state outside the parameter table that training changes and a checkpoint must
+	 * hold (NULL: none), the same on every rank (e.g. MoE's balancing bias, TorchTitan's
+	 * expert_bias buffer): state returns how many doubles it has, copied into out when
+	 * non-NULL; set_state takes them back (n must be that count). */
+	int64_t (*state)(const void *impl, double *out);
+	void (*set_state)(void *impl, const double *in, int64_t n);
 	void (*free)(void *impl);
 };
 
@@ -269,6 +275,16 @@ static inline void model_unit_backward_weight(struct model *m, int u)
 {
 	if (m->ops->unit_backward_weight)
 		m->ops->unit_backward_weight(m->impl, u);
+}
+/* model_ops.state / set_state, or 0 / nothing for a family without model state */
+static inline int64_t model_state(const struct model *m, double *out)
+{
+	return m->ops->state ? m->ops->state(m->impl, out) : 0;
+}
+static inline void model_set_state(struct model *m, const double *in, int64_t n)
+{
+	if (m->ops->set_state)
+		m->ops->set_state(m->impl, in, n);
 }
 static inline void model_set_tied(struct model *m, const float *w)
 {

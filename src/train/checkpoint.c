@@ -759,6 +759,45 @@ static int load_tensor(const struct ckpt_tensor *t, const struct ckpt_mtensor *m
 	return CT_OK;
 }
 
+int ckpt_read_extra(const char *root, int64_t step, const char *name, char **data, size_t *len)
+{
+	char dir[1100], path[1200];
+	step_dir(dir, sizeof(dir), root, step, "");
+	snprintf(path, sizeof(path), "%s/manifest.json", dir);
+	*data = NULL;
+	*len = 0;
+	size_t mlen = 0;
+	char *text = NULL;
+	if (io_read_file(path, &text, &mlen)) {
+		LOG_ERROR("checkpoint: '%s' is missing or malformed (%s)", path, strerror(errno));
+		return CT_ERR_RUNTIME;
+	}
+	struct ckpt_manifest m;
+	memset(&m, 0, sizeof(m));
+	int rc = ckpt_manifest_parse(&m, text, mlen, path);
+	free(text);
+	const struct ckpt_mfile *f = NULL;
+	for (int i = 0; !rc && i < m.n_files; i++)
+		if (strcmp(m.files[i].name, name) == 0)
+			f = &m.files[i];
+	if (!rc && !f)
+		rc = 1;
+	if (!rc) {
+		snprintf(path, sizeof(path), "%s/%s", dir, name);
+		if (io_read_file(path, data, len) || (int64_t)*len != f->bytes ||
+		    XXH3_64bits(*data, *len) != f->xxh3) {
+			LOG_ERROR("checkpoint: '%s' is missing or does not match the manifest's "
+			          "size and checksum",
+			          path);
+			free(*data);
+			*data = NULL;
+			rc = CT_ERR_RUNTIME;
+		}
+	}
+	ckpt_manifest_free(&m);
+	return rc;
+}
+
 int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
               const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st)
 {

@@ -143,6 +143,10 @@ int ckpt_resolve(const char *path, char *root, size_t root_size, int64_t *step);
 
 /* Load checkpoint `step` into the tensors (each rank its rows). Collective. The model shape
  * must match the saved one (errors name the tensor). */
+/* An extra file of checkpoint `step` (struct ckpt_extra) into *data (malloc'd, *len bytes),
+ * its checksum checked against the manifest's. CT_OK; 1 when the manifest does not list it
+ * (a checkpoint saved without it); CT_ERR_RUNTIME with a message naming the file. */
+int ckpt_read_extra(const char *root, int64_t step, const char *name, char **data, size_t *len);
 int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
               const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st);
 

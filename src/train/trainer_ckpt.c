@@ -82,6 +82,42 @@ static bool trainer_excluded(const struct trainer *tr, const char *part)
 	return false;
 }
 
+/* The model's state outside the parameter table (model_ops.state: MoE's balancing bias),
+ * with the weights: a checkpoint saved before it was kept holds none (the state stays at
+ * its start, said once). Raw doubles in the host's order, as the rest of the checkpoint. */
+#define MODEL_STATE_FILE "model_state.bin"
+
+static int trainer_load_state(struct trainer *tr, const char *root, int64_t step)
+{
+	int64_t n = model_state(&tr->model, NULL);
+	if (n <= 0)
+		return CT_OK;
+	char *data;
+	size_t len;
+	int rc = ckpt_read_extra(root, step, MODEL_STATE_FILE, &data, &len);
+	if (rc == 1) {
+		LOG_WARN("checkpoint: step %lld holds no %s (saved before model state was kept): "
+		         "the model's state (e.g. MoE's balancing bias) starts again from zero",
+		         (long long)step, MODEL_STATE_FILE);
+		return CT_OK;
+	}
+	if (rc)
+		return rc;
+	if ((int64_t)len != n * (int64_t)sizeof(double)) {
+		LOG_ERROR("checkpoint: step %lld: %s holds %zu bytes, this model's state is %lld "
+		          "doubles",
+		          (long long)step, MODEL_STATE_FILE, len, (long long)n);
+		free(data);
+		return CT_ERR_RUNTIME;
+	}
+	double *v = xcalloc((size_t)n, sizeof(double));
+	memcpy(v, data, len);
+	model_set_state(&tr->model, v, n);
+	free(v);
+	free(data);
+	return CT_OK;
+}
+
 /* Load checkpoint `step` of root into the model and, unless model_only, the optimizer, the
  * data loader and the trainer state (each unless checkpoint.exclude_from_loading names it). */
 static int trainer_load(struct trainer *tr, const char *root, int64_t step, bool model_only,
@@ -97,6 +133,9 @@ static int trainer_load(struct trainer *tr, const char *root, int64_t step, bool
 	struct ckpt_trainer_state st = {0};
 	int rc = ckpt_load(root, step, &tr->model.cfg, &tr->mesh, ct, tr->model.table->count, &st);
 	free(ct);
+	if (rc)
+		return rc;
+	rc = trainer_load_state(tr, root, step);
 	if (rc)
 		return rc;
 	*first_step = no_train ? 0 : st.step;
@@ -229,8 +268,16 @@ int trainer_save(struct trainer *tr, int64_t steps_done, const struct step_metri
 	CHECK(mf, "out of memory");
 	config_print(tr->cfg, mf);
 	fclose(mf);
-	struct ckpt_extra extra[2] = {{"config.toml", cfg_text, cfg_len}};
+	struct ckpt_extra extra[3] = {{"config.toml", cfg_text, cfg_len}};
 	int n_extra = 1;
+	/* the model's state outside the table (MoE's balancing bias), the same on every rank */
+	int64_t n_state = model_state(&tr->model, NULL);
+	double *state = n_state > 0 ? xcalloc((size_t)n_state, sizeof(double)) : NULL;
+	if (state) {
+		CHECK(model_state(&tr->model, state) == n_state, "model state changed size");
+		extra[n_extra++] = (struct ckpt_extra){MODEL_STATE_FILE, state,
+		                                       (size_t)n_state * sizeof(double)};
+	}
 	if (tr->cfg->model.tokenizer_path[0]) {
 		if (io_read_file(tr->cfg->model.tokenizer_path, &tok_data, &tok_len) == CT_OK)
 			extra[n_extra++] =
@@ -248,5 +295,6 @@ int trainer_save(struct trainer *tr, int64_t steps_done, const struct step_metri
 	free(ct);
 	free(cfg_text);
 	free(tok_data);
+	free(state);
 	return rc;
 }

@@ -86,6 +86,22 @@ static void moe_op_after_step(void *impl, const double *sum)
 {
 	moe_after_step(impl, sum);
 }
+/* the balancing bias (MoE layers x routed experts): the state a checkpoint holds */
+static int64_t moe_op_state(const void *impl, double *out)
+{
+	const struct moe_model *m = impl;
+	int64_t n = (m->cfg.n_layers - m->cfg.n_dense_layers) * m->cfg.n_routed_experts;
+	if (out && n > 0)
+		memcpy(out, m->bias, (size_t)n * sizeof(double));
+	return n;
+}
+static void moe_op_set_state(void *impl, const double *in, int64_t n)
+{
+	struct moe_model *m = impl;
+	CHECK(n == moe_op_state(m, NULL), "moe: a state of %lld doubles", (long long)n);
+	if (n > 0)
+		memcpy(m->bias, in, (size_t)n * sizeof(double));
+}
 static int moe_op_step_metrics(const void *impl, struct model_step_metric *out, int max)
 {
 	return moe_step_metrics(impl, out, max);
@@ -107,6 +123,8 @@ static const struct model_ops moe_ops = {
     .step_stats = moe_op_step_stats,
     .after_step = moe_op_after_step,
     .step_metrics = moe_op_step_metrics,
+    .state = moe_op_state,
+    .set_state = moe_op_set_state,
     .free = moe_op_free,
 };
 
@@ -319,12 +337,6 @@ static int moe_check_config(const struct ct_config *cfg)
 	if (cfg->model.rope_scaling)
 		return config_error("model.rope_scaling: not yet supported for deepseek_v3 (only "
 		                    "read for llama3)");
-	/* the bias is model state outside the parameter table, which checkpoints do not hold
-	 * yet: a resumed run would restart it at zero */
-	if (cfg->checkpoint.enable && config_get_float(cfg, "model.moe_load_balance_coeff") != 0)
-		return config_error("checkpoint.enable: not yet supported for deepseek_v3 with the "
-		                    "aux-loss-free balancing bias (checkpoints do not hold it yet); set "
-		                    "model.moe_load_balance_coeff = 0 or checkpoint.enable = false");
 	return 0;
 }
 
