@@ -109,6 +109,16 @@ for r in "c2 1 1" "c1 2 2"; do
   close "$d.l" "$tmp/$1.l"; check "resumed steps 4-6 within 1e-5 of the uninterrupted run" $?
 done
 
+# a corrupted model_state.bin (the bias) is refused, naming it
+d="$tmp/rbad"
+mkdir -p "$d/checkpoint" && cp -r "$tmp/c1/checkpoint/step-00000003" "$d/checkpoint/" &&
+  printf '\x01' | dd of="$d/checkpoint/step-00000003/model_state.bin" bs=1 seek=3 conv=notrunc 2>/dev/null
+"$CTITAN" train "$CFG" "${COMMON[@]}" "${CK[@]}" --checkpoint.interval=100 \
+  --job.dump_folder="$d" > "$d.log" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "model_state.bin' is missing or does not match" "$d.log"
+check "a corrupted model_state.bin is refused, naming it (exit $rc)" $?
+
 # 3. the balance plot
 "$CTITAN" plot "$tmp/a" --out "$tmp/plots" > "$tmp/plot.log" 2>&1 &&
   head -c 4 "$tmp/plots/balance.png" | grep -q PNG
