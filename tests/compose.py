@@ -141,8 +141,9 @@ def is_f8(precision):
 # rule must exit 2 with that message).
 RULES = [
     ("hyena-tp", lambda c: c["family"] == "hyena" and is_tp(c["layout"]),
-     "Hyena's long convolutions and implicit filters have no column/row-parallel form in "
-     "ctitan (the family declares no tensor parallelism)",
+     "not yet: Hyena's in-projection interleaves its N+1 streams per channel, so a channel "
+     "split is not a contiguous row range of the table's tensors (the pieces TP and the "
+     "checkpoints know); the filters and long convolutions themselves are per channel",
      'not supported for model.name = "hyena"'),
     ("hyena-float8", lambda c: c["family"] == "hyena" and is_f8(c["precision"]),
      "Hyena has no float8 linears (only Llama's linears are torchao-converted)",

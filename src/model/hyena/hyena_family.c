@@ -153,9 +153,8 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 {
 	if (opts->tp && opts->tp->size > 1) {
 		LOG_ERROR("parallelism.tensor_parallel_degree = %d: not supported for "
-		          "model.name = \"hyena\" (its long convolutions and implicit filters "
-		          "have no column/row-parallel form; llama3 only)",
-		          opts->tp->size);
+		          "model.name = \"hyena\" (%s)",
+		          opts->tp->size, hyena_family.no_tp_why);
 		return CT_ERR_USAGE;
 	}
 	struct hyena_model *hm = xcalloc(1, sizeof(*hm));
@@ -290,8 +289,10 @@ static int hyena_check_config(const struct ct_config *cfg)
 
 const struct model_family hyena_family = {
     .name = "hyena",
-    .no_tp_why = "its long convolutions and implicit filters have no column/row-parallel "
-                 "form; llama3 only",
+    .no_tp_why = "not yet: its in-projection interleaves its N+1 streams per channel, so a "
+                 "channel split is not a contiguous row range of the table's tensors (the "
+                 "pieces TP and the checkpoints know); per-stream tensors would make it one; "
+                 "llama3 only",
     .no_cp_why = "its long convolution mixes every position of the sequence with every "
                  "earlier one through an FFT over the whole sequence, so a sequence shard "
                  "cannot be computed from its own tokens and a key/value exchange; see README",
