@@ -12,8 +12,9 @@
 #    step-3 checkpoint saved at ep=2 holds the experts in the global layout and resumes on 1
 #    rank, one saved on 1 rank resumes at ep=2, both within 1e-5 of the uninterrupted runs;
 #  - ctitan plot draws balance.png;
-#  - refusals with exit 2: TP, PP, activation checkpointing, float8, ctitan plan (no cost
-#    model), a llama3 flavor.
+#  - refusals with exit 2: TP, PP, activation checkpointing, float8, a llama3 flavor; ctitan
+#    plan runs for the family (its cost model), refuses ep not dividing dp_shard and ep for a
+#    family without experts.
 #   tests/moe_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -141,10 +142,16 @@ done
 "$CTITAN" plan "$CFG" --model.flavor=deepseek_v3-16B --world-size 8 --metrics.peak_tflops=989 \
   --comm.bandwidth_gbps=400 > "$tmp/p.log" 2>&1
 rc=$?
-[ $rc -eq 2 ] && grep -q "no cost model" "$tmp/p.log"; check "plan: no cost model yet, exit $rc" $?
+[ $rc -eq 0 ] && grep -q "predicted step time  *[0-9.]* s" "$tmp/p.log"
+check "plan: deepseek_v3-16B on 8 ranks (the family's cost model), exit $rc" $?
+"$CTITAN" plan "$CFG" --world-size 4 --metrics.peak_tflops=989 --comm.bandwidth_gbps=400 \
+  --parallelism.expert_parallel_degree=3 > "$tmp/p.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "expert_parallel_degree = 3 does not divide" "$tmp/p.log"
+check "plan: ep not dividing dp_shard refused, exit $rc" $?
 "$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 4 --metrics.peak_tflops=989 \
   --comm.bandwidth_gbps=400 --parallelism.expert_parallel_degree=2 > "$tmp/p.log" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q "expert_parallel_degree = 2 is not supported" "$tmp/p.log"
-check "plan: expert parallelism refused, exit $rc" $?
+check "plan: expert parallelism of a family without experts refused, exit $rc" $?
 finish

@@ -208,6 +208,13 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	const int64_t ep = c->parallelism.expert_parallel_degree > 1
 	                       ? c->parallelism.expert_parallel_degree
 	                       : 1;
+	const struct model_family *ef = ep > 1 ? model_family_named(c->model.name) : NULL;
+	if (ef && !ef->ep) {
+		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported "
+		          "with model.name = \"%s\": the family has no routed experts to split",
+		          (long long)ep, c->model.name);
+		return CT_ERR_USAGE;
+	}
 	if (ep > 1 && (tp > 1 || cp > 1 || c->parallelism.pipeline_parallel_degree > 1)) {
 		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported "
 		          "with tensor, context or pipeline parallelism (as in training)",
