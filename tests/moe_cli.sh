@@ -7,6 +7,8 @@
 #  - expert parallelism: ep=2 on 2 ranks and ep=2 inside dp_shard=4 give the 1-rank losses,
 #    grad norms, loads and bias; refusals (exit 2, the reason named): a family without
 #    experts, ep not dividing dp_shard, ep not dividing the experts, ep with tp / cp;
+#  - the cost model in a run: ep=2 with comm.buckets = "auto", a memory budget and profiling
+#    prices the all-to-alls and gives the 1-rank losses;
 #  - checkpoints reshard between ep layouts, with the balancing bias on (a coefficient that
 #    moves the routing within 3 steps; the checkpoint holds the bias in model_state.bin): a
 #    step-3 checkpoint saved at ep=2 holds the experts in the global layout and resumes on 1
@@ -58,6 +60,17 @@ for ep in "2 2" "4 2"; do
     "moe_load_max_mean/layer.1" moe_bias_absmax > "$tmp/e$1.l"
   close "$tmp/e$1.l" "$tmp/a.l"; check "ep $2 on $1 ranks: losses, grad norms, loads and bias equal 1 rank's within 1e-5" $?
 done
+# the cost model in a run (model/moe/moe_cost.c): ep 2 with automatic buckets, a memory
+# budget and profiling; the plan does not change the numbers
+"$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" --parallelism.expert_parallel_degree=2 \
+  --comm.buckets=auto --comm.memory_budget_gb=1 --profiling.enable_profiling=true \
+  --profiling.profile_freq=3 --job.dump_folder="$tmp/eauto" > "$tmp/eauto.log" 2>&1 &&
+  grep -q "cost model: expert-parallel all-to-alls .* (30 of them" "$tmp/eauto.log" &&
+  grep -q "cost model vs this step" "$tmp/eauto.log"
+check "ep 2 with comm.buckets = auto, a memory budget and profiling (the all-to-alls priced)" $?
+metric "$tmp/eauto/metrics.jsonl" 1 6 loss grad_norm moe_load_max_mean \
+  "moe_load_max_mean/layer.1" moe_bias_absmax > "$tmp/eauto.l"
+close "$tmp/eauto.l" "$tmp/a.l"; check "ep 2, automatic buckets: the 1-rank losses within 1e-5" $?
 refuse() { # N REASON_REGEX ARGS...: exit 2 and the reason in the log
   local n=$1 why=$2
   shift 2
