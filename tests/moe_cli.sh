@@ -7,13 +7,16 @@
 #  - expert parallelism: ep=2 on 2 ranks and ep=2 inside dp_shard=4 give the 1-rank losses,
 #    grad norms, loads and bias; refusals (exit 2, the reason named): a family without
 #    experts, ep not dividing dp_shard, ep not dividing the experts, ep with tp / cp;
+#  - the cost model in a run: ep=2 with comm.buckets = "auto", a memory budget and profiling
+#    prices the all-to-alls and gives the 1-rank losses;
 #  - checkpoints reshard between ep layouts, with the balancing bias on (a coefficient that
 #    moves the routing within 3 steps; the checkpoint holds the bias in model_state.bin): a
 #    step-3 checkpoint saved at ep=2 holds the experts in the global layout and resumes on 1
 #    rank, one saved on 1 rank resumes at ep=2, both within 1e-5 of the uninterrupted runs;
 #  - ctitan plot draws balance.png;
-#  - refusals with exit 2: TP, PP, activation checkpointing, float8, ctitan plan (no cost
-#    model), a llama3 flavor.
+#  - refusals with exit 2: TP, PP, activation checkpointing, float8, a llama3 flavor; ctitan
+#    plan runs for the family (its cost model), refuses ep not dividing dp_shard and ep for a
+#    family without experts.
 #   tests/moe_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -57,6 +60,17 @@ for ep in "2 2" "4 2"; do
     "moe_load_max_mean/layer.1" moe_bias_absmax > "$tmp/e$1.l"
   close "$tmp/e$1.l" "$tmp/a.l"; check "ep $2 on $1 ranks: losses, grad norms, loads and bias equal 1 rank's within 1e-5" $?
 done
+# the cost model in a run (model/moe/moe_cost.c): ep 2 with automatic buckets, a memory
+# budget and profiling; the plan does not change the numbers
+"$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" --parallelism.expert_parallel_degree=2 \
+  --comm.buckets=auto --comm.memory_budget_gb=1 --profiling.enable_profiling=true \
+  --profiling.profile_freq=3 --job.dump_folder="$tmp/eauto" > "$tmp/eauto.log" 2>&1 &&
+  grep -q "cost model: expert-parallel all-to-alls .* (30 of them" "$tmp/eauto.log" &&
+  grep -q "cost model vs this step" "$tmp/eauto.log"
+check "ep 2 with comm.buckets = auto, a memory budget and profiling (the all-to-alls priced)" $?
+metric "$tmp/eauto/metrics.jsonl" 1 6 loss grad_norm moe_load_max_mean \
+  "moe_load_max_mean/layer.1" moe_bias_absmax > "$tmp/eauto.l"
+close "$tmp/eauto.l" "$tmp/a.l"; check "ep 2, automatic buckets: the 1-rank losses within 1e-5" $?
 refuse() { # N REASON_REGEX ARGS...: exit 2 and the reason in the log
   local n=$1 why=$2
   shift 2
@@ -141,10 +155,16 @@ done
 "$CTITAN" plan "$CFG" --model.flavor=deepseek_v3-16B --world-size 8 --metrics.peak_tflops=989 \
   --comm.bandwidth_gbps=400 > "$tmp/p.log" 2>&1
 rc=$?
-[ $rc -eq 2 ] && grep -q "no cost model" "$tmp/p.log"; check "plan: no cost model yet, exit $rc" $?
+[ $rc -eq 0 ] && grep -q "predicted step time  *[0-9.]* s" "$tmp/p.log"
+check "plan: deepseek_v3-16B on 8 ranks (the family's cost model), exit $rc" $?
+"$CTITAN" plan "$CFG" --world-size 4 --metrics.peak_tflops=989 --comm.bandwidth_gbps=400 \
+  --parallelism.expert_parallel_degree=3 > "$tmp/p.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "expert_parallel_degree = 3 does not divide" "$tmp/p.log"
+check "plan: ep not dividing dp_shard refused, exit $rc" $?
 "$CTITAN" plan "$ROOT/configs/debug.toml" --world-size 4 --metrics.peak_tflops=989 \
   --comm.bandwidth_gbps=400 --parallelism.expert_parallel_degree=2 > "$tmp/p.log" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q "expert_parallel_degree = 2 is not supported" "$tmp/p.log"
-check "plan: expert parallelism refused, exit $rc" $?
+check "plan: expert parallelism of a family without experts refused, exit $rc" $?
 finish

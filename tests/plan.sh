@@ -3,7 +3,8 @@
 # ranks, in seconds, without MPI. Every input of configs/8b.toml's plan is stated, so its
 # figures are checked against an independent computation (FLOPs, ring bytes over the stated
 # link) within a few percent, and step time and memory are pinned to the current cost model;
-# Hyena plans, its planned activations equal to a trained model's; bad arguments exit 2.
+# Hyena and deepseek_v3 (MoE) plans, their planned activations equal to a trained model's;
+# bad arguments exit 2.
 #   tests/plan.sh build/ctitan
 set -u
 CTITAN=$1
@@ -150,6 +151,72 @@ for ac in none ffn selective full selective:2; do
   [ -n "$planned" ] && [ "$planned" = "${built%.0}" ]
   check "hyena-debug, activation checkpointing $ac: planned activations $planned bytes = the trained model's ${built:-?}" $?
 done
+# deepseek_v3 (the MoE family's cost model, model/moe/moe_cost.c): moe-debug, 16B and 671B
+# plan (exit 0); the model FLOPs per token are 6 x the active parameters (top_k routed +
+# shared experts, the router, attention; not all E) less the embedding, + 12 L C T, computed
+# here from the presets' shapes; under expert parallelism each MoE layer's forward sends
+# N top_k (ep - 1) / ep rows of C bf16 elements twice (dispatch, combine) + the counts, at
+# latency + bytes / link each, and a MoE block gathers only its E / ep experts; the
+# activation bytes planned for one model equal a 1-rank training run's.
+"$CTITAN" plan "$ROOT/configs/moe-debug.toml" --world-size 8 $H100 > "$tmp/moe.txt" 2>&1 &&
+  grep -q "predicted step time  *[0-9.]* s" "$tmp/moe.txt" &&
+  grep -q "memory per rank  *[0-9.]* GiB peak" "$tmp/moe.txt"
+check "moe-debug on 8 ranks: a plan with step time and memory" $?
+MOEBIG=(--training.local_batch_size=1 --training.seq_len=4096
+        --training.mixed_precision_param=bfloat16)
+"$CTITAN" plan "$ROOT/configs/moe-debug.toml" --model.flavor=deepseek_v3-16B --world-size 64 \
+  --parallelism.expert_parallel_degree=8 "${MOEBIG[@]}" $H100 > "$tmp/m16.txt" 2>&1
+check "deepseek_v3-16B on 64 ranks, ep 8: exit 0" $?
+"$CTITAN" plan "$ROOT/configs/moe-debug.toml" --model.flavor=deepseek_v3-671B --world-size 256 \
+  --parallelism.expert_parallel_degree=64 "${MOEBIG[@]}" $H100 > "$tmp/m671.txt" 2>&1
+check "deepseek_v3-671B on 256 ranks, ep 64: exit 0" $?
+/usr/bin/python3 - "$tmp/m16.txt" "$tmp/m671.txt" <<'PY'
+import re, sys
+# (vocab, dim, layers, heads, kv heads, dense ffn, expert ffn, dense layers, experts, shared,
+#  top_k, ep): the presets (src/model/moe/moe.c) and the ep of the plans above
+shapes = [(102400, 2048, 27, 16, 16, 10944, 1408, 1, 64, 2, 6, 8),
+          (129280, 7168, 61, 128, 128, 18432, 2048, 3, 256, 1, 8, 64)]
+T, bad = 4096, 0
+for path, (V, C, L, H, KV, F, Fm, Ld, E, S, K, ep) in zip(sys.argv[1:], shapes):
+    t = open(path).read()
+    D = C // H
+    attn = 2 * C * H * D + 2 * C * KV * D + 2 * C
+    active = L * attn + Ld * 3 * C * F + (L - Ld) * (3 * C * Fm * (K + S) + E * C) + 2 * V * C + C
+    want = 6 * (active - V * C) + 12 * L * C * T
+    got = float(re.search(r"model FLOPs ([0-9.e+]+) per token", t).group(1))
+    layer = 2 * T * K * (ep - 1) / ep * C * 2 / 2**20  # dispatch + combine, bf16, MiB
+    a2a = float(re.search(r"([0-9.]+) MiB sent per MoE layer", t).group(1))
+    tps = float(re.search(r"throughput +([0-9.]+) tokens/s", t).group(1))
+    mem = float(re.search(r"memory per rank +([0-9.]+) GiB", t).group(1))
+    # the all-to-alls block the passes: n x latency (30 us) + bytes / 400 Gbit/s
+    n, sent, secs = re.search(r"; (\d+) per step, ([0-9.]+) MiB sent, ([0-9.]+) s in the passes",
+                              t).groups()
+    a2a_s = int(n) * 30e-6 + float(sent) * 2**20 / 50e9
+    # a MoE block's bucket gathers its E / ep experts only (bf16 MiB, the 3rd bucket)
+    blk = (2 * C * H * D + 2 * C * KV * D + 2 * C + E * C + 3 * C * Fm * (E // ep + S)) * 2 / 2**20
+    bucket = float(re.findall(r"([0-9.]+) MiB", t.split("bucket sizes")[1])[Ld + 1])
+    ok = abs(got / want - 1) < 0.006 and abs(a2a - layer) < 0.01 and tps > 0 and mem > 0
+    ok = ok and abs(float(secs) - a2a_s) < 0.0015 and abs(bucket - blk) < 1
+    print(f"  {path.rsplit('/', 1)[1]}: {active / 1e9:.1f}B active parameters, "
+          f"{got:.3g} FLOPs/token (6 N_active form {want:.4g}), all-to-all {a2a:.2f} MiB "
+          f"per MoE layer forward (balanced {layer:.2f}), {secs} s of them per step "
+          f"({a2a_s:.3f}), a MoE block's bucket {bucket:.0f} MiB ({blk:.0f} with its E/ep "
+          f"experts), {tps:.0f} tokens/s per rank, {mem:.1f} GiB per rank"
+          f"{'' if ok else '  <- wrong'}")
+    bad |= not ok
+sys.exit(bad)
+PY
+check "MoE plans: FLOPs per token over the active parameters, all-to-all bytes and time, a block's gathered experts" $?
+MO=(--training.dataset=synthetic --model.tokenizer_path= --model.vocab_size=509
+    --training.seq_len=32 --training.local_batch_size=2 --training.global_batch_size=2
+    --metrics.peak_tflops=1 --comm.bandwidth_gbps=100)
+"$CTITAN" plan "$ROOT/configs/moe-debug.toml" --world-size 1 "${MO[@]}" > "$tmp/mop.txt" 2>&1
+planned=$(sed -n "s/.*activations of one micro-batch's model \([0-9]*\) bytes.*/\1/p" "$tmp/mop.txt")
+"$CTITAN" train "$ROOT/configs/moe-debug.toml" "${MO[@]}" --training.steps=1 \
+  --job.dump_folder="$tmp/mo_run" > "$tmp/mot.log" 2>&1
+built=$(metric "$tmp/mo_run/metrics.jsonl" 1 1 memory_activations_bytes 2>/dev/null)
+[ -n "$planned" ] && [ "$planned" = "${built%.0}" ]
+check "moe-debug: planned activations $planned bytes = the trained model's ${built:-?}" $?
 # no wall-clock check (a loaded machine fails it; timings belong to bench/): the time is shown
 echo "  (plans so far took $(( $(date +%s) - start )) s)"
 "$CTITAN" plan "$ROOT/configs/8b.toml" > /dev/null 2>&1; [ $? -eq 2 ]; check "no --world-size: exit 2" $?

@@ -16,7 +16,9 @@
 
 #include "base/log.h"
 #include "io/safetensors.h"
+#include "base/mem.h"
 #include "model/model.h"
+#include "model/model_cost.h"
 #include "model/moe/moe.h"
 #include "optim/optim.h"
 #include "testutil.h"
@@ -516,6 +518,90 @@ TEST_CASE(test_reference_sigmoid)
 	remove_dir(dir);
 }
 
+/* ------------------------------------------------------------ cost model */
+
+/* The cost model's figures against a built model: the activation bytes equal what the build
+ * allocates under MEM_ACTIVATIONS (one rank and ep ranks, with and without shared experts,
+ * the debug preset); the matmul work of a step, per token, is 6 x the active matmul
+ * parameters (the router, top_k routed and the shared experts, not all E); each MoE layer
+ * under ep sends N top_k (ep - 1) / ep rows of C each way, in 3 all-to-alls forward and 2
+ * backward, and a dense block none. */
+TEST_CASE(test_cost_model)
+{
+	struct {
+		const char *name;
+		int64_t B, T;
+		int ep, shared;
+		bool debug;
+	} cases[] = {{"tiny", 2, 8, 1, 1, false},       {"tiny ep 2", 2, 8, 2, 1, false},
+	             {"tiny ep 4 no shared", 1, 12, 4, 0, false},
+	             {"debug", 2, 16, 1, 1, true},      {"debug ep 4", 1, 16, 4, 1, true}};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct model_config mc;
+		struct moe_config *c = moe_cfg_init(&mc);
+		if (cases[i].debug)
+			CHECK(moe_config_preset(c, "deepseek_v3-debug") == CT_OK, "preset");
+		else
+			tiny_config(c, MOE_SCORE_SOFTMAX, false, 1.0, 0.0);
+		if (cases[i].shared == 0)
+			c->n_shared_experts = 0;
+		EXPECT(model_cost_of(&mc) != NULL, "the deepseek_v3 family has a cost model");
+		const int ep = cases[i].ep;
+		const struct model_cost_shape sh = {.B = cases[i].B,
+		                                    .T = cases[i].T,
+		                                    .ac = MODEL_AC_NONE,
+		                                    .tp = 1,
+		                                    .elem_bytes = 4,
+		                                    .cp = 1,
+		                                    .ep = ep};
+		int64_t want = model_cost_activation_bytes(&mc, &sh);
+		/* ep rank 0 of ep: the build reads only the group's size and rank */
+		struct model_group g = {.size = ep, .rank = 0};
+		const struct moe_build_opts o = {.own_params = false, .ep = ep > 1 ? &g : NULL};
+		int64_t before = mem_current(MEM_ACTIVATIONS);
+		struct moe_model m;
+		CHECK(moe_build(&m, c, sh.B, sh.T, &o) == CT_OK, "build %s", cases[i].name);
+		int64_t got = mem_current(MEM_ACTIVATIONS) - before;
+		fprintf(stderr, "  %-20s activations: cost model %lld bytes, built %lld\n",
+		        cases[i].name, (long long)want, (long long)got);
+		EXPECT(want == got, "%s: cost model %lld activation bytes, the built model %lld",
+		       cases[i].name, (long long)want, (long long)got);
+		/* matmul FLOPs of a step (forward + backward) per token */
+		double mm = 0, N = (double)(sh.B * sh.T);
+		for (int u = 0; u < m.table.n_units; u++) {
+			model_cost_work w;
+			model_cost_unit_work(&mc, &sh, u, w);
+			for (int p = 0; p < MODEL_PASS_COUNT; p++)
+				mm += w[p][MODEL_COST_MATMUL] + w[p][MODEL_COST_HEAD];
+			EXPECT(w[MODEL_PASS_REC][MODEL_COST_MATMUL] == 0, "%s: unit %d recomputes",
+			       cases[i].name, u);
+			struct model_prog f, b;
+			model_cost_unit_inner(&mc, &sh, u, MODEL_PASS_FWD, &f);
+			model_cost_unit_inner(&mc, &sh, u, MODEL_PASS_BWD, &b);
+			bool moe = u >= 1 + c->n_dense_layers && u <= c->n_layers;
+			int64_t rows = sh.B * sh.T * c->top_k * (ep - 1) / ep * c->dim * 4;
+			if (!moe || ep == 1) {
+				EXPECT(f.n == 0 && b.n == 0, "%s: unit %d has %d + %d all-to-alls",
+				       cases[i].name, u, f.n, b.n);
+				continue;
+			}
+			EXPECT(f.n == 3 && b.n == 2 && f.c[1].bytes == rows && f.c[2].bytes == rows &&
+			           b.c[0].bytes == rows && b.c[1].bytes == rows &&
+			           f.c[0].role == MODEL_GROUP_EP && f.c[1].group == ep,
+			       "%s: unit %d: %d forward all-to-alls (%lld bytes), %d backward, want "
+			       "%lld", cases[i].name, u, f.n, (long long)(f.n > 1 ? f.c[1].bytes : 0),
+			       b.n, (long long)rows);
+		}
+		int64_t C = c->dim, L = c->n_layers;
+		double active =
+		    (double)(moe_active_params(c) - c->vocab_size * C - 2 * C * L - C); /* linears */
+		EXPECT(fabs(mm / N - 6.0 * active) <= 1e-9 * 6.0 * active,
+		       "%s: matmul work %.6g FLOPs per token, 6 x active linear parameters %.6g",
+		       cases[i].name, mm / N, 6.0 * active);
+		moe_free(&m);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	test_seed();
@@ -530,6 +616,7 @@ int main(int argc, char **argv)
 		RUN(test_routing_and_float_vs_double);
 		RUN(test_bias_update);
 		RUN(test_determinism);
+		RUN(test_cost_model);
 	}
 	if (only_ref) {
 		RUN(test_reference_softmax);

@@ -205,10 +205,20 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 			return CT_ERR_USAGE;
 		}
 	}
-	if (c->parallelism.expert_parallel_degree > 1) {
-		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported: "
-		          "the cost model does not model the experts' all-to-alls",
-		          (long long)c->parallelism.expert_parallel_degree);
+	const int64_t ep = c->parallelism.expert_parallel_degree > 1
+	                       ? c->parallelism.expert_parallel_degree
+	                       : 1;
+	const struct model_family *ef = ep > 1 ? model_family_named(c->model.name) : NULL;
+	if (ef && !ef->ep) {
+		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported "
+		          "with model.name = \"%s\": the family has no routed experts to split",
+		          (long long)ep, c->model.name);
+		return CT_ERR_USAGE;
+	}
+	if (ep > 1 && (tp > 1 || cp > 1 || c->parallelism.pipeline_parallel_degree > 1)) {
+		LOG_ERROR("ctitan plan: parallelism.expert_parallel_degree = %lld is not supported "
+		          "with tensor, context or pipeline parallelism (as in training)",
+		          (long long)ep);
 		return CT_ERR_USAGE;
 	}
 	if (c->comm.bandwidth_gbps <= 0) {
@@ -230,6 +240,13 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		          "tensor_parallel_degree (%lld)",
 		          (long long)world, (long long)rep, (long long)shard, (long long)cp,
 		          (long long)tp);
+		return CT_ERR_USAGE;
+	}
+	if (shard % ep) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %lld does not divide "
+		          "data_parallel_shard_degree = %lld (ep borrows from the FSDP shard group: "
+		          "dp_shard = efsdp x ep)",
+		          (long long)ep, (long long)shard);
 		return CT_ERR_USAGE;
 	}
 	int64_t dpw = rep * shard; /* data-parallel ranks */
@@ -269,7 +286,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	                                     .dp_shard = shard * cp,
 	                                     .elem_bytes = act16 ? 2 : 4,
 	                                     .accum = accum,
-	                                     .cp = cp};
+	                                     .cp = cp,
+	                                     .ep = ep};
 	const struct model_cost_shape sh = step_plan_shape(&o, &lay);
 	enum model_ac ac = o.ac;
 	char acl[96];
@@ -297,6 +315,9 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 	/* the cp group's K/V transfers: on the intra-node link, as TP's */
 	cm.cp_latency_s = cm.tp_latency_s;
 	cm.cp_bytes_s = cm.tp_bytes_s;
+	/* the ep group's all-to-alls: on the data-parallel link (ep ranks span nodes) */
+	cm.ep_latency_s = c->comm.latency_us * 1e-6;
+	cm.ep_bytes_s = c->comm.bandwidth_gbps * 1e9 / 8.0;
 	cm.full_elem_bytes = act16 ? 2 : 4;
 	cm.full_twin_bytes = 0; /* the target keeps gathered weights in one dtype */
 	cm.overlap = true;
@@ -392,6 +413,22 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		    sh.cp_headtail ? "head-tail balanced" : "contiguous",
 		    sh.cp_ring ? "round a ring" : "all-gathered", c->parallelism.tp_bandwidth_gbps,
 		    (double)p.cp_wire_bytes / 1048576.0, p.cp_comm_s, p.cp_s);
+	if (ep > 1) {
+		/* one MoE layer's forward all-to-alls (the family's in-pass collectives) */
+		int64_t layer = 0, n_layer = 0;
+		for (int u = 0; u < cm.n_units && !n_layer; u++) {
+			const struct model_prog *g = &cm.inner[u * SCHED_WORK_COUNT + SCHED_WORK_FWD];
+			for (int j = 0; j < g->n; j++)
+				if (g->c[j].role == MODEL_GROUP_EP)
+					layer += g->c[j].bytes, n_layer++;
+		}
+		printf("expert parallelism       %lld ranks, balanced routing: %.2f MiB sent per "
+		       "MoE layer and micro-batch forward in %lld all-to-alls (counts, dispatch, "
+		       "combine; backward 2 more of the rows); %lld per step, %.1f MiB sent, "
+		       "%.3f s in the passes (comm.bandwidth_gbps)\n",
+		       (long long)ep, (double)layer / 1048576.0, (long long)n_layer,
+		       (long long)p.n_ep, (double)p.ep_wire_bytes / 1048576.0, p.ep_s);
+	}
 	printf(
 	    "all-gather bytes         %.1f MiB per step sent by each rank (%lld-byte elements%s)\n",
 	    (double)p.ag_wire_bytes / 1048576.0, (long long)cm.ag_elem_bytes,

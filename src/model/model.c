@@ -201,6 +201,15 @@ int model_table_build_tp(struct param_table *t, const struct model_config *c, in
 	return f->table_build_tp(t, c, tp, tp_rank);
 }
 
+int model_table_build_ep(struct param_table *t, const struct model_config *c, int ep, int ep_rank)
+{
+	const struct model_family *f = model_family_of(c->kind);
+	if (ep <= 1)
+		return f->table_build(t, c);
+	CHECK(f->ep && f->table_build_ep, "model %s: no expert-parallel table", f->name);
+	return f->table_build_ep(t, c, ep, ep_rank);
+}
+
 void model_init_params_cfg(const struct model_config *c, const struct param_table *t, uint64_t seed,
                            float *out, int64_t first, int64_t n)
 {

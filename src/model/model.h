@@ -60,6 +60,9 @@ int64_t model_count_valid(const int32_t *targets, int64_t n);
 int model_table_build(struct param_table *t, const struct model_config *c);
 /* Tensor-parallel rank tp_rank's slice of it (tp = 1: the whole table). */
 int model_table_build_tp(struct param_table *t, const struct model_config *c, int tp, int tp_rank);
+/* Expert-parallel rank ep_rank's table of ep (ep = 1: model_table_build; ep > 1 needs a family
+ * with ep). */
+int model_table_build_ep(struct param_table *t, const struct model_config *c, int ep, int ep_rank);
 void model_init_params_cfg(const struct model_config *c, const struct param_table *t, uint64_t seed,
                            float *out, int64_t first, int64_t n);
 
@@ -210,6 +213,10 @@ struct model_family {
 	/* tensor-parallel rank tp_rank's slice (families with tp) */
 	int (*table_build_tp)(struct param_table *t, const struct model_config *c, int tp,
 	                      int tp_rank);
+	/* expert-parallel rank ep_rank's table (families with ep): its experts' rows, marked
+	 * `expert` (what FSDP shards over the efsdp group) */
+	int (*table_build_ep)(struct param_table *t, const struct model_config *c, int ep,
+	                      int ep_rank);
 	/* families with tp: CT_OK when tp ranks can split c, else CT_ERR_USAGE with a message
 	 * naming what tp must divide */
 	int (*tp_check)(const struct model_config *c, int64_t tp);

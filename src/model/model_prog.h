@@ -16,13 +16,16 @@
 #include <stdint.h>
 
 enum model_pass { MODEL_PASS_FWD, MODEL_PASS_BWD, MODEL_PASS_REC, MODEL_PASS_COUNT };
-enum model_coll { MODEL_COLL_ALL_GATHER, MODEL_COLL_REDUCE_SCATTER };
+/* (ALL_TO_ALL: only in-pass collectives, model_cost_ops.unit_inner, never a program's) */
+enum model_coll { MODEL_COLL_ALL_GATHER, MODEL_COLL_REDUCE_SCATTER, MODEL_COLL_ALL_TO_ALL };
 
 /* The group a collective runs over, and so the link it is priced on: the tensor-parallel
- * group (a program's collectives, lowered into TP_* nodes), or the context-parallel group
+ * group (a program's collectives, lowered into TP_* nodes), the context-parallel group
  * (the K/V transfers of context parallelism, which today are calls inside the attention
- * segment: model_cost_ops.unit_inner lists them, the cost model prices them with the pass). */
-enum model_group_role { MODEL_GROUP_TP, MODEL_GROUP_CP };
+ * segment: model_cost_ops.unit_inner lists them, the cost model prices them with the pass),
+ * or the expert-parallel group (a MoE layer's token dispatch and combine, all-to-alls inside
+ * the unit, listed and priced the same way on the ep link). */
+enum model_group_role { MODEL_GROUP_TP, MODEL_GROUP_CP, MODEL_GROUP_EP };
 
 /* When a collective runs: always, or only on one side of the fused loss gradient (the head's
  * reduce-scatter of d(norm output) runs in forward when the step's loss scale is known before

@@ -243,6 +243,9 @@ void fsdp_sched_units(const struct fsdp *f, struct sched_unit *out)
 		out[u] = (struct sched_unit){.full_numel = f->u[u].full_numel,
 		                             .shard_numel = f->u[u].shard_numel,
 		                             .is_block = u > 0 && u < f->n_units - 1};
+		if (f->ep) /* its chunks gather over two groups (the experts' over efsdp) */
+			out[u].peer_numel = f->u[u].grp_numel[0] * (f->gn[0] - 1) +
+			                    f->u[u].grp_numel[1] * (f->gn[1] - 1);
 		for (int p = 0; p < MODEL_PASS_COUNT; p++) /* TP collectives (none without TP) */
 			model_unit_prog(f->model, u, (enum model_pass)p, &out[u].prog[p]);
 	}

@@ -19,7 +19,8 @@ struct model_cost_shape step_plan_shape(const struct step_plan_opts *o,
 	                                 .elem_bytes = l->elem_bytes,
 	                                 .cp = l->cp > 1 ? l->cp : 1,
 	                                 .cp_ring = o->cp_ring,
-	                                 .cp_headtail = o->cp_headtail};
+	                                 .cp_headtail = o->cp_headtail,
+	                                 .ep = l->ep > 1 ? l->ep : 1};
 }
 
 int step_plan_check_buckets(const char *buckets, int n_units)
@@ -73,11 +74,31 @@ int step_plan_naive_shapes(const struct model_config *c, const struct step_plan_
 		          (long long)l->tp, fam->name);
 		return CT_ERR_USAGE;
 	}
-	int rc = model_table_build_tp(t, c, (int)l->tp, 0); /* a TP rank's slice, FSDP-sharded */
+	if (l->ep > 1 && (!fam->ep || l->dp_shard % l->ep)) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %lld: not supported for model.name = "
+		          "\"%s\" or not a divisor of the FSDP shards (%lld)",
+		          (long long)l->ep, fam->name, (long long)l->dp_shard);
+		return CT_ERR_USAGE;
+	}
+	/* a TP rank's slice (or ep rank 0's experts), FSDP-sharded */
+	int rc = l->ep > 1 ? model_table_build_ep(t, c, (int)l->ep, 0)
+	                   : model_table_build_tp(t, c, (int)l->tp, 0);
 	if (rc)
 		return rc;
 	struct sched_unit *units = xcalloc((size_t)t->n_units, sizeof(*units));
 	sched_units_from_table(t, l->dp_shard, units);
+	if (l->ep > 1) { /* expert tensors: over the efsdp group of dp_shard / ep (fsdp.c) */
+		for (int u = 0; u < t->n_units; u++)
+			units[u].shard_numel = 0;
+		for (int i = 0; i < t->count; i++) {
+			const struct param_entry *p = &t->p[i];
+			int64_t rows = p->shape[0], cols = p->numel / rows;
+			int64_t g = p->expert ? l->dp_shard / l->ep : l->dp_shard;
+			int64_t chunk = (rows + g - 1) / g * cols;
+			units[p->unit].shard_numel += chunk;
+			units[p->unit].peer_numel += (g - 1) * chunk;
+		}
+	}
 	const struct model_cost_shape sh = step_plan_shape(o, l);
 	step_plan_unit_progs(units, t->n_units, c, &sh, o->tp_async);
 	sched_build(naive, units, t->n_units, l->accum, o->reshard);
@@ -139,6 +160,11 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 		         "%.2f GB/s",
 		         p.cp_s, p.cp_comm_s, (double)p.cp_wire_bytes / 1048576.0,
 		         cm->cp_latency_s * 1e6, cm->cp_bytes_s / 1e9);
+	if (cm->inner && cm->ep_bytes_s > 0)
+		LOG_INFO("cost model: expert-parallel all-to-alls %.3f s of the step in the MoE "
+		         "passes (%lld of them, %.1f MiB sent), link %.0f us + %.2f GB/s",
+		         p.ep_s, (long long)p.n_ep, (double)p.ep_wire_bytes / 1048576.0,
+		         cm->ep_latency_s * 1e6, cm->ep_bytes_s / 1e9);
 	if (cm->tp_bytes_s > 0)
 		LOG_INFO(
 		    "cost model: tensor-parallel collectives %.3f s of the step on the compute "
@@ -212,7 +238,8 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
 		                                   .dp_shard = f->mesh->shard,
 		                                   .elem_bytes = 4,
 		                                   .accum = accum,
-		                                   .cp = f->mesh->cp};
+		                                   .cp = f->mesh->cp,
+		                                   .ep = f->mesh->ep};
 		step_plan_cost_init(cm, &m->cfg, o, &l, &naive);
 		const struct model_cost_shape sh = step_plan_shape(o, &l);
 		sched_cost_calibrate(cm, &m->cfg, &sh, stream, &f->mesh->shard_group,
@@ -227,6 +254,9 @@ int step_plan_setup(struct fsdp *f, const struct step_plan_opts *o, int accum,
 			                        o->tp_sim_gbps, o->tp_sim_latency_us);
 		if (f->mesh->cp > 1) /* the cp group's transfers run on its own tp_coll */
 			sched_cost_calibrate_cp(cm, &f->mesh->cp_group, &f->mesh->world_group,
+			                        o->tp_sim_gbps, o->tp_sim_latency_us);
+		if (f->mesh->ep > 1) /* the MoE layers' all-to-alls run on their own tp_coll */
+			sched_cost_calibrate_ep(cm, &f->mesh->ep_group, &f->mesh->world_group,
 			                        o->tp_sim_gbps, o->tp_sim_latency_us);
 	}
 	struct sched_auto_report rep;

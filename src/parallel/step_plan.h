@@ -48,6 +48,7 @@ struct step_plan_layout {
 	int64_t B, T, tp, dp_shard, elem_bytes;
 	int accum;
 	int64_t cp; /* 0 or 1: none */
+	int64_t ep; /* expert-parallel ranks (0 or 1: none), borrowed from dp_shard */
 };
 
 /* The micro-batch and slice the family's cost figures are for. */

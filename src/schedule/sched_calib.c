@@ -385,3 +385,9 @@ void sched_cost_calibrate_cp(struct sched_cost_model *cm, const struct comm_grou
 {
 	calibrate_link(&cm->cp_latency_s, &cm->cp_bytes_s, cp, world, sim_gbps, sim_latency_us);
 }
+
+void sched_cost_calibrate_ep(struct sched_cost_model *cm, const struct comm_group *ep,
+                             const struct comm_group *world, double sim_gbps, double sim_latency_us)
+{
+	calibrate_link(&cm->ep_latency_s, &cm->ep_bytes_s, ep, world, sim_gbps, sim_latency_us);
+}

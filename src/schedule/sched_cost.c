@@ -40,7 +40,7 @@ void sched_cost_init(struct sched_cost_model *cm, const struct model_config *c,
 			for (int t = 0; t < SCHED_TERM_COUNT; t++)
 				cm->work[k][t][u] = w[k][t];
 	}
-	if (sh->cp > 1) {
+	if (sh->cp > 1 || sh->ep > 1) {
 		cm->inner = xcalloc((size_t)U * SCHED_WORK_COUNT, sizeof(*cm->inner));
 		for (int u = 0; u < U; u++)
 			for (int k = 0; k < SCHED_WORK_COUNT; k++)
@@ -128,7 +128,33 @@ double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
 	return n * (step > hide ? step - hide : 0.0);
 }
 
-/* Unit u's in-pass (cp) collectives: their time in the pass, on the wire, and bytes sent. */
+double sched_cost_ep_s(const struct sched_cost_model *cm, const struct model_coll_desc *c)
+{
+	if (cm->ep_bytes_s <= 0 || c->group < 2)
+		return 0.0;
+	return cm->ep_latency_s + (double)c->bytes / cm->ep_bytes_s;
+}
+
+/* Unit u's in-pass ep collectives: their time in the pass (all of it: blocking calls), the
+ * bytes sent and how many. */
+static double inner_ep_s(const struct sched_cost_model *cm, int u, enum sched_work k,
+                         int64_t *bytes, int64_t *n)
+{
+	double t = 0.0;
+	*bytes = *n = 0;
+	if (!cm->inner)
+		return 0.0;
+	const struct model_prog *g = &cm->inner[u * SCHED_WORK_COUNT + k];
+	for (int j = 0; j < g->n; j++)
+		if (g->c[j].role == MODEL_GROUP_EP) {
+			t += sched_cost_ep_s(cm, &g->c[j]);
+			*bytes += g->c[j].bytes;
+			*n += 1;
+		}
+	return t;
+}
+
+/* Unit u's in-pass cp collectives: their time in the pass, on the wire, and bytes sent. */
 static double inner_s(const struct sched_cost_model *cm, int u, enum sched_work k, double *wire_s,
                       int64_t *bytes)
 {
@@ -140,6 +166,8 @@ static double inner_s(const struct sched_cost_model *cm, int u, enum sched_work 
 	const struct model_prog *g = &cm->inner[u * SCHED_WORK_COUNT + k];
 	for (int j = 0; j < g->n; j++) {
 		double w;
+		if (g->c[j].role != MODEL_GROUP_CP)
+			continue;
 		t += sched_cost_cp_s(cm, k, &g->c[j], &w);
 		*wire_s += w;
 		*bytes += g->c[j].bytes;
@@ -150,8 +178,8 @@ static double inner_s(const struct sched_cost_model *cm, int u, enum sched_work 
 double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k)
 {
 	double wire;
-	int64_t bytes;
-	return inner_s(cm, u, k, &wire, &bytes);
+	int64_t bytes, n;
+	return inner_s(cm, u, k, &wire, &bytes) + inner_ep_s(cm, u, k, &bytes, &n);
 }
 
 /* A unit pass's compute under cm: a lowered schedule's segment carries its share (the pass
@@ -171,6 +199,12 @@ static double pass_compute_s(const struct sched *s, const struct sched_cost_mode
 		p->cp_s += cp;
 		p->cp_comm_s += wire;
 		p->cp_wire_bytes += bytes;
+		int64_t ne;
+		double ep = inner_ep_s(cm, n->unit, k, &bytes, &ne);
+		p->ep_s += ep;
+		p->ep_wire_bytes += bytes;
+		p->n_ep += ne;
+		cp += ep;
 	}
 	if (s->lowered)
 		return dt / (double)(g->n + 1) + cp;
@@ -231,10 +265,18 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	       *rs_end = xcalloc((size_t)Bk, sizeof(double));
 	bool *grads = xcalloc((size_t)Bk, sizeof(bool));
 	int64_t max_full = 0, max_shard = 0, shard_total = 0, N = cm->dp_shard;
+	int64_t max_recv = 0; /* a bucket's gathered elements: N x shard, or its groups' (ep) */
 	for (int b = 0; b < Bk; b++) {
-		int64_t f = sched_bucket_full(s, b), sh = sched_bucket_shard(s, b);
+		int64_t f = sched_bucket_full(s, b), sh = sched_bucket_shard(s, b), r = N * sh;
+		const struct sched_bucket *bk = &s->buckets[b];
+		if (s->units[bk->unit0].peer_numel > 0) {
+			r = 0;
+			for (int u = bk->unit0; u < bk->unit0 + bk->n_units; u++)
+				r += s->units[u].peer_numel + s->units[u].shard_numel;
+		}
 		max_full = f > max_full ? f : max_full;
 		max_shard = sh > max_shard ? sh : max_shard;
+		max_recv = r > max_recv ? r : max_recv;
 		shard_total += sh;
 	}
 	struct pool_count pw = {0}, pg = {0}, agr = {0}, rss = {0};
@@ -260,8 +302,8 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			/* copy-in: a bf16 cast of the shard, or the rank-major gradient layout */
 			t += ag ? (esz < 4 ? S * 6.0 / mem : 0.0) : 2.0 * (double)N * S * 4.0 / mem;
 			double ag_b = S * esz;
+			const struct sched_bucket *bk = &s->buckets[b];
 			if (ag && cm->ag_unit_esz) {
-				const struct sched_bucket *bk = &s->buckets[b];
 				ag_b = 0;
 				for (int u = bk->unit0; u < bk->unit0 + bk->n_units; u++)
 					ag_b +=
@@ -270,6 +312,15 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			if (ag)
 				ag_bytes += (int64_t)ag_b;
 			double wire = (double)(N - 1) * (ag ? ag_b : S * 4.0);
+			if (s->units[bk->unit0].peer_numel > 0) { /* groups of their own (ep) */
+				wire = 0;
+				for (int u = bk->unit0; u < bk->unit0 + bk->n_units; u++) {
+					double e = !ag                ? 4.0
+					           : cm->ag_unit_esz ? cm->ag_unit_esz[u]
+					                             : esz;
+					wire += (double)s->units[u].peer_numel * e;
+				}
+			}
 			double dur = N > 1 ? (ag ? cm->ag_latency_s + wire / cm->ag_bytes_s
 			                         : cm->rs_latency_s + wire / cm->rs_bytes_s)
 			                   : 0.0;
@@ -377,9 +428,9 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	p->ag_wire_bytes = ag_bytes;
 	p->full_params_bytes = pw.peak * (int64_t)(max_full * (fe + (double)cm->full_twin_bytes));
 	p->full_grads_bytes = pg.peak * (int64_t)(max_full * fe);
-	p->comm_bytes = agr.peak * N * max_shard * cm->ag_elem_bytes +
+	p->comm_bytes = agr.peak * max_recv * cm->ag_elem_bytes +
 	                (cm->ag_elem_bytes < 4 ? agr.peak * max_shard * 2 : 0) +
-	                rss.peak * (N * max_shard * 4 + 3 * max_shard * 4);
+	                rss.peak * (max_recv * 4 + 3 * max_shard * 4);
 	p->peak_bytes = cm->params_bytes + cm->grads_bytes + cm->optim_bytes + cm->act_bytes +
 	                cm->other_bytes + p->full_params_bytes + p->full_grads_bytes +
 	                p->comm_bytes;

@@ -77,6 +77,10 @@ struct sched_cost_model {
 	 * latency + bytes / rate; a ring step beside attention exposes what that attention (at
 	 * the pass's attention rate) does not cover. cp_bytes_s = 0: priced at nothing. */
 	double cp_latency_s, cp_bytes_s;
+	/* expert parallelism's all-to-alls (role EP, blocking calls inside a MoE unit's pass):
+	 * the ep group's link, time = latency + bytes sent / rate each, nothing hides them.
+	 * ep_bytes_s = 0: priced at nothing. */
+	double ep_latency_s, ep_bytes_s;
 	struct model_prog *inner; /* [unit * SCHED_WORK_COUNT + pass]: those collectives, or NULL */
 	bool overlap; /* collectives progress during compute (comm.progress = thread) */
 	bool single;  /* one shard computed in place (parallel/fsdp, dp_shard = 1 in fp32): the
@@ -111,6 +115,9 @@ struct sched_prediction {
 	double cp_s;      /* context parallelism's transfers exposed in the passes (in step_s) */
 	double cp_comm_s; /* their time on the wire */
 	int64_t cp_wire_bytes; /* what this rank sends in them over the step */
+	double ep_s;           /* expert parallelism's all-to-alls in the passes (in step_s) */
+	int64_t ep_wire_bytes; /* what this rank sends in them over the step */
+	int64_t n_ep;          /* how many */
 };
 
 /* One tensor-parallel collective's time on the compute thread, and what it moves on the
@@ -124,7 +131,11 @@ double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
 double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
                        const struct model_coll_desc *c, double *comm_s);
 
-/* Unit u's in-pass (cp) collectives' time in pass k (0 without any). */
+/* One in-pass all-to-all of the ep group (role MODEL_GROUP_EP): latency + bytes at the ep
+ * link's rate, all of it in the pass. */
+double sched_cost_ep_s(const struct sched_cost_model *cm, const struct model_coll_desc *c);
+
+/* Unit u's in-pass (cp, ep) collectives' time in pass k (0 without any). */
 double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k);
 
 /* One node's time under cm, and its terms (terms may be NULL). */
@@ -154,6 +165,10 @@ void sched_cost_calibrate_tp(struct sched_cost_model *cm, const struct comm_grou
                              double sim_latency_us);
 /* The same for the context-parallel link (cm->cp_*) on the cp group. */
 void sched_cost_calibrate_cp(struct sched_cost_model *cm, const struct comm_group *cp,
+                             const struct comm_group *world, double sim_gbps,
+                             double sim_latency_us);
+/* The same for the expert-parallel link (cm->ep_*) on the ep group. */
+void sched_cost_calibrate_ep(struct sched_cost_model *cm, const struct comm_group *ep,
                              const struct comm_group *world, double sim_gbps,
                              double sim_latency_us);
 

@@ -82,6 +82,10 @@ struct sched_node {
 struct sched_unit {
 	int64_t full_numel;  /* parameters of the unit */
 	int64_t shard_numel; /* this rank's (padded) shard of them; every rank's is the same size */
+	/* the elements the other ranks of its shard groups hold, what its all-gather receives
+	 * (0: (dp_shard - 1) x shard_numel, one group); under ep the expert tensors' group is
+	 * efsdp = dp_shard / ep ranks */
+	int64_t peer_numel;
 	bool is_block;       /* a transformer block (activation checkpointing applies) */
 	/* per pass (MODEL_PASS_*): its tensor-parallel collectives (n = 0: none) */
 	struct model_prog prog[MODEL_PASS_COUNT];

@@ -491,6 +491,34 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 	return CT_OK;
 }
 
+int moe_activation_bytes(const struct moe_config *c, int64_t B, int64_t T, int ep,
+                         int64_t *real_bytes, int64_t *int_bytes)
+{
+	struct moe_model m;
+	memset(&m, 0, sizeof(m));
+	m.cfg = *c;
+	int rc = moe_config_finish(&m.cfg);
+	if (rc)
+		return rc;
+	m.ep = ep > 1 ? ep : 1; /* as moe_build */
+	if (m.cfg.n_routed_experts % m.ep)
+		return CT_ERR_USAGE;
+	m.E_local = m.cfg.n_routed_experts / m.ep;
+	m.R_max = (int64_t)m.ep * B * T * m.cfg.top_k;
+	m.B = B, m.T = T, m.N = B * T;
+	m.ce_rows = (4 << 20) / (int64_t)(sizeof(float) * (size_t)c->vocab_size);
+	m.ce_rows = m.ce_rows < 1 ? 1 : (m.ce_rows > m.N ? m.N : m.ce_rows);
+	m.blk = xcalloc((size_t)c->n_layers, sizeof(*m.blk));
+	int64_t off = 0, ioff = 0, soff = 0;
+	plan_acts(&m, &off, &ioff);
+	plan_scratch(&m, &soff);
+	free(m.blk);
+	int64_t ib = ioff * (int64_t)sizeof(int32_t);
+	*real_bytes = (off + soff) * (int64_t)sizeof(float);
+	*int_bytes = (ib > 0 ? ib : 16) + 2 * m.N * (int64_t)sizeof(int32_t);
+	return CT_OK;
+}
+
 void moe_free(struct moe_model *m)
 {
 	if (!m->blk)

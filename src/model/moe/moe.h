@@ -192,6 +192,12 @@ struct moe_model {
 int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_t T,
               const struct moe_build_opts *opts);
 void moe_free(struct moe_model *m);
+/* What moe_build of a float model at (B, T) over ep expert-parallel ranks allocates under
+ * MEM_ACTIVATIONS, by the build's own carving, without building it (the cost model's
+ * activation bytes): the reals (saved activations and scratch, fp32) and the ints (the
+ * routing's, tokens and targets). */
+int moe_activation_bytes(const struct moe_config *c, int64_t B, int64_t T, int ep,
+                         int64_t *real_bytes, int64_t *int_bytes);
 void moe_bind_unit(struct moe_model *m, int u, float *params, float *grads);
 
 /* Units: forward of unit u (a MoE block returns its auxiliary loss sum, the head the loss

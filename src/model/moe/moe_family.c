@@ -1,7 +1,7 @@
 /* The deepseek_v3 (mixture-of-experts) family behind the model interface (model/model.h):
  * its operations, its entry of the family table, its [model] keys, and what it supports
  * (one rank, FSDP and expert parallelism inside it; every activation saved; no TP, PP,
- * float8, MLA, cost model or Hugging Face export yet). */
+ * float8, MLA or Hugging Face export yet). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +12,7 @@
 #include "model/family.h"
 #include "model/model_group.h"
 #include "model/moe/moe.h"
+#include "model/moe/moe_cost.h"
 
 /* This family's entry of the table (below; model/model.c lists it). */
 extern const struct model_family moe_family;
@@ -220,6 +221,17 @@ static int moe_family_table(struct param_table *t, const struct model_config *c)
 {
 	return moe_table_build(t, moe_cfg(c));
 }
+static int moe_family_table_ep(struct param_table *t, const struct model_config *c, int ep,
+                               int ep_rank)
+{
+	if (moe_cfg(c)->n_routed_experts % ep) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %d does not divide "
+		          "model.moe_n_routed_experts = %lld",
+		          ep, (long long)moe_cfg(c)->n_routed_experts);
+		return CT_ERR_USAGE;
+	}
+	return moe_table_build_ep(t, moe_cfg(c), ep, ep_rank);
+}
 static void moe_family_init(const struct model_config *c, const struct param_table *t,
                             uint64_t seed, float *out, int64_t first, int64_t n)
 {
@@ -343,6 +355,8 @@ static int moe_check_config(const struct ct_config *cfg)
 const struct model_family moe_family = {
     .name = "deepseek_v3",
     .ep = true,
+    .cost_model = true,
+    .cost = &moe_cost_ops,
     .no_tp_why = "not yet supported: the experts and attention heads are not split over "
                  "TP ranks yet",
     .no_cp_why = "not yet supported: the family's attention has no context-parallel glue "
@@ -357,6 +371,7 @@ const struct model_family moe_family = {
     .dim = moe_family_dim,
     .flavor = moe_family_flavor,
     .table_build = moe_family_table,
+    .table_build_ep = moe_family_table_ep,
     .init_params = moe_family_init,
     .build = moe_family_build,
     .describe = moe_describe,
