@@ -3,8 +3,9 @@
  * experts, attention and the dense block; softmax and sigmoid scores, route_norm and
  * route_scale, a non-zero balancing bias, the sequence-wise auxiliary loss); float vs
  * double; the routing (every slot lands in its expert's contiguous rows, no token dropped,
- * empty experts); the bias update; determinism; and the independent PyTorch float64
- * reference (tests/reference/moe_ref.py; `test_moe --reference`). */
+ * empty experts); the bias update; determinism; activation checkpointing (every mode
+ * bitwise mode none's, the balancing counts not doubled, fewer bytes); and the independent
+ * PyTorch float64 reference (tests/reference/moe_ref.py; `test_moe --reference`). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
