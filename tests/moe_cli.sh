@@ -13,7 +13,7 @@
 #    rank, one saved on 1 rank resumes at ep=2, both within 1e-5 of the uninterrupted runs;
 #  - activation checkpointing: ep=2 on 2 ranks with mode full (the recompute re-runs the
 #    dispatch and combine, counts no token twice) and one rank with selective give the 1-rank
-#    losses, grad norms, loads and bias;
+#    losses, grad norms, loads and bias, and their own layout's without checkpointing bitwise;
 #  - ctitan plot draws balance.png;
 #  - refusals with exit 2: TP, PP, float8, ctitan plan (no cost model), a llama3 flavor.
 #   tests/moe_cli.sh build/ctitan
@@ -92,6 +92,10 @@ for ac in "2 2 full" "1 1 selective"; do
     "moe_load_max_mean/layer.1" moe_bias_absmax > "$tmp/ac$3.l"
   close "$tmp/ac$3.l" "$tmp/a.l"; check "ep $2 on $1 ranks, mode $3: losses, grad norms, loads and bias equal 1 rank's (mode none) within 1e-5" $?
 done
+cmp -s "$tmp/acfull.l" "$tmp/e2.l"
+check "ep 2 on 2 ranks: mode full's losses, grad norms, loads and bias are mode none's, bitwise" $?
+cmp -s "$tmp/acselective.l" "$tmp/a.l"
+check "1 rank: mode selective's losses, grad norms, loads and bias are mode none's, bitwise" $?
 
 # 2c. checkpoints reshard between ep layouts, the balancing bias on (and held)
 CK=(--model.moe_load_balance_coeff=0.02 --checkpoint.enable=true --checkpoint.interval=3)
