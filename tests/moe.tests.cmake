@@ -14,6 +14,13 @@ add_test(NAME fsdp_moe_ep2 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG}
          $<TARGET_FILE:test_fsdp> --moe --ep 2)
 add_test(NAME fsdp_moe_ep2_np4 COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 4
          $<TARGET_FILE:test_fsdp> --moe --ep 2)
-set_tests_properties(fsdp_moe_np2 fsdp_moe_np3 fsdp_moe_ep2 fsdp_moe_ep2_np4 PROPERTIES
+# full activation checkpointing at ep 2 (the recompute re-runs the dispatch and combine) and
+# selective under FSDP, against one rank without
+add_test(NAME fsdp_moe_ep2_acfull COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+         $<TARGET_FILE:test_fsdp> --moe --ep 2 --ac full)
+add_test(NAME fsdp_moe_np2_acsel COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2
+         $<TARGET_FILE:test_fsdp> --moe --ac selective)
+set_tests_properties(fsdp_moe_np2 fsdp_moe_np3 fsdp_moe_ep2 fsdp_moe_ep2_np4
+                     fsdp_moe_ep2_acfull fsdp_moe_np2_acsel PROPERTIES
                      TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
 ct_add_script_test(moe_cli tests/moe_cli.sh)

@@ -13,10 +13,13 @@
 #    moves the routing within 3 steps; the checkpoint holds the bias in model_state.bin): a
 #    step-3 checkpoint saved at ep=2 holds the experts in the global layout and resumes on 1
 #    rank, one saved on 1 rank resumes at ep=2, both within 1e-5 of the uninterrupted runs;
+#  - activation checkpointing: ep=2 on 2 ranks with mode full (the recompute re-runs the
+#    dispatch and combine, counts no token twice) and one rank with selective give the 1-rank
+#    losses, grad norms, loads and bias, and their own layout's without checkpointing bitwise;
 #  - ctitan plot draws balance.png;
-#  - refusals with exit 2: TP, PP, activation checkpointing, float8, a llama3 flavor; ctitan
-#    plan runs for the family (its cost model), refuses ep not dividing dp_shard and ep for a
-#    family without experts.
+#  - refusals with exit 2: TP, PP, float8, a llama3 flavor; ctitan plan runs for the
+#    family (its cost model), refuses ep not dividing dp_shard and ep for a family
+#    without experts.
 #   tests/moe_cli.sh build/ctitan
 set -u
 CTITAN=$1
@@ -94,6 +97,21 @@ refuse 4 "not supported with parallelism.tensor_parallel_degree" \
 refuse 4 "not supported with parallelism.context_parallel_degree" \
   --parallelism.expert_parallel_degree=2 --parallelism.context_parallel_degree=2
 
+# 2b'. activation checkpointing: the same run, recomputed
+for ac in "2 2 full" "1 1 selective"; do
+  set -- $ac
+  "$LAUNCH" "$1" "$CTITAN" train "$CFG" "${COMMON[@]}" --parallelism.expert_parallel_degree="$2" \
+    --activation_checkpoint.mode="$3" --job.dump_folder="$tmp/ac$3" > "$tmp/ac$3.log" 2>&1
+  check "$1 ranks, ep $2, activation_checkpoint.mode=$3 train (exit $?)" $?
+  metric "$tmp/ac$3/metrics.jsonl" 1 6 loss grad_norm moe_load_max_mean \
+    "moe_load_max_mean/layer.1" moe_bias_absmax > "$tmp/ac$3.l"
+  close "$tmp/ac$3.l" "$tmp/a.l"; check "ep $2 on $1 ranks, mode $3: losses, grad norms, loads and bias equal 1 rank's (mode none) within 1e-5" $?
+done
+cmp -s "$tmp/acfull.l" "$tmp/e2.l"
+check "ep 2 on 2 ranks: mode full's losses, grad norms, loads and bias are mode none's, bitwise" $?
+cmp -s "$tmp/acselective.l" "$tmp/a.l"
+check "1 rank: mode selective's losses, grad norms, loads and bias are mode none's, bitwise" $?
+
 # 2c. checkpoints reshard between ep layouts, the balancing bias on (and held)
 CK=(--model.moe_load_balance_coeff=0.02 --checkpoint.enable=true --checkpoint.interval=3)
 "$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" "${CK[@]}" \
@@ -139,8 +157,7 @@ check "a corrupted model_state.bin is refused, naming it (exit $rc)" $?
 check "ctitan plot draws balance.png" $?
 
 # 4. refusals
-for bad in --activation_checkpoint.mode=full \
-           --model.converters=float8 --model.flavor=debugmodel --model.moe_top_k=9; do
+for bad in --model.converters=float8 --model.flavor=debugmodel --model.moe_top_k=9; do
   "$CTITAN" train "$CFG" "${COMMON[@]}" "$bad" --job.dump_folder="$tmp/f" > "$tmp/f.log" 2>&1
   rc=$?
   [ $rc -eq 2 ]; check "$bad refused (exit $rc: $(grep -m1 error "$tmp/f.log" | cut -c1-110))" $?

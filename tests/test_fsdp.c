@@ -13,6 +13,9 @@
  *   rank holds 16/E of the experts, exchanges tokens with the E ranks of its ep group, and
  *   FSDP shards the experts over dp_shard/E ranks; the gathered parameters (all experts, in
  *   the global layout), losses, grad norms and bias must equal 1 rank's as above.
+ * --ac MODE (ffn, selective, full): the N-rank model under that activation checkpointing
+ *   against the 1-rank reference without (with --ep: every ep rank's recompute re-runs the
+ *   dispatch and combine, in the same order).
  *   test_fsdp [--replicate R] [--bf16-check] [--hyena] [--moe [--ep E]] [--bf16-compute]
  * --bf16-compute: bf16 all-gather and bf16 matmul operands, N ranks (a power of two) against
  * 1 rank in bf16, within 1e-5 on every step. Why the 1-rank reference sums its gradient the way
@@ -63,6 +66,7 @@ static bool hyena;
 static bool moe;
 static bool fp8_ag;
 static int ep = 1;
+static enum model_ac ac_mode = MODEL_AC_NONE; /* --ac: the N-rank runs' */
 static struct tp_coll ep_coll; /* the ep group's all-to-alls (ep > 1) */
 static struct mesh mesh;
 static uint64_t seed;
@@ -173,8 +177,8 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	struct model_config c;
 	config(&c);
 	struct model m;
-	const struct model_build_opts opts = {.own_params = false,
-	                                      .ep = ep > 1 ? &ep_coll.ops : NULL};
+	const struct model_build_opts opts = {
+	    .own_params = false, .ep = ep > 1 ? &ep_coll.ops : NULL, .ac = ac_mode};
 	CHECK(model_build(&m, &c, B, T, &opts) == CT_OK, "build");
 	struct comm_stream *stream = comm_stream_create(mode, 60);
 	struct fsdp f;
@@ -536,6 +540,14 @@ int main(int argc, char **argv)
 			fp8_ag = true;
 		else if (strcmp(argv[i], "--ep") == 0 && i + 1 < argc)
 			ep = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--ac") == 0 && i + 1 < argc) {
+			const char *a = argv[++i];
+			ac_mode = strcmp(a, "full") == 0        ? MODEL_AC_FULL
+			          : strcmp(a, "selective") == 0 ? MODEL_AC_SELECTIVE
+			          : strcmp(a, "ffn") == 0       ? MODEL_AC_FFN
+			                                        : MODEL_AC_COUNT;
+			CHECK(ac_mode != MODEL_AC_COUNT, "--ac %s: ffn, selective or full", a);
+		}
 	}
 	if (fp8_ag) {
 		fp8_linear_configure(true, FP8_TENSORWISE, "output");
@@ -548,8 +560,10 @@ int main(int argc, char **argv)
 		tp_coll_init(&ep_coll, &mesh.ep_group, 0, 0, 60);
 	seed = test_seed_all(&mesh.world_group);
 	if (mesh.rank == 0)
-		fprintf(stderr, "world %d = %d replicas x %d shards (expert parallelism %d)\n",
-		        mesh.world, mesh.dp_replicate, mesh.dp_shard, ep);
+		fprintf(stderr,
+		        "world %d = %d replicas x %d shards (expert parallelism %d, activation "
+		        "checkpointing %d)\n",
+		        mesh.world, mesh.dp_replicate, mesh.dp_shard, ep, (int)ac_mode);
 	if (bf16_check)
 		RUN(test_bf16_all_gather);
 	else

@@ -3,8 +3,9 @@
  * experts, attention and the dense block; softmax and sigmoid scores, route_norm and
  * route_scale, a non-zero balancing bias, the sequence-wise auxiliary loss); float vs
  * double; the routing (every slot lands in its expert's contiguous rows, no token dropped,
- * empty experts); the bias update; determinism; and the independent PyTorch float64
- * reference (tests/reference/moe_ref.py; `test_moe --reference`). */
+ * empty experts); the bias update; determinism; activation checkpointing (every mode
+ * bitwise mode none's, the balancing counts not doubled, fewer bytes); and the independent
+ * PyTorch float64 reference (tests/reference/moe_ref.py; `test_moe --reference`). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdlib.h>
@@ -347,6 +348,97 @@ TEST_CASE(test_determinism)
 	free(params[0]), free(params[1]);
 }
 
+/* Activation checkpointing: every mode gives mode none's loss, auxiliary loss, balancing
+ * counts (the recompute pass counts nothing) and gradients, bitwise, on one rank, keeps
+ * fewer activation bytes, and recomputes exactly the blocks its policy names. */
+TEST_CASE(test_activation_checkpointing)
+{
+	struct moe_config c;
+	tiny_config(&c, MOE_SCORE_SOFTMAX, true, 1.5, 0.05);
+	c.n_layers = 4; /* 1 dense, 3 MoE */
+	int64_t B = 2, T = 12;
+	const struct {
+		enum model_ac ac;
+		int every;
+		const char *name;
+	} modes[] = {{MODEL_AC_NONE, 0, "none"},
+	             {MODEL_AC_FFN, 0, "ffn"},
+	             {MODEL_AC_SELECTIVE, 0, "selective"},
+	             {MODEL_AC_FULL, 0, "full"},
+	             {MODEL_AC_LAYER, 2, "layer2"}};
+	struct moe_model ref;
+	const struct moe_build_opts o0 = {.own_params = true};
+	CHECK(moe_build(&ref, &c, B, T, &o0) == CT_OK, "build");
+	int64_t n = ref.table.numel, nb = n_moe_bias(&ref);
+	moe_init_params(&ref.cfg, &ref.table, test_seed(), ref.params, 0, n);
+	for (int64_t i = 0; i < nb; i++) /* a bias that changes some choices */
+		ref.bias[i] = test_uniform(-0.02, 0.02);
+	rand_batch(ref.tokens, ref.targets, ref.N, c.vocab_size, true);
+	double *cnt0 = calloc((size_t)nb, sizeof(double)), *cnt = calloc((size_t)nb, sizeof(double));
+	int64_t valid = model_count_valid(ref.targets, ref.N);
+	ref.loss_dscale = 1.0 / (double)valid; /* a training step: counts kept */
+	memset(ref.grads, 0, (size_t)n * sizeof(float));
+	double l0 = moe_forward(&ref, NULL);
+	moe_backward(&ref, ref.loss_dscale);
+	moe_step_stats(&ref, cnt0);
+	int64_t bytes0 = ref.act_bytes + ref.iact_bytes, prev = bytes0;
+	double aux0 = 0;
+	for (int l = 0; l < c.n_layers; l++)
+		aux0 += ref.aux_sum[l];
+	EXPECT(aux0 > 0, "the auxiliary loss is on (%g)", aux0);
+	for (size_t i = 1; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		struct moe_model m;
+		const struct moe_build_opts o = {
+		    .own_params = true, .ac = modes[i].ac, .ac_every = modes[i].every};
+		CHECK(moe_build(&m, &c, B, T, &o) == CT_OK, "build %s", modes[i].name);
+		memcpy(m.params, ref.params, (size_t)n * sizeof(float));
+		memcpy(m.bias, ref.bias, (size_t)nb * sizeof(double));
+		memcpy(m.tokens, ref.tokens, (size_t)(2 * m.N) * sizeof(int32_t));
+		m.loss_dscale = ref.loss_dscale;
+		memset(m.grads, 0, (size_t)n * sizeof(float));
+		double l = moe_forward(&m, NULL);
+		moe_backward(&m, m.loss_dscale);
+		moe_step_stats(&m, cnt);
+		double aux = 0, c0 = 0, c1 = 0;
+		for (int b = 0; b < c.n_layers; b++)
+			aux += m.aux_sum[b];
+		for (int64_t j = 0; j < nb; j++)
+			c0 += cnt0[j], c1 += cnt[j];
+		EXPECT(l == l0 && aux == aux0, "%s: loss %.9g vs %.9g, aux %.9g vs %.9g",
+		       modes[i].name, l, l0, aux, aux0);
+		EXPECT(memcmp(cnt, cnt0, (size_t)nb * sizeof(double)) == 0,
+		       "%s: balancing counts differ from none (%g tokens counted vs %g)",
+		       modes[i].name, c1, c0);
+		int64_t diff = 0;
+		for (int64_t j = 0; j < n; j++)
+			diff += memcmp(&m.grads[j], &ref.grads[j], sizeof(float)) != 0;
+		EXPECT(diff == 0, "%s: %lld of %lld gradients differ from none", modes[i].name,
+		       (long long)diff, (long long)n);
+		struct model mm;
+		model_wrap_moe(&mm, &m);
+		int recomputed = 0;
+		for (int u = 0; u < mm.n_units; u++)
+			recomputed += model_unit_needs_recompute(&mm, u);
+		int expect = modes[i].ac == MODEL_AC_FULL || modes[i].ac == MODEL_AC_SELECTIVE
+		                 ? (int)c.n_layers
+		                 : modes[i].ac == MODEL_AC_LAYER ? (int)c.n_layers / 2 : 0;
+		EXPECT(mm.ac == modes[i].ac && recomputed == expect,
+		       "%s: %d units recompute, expected %d", modes[i].name, recomputed, expect);
+		int64_t bytes = m.act_bytes + m.iact_bytes;
+		fprintf(stderr, "  %-9s activations %7lld bytes (none %lld): %.2fx\n", modes[i].name,
+		        (long long)bytes, (long long)bytes0, (double)bytes / (double)bytes0);
+		EXPECT(bytes < bytes0, "%s: %lld activation bytes, none %lld", modes[i].name,
+		       (long long)bytes, (long long)bytes0);
+		if (modes[i].ac != MODEL_AC_LAYER) /* ffn > selective > full */
+			EXPECT(bytes < prev, "%s keeps %lld bytes, the previous mode %lld",
+			       modes[i].name, (long long)bytes, (long long)prev);
+		prev = modes[i].ac != MODEL_AC_LAYER ? bytes : prev;
+		moe_free(&m);
+	}
+	free(cnt0), free(cnt);
+	moe_free(&ref);
+}
+
 /* ------------------------------------------------------------ PyTorch reference */
 
 static void add_params(struct st_file *f, const struct param_table *t, const float *buf,
@@ -599,6 +691,45 @@ TEST_CASE(test_cost_model)
 		       "%s: matmul work %.6g FLOPs per token, 6 x active linear parameters %.6g",
 		       cases[i].name, mm / N, 6.0 * active);
 		moe_free(&m);
+		/* every activation-checkpointing mode: the bytes the build allocates; recompute
+		 * work only on the units that recompute, and full's all-to-alls again */
+		const struct {
+			enum model_ac ac;
+			int every;
+		} acs[] = {{MODEL_AC_FFN, 0}, {MODEL_AC_SELECTIVE, 0}, {MODEL_AC_FULL, 0},
+		           {MODEL_AC_LAYER, 2}};
+		for (size_t a = 0; a < sizeof(acs) / sizeof(acs[0]); a++) {
+			struct model_cost_shape sa = sh;
+			sa.ac = acs[a].ac;
+			sa.ac_every = acs[a].every;
+			int64_t wa = model_cost_activation_bytes(&mc, &sa);
+			const struct moe_build_opts oa = {.own_params = false,
+			                                  .ep = ep > 1 ? &g : NULL,
+			                                  .ac = acs[a].ac,
+			                                  .ac_every = acs[a].every};
+			int64_t b0 = mem_current(MEM_ACTIVATIONS);
+			struct moe_model ma;
+			CHECK(moe_build(&ma, c, sa.B, sa.T, &oa) == CT_OK, "build %s", cases[i].name);
+			int64_t ga = mem_current(MEM_ACTIVATIONS) - b0;
+			EXPECT(wa == ga, "%s, ac %d: cost model %lld activation bytes, built %lld",
+			       cases[i].name, (int)acs[a].ac, (long long)wa, (long long)ga);
+			for (int u = 1; u <= c->n_layers; u++) {
+				model_cost_work w;
+				model_cost_unit_work(&mc, &sa, u, w);
+				bool rec = model_ac_block_recomputes(sa.ac, sa.ac_every, u - 1);
+				EXPECT((w[MODEL_PASS_REC][MODEL_COST_MATMUL] > 0) == rec,
+				       "%s, ac %d: unit %d recompute work %g", cases[i].name,
+				       (int)acs[a].ac, u, w[MODEL_PASS_REC][MODEL_COST_MATMUL]);
+				struct model_prog r;
+				model_cost_unit_inner(&mc, &sa, u, MODEL_PASS_REC, &r);
+				bool moe = u >= 1 + c->n_dense_layers && ep > 1;
+				bool full = model_ac_block(sa.ac, sa.ac_every, u - 1) == MODEL_AC_FULL;
+				EXPECT(r.n == (moe && full ? 3 : 0),
+				       "%s, ac %d: unit %d recompute has %d all-to-alls", cases[i].name,
+				       (int)acs[a].ac, u, r.n);
+			}
+			moe_free(&ma);
+		}
 	}
 }
 
@@ -617,6 +748,7 @@ int main(int argc, char **argv)
 		RUN(test_bias_update);
 		RUN(test_determinism);
 		RUN(test_cost_model);
+		RUN(test_activation_checkpointing);
 	}
 	if (only_ref) {
 		RUN(test_reference_softmax);

@@ -69,7 +69,7 @@ void model_init_params_cfg(const struct model_config *c, const struct param_tabl
 struct model_build_opts {
 	bool own_params;    /* allocate flat params + grads and bind every unit to them */
 	bool recompute_ffn; /* Llama: recompute the FFN up-projections in backward */
-	enum model_ac ac;   /* activation checkpointing (Llama; Hyena supports NONE only) */
+	enum model_ac ac;   /* activation checkpointing (families with .ac) */
 	int ac_every;       /* ac = MODEL_AC_LAYER: full on every ac_every-th block */
 	/* tensor parallelism over these collectives (Llama only; NULL or size 1: none) */
 	const struct model_group *tp;

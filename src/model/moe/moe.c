@@ -321,43 +321,98 @@ static int64_t carve(int64_t *off, int64_t n)
 	return at;
 }
 
-static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
+/* A block's activations but its input x, in moe_block_acts order; the last five are ints. */
+enum moe_act {
+	MA_RSTD1, MA_XN1, MA_Q, MA_K, MA_V, MA_ATT, MA_LSE, MA_XMID, MA_RSTD2, MA_XN2,
+	MA_H1, MA_H3, MA_S, MA_GRAW, MA_G, MA_XS, MA_XE, MA_EH1, MA_EH3, MA_Y,
+	MA_IDX, MA_POS, MA_OFF, MA_ECNT, MA_EOFF, MA_COUNT
+};
+#define MA_FIRST_INT MA_IDX
+#define KEEP(k)      (1u << (k))
+#define MA_ALL       ((1u << MA_COUNT) - 1)
+#define MA_ROUTE                                                                           \
+	(KEEP(MA_S) | KEEP(MA_GRAW) | KEEP(MA_G) | KEEP(MA_IDX) | KEEP(MA_POS) | KEEP(MA_OFF) | \
+	 KEEP(MA_ECNT) | KEEP(MA_EOFF))
+
+/* What a block keeps per checkpointing mode (moe_build_opts says why); the rest of it is
+ * re-derived into the set every such block shares. */
+static const unsigned moe_block_keeps[MODEL_AC_COUNT] = {
+    [MODEL_AC_NONE] = MA_ALL,
+    [MODEL_AC_FFN] = MA_ALL & ~(KEEP(MA_H1) | KEEP(MA_H3) | KEEP(MA_EH1) | KEEP(MA_EH3)),
+    [MODEL_AC_SELECTIVE] = KEEP(MA_Q) | KEEP(MA_V) | KEEP(MA_ATT) | KEEP(MA_LSE) | KEEP(MA_H1) |
+                           MA_ROUTE | KEEP(MA_XE) | KEEP(MA_EH1) | KEEP(MA_Y),
+    [MODEL_AC_FULL] = 0,
+};
+
+static int64_t *moe_act_slot(struct moe_block_acts *a, enum moe_act k)
+{
+	int64_t *slot[MA_COUNT] = {
+	    [MA_RSTD1] = &a->rstd1, [MA_XN1] = &a->xn1, [MA_Q] = &a->q,        [MA_K] = &a->k,
+	    [MA_V] = &a->v,         [MA_ATT] = &a->att, [MA_LSE] = &a->lse,    [MA_XMID] = &a->xmid,
+	    [MA_RSTD2] = &a->rstd2, [MA_XN2] = &a->xn2, [MA_H1] = &a->h1,      [MA_H3] = &a->h3,
+	    [MA_S] = &a->s,         [MA_GRAW] = &a->g_raw, [MA_G] = &a->g,     [MA_XS] = &a->xs,
+	    [MA_XE] = &a->xe,       [MA_EH1] = &a->eh1, [MA_EH3] = &a->eh3,    [MA_Y] = &a->y,
+	    [MA_IDX] = &a->idx,     [MA_POS] = &a->pos, [MA_OFF] = &a->off,    [MA_ECNT] = &a->ecnt,
+	    [MA_EOFF] = &a->eoff,
+	};
+	return slot[k];
+}
+
+/* Activation k of block l: how many reals (ints from MA_FIRST_INT on). */
+static int64_t moe_act_size(const struct moe_model *m, int l, enum moe_act k)
 {
 	const struct moe_config *c = &m->cfg;
 	int64_t N = m->N, C = c->dim, HD = c->n_heads * c->head_dim;
 	int64_t KVD = c->n_kv_heads * c->head_dim, E = c->n_routed_experts, K = c->top_k;
 	int64_t Fm = c->moe_inter_dim, Fs = Fm * c->n_shared_experts;
-	for (int l = 0; l < c->n_layers; l++) {
+	bool dense = l < c->n_dense_layers;
+	int64_t Fh = dense ? c->inter_dim : Fs, NK = dense ? 0 : N * K;
+	int64_t R = dense ? 0 : m->R_max, El = dense || m->ep == 1 ? 0 : m->E_local;
+	const int64_t n[MA_COUNT] = {
+	    [MA_RSTD1] = N,        [MA_XN1] = N * C,     [MA_Q] = N * HD,     [MA_K] = N * KVD,
+	    [MA_V] = N * KVD,      [MA_ATT] = N * HD,    [MA_LSE] = N * c->n_heads,
+	    [MA_XMID] = N * C,     [MA_RSTD2] = N,       [MA_XN2] = N * C,    [MA_H1] = N * Fh,
+	    [MA_H3] = N * Fh,      [MA_S] = dense ? 0 : N * E,                [MA_GRAW] = NK,
+	    [MA_G] = NK,           [MA_XS] = NK * C,     [MA_XE] = m->ep > 1 ? R * C : 0,
+	    [MA_EH1] = R * Fm,     [MA_EH3] = R * Fm,    [MA_Y] = NK * C,     [MA_IDX] = NK,
+	    [MA_POS] = NK,         [MA_OFF] = dense ? 0 : E + 1,              [MA_ECNT] = m->ep * El,
+	    [MA_EOFF] = El ? El + 1 : 0,
+	};
+	return n[k];
+}
+
+static unsigned moe_block_keep(const struct moe_model *m, int l)
+{
+	return moe_block_keeps[model_ac_block(m->ac, m->ac_every, l)];
+}
+
+/* Each block's input and what it keeps; what some block drops once, at the largest size
+ * any dropping block needs (a full dense block and a full MoE block share one xn2, ...). */
+static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
+{
+	const struct moe_config *c = &m->cfg;
+	int64_t N = m->N, C = c->dim, E = c->n_routed_experts;
+	int L = (int)c->n_layers;
+	struct moe_block_acts shared = {0};
+	for (int k = 0; k < MA_COUNT; k++) {
+		int64_t n = 0;
+		for (int l = 0; l < L; l++)
+			if (!(moe_block_keep(m, l) & KEEP(k))) {
+				int64_t nl = moe_act_size(m, l, (enum moe_act)k);
+				n = nl > n ? nl : n;
+			}
+		*moe_act_slot(&shared, (enum moe_act)k) = carve(k >= MA_FIRST_INT ? ioff : off, n);
+	}
+	for (int l = 0; l < L; l++) {
 		struct moe_block_acts *a = &m->blk[l];
-		bool dense = l < c->n_dense_layers;
-		int64_t Fh = dense ? c->inter_dim : Fs, NK = dense ? 0 : N * K;
-		int64_t R = dense ? 0 : m->R_max, El = dense || m->ep == 1 ? 0 : m->E_local;
+		unsigned keep = moe_block_keep(m, l);
+		*a = shared;
 		a->x = carve(off, N * C);
-		a->rstd1 = carve(off, N);
-		a->xn1 = carve(off, N * C);
-		a->q = carve(off, N * HD);
-		a->k = carve(off, N * KVD);
-		a->v = carve(off, N * KVD);
-		a->att = carve(off, N * HD);
-		a->lse = carve(off, N * c->n_heads);
-		a->xmid = carve(off, N * C);
-		a->rstd2 = carve(off, N);
-		a->xn2 = carve(off, N * C);
-		a->h1 = carve(off, N * Fh);
-		a->h3 = carve(off, N * Fh);
-		a->s = carve(off, dense ? 0 : N * E);
-		a->g_raw = carve(off, NK);
-		a->g = carve(off, NK);
-		a->xs = carve(off, NK * C);
-		a->xe = carve(off, m->ep > 1 ? R * C : 0);
-		a->eh1 = carve(off, R * Fm);
-		a->eh3 = carve(off, R * Fm);
-		a->y = carve(off, NK * C);
-		a->idx = carve(ioff, NK);
-		a->pos = carve(ioff, NK);
-		a->off = carve(ioff, dense ? 0 : E + 1);
-		a->ecnt = carve(ioff, m->ep * El);
-		a->eoff = carve(ioff, El ? El + 1 : 0);
+		for (int k = 0; k < MA_COUNT; k++)
+			if (keep & KEEP(k))
+				*moe_act_slot(a, (enum moe_act)k) =
+				    carve(k >= MA_FIRST_INT ? ioff : off,
+				          moe_act_size(m, l, (enum moe_act)k));
 	}
 	m->ifill = carve(ioff, E);
 	m->x_final = carve(off, N * C);
@@ -366,6 +421,10 @@ static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
 	m->rope_cos = carve(off, m->T * c->head_dim / 2);
 	m->rope_sin = carve(off, m->T * c->head_dim / 2);
 }
+#undef KEEP
+#undef MA_ALL
+#undef MA_ROUTE
+#undef MA_FIRST_INT
 
 static void plan_scratch(struct moe_model *m, int64_t *off)
 {
@@ -434,6 +493,11 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 		return CT_ERR_USAGE;
 	}
 	m->E_local = m->cfg.n_routed_experts / m->ep;
+	m->ac = opts->ac;
+	m->ac_every = opts->ac_every;
+	CHECK(m->ac >= MODEL_AC_NONE && m->ac < MODEL_AC_COUNT &&
+	          (m->ac != MODEL_AC_LAYER || m->ac_every > 0),
+	      "moe: activation checkpointing mode %d (every %d)", (int)m->ac, m->ac_every);
 	m->R_max = (int64_t)m->ep * B * T * m->cfg.top_k;
 	moe_table_build_ep(&m->table, &m->cfg, m->ep, m->ep_rank);
 	m->ep_bytes = xcalloc((size_t)(2 * m->ep), sizeof(int64_t));
@@ -492,7 +556,8 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 }
 
 int moe_activation_bytes(const struct moe_config *c, int64_t B, int64_t T, int ep,
-                         int64_t *real_bytes, int64_t *int_bytes)
+                         enum model_ac ac, int ac_every, int64_t *real_bytes,
+                         int64_t *int_bytes)
 {
 	struct moe_model m;
 	memset(&m, 0, sizeof(m));
@@ -501,6 +566,8 @@ int moe_activation_bytes(const struct moe_config *c, int64_t B, int64_t T, int e
 	if (rc)
 		return rc;
 	m.ep = ep > 1 ? ep : 1; /* as moe_build */
+	m.ac = ac;
+	m.ac_every = ac_every;
 	if (m.cfg.n_routed_experts % m.ep)
 		return CT_ERR_USAGE;
 	m.E_local = m.cfg.n_routed_experts / m.ep;
@@ -557,6 +624,22 @@ double moe_unit_forward(struct moe_model *m, int u, int64_t *n_valid)
 	return m->f64 ? moe_unit_forward_f64(m, u, n_valid) : moe_unit_forward_f32(m, u, n_valid);
 }
 
+bool moe_unit_needs_recompute(const struct moe_model *m, int u)
+{
+	return u >= 1 && u <= m->cfg.n_layers &&
+	       model_ac_block_recomputes(m->ac, m->ac_every, u - 1);
+}
+
+void moe_unit_recompute(struct moe_model *m, int u)
+{
+	if (!moe_unit_needs_recompute(m, u))
+		return;
+	if (m->f64)
+		moe_unit_recompute_f64(m, u);
+	else
+		moe_unit_recompute_f32(m, u);
+}
+
 void moe_unit_backward(struct moe_model *m, int u, double dscale)
 {
 	if (m->f64)
@@ -575,8 +658,10 @@ double moe_forward(struct moe_model *m, int64_t *n_valid)
 
 void moe_backward(struct moe_model *m, double dscale)
 {
-	for (int u = m->table.n_units - 1; u >= 0; u--)
+	for (int u = m->table.n_units - 1; u >= 0; u--) {
+		moe_unit_recompute(m, u);
 		moe_unit_backward(m, u, dscale);
+	}
 }
 
 void moe_logits(struct moe_model *m, float *logits)

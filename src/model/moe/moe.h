@@ -60,6 +60,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "model/model_ac.h"
 #include "model/model_group.h"
 #include "model/param_table.h"
 
@@ -132,6 +133,23 @@ struct moe_build_opts {
 	bool own_params; /* allocate flat params + grads and bind every unit to them */
 	bool f64;        /* double precision (tests): params64/grads64, own_params required */
 	const struct model_group *ep; /* expert parallelism (NULL or size 1: none) */
+	/* activation checkpointing (model/model_ac.h; ac_every: MODEL_AC_LAYER's N). What a
+	 * block keeps (the rest lives once, in buffers every such block shares):
+	 *   NONE       everything;
+	 *   FFN        all but the up-projections (dense / shared h1, h3; experts eh1, eh3),
+	 *              re-derived inside the block's backward;
+	 *   SELECTIVE  Llama's selective (TorchTitan's op-SAC: the outputs of the matmuls but
+	 *              every second one, and attention's): q, v, att, lse, h1, the router
+	 *              (scores, weights, routing ints), the received rows xe, eh1, the expert
+	 *              outputs y; the norms, k, xmid, xs and the w3 outputs (h3, eh3) are
+	 *              re-derived by the recompute pass, which sends nothing;
+	 *   FULL       only the block input; the recompute pass re-runs the block forward,
+	 *              its expert-parallel dispatch and combine included.
+	 * A recompute never counts tokens for the balancing statistics nor adds the
+	 * auxiliary loss again (moe_model.recomputing); the routing it re-derives is the
+	 * forward's (the same inputs, the same bias, ties to the lower expert, a stable sort). */
+	enum model_ac ac;
+	int ac_every;
 };
 
 /* Offsets (in reals) of one block's saved activations; the MoE layers' routing in ints. */
@@ -187,16 +205,20 @@ struct moe_model {
 	double loss_dscale;
 	/* the last forward's auxiliary loss sum per MoE layer (tests) */
 	double *aux_sum;
+	enum model_ac ac; /* activation checkpointing (moe_build_opts) */
+	int ac_every;
+	bool recomputing; /* inside a recompute pass: no counting, no auxiliary loss */
 };
 
 int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_t T,
               const struct moe_build_opts *opts);
 void moe_free(struct moe_model *m);
 /* What moe_build of a float model at (B, T) over ep expert-parallel ranks allocates under
- * MEM_ACTIVATIONS, by the build's own carving, without building it (the cost model's
- * activation bytes): the reals (saved activations and scratch, fp32) and the ints (the
+ * MEM_ACTIVATIONS under activation checkpointing ac (ac_every), by the build's own
+ * carving, without building it (the cost model's activation bytes): the reals (saved activations and scratch, fp32) and the ints (the
  * routing's, tokens and targets). */
 int moe_activation_bytes(const struct moe_config *c, int64_t B, int64_t T, int ep,
+                         enum model_ac ac, int ac_every,
                          int64_t *real_bytes, int64_t *int_bytes);
 void moe_bind_unit(struct moe_model *m, int u, float *params, float *grads);
 
@@ -205,8 +227,12 @@ void moe_bind_unit(struct moe_model *m, int u, float *params, float *grads);
  * with d(loss_sum * dscale)). */
 double moe_unit_forward(struct moe_model *m, int u, int64_t *n_valid);
 void moe_unit_backward(struct moe_model *m, int u, double dscale);
+/* Activation checkpointing: whether unit u re-derives dropped activations before its
+ * backward (a selective or full block), and that pass (a no-op for other units). */
+bool moe_unit_needs_recompute(const struct moe_model *m, int u);
+void moe_unit_recompute(struct moe_model *m, int u);
 double moe_forward(struct moe_model *m, int64_t *n_valid);
-void moe_backward(struct moe_model *m, double dscale);
+void moe_backward(struct moe_model *m, double dscale); /* recomputes where needed */
 void moe_logits(struct moe_model *m, float *logits);
 
 /* Balancing: the tokens per expert counted since the last call (n = MoE layers x E), copied

@@ -81,9 +81,6 @@ static void check_shape(const struct model_cost_shape *s)
 	CHECK(s->tp <= 1 && s->cp <= 1,
 	      "deepseek_v3 cost model: tp %lld, cp %lld (the family has neither)",
 	      (long long)s->tp, (long long)s->cp);
-	CHECK(s->ac == MODEL_AC_NONE,
-	      "deepseek_v3 cost model: activation_checkpoint.mode must be \"none\" (the family "
-	      "saves every activation)");
 }
 
 static int64_t shape_ep(const struct model_cost_shape *s)
@@ -113,13 +110,33 @@ static void moe_unit_work(const struct model_config *mc, const struct model_cost
 		return;
 	}
 	struct moe_block_work w;
-	block_work(c, s->B, s->T, shape_ep(s), u - 1 < c->n_dense_layers, &w);
+	bool dense = u - 1 < c->n_dense_layers;
+	block_work(c, s->B, s->T, shape_ep(s), dense, &w);
 	fw[MODEL_COST_MATMUL] = w.fwd_mm;
 	fw[MODEL_COST_ATTN] = w.fwd_attn;
 	fw[MODEL_COST_ELEM] = es * w.fwd_elem;
 	bw[MODEL_COST_MATMUL] = w.bwd_mm;
 	bw[MODEL_COST_ATTN] = w.bwd_attn;
 	bw[MODEL_COST_ELEM] = es * w.bwd_elem;
+	/* activation checkpointing (moe.c's moe_block_keeps): full re-runs the forward (its
+	 * all-to-alls too: moe_cost_inner); selective re-derives k (its projection) and the w3
+	 * outputs (dense / shared h3, the experts' eh3) and the norms; ffn re-derives the
+	 * up-projections (w1 and w3 outputs) inside the backward */
+	double *rc = wk[MODEL_PASS_REC], KVD = (double)c->n_kv_heads * (double)c->head_dim;
+	double NK = N * (double)c->top_k, Fm = (double)c->moe_inter_dim;
+	double Fs = Fm * (double)c->n_shared_experts, F = (double)c->inter_dim;
+	double w3 = dense ? 2.0 * N * C * F : 2.0 * (NK * C * Fm + N * C * Fs);
+	enum model_ac ac = model_ac_block(s->ac, s->ac_every, u - 1);
+	if (ac == MODEL_AC_FULL) {
+		rc[MODEL_COST_MATMUL] = w.fwd_mm;
+		rc[MODEL_COST_ATTN] = w.fwd_attn;
+		rc[MODEL_COST_ELEM] = es * w.fwd_elem;
+	} else if (ac == MODEL_AC_SELECTIVE) {
+		rc[MODEL_COST_MATMUL] = 2.0 * N * C * KVD + w3;
+		rc[MODEL_COST_ELEM] = es * 4.0 * (4.0 * N * C + 2.0 * N * KVD);
+	} else if (ac == MODEL_AC_FFN) {
+		bw[MODEL_COST_MATMUL] += 2.0 * w3;
+	}
 }
 
 /* What the family's build (moe_family.c: the trainer's model, its ep) allocates under
@@ -132,7 +149,7 @@ static int64_t moe_cost_activation_bytes(const struct model_config *mc,
 	const struct moe_config *c = moe_cfg(mc);
 	int64_t reals = 0, ints = 0;
 	int ep = (int)shape_ep(s);
-	CHECK(moe_activation_bytes(c, s->B, s->T, ep, &reals, &ints) == CT_OK,
+	CHECK(moe_activation_bytes(c, s->B, s->T, ep, s->ac, s->ac_every, &reals, &ints) == CT_OK,
 	      "deepseek_v3 cost model: no model at B %lld, T %lld, ep %d", (long long)s->B,
 	      (long long)s->T, ep);
 	return reals / 4 * s->elem_bytes + ints;
@@ -172,14 +189,16 @@ static void moe_cost_inner(const struct model_config *mc, const struct model_cos
 	check_shape(s);
 	const struct moe_config *c = moe_cfg(mc);
 	const int64_t ep = shape_ep(s);
-	if (ep <= 1 || u < 1 || u > c->n_layers || u - 1 < c->n_dense_layers ||
-	    p == MODEL_PASS_REC)
+	if (ep <= 1 || u < 1 || u > c->n_layers || u - 1 < c->n_dense_layers)
+		return;
+	/* only a full recompute dispatches and combines again (selective sends nothing) */
+	if (p == MODEL_PASS_REC && model_ac_block(s->ac, s->ac_every, u - 1) != MODEL_AC_FULL)
 		return;
 	const struct model_coll_desc rows = {.kind = MODEL_COLL_ALL_TO_ALL,
 	                                     .bytes = a2a_bytes(c, s),
 	                                     .group = (int)ep,
 	                                     .role = MODEL_GROUP_EP};
-	if (p == MODEL_PASS_FWD) {
+	if (p != MODEL_PASS_BWD) {
 		struct model_coll_desc counts = rows;
 		counts.bytes = (ep - 1) * (c->n_routed_experts / ep) * (int64_t)sizeof(int32_t);
 		out->c[out->n++] = counts;

@@ -1,7 +1,7 @@
 /* The deepseek_v3 (mixture-of-experts) family behind the model interface (model/model.h):
  * its operations, its entry of the family table, its [model] keys, and what it supports
- * (one rank, FSDP and expert parallelism inside it; every activation saved; no TP, PP,
- * float8, MLA or Hugging Face export yet). */
+ * (one rank, FSDP and expert parallelism inside it; every activation-checkpointing mode;
+ * the cost model; no TP, PP, float8, MLA or Hugging Face export yet). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,12 +58,11 @@ static void moe_op_backward(void *impl, int u, double dscale)
 }
 static void moe_op_recompute(void *impl, int u)
 {
-	(void)impl, (void)u; /* every activation is saved: nothing to re-derive */
+	moe_unit_recompute(impl, u);
 }
 static bool moe_op_needs_recompute(const void *impl, int u)
 {
-	(void)impl, (void)u;
-	return false;
+	return moe_unit_needs_recompute(impl, u);
 }
 static void moe_op_dscale(void *impl, double dscale)
 {
@@ -137,6 +136,8 @@ void model_wrap_moe(struct model *m, struct moe_model *mm)
 	m->ops = &moe_ops;
 	m->impl = mm;
 	m->table = &mm->table;
+	m->ac = mm->ac;
+	m->ac_every = mm->ac_every;
 	m->n_units = mm->table.n_units;
 	m->B = mm->B;
 	m->T = mm->T;
@@ -161,13 +162,15 @@ static int moe_family_build(struct model *m, const struct model_config *c, int64
 		          opts->tp->size);
 		return CT_ERR_USAGE;
 	}
-	if (opts->ac != MODEL_AC_NONE || opts->recompute_ffn || opts->split_backward) {
-		LOG_ERROR("activation_checkpoint.mode: deepseek_v3 saves every activation; only "
-		          "\"none\" is supported (a recompute would count the router's tokens twice)");
+	if (opts->split_backward) {
+		LOG_ERROR("deepseek_v3: a split backward (zero-bubble pipelines) is not supported");
 		return CT_ERR_USAGE;
 	}
 	struct moe_model *mm = xcalloc(1, sizeof(*mm));
-	const struct moe_build_opts mo = {.own_params = opts->own_params, .ep = opts->ep};
+	const struct moe_build_opts mo = {.own_params = opts->own_params,
+	                                  .ep = opts->ep,
+	                                  .ac = opts->recompute_ffn ? MODEL_AC_FFN : opts->ac,
+	                                  .ac_every = opts->ac_every};
 	int rc = moe_build(mm, moe_cfg(c), B, T, &mo);
 	if (rc) {
 		free(mm);
@@ -357,6 +360,7 @@ const struct model_family moe_family = {
     .ep = true,
     .cost_model = true,
     .cost = &moe_cost_ops,
+    .ac = true,
     .no_tp_why = "not yet supported: the experts and attention heads are not split over "
                  "TP ranks yet",
     .no_cp_why = "not yet supported: the family's attention has no context-parallel glue "

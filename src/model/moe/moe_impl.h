@@ -75,7 +75,7 @@ static void MT(swiglu_ffn)(MREAL *out, const MREAL *xn, const MREAL *w1, const M
 /* The router: s = score(xn G^T); each token's top-k of s + bias (ties: the lower expert),
  * g_raw the unbiased scores of the chosen, g the route weights; the (token, slot) pairs
  * sorted by expert (off: each expert's first row; pos: slot -> row). Counts the tokens per
- * expert in training steps. */
+ * expert in training steps (not in a recompute pass: its forward counted them). */
 static void MT(route)(struct moe_model *m, int l)
 {
 	const struct moe_config *c = &m->cfg;
@@ -130,7 +130,7 @@ static void MT(route)(struct moe_model *m, int l)
 		off[e] = 0;
 	for (int64_t i = 0; i < N * K; i++)
 		off[idx[i] + 1]++;
-	if (m->loss_dscale > 0)
+	if (m->loss_dscale > 0 && !m->recomputing) /* a recompute's tokens were counted */
 		for (int64_t e = 0; e < E; e++)
 			m->counts[lm * E + e] += off[e + 1];
 	for (int64_t e = 0; e < E; e++)
@@ -301,19 +301,21 @@ static double MT(moe_forward)(struct moe_model *m, int l, MREAL *out)
 		MT(swiglu_ffn)(out, xn, MT(bt)(m, MUW(m), l, MB_SW1), MT(bt)(m, MUW(m), l, MB_SW2),
 		               MT(bt)(m, MUW(m), l, MB_SW3), MT(act)(m, a->h1), MT(act)(m, a->h3),
 		               gate, N, C, Fs, 1);
+	if (m->recomputing) /* the forward added it to the loss */
+		return 0.0;
 	double aux = c->aux_loss_alpha > 0 ? MT(aux_loss)(m, l) : 0.0;
 	m->aux_sum[l] = aux;
 	return aux;
 }
 
-static double MT(block_forward)(struct moe_model *m, int l)
+/* The block's output into out (the next block's input; a recompute's scratch). */
+static double MT(block_forward)(struct moe_model *m, int l, MREAL *out)
 {
 	const struct moe_config *c = &m->cfg;
 	const struct moe_block_acts *a = &m->blk[l];
 	int64_t N = m->N, C = c->dim;
 	MT(attn_forward)(m, l);
 	MREAL *xmid = MT(act)(m, a->xmid), *xn = MT(act)(m, a->xn2);
-	MREAL *out = MT(block_input)(m, l + 1);
 	MK(rmsnorm_forward)(xn, MT(act)(m, a->rstd2), xmid, MT(bt)(m, MUW(m), l, MB_FFN_NORM), N,
 	                    C, c->norm_eps);
 	if (l >= c->n_dense_layers)
@@ -355,8 +357,88 @@ static double MT(unit_forward)(struct moe_model *m, int u, int64_t *n_valid)
 		return 0.0;
 	}
 	if (u <= L)
-		return MT(block_forward)(m, u - 1);
+		return MT(block_forward)(m, u - 1, MT(block_input)(m, u));
 	return MT(head_forward)(m, n_valid);
+}
+
+/* The FFN up-projections of block l again (h1 and/or h3: the dense or shared experts' and
+ * every local expert's, eh1 / eh3), from its saved or recomputed inputs: xn2, and xs (one
+ * rank) or xe (expert parallel); the forward's calls over the same rows, so its bits. */
+static void MT(up_again)(struct moe_model *m, int l, bool h1, bool h3)
+{
+	const struct moe_config *c = &m->cfg;
+	const struct moe_block_acts *a = &m->blk[l];
+	int64_t N = m->N, C = c->dim, Fm = c->moe_inter_dim;
+	bool dense = l < c->n_dense_layers;
+	int64_t F = dense ? c->inter_dim : Fm * c->n_shared_experts;
+	const MREAL *xn = MT(act)(m, a->xn2);
+	if (F > 0) {
+		const MREAL *w1 = MT(bt)(m, MUW(m), l, dense ? MB_W1 : MB_SW1);
+		const MREAL *w3 = MT(bt)(m, MUW(m), l, dense ? MB_W3 : MB_SW3);
+		if (h1)
+			MK(matmul_forward)(MT(act)(m, a->h1), xn, w1, N, C, F, 0);
+		if (h3)
+			MK(matmul_forward)(MT(act)(m, a->h3), xn, w3, N, C, F, 0);
+	}
+	if (dense)
+		return;
+	const MREAL *x = m->ep > 1 ? MT(act)(m, a->xe) : MT(act)(m, a->xs);
+	const int32_t *eoff = m->ep > 1 ? m->iacts + a->eoff : m->iacts + a->off;
+	int64_t nE = m->ep > 1 ? m->E_local : c->n_routed_experts;
+	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w3 = MT(bt)(m, MUW(m), l, MB_W3);
+	MREAL *eh1 = MT(act)(m, a->eh1), *eh3 = MT(act)(m, a->eh3);
+	for (int64_t e = 0; e < nE; e++) {
+		int64_t r0 = eoff[e], n = eoff[e + 1] - eoff[e];
+		if (n == 0)
+			continue;
+		if (h1)
+			MK(matmul_forward)(eh1 + r0 * Fm, x + r0 * C, w1 + e * Fm * C, n, C, Fm, 0);
+		if (h3)
+			MK(matmul_forward)(eh3 + r0 * Fm, x + r0 * C, w3 + e * Fm * C, n, C, Fm, 0);
+	}
+}
+
+/* The recompute pass of block l (selective or full; moe_build_opts says what each keeps):
+ * full re-runs the block forward (with expert parallelism its dispatch and combine: every
+ * ep rank recomputes the same blocks in the same order) into scratch, neither counting
+ * tokens nor adding the auxiliary loss; selective re-derives the norms, k, xmid, xs and
+ * the w3 outputs from what it kept, sending nothing. */
+static void MT(block_recompute)(struct moe_model *m, int l)
+{
+	const struct moe_config *c = &m->cfg;
+	const struct moe_block_acts *a = &m->blk[l];
+	int64_t N = m->N, C = c->dim, K = c->top_k, KV = c->n_kv_heads, D = c->head_dim;
+	if (model_ac_block(m->ac, m->ac_every, l) == MODEL_AC_FULL) {
+		m->recomputing = true;
+		MT(block_forward)(m, l, MT(scr)(m, m->s_dxn)); /* backward overwrites s_dxn */
+		m->recomputing = false;
+		return;
+	}
+	MREAL *x = MT(act)(m, a->x), *xn1 = MT(act)(m, a->xn1), *xmid = MT(act)(m, a->xmid);
+	MREAL *k = MT(act)(m, a->k), *xn2 = MT(act)(m, a->xn2);
+	MK(rmsnorm_forward)(xn1, MT(act)(m, a->rstd1), x, MT(bt)(m, MUW(m), l, MB_ATTN_NORM), N, C,
+	                    c->norm_eps);
+	MK(matmul_forward)(k, xn1, MT(bt)(m, MUW(m), l, MB_WK), N, C, KV * D, 0);
+	MK(rope_forward)(k, MT(act)(m, m->rope_cos), MT(act)(m, m->rope_sin), m->B, m->T, KV, D);
+	memcpy(xmid, x, (size_t)(N * C) * sizeof(MREAL));
+	MK(matmul_forward)(xmid, MT(act)(m, a->att), MT(bt)(m, MUW(m), l, MB_WO), N,
+	                   c->n_heads * D, C, 1);
+	MK(rmsnorm_forward)(xn2, MT(act)(m, a->rstd2), xmid, MT(bt)(m, MUW(m), l, MB_FFN_NORM), N,
+	                    C, c->norm_eps);
+	if (l >= c->n_dense_layers && m->ep == 1) { /* the dispatch's gather (xe is kept) */
+		MREAL *xs = MT(act)(m, a->xs);
+		const int32_t *pos = m->iacts + a->pos;
+#pragma omp parallel for schedule(static)
+		for (int64_t i = 0; i < N * K; i++)
+			memcpy(xs + (int64_t)pos[i] * C, xn2 + (i / K) * C, (size_t)C * sizeof(MREAL));
+	}
+	MT(up_again)(m, l, false, true);
+}
+
+static void MT(unit_recompute)(struct moe_model *m, int u)
+{
+	if (u >= 1 && u <= m->cfg.n_layers)
+		MT(block_recompute)(m, u - 1);
 }
 
 static void MT(logits)(struct moe_model *m, float *logits)
@@ -551,6 +633,8 @@ static void MT(block_backward)(struct moe_model *m, int l, double dscale)
 	MREAL *dres = MT(scr)(m, m->s_dres), *dxn = MT(scr)(m, m->s_dxn);
 	MREAL *gate = MT(scr)(m, m->s_gate), *dh1 = MT(scr)(m, m->s_dh1);
 	MREAL *dh3 = MT(scr)(m, m->s_dh3);
+	if (model_ac_block(m->ac, m->ac_every, l) == MODEL_AC_FFN) /* the up-projections again */
+		MT(up_again)(m, l, true, true);
 	/* the FFN: dxn = d(xn2), then the norm's backward adds d(xmid) into dres */
 	if (l >= c->n_dense_layers) {
 		MT(moe_backward)(m, l, dres, dxn, dscale);
