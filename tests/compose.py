@@ -145,9 +145,6 @@ RULES = [
      "split is not a contiguous row range of the table's tensors (the pieces TP and the "
      "checkpoints know); the filters and long convolutions themselves are per channel",
      'not supported for model.name = "hyena"'),
-    ("hyena-float8", lambda c: c["family"] == "hyena" and is_f8(c["precision"]),
-     "Hyena has no float8 linears (only Llama's linears are torchao-converted)",
-     "the family has no float8 linears"),
     ("hyena-cp", lambda c: c["family"] == "hyena" and is_cp(c["layout"]),
      "Hyena's long convolution mixes every position with every earlier one through an FFT "
      "over the whole sequence: a sequence shard cannot be computed from its own tokens and a "

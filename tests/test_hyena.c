@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "io/safetensors.h"
+#include "kernels/fp8_linear.h"
 #include "model/hyena/hyena.h"
 #include "model/model.h"
 #include "model/model_cost.h"
@@ -96,6 +97,42 @@ TEST_CASE(test_table_and_init)
 	EXPECT(mx <= 1 / sqrt(3.0) && mx > 0.5, "short filter U(+-1/sqrt 3): max %g", mx);
 	free(full);
 	free(part);
+	param_table_free(&t);
+}
+
+/* Float8 (kernels/fp8_linear.h): every block's in_proj, out_proj, fc1 and fc2 convert, and
+ * nothing else (the implicit filter MLP's linears, the short filter and the embedding the tied
+ * head reads stay high precision); filter_fqns drops a module as for Llama. */
+TEST_CASE(test_float8_linears)
+{
+	struct hyena_config c;
+	struct param_table t;
+	hyena_config_preset(&c, "hyena-small");
+	c.l_max = 256;
+	CHECK(hyena_config_finish(&c) == CT_OK, "finish");
+	hyena_table_build(&t, &c);
+	static const char *const lin[] = {"mixer.in_proj.weight", "mixer.out_proj.weight",
+	                                  "feed_forward.fc1.weight", "feed_forward.fc2.weight"};
+	const char *filters[] = {"output", "fc1"};
+	for (int f = 0; f < 2; f++) {
+		fp8_linear_configure(true, FP8_TENSORWISE, filters[f]);
+		int n = 0, wrong = 0;
+		for (int i = 0; i < t.count; i++) {
+			const struct param_entry *e = &t.p[i];
+			bool want = false;
+			for (int k = 0; k < 4; k++)
+				want |=
+				    strstr(e->name, lin[k]) != NULL && !strstr(e->name, filters[f]);
+			n += model_fp8_linear(e);
+			if (model_fp8_linear(e) != want && wrong++ == 0)
+				fprintf(stderr, "  %s: float8 %d, want %d\n", e->name,
+				        model_fp8_linear(e), want);
+		}
+		EXPECT(wrong == 0 && n == (f ? 3 : 4) * (int)c.n_layers,
+		       "filter_fqns [%s]: %d float8 linears (%d wrong)", filters[f], n, wrong);
+	}
+	fp8_linear_configure(false, FP8_TENSORWISE, "");
+	EXPECT(!model_fp8_linear(param_table_find(&t, "layers.0.mixer.in_proj.weight")), "off");
 	param_table_free(&t);
 }
 
@@ -660,6 +697,7 @@ int main(int argc, char **argv)
 	bool only_ref = argc > 1 && strcmp(argv[1], "--reference") == 0;
 	if (!only_ref) {
 		RUN(test_table_and_init);
+		RUN(test_float8_linears);
 		RUN(test_fd_order2);
 		RUN(test_fd_order3);
 		RUN(test_float_vs_double);

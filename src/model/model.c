@@ -218,7 +218,7 @@ void model_init_params_cfg(const struct model_config *c, const struct param_tabl
 
 bool model_fp8_linear(const struct param_entry *e)
 {
-	return e->ndim == 2 && strncmp(e->name, "tok_embeddings", 14) != 0 &&
+	return e->ndim == 2 && !e->high_precision && strncmp(e->name, "tok_embeddings", 14) != 0 &&
 	       fp8_linear_wants(e->name);
 }
 

@@ -257,7 +257,8 @@ int model_build(struct model *m, const struct model_config *c, int64_t B, int64_
 void model_free(struct model *m);
 
 /* Whether table entry e is a float8 linear under the current float8 set-up
- * (kernels/fp8_linear.h): a matrix other than the embedding whose module is not filtered. */
+ * (kernels/fp8_linear.h): a matrix other than the embedding (and the tied head that reads
+ * it), not marked high_precision by its family, whose module is not filtered. */
 struct param_entry;
 bool model_fp8_linear(const struct param_entry *e);
 

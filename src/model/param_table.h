@@ -44,6 +44,10 @@ struct param_entry {
 	 * the family); FSDP shards it over what remains of the data group (the mesh's efsdp
 	 * group), not the whole shard group. */
 	bool expert;
+	/* A matrix that is no linear layer a float8 converter swaps (Hyena's short filter taps
+	 * and the tiny linears of its implicit filter MLP, set by the family): it stays in high
+	 * precision under `[model] converters = ["float8"]` whatever filter_fqns says. */
+	bool high_precision;
 };
 
 struct param_table {

@@ -104,6 +104,12 @@ int hyena_config_preset(struct hyena_config *c, const char *flavor)
 
 /* ---------------------------------------------------------------- parameter table */
 
+/* Whether block tensor k is one of the linears a float8 converter swaps. */
+static bool hyena_fp8_linear(int k)
+{
+	return k == HYB_IN_W || k == HYB_OUT_W || k == HYB_FC1_W || k == HYB_FC2_W;
+}
+
 int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 {
 	memset(t, 0, sizeof(*t));
@@ -208,6 +214,11 @@ int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 			bool decay = strstr(names[k], "implicit_filter") == NULL;
 			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], decay,
 			                init[k]);
+			/* float8 (TorchTitan converts every nn.Linear not in filter_fqns): in_proj,
+			 * out_proj, fc1, fc2 convert; the short filter (a Conv1d) and the implicit
+			 * filter MLP's tiny linears (filter_order wide, once per sequence) stay high
+			 * precision, as the tied head does (it reads the embedding) */
+			t->p[t->count - 1].high_precision = !hyena_fp8_linear(k);
 		}
 	}
 	t->unit_begin[L + 1] = t->numel;

@@ -1,6 +1,6 @@
 /* The Hyena family behind the model interface (model/model.h): its operations, its entry of
- * the family table, and what it supports (one rank and FSDP; every activation checkpointing mode;
- * the cost model, hyena_cost.c). */
+ * the family table, and what it supports (one rank, FSDP and PP; every activation checkpointing
+ * mode; float8 linears; the cost model, hyena_cost.c). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,9 +43,13 @@ struct hyena_config *hyena_cfg_init(struct model_config *mc)
 	return (struct hyena_config *)(void *)mc->family;
 }
 
+/* binds unit u, and keeps the float8 registry in step (its in_proj / out_proj / fc1 / fc2
+ * become float8 linears; no tensor or context parallelism splits them) */
 static void hyena_op_bind(void *impl, int u, float *params, float *grads)
 {
-	hyena_bind_unit(impl, u, params, grads);
+	struct hyena_model *hm = impl;
+	hyena_bind_unit(hm, u, params, grads);
+	model_fp8_bind(&hm->table, u, params, NULL, NULL);
 }
 static double hyena_op_forward(void *impl, int u, int64_t *n_valid)
 {
@@ -312,6 +316,7 @@ const struct model_family hyena_family = {
     .manifest_fields = hyena_manifest_fields,
     .ac = true,
     .pp = true,
+    .float8 = true,
     .tied_head = true,
     .export_hf = true,
     .cost_model = true,
