@@ -1,6 +1,7 @@
 /* model/model_cost: the family's cost-model figures (model/model_cost.h), through the table. */
 #include "model/model_cost.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/log.h"
@@ -68,4 +69,25 @@ void model_cost_calib_free(struct model_cost_calib *cal)
 	if (cal->free)
 		cal->free(cal->impl);
 	memset(cal, 0, sizeof(*cal));
+}
+
+float *model_cost_cal_buffers(const struct model_cost_view *views, size_t n_views, int32_t **tok,
+                              int64_t N, int64_t V)
+{
+	int64_t total = 0;
+	for (size_t i = 0; i < n_views; i++)
+		total += (views[i].n + 15) / 16 * 16; /* 64-byte aligned views (FFTW's buffers) */
+	float *all = aligned_alloc(64, (size_t)(total > 0 ? total : 16) * sizeof(float));
+	*tok = malloc((size_t)(N > 0 ? N : 1) * sizeof(int32_t));
+	CHECK(all && *tok, "out of memory (cost model calibration, %lld floats)", (long long)total);
+	for (int64_t i = 0; i < total; i++)
+		all[i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
+	for (int64_t i = 0; i < N; i++)
+		(*tok)[i] = (int32_t)((i * 104729) % V);
+	float *at = all;
+	for (size_t i = 0; i < n_views; i++) {
+		*views[i].p = at;
+		at += (views[i].n + 15) / 16 * 16;
+	}
+	return all;
 }

@@ -17,6 +17,7 @@
 #define CT_MODEL_MODEL_COST_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/model_ac.h"
@@ -78,6 +79,16 @@ struct model_cost_calib {
 	void (*run)(void *impl, int part);
 	void (*free)(void *impl);
 };
+
+/* Calibration buffers: views of one allocation, each *p n floats (64-byte aligned), filled
+ * with small deterministic values, and N token ids below V into *tok (malloc'd); returns the
+ * allocation (free both). */
+struct model_cost_view {
+	float **p;
+	int64_t n;
+};
+float *model_cost_cal_buffers(const struct model_cost_view *views, size_t n_views, int32_t **tok,
+                              int64_t N, int64_t V);
 
 /* What a family with the cost model provides. */
 struct model_cost_ops {

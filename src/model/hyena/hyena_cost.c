@@ -191,10 +191,7 @@ static void cal_alloc(struct cal *c, const struct hyena_config *hc, int64_t B, i
 	int64_t N = c->N, D = c->D, P = c->P, Cf = c->Cf, H = c->H, F = c->F, E = c->E, V = c->V;
 	int64_t big = V * D > P * D ? V * D : P * D;
 	big = big > H * D ? big : H * D;
-	struct {
-		float **p;
-		int64_t n;
-	} parts[] = {{&c->x, N * D},
+	const struct model_cost_view parts[] = {{&c->x, N * D},
 	             {&c->xn, N * D},
 	             {&c->p, N * P},
 	             {&c->pc, N * P},
@@ -251,22 +248,7 @@ static void cal_alloc(struct cal *c, const struct hyena_config *hc, int64_t B, i
 	             {&c->db, P > H ? P : H},
 	             {&c->fgrad, F * E + 6 * F + 2 * F * F + Cf * F + Cf + 2 * D + P * 4},
 	             {&c->ce, c->chunk * V}};
-	int64_t total = 0;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
-		total += (parts[i].n + 15) / 16 * 16; /* 64-byte aligned views (FFTW's buffers) */
-	c->all = aligned_alloc(64, (size_t)total * sizeof(float));
-	c->tok = malloc((size_t)N * sizeof(int32_t));
-	CHECK(c->all && c->tok, "out of memory (cost model calibration, %lld floats)",
-	      (long long)total);
-	for (int64_t i = 0; i < total; i++)
-		c->all[i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
-	for (int64_t i = 0; i < N; i++)
-		c->tok[i] = (int32_t)((i * 104729) % V);
-	float *at = c->all;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
-		*parts[i].p = at;
-		at += (parts[i].n + 15) / 16 * 16;
-	}
+	c->all = model_cost_cal_buffers(parts, sizeof(parts) / sizeof(parts[0]), &c->tok, N, V);
 	hyena_filter_features_f32(c->z, c->window, T, hc->l_max > T ? hc->l_max : T, E, Cf);
 }
 

@@ -295,10 +295,7 @@ static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, i
 	c->V = lc->vocab_size;
 	c->chunk = llama_ce_rows(c->V, c->N);
 	int64_t N = c->N, C = c->C, F = c->F, HD = c->HD, KVD = c->KVD, V = c->V;
-	struct {
-		float **p;
-		int64_t n;
-	} parts[] = {{&c->x, N * C},
+	const struct model_cost_view parts[] = {{&c->x, N * C},
 	             {&c->xn, N * C},
 	             {&c->q, N * HD},
 	             {&c->k, N * KVD},
@@ -331,22 +328,7 @@ static void cal_alloc(struct cal *c, const struct llama_config *lc, int64_t B, i
 	             {&c->nw, C},
 	             {&c->dw, (V > F ? V : F) * C},
 	             {&c->scratch, c->chunk * V}};
-	int64_t total = 0;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
-		total += parts[i].n;
-	c->all = malloc((size_t)total * sizeof(float));
-	c->tok = malloc((size_t)N * sizeof(int32_t));
-	CHECK(c->all && c->tok, "out of memory (cost model calibration, %lld floats)",
-	      (long long)total);
-	for (int64_t i = 0; i < total; i++)
-		c->all[i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
-	for (int64_t i = 0; i < N; i++)
-		c->tok[i] = (int32_t)((i * 104729) % V);
-	float *at = c->all;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
-		*parts[i].p = at;
-		at += parts[i].n;
-	}
+	c->all = model_cost_cal_buffers(parts, sizeof(parts) / sizeof(parts[0]), &c->tok, N, V);
 }
 
 /* The parts, in the order they are timed. */

@@ -237,10 +237,7 @@ static void cal_alloc(struct cal *c, const struct moe_config *mc, int64_t B, int
 	int64_t Fm = c->Fm, Fs = c->Fs, V = c->V;
 	int64_t big = V * C > El * Fm * C ? V * C : El * Fm * C;
 	big = big > Fs * C ? big : Fs * C;
-	struct {
-		float **p;
-		int64_t n;
-	} parts[] = {{&c->x, N * C},       {&c->xn, N * C},       {&c->q, N * HD},
+	const struct model_cost_view parts[] = {{&c->x, N * C},       {&c->xn, N * C},       {&c->q, N * HD},
 	             {&c->k, N * KVD},     {&c->v, N * KVD},      {&c->att, N * HD},
 	             {&c->lse, N * c->H},  {&c->out, N * C},      {&c->rstd, N},
 	             {&c->cos, T * c->D},  {&c->sin, T * c->D},   {&c->s, N * E},
@@ -257,28 +254,14 @@ static void cal_alloc(struct cal *c, const struct moe_config *mc, int64_t B, int
 	             {&c->sw1, Fs * C},    {&c->sw2, C * Fs},     {&c->sw3, Fs * C},
 	             {&c->wout, V * C},    {&c->nw, C},           {&c->dw, big},
 	             {&c->ce, c->chunk * V}};
-	int64_t total = 0;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++)
-		total += parts[i].n;
-	c->all = malloc((size_t)total * sizeof(float));
-	c->tok = malloc((size_t)N * sizeof(int32_t));
+	c->all = model_cost_cal_buffers(parts, sizeof(parts) / sizeof(parts[0]), &c->tok, N, V);
 	c->pos = malloc((size_t)R * sizeof(int32_t));
 	c->r0 = malloc((size_t)(El + 1) * sizeof(int64_t));
-	CHECK(c->all && c->tok && c->pos && c->r0,
-	      "out of memory (cost model calibration, %lld floats)", (long long)total);
-	for (int64_t i = 0; i < total; i++)
-		c->all[i] = (float)((i * 7919) % 1000) * 1e-4f - 0.05f;
-	for (int64_t i = 0; i < N; i++)
-		c->tok[i] = (int32_t)((i * 104729) % V);
+	CHECK(c->pos && c->r0, "out of memory (cost model calibration)");
 	for (int64_t i = 0; i < R; i++) /* a fixed permutation of the slots (the sort's rows) */
 		c->pos[i] = (int32_t)((i * 7 + (i / c->K)) % R);
 	for (int64_t e = 0; e <= El; e++) /* balanced: R / El rows each, the rest in front */
 		c->r0[e] = e * (R / El) + (e < R % El ? e : R % El);
-	float *at = c->all;
-	for (size_t i = 0; i < sizeof(parts) / sizeof(parts[0]); i++) {
-		*parts[i].p = at;
-		at += parts[i].n;
-	}
 }
 
 enum cal_part {
