@@ -25,6 +25,7 @@
 #include "train/compute.h"
 #include "train/model_spec.h"
 #include "train/step_config.h"
+#include "train/tp_check.h"
 #include "train/trainer.h"
 
 static void plan_usage(FILE *f)
@@ -242,13 +243,8 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		          (long long)tp);
 		return CT_ERR_USAGE;
 	}
-	if (shard % ep) {
-		LOG_ERROR("parallelism.expert_parallel_degree = %lld does not divide "
-		          "data_parallel_shard_degree = %lld (ep borrows from the FSDP shard group: "
-		          "dp_shard = efsdp x ep)",
-		          (long long)ep, (long long)shard);
+	if (ep_check_shard(ep, shard))
 		return CT_ERR_USAGE;
-	}
 	int64_t dpw = rep * shard; /* data-parallel ranks */
 	int64_t Bm = c->training.local_batch_size, T = c->training.seq_len;
 	int64_t global =

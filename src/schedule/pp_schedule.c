@@ -200,15 +200,23 @@ static void gen_zbh1(struct pp_sched *s)
 	free(f_end), free(i_end), free(nf), free(ni), free(nw);
 }
 
-int pp_sched_generate(struct pp_sched *s, enum pp_style style, int p, int v, int m)
+/* The degrees every schedule needs positive (CT_ERR_USAGE naming them). */
+static int check_degrees(int p, int v, int m)
 {
-	memset(s, 0, sizeof(*s));
 	if (p < 1 || v < 1 || m < 1) {
 		LOG_ERROR("parallelism: pipeline degree %d, stages per rank %d and micro-batches %d "
 		          "must be positive",
 		          p, v, m);
 		return CT_ERR_USAGE;
 	}
+	return CT_OK;
+}
+
+int pp_sched_generate(struct pp_sched *s, enum pp_style style, int p, int v, int m)
+{
+	memset(s, 0, sizeof(*s));
+	if (check_degrees(p, v, m))
+		return CT_ERR_USAGE;
 	if (v != 1 && !pp_style_interleaved(style)) {
 		LOG_ERROR("parallelism.pipeline_parallel_schedule: %s runs one stage per rank, but "
 		          "the layers per stage make %d stages per rank (use Interleaved1F1B)",
@@ -237,12 +245,8 @@ int pp_sched_generate(struct pp_sched *s, enum pp_style style, int p, int v, int
 int pp_sched_forward_only(struct pp_sched *s, enum pp_style style, int p, int v, int m)
 {
 	memset(s, 0, sizeof(*s));
-	if (p < 1 || v < 1 || m < 1) {
-		LOG_ERROR("parallelism: pipeline degree %d, stages per rank %d and micro-batches %d "
-		          "must be positive",
-		          p, v, m);
+	if (check_degrees(p, v, m))
 		return CT_ERR_USAGE;
-	}
 	sched_init(s, style, p, v, m);
 	s->forward_only = true;
 	for (int r = 0; r < p; r++)

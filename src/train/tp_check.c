@@ -84,6 +84,18 @@ int cp_check_config(const struct ct_config *cfg)
 	return CT_OK;
 }
 
+int ep_check_shard(int64_t ep, int64_t shard)
+{
+	if (shard % ep) {
+		LOG_ERROR("parallelism.expert_parallel_degree = %lld does not divide "
+		          "data_parallel_shard_degree = %lld (ep borrows from the FSDP shard group: "
+		          "dp_shard = efsdp x ep)",
+		          (long long)ep, (long long)shard);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}
+
 int ep_check_config(const struct ct_config *cfg)
 {
 	const struct ct_config *c = cfg;
@@ -121,12 +133,7 @@ int ep_check_config(const struct ct_config *cfg)
 	const int64_t rest = c->parallelism.data_parallel_replicate_degree;
 	if (shard == -1)
 		shard = comm_world_size() / rest;
-	if (shard % ep) {
-		LOG_ERROR("parallelism.expert_parallel_degree = %lld does not divide "
-		          "data_parallel_shard_degree = %lld (ep borrows from the FSDP shard group: "
-		          "dp_shard = efsdp x ep)",
-		          (long long)ep, (long long)shard);
+	if (ep_check_shard(ep, shard))
 		return CT_ERR_USAGE;
-	}
 	return CT_OK;
 }

@@ -3,6 +3,8 @@
 #ifndef CT_TRAIN_TP_CHECK_H
 #define CT_TRAIN_TP_CHECK_H
 
+#include <stdint.h>
+
 #include "io/config.h"
 
 /* CT_OK when parallelism.tensor_parallel_degree is 1, or when it is > 1 and the model and
@@ -16,5 +18,7 @@ int cp_check_config(const struct ct_config *cfg);
  * routed experts, ep must divide the FSDP shard degree (ep borrows from dp_shard), and
  * context, tensor and pipeline parallelism are not yet combined with it. */
 int ep_check_config(const struct ct_config *cfg);
+/* ep divides the FSDP shard degree (CT_ERR_USAGE naming both); ctitan plan's check too. */
+int ep_check_shard(int64_t ep, int64_t shard);
 
 #endif
