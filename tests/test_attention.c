@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "base/timer.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/kernels.h"
 #include "testutil.h"
 
@@ -413,7 +414,7 @@ TEST_CASE(deterministic)
 
 /* ---- benchmark ----------------------------------------------------------------------- */
 
-static void bench_shape(const char *name, struct shape s)
+static void bench_shape(const char *name, struct shape s, bool bf16)
 {
 	struct problem p = problem_make(s);
 	struct problem32 f = problem32_from(&p);
@@ -424,30 +425,42 @@ static void bench_shape(const char *name, struct shape s)
 	double t_fwd = 1e30, t_bwd = 1e30;
 	for (int rep = 0; rep < 22; rep++) {
 		double t0 = timer_now();
-		attention_forward_f32(f.out, f.lse, f.q, f.k, f.v, s.B, s.T, s.H, s.KV, s.D);
+		if (bf16)
+			attention_bf16_forward(f.out, f.lse, f.q, f.k, f.v, s.B, s.T, s.H, s.KV, s.D);
+		else
+			attention_forward_f32(f.out, f.lse, f.q, f.k, f.v, s.B, s.T, s.H, s.KV, s.D);
 		double t1 = timer_now();
-		attention_backward_f32(f.dq, f.dk, f.dv, f.g, f.out, f.lse, f.q, f.k, f.v, s.B, s.T,
-		                       s.H, s.KV, s.D);
+		if (bf16)
+			attention_bf16_backward(f.dq, f.dk, f.dv, f.g, f.out, f.lse, f.q, f.k, f.v,
+			                        s.B, s.T, s.H, s.KV, s.D);
+		else
+			attention_backward_f32(f.dq, f.dk, f.dv, f.g, f.out, f.lse, f.q, f.k, f.v,
+			                       s.B, s.T, s.H, s.KV, s.D);
 		double t2 = timer_now();
 		if (rep >= 2) { /* warm-up first */
 			t_fwd = fmin(t_fwd, t1 - t0);
 			t_bwd = fmin(t_bwd, t2 - t1);
 		}
 	}
-	printf("%-28s B=%-2lld T=%-4lld H=%-2lld KV=%-2lld D=%-3lld  fwd %7.3f ms %6.1f GFLOP/s"
-	       "   bwd %7.3f ms %6.1f GFLOP/s\n",
-	       name, (long long)s.B, (long long)s.T, (long long)s.H, (long long)s.KV,
-	       (long long)s.D, 1e3 * t_fwd, flops_fwd / t_fwd * 1e-9, 1e3 * t_bwd,
-	       flops_bwd / t_bwd * 1e-9);
+	printf("%-20s %-5s B=%-2lld T=%-4lld H=%-2lld KV=%-2lld D=%-3lld  fwd %7.3f ms %6.1f "
+	       "GFLOP/s   bwd %7.3f ms %6.1f GFLOP/s\n",
+	       name, bf16 ? "bf16" : "fp32", (long long)s.B, (long long)s.T, (long long)s.H,
+	       (long long)s.KV, (long long)s.D, 1e3 * t_fwd, flops_fwd / t_fwd * 1e-9,
+	       1e3 * t_bwd, flops_bwd / t_bwd * 1e-9);
 	problem32_free(&f);
 }
 
 static int bench(void)
 {
-	printf("attention f32, %d threads, best of 20 (flops: 2*B*H*T^2*D fwd, 2.5x bwd)\n",
-	       max_threads());
-	bench_shape("(a) debug model", (struct shape){8, 256, 16, 16, 16});
-	bench_shape("(b) GQA, D=64", (struct shape){4, 512, 12, 4, 64});
+	const bool bf16 = attention_bf16_usable(16) && attention_bf16_usable(64);
+	printf("attention, %d threads, best of 20 (flops: 2*B*H*T^2*D fwd, 2.5x bwd); bf16 "
+	       "kernel: %s\n",
+	       max_threads(), bf16 ? "AVX512-BF16" : "not on this CPU (no AVX512-BF16)");
+	const struct shape shapes[] = {{8, 256, 16, 16, 16}, {4, 512, 24, 8, 32}, {4, 512, 12, 4, 64}};
+	const char *names[] = {"(a) debug model", "(b) GQA, D=32", "(c) GQA, D=64 (125M)"};
+	for (int i = 0; i < 3; i++)
+		for (int b = 0; b <= (int)bf16; b++)
+			bench_shape(names[i], shapes[i], b);
 	return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "infer/generate.h"
+#include "kernels/attention_bf16.h"
 #include "io/safetensors.h"
 #include "model/llama/llama.h"
 #include "kernels/mm_engine.h"
@@ -509,6 +510,23 @@ TEST_CASE(test_reference_debugmodel)
 	remove_dir(dir);
 }
 
+/* Head dim 32: under bf16 compute the attention runs the bf16 kernel (kernels/attention_bf16.h,
+ * on CPUs with AVX512-BF16; D = 16 above stays on the fp32 one), within the same bounds. */
+TEST_CASE(test_reference_head_dim_32)
+{
+	struct llama_config c;
+	small_config(&c);
+	c.dim = 128;
+	llama_config_finish(&c);
+	if (ref_bf16)
+		printf("  attention kernel at head dim %lld: %s\n", (long long)(c.dim / c.n_heads),
+		       attention_mixed_name(c.dim / c.n_heads));
+	char dir[512];
+	reference_dir(dir, sizeof(dir));
+	EXPECT(reference_case(&c, 2, 70, dir) == 0, "PyTorch reference disagrees (head dim 32)");
+	remove_dir(dir);
+}
+
 int main(int argc, char **argv)
 {
 	test_seed();
@@ -544,6 +562,7 @@ int main(int argc, char **argv)
 	if (only_ref || (argc > 1 && strcmp(argv[1], "--all") == 0)) {
 		RUN(test_reference_small_gqa);
 		RUN(test_reference_debugmodel);
+		RUN(test_reference_head_dim_32);
 	}
 	return test_summary();
 }

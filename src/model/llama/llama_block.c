@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/fp8_linear.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
@@ -85,7 +86,7 @@ static void f_rope_attention(struct llama_model *m, const struct blk *c)
 	if (m->cp)
 		llama_cp_attention_forward(m, a);
 	else
-		attention_forward_f32(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
+		attention_mixed_forward(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
 }
 
 static void f_attn(struct llama_model *m, int l)
@@ -263,7 +264,7 @@ static void b_attn_core_norm1(struct llama_model *m, const struct blk *c)
 	if (m->cp)
 		llama_cp_attention_backward(m, a);
 	else
-		attention_backward_f32(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k,
+		attention_mixed_backward(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k,
 		                       a->v, d.B, d.T, d.H, d.KV, d.D);
 	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
 	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/kernels.h"
 #include "model/llama/llama.h"
 #include "model/model.h"
@@ -363,7 +364,7 @@ static void cal_run(void *impl, int part)
 		matmul_forward_f32(c->out, c->gate, c->w2, N, F, C, 1);
 		break;
 	case CAL_FWD_ATTN:
-		attention_forward_f32(c->att, c->lse, c->q, c->k, c->v, B, T, H, KV, D);
+		attention_mixed_forward(c->att, c->lse, c->q, c->k, c->v, B, T, H, KV, D);
 		break;
 	case CAL_FWD_ELEM:
 		rmsnorm_forward_f32(c->xn, c->rstd, c->x, c->nw, N, C, 1e-5);
@@ -383,7 +384,7 @@ static void cal_run(void *impl, int part)
 		matmul_backward_f32(c->dxn, c->dw, c->dv, c->xn, c->wv, N, C, KVD);
 		break;
 	case CAL_BWD_ATTN:
-		attention_backward_f32(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k,
+		attention_mixed_backward(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k,
 		                       c->v, B, T, H, KV, D);
 		break;
 	case CAL_BWD_ELEM:

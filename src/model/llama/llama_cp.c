@@ -26,6 +26,7 @@
 
 #include "base/log.h"
 #include "base/mem.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/kernels.h"
 #include "model/llama/llama_impl.h"
 
@@ -167,7 +168,7 @@ void llama_cp_attention_forward(struct llama_model *m, struct llama_block_acts *
 	const int64_t Tl = d.T, *qpos = b->order + (int64_t)r * Tl;
 	if (!b->ring) {
 		gather_kv(m, a->k, a->v);
-		attention_pos_forward_f32(a->att, a->lse, a->q, qpos, b->kv, b->kv + S * d.B * Tl * d.KVD,
+		attention_mixed_pos_forward(a->att, a->lse, a->q, qpos, b->kv, b->kv + S * d.B * Tl * d.KVD,
 		                          b->order, d.B, Tl, b->T, d.H, d.KV, d.D);
 		return;
 	}
@@ -180,7 +181,7 @@ void llama_cp_attention_forward(struct llama_model *m, struct llama_block_acts *
 		if (i + 1 < S) /* the next shard travels while this one is attended to */
 			ring_step(m, cur, next, 2 * blk, i, "cp ring: K/V");
 		const int64_t *kpos = b->order + (int64_t)src * Tl;
-		attention_pos_forward_f32(i ? b->scratch : a->att, i ? b->lse_b : a->lse, a->q, qpos,
+		attention_mixed_pos_forward(i ? b->scratch : a->att, i ? b->lse_b : a->lse, a->q, qpos,
 		                          cur, cur + blk, kpos, d.B, Tl, Tl, d.H, d.KV, d.D);
 		if (i)
 			attention_merge_f32(a->att, a->lse, b->scratch, b->lse_b, d.B, Tl, d.H, d.D);
@@ -203,7 +204,7 @@ void llama_cp_attention_backward(struct llama_model *m, const struct llama_block
 		gather_kv(m, a->k, a->v);
 		float *dkf = b->dkv, *dvf = b->dkv + S * blk;
 		memset(dkf, 0, (size_t)(2 * S * blk) * sizeof(float));
-		attention_pos_backward_f32(m->dq, dkf, dvf, m->datt, a->att, a->lse, a->q, qpos, b->kv,
+		attention_mixed_pos_backward(m->dq, dkf, dvf, m->datt, a->att, a->lse, a->q, qpos, b->kv,
 		                           b->kv + S * blk, b->order, d.B, Tl, b->T, d.H, d.KV, d.D);
 		/* every rank's share of each shard's dK / dV, summed onto the shard; K and V are
 		 * consumed, so their space stages the rank-major send buffers */
@@ -225,7 +226,7 @@ void llama_cp_attention_backward(struct llama_model *m, const struct llama_block
 		 * follows (after the last step only the gradient, which then is home) */
 		if (i + 1 < S)
 			ring_step(m, cur, next, 2 * blk, S + 2 * i, "cp ring: K/V");
-		attention_pos_backward_f32(m->dq, cur + 2 * blk, cur + 3 * blk, m->datt, a->att,
+		attention_mixed_pos_backward(m->dq, cur + 2 * blk, cur + 3 * blk, m->datt, a->att,
 		                           a->lse, a->q, qpos, cur, cur + blk,
 		                           b->order + (int64_t)src * Tl, d.B, Tl, Tl, d.H, d.KV, d.D);
 		if (i + 1 < S)

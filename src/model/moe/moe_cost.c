@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/kernels.h"
 #include "model/model.h"
 #include "model/moe/moe.h"
@@ -418,7 +419,7 @@ static void cal_run(void *impl, int part)
 		cal_fwd_mm(c);
 		break;
 	case CAL_FWD_ATTN:
-		attention_forward_f32(c->att, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->KV,
+		attention_mixed_forward(c->att, c->lse, c->q, c->k, c->v, c->B, c->T, c->H, c->KV,
 		                      c->D);
 		break;
 	case CAL_FWD_ELEM:
@@ -428,7 +429,7 @@ static void cal_run(void *impl, int part)
 		cal_bwd_mm(c);
 		break;
 	case CAL_BWD_ATTN:
-		attention_backward_f32(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k,
+		attention_mixed_backward(c->dq, c->dk, c->dv, c->att, c->att, c->lse, c->q, c->k,
 		                       c->v, c->B, c->T, c->H, c->KV, c->D);
 		break;
 	case CAL_BWD_ELEM:
