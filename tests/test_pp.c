@@ -25,7 +25,8 @@
  * one-rank run on losses, gradient norms, validation and parameters within 1e-5, and on
  * the balancing bias after 5 steps within 1e-12 (each stage counts its own layers' tokens
  * over the step's micro-batches; the sum over the stages and data-parallel ranks updates
- * the whole model's bias, held by the state model, as one rank's step).
+ * the whole model's bias, held by the state model, as one rank's step); a stage's slot
+ * holds under 3/4 of a whole-model instance's activations (its units only).
  * Every rank computes the one-rank reference itself; every rank's verdict counts. */
 #include <math.h>
 #include <stdlib.h>
@@ -49,7 +50,7 @@
 #define NMICRO 4
 
 static uint64_t seed;
-static bool moe;    /* --moe: the mixture of experts instead of Llama */
+static bool moe;       /* --moe: the mixture of experts instead of Llama */
 static int ep_deg = 1; /* the next pipeline run's expert parallelism (moe only) */
 
 #define MAX_BIAS 128
@@ -507,6 +508,15 @@ TEST_CASE(moe_stages)
 		                                       PP_ZB_H1};
 		reference(1, &ref);
 		EXPECT(ref.bias[0] != 0 || ref.bias[1] != 0, "the bias did not move");
+		/* a whole-model instance's activations, against which a stage's slot is smaller */
+		struct model_config mc;
+		config(&mc);
+		int64_t before = mem_current(MEM_ACTIVATIONS);
+		struct model m;
+		const struct model_build_opts mo = {.own_params = false};
+		CHECK(model_build(&m, &mc, MROWS, SEQ, &mo) == CT_OK, "model");
+		int64_t full = mem_current(MEM_ACTIVATIONS) - before;
+		model_free(&m);
 		for (int i = 0; i < 4; i++) {
 			struct run r = {.with_eval = true};
 			snprintf(what, sizeof(what), "moe pp=2 %s", pp_style_name(styles[i]));
@@ -514,6 +524,15 @@ TEST_CASE(moe_stages)
 			       what);
 			compare(what, &r, &ref, 1e-5);
 			compare_eval(what, &r, &ref, 1e-5);
+			/* a stage of 3 of the 6 blocks (or 1-2 interleaved) plans only its units */
+			EXPECT(r.slot_bytes < full * 3 / 4,
+			       "%s rank %d: a slot of %d blocks holds %lld activation bytes, the whole "
+			       "model %lld",
+			       what, comm_world_rank(), r.blocks, (long long)r.slot_bytes,
+			       (long long)full);
+			if (comm_world_rank() == 0)
+				printf("  %-40s rank 0: a slot %lld B of the whole model's %lld B\n",
+				       what, (long long)r.slot_bytes, (long long)full);
 			free(r.params);
 		}
 		free(ref.params);
