@@ -234,6 +234,10 @@ void pp_engine(struct pp *pp, struct engine *e);
  * sum and valid tokens over them (to combine batches). Leaves the training state as it was. */
 double pp_eval_loss(struct pp *pp, const int32_t *tokens, const int32_t *targets, double *sum,
                     int64_t *valid);
+/* The family's state (MoE's balancing bias) as pp_opts.state_model holds it, into every
+ * stage model built so far (a step's and an evaluation's start: after a checkpoint's load or
+ * the last step's update); nothing without a state model. */
+void pp_pull_state(struct pp *pp);
 /* Where this rank's rows of table tensor i live (false: the tensor is on another stage). */
 bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at);
 /* The full flat parameter buffer (table layout) on every rank (tests, export); under expert
