@@ -16,8 +16,15 @@
 #  - activation checkpointing: ep=2 on 2 ranks with mode full (the recompute re-runs the
 #    dispatch and combine, counts no token twice) and one rank with selective give the 1-rank
 #    losses, grad norms, loads and bias, and their own layout's without checkpointing bitwise;
+#  - pipeline stages: pp=2 with GPipe, 1F1B, Interleaved1F1B (4 stages of one block:
+#    pipeline_parallel_first/last_stage_less_layers 0) and ZB-H1, and pp=2 x dp_shard=2 with
+#    ep=2 (4 ranks; 1F1B and Interleaved1F1B) give the 1-rank losses, grad norms, loads
+#    (every layer's, from both stages) and bias within 1e-5, and after 6 steps its parameters
+#    (every tensor, 1e-5 of its norm) and balancing bias (model_state.bin, 1e-12); checkpoints
+#    with the bias on reshard between pp layouts: a pp=2 step-3 checkpoint resumes on 1 rank,
+#    a 1-rank one at pp=2 x ep=2, both within 1e-5 of the uninterrupted runs;
 #  - ctitan plot draws balance.png;
-#  - refusals with exit 2: TP, PP, float8, a llama3 flavor; ctitan plan runs for the
+#  - refusals with exit 2: TP, float8, a llama3 flavor; ctitan plan runs for the
 #    family (its cost model), refuses ep not dividing dp_shard and ep for a family
 #    without experts.
 #   tests/moe_cli.sh build/ctitan
@@ -151,6 +158,90 @@ rc=$?
 [ $rc -ne 0 ] && grep -q "model_state.bin' is missing or does not match" "$d.log"
 check "a corrupted model_state.bin is refused, naming it (exit $rc)" $?
 
+# 2d. pipeline stages (each stage its own layers' bias and counts; the bias whole on every
+# rank), alone and with expert parallelism inside dp_shard, against one rank
+PP=(--parallelism.pipeline_parallel_degree=2)
+ONE=(--parallelism.pipeline_parallel_first_stage_less_layers=0
+     --parallelism.pipeline_parallel_last_stage_less_layers=0)
+EP2=(--parallelism.data_parallel_shard_degree=2 --parallelism.expert_parallel_degree=2)
+CK6=(--checkpoint.enable=true --checkpoint.interval=3 --checkpoint.async_mode=disabled)
+"$CTITAN" train "$CFG" "${COMMON[@]}" "${CK6[@]}" --job.dump_folder="$tmp/pa" > "$tmp/pa.log" 2>&1
+check "1-rank run with checkpoints at steps 3 and 6 (exit $?)" $?
+# params_close A B: every tensor of checkpoint A within 1e-5 of B's (L2, relative to B's
+# norm) and their balancing bias (model_state.bin) within 1e-12
+params_close() {
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import json, os, struct, sys
+import numpy as np
+def load(ck):
+    man = json.load(open(os.path.join(ck, "manifest.json")))
+    out, files = {}, {}
+    for name, t in man["tensors"].items():
+        if name.endswith(".exp_avg") or name.endswith(".exp_avg_sq"):
+            continue
+        a = np.zeros(t["shape"], dtype=np.float32)
+        for p in t["pieces"]:
+            if p["file"] not in files:
+                raw = open(os.path.join(ck, p["file"]), "rb").read()
+                n = struct.unpack("<Q", raw[:8])[0]
+                files[p["file"]] = (json.loads(raw[8:8 + n]), raw, 8 + n)
+            head, raw, base = files[p["file"]]
+            lo, hi = head[name]["data_offsets"]
+            v = np.frombuffer(raw[base + lo:base + hi], dtype=np.float32).reshape(head[name]["shape"])
+            r0, r1 = p["rows"]
+            a[r0:r1] = v
+        out[name] = a
+    bias = np.fromfile(os.path.join(ck, "model_state.bin"), dtype=np.float64)
+    return out, bias
+(a, ba), (b, bb) = load(sys.argv[1]), load(sys.argv[2])
+worst = max(float(np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(b[k]), 1e-30)) for k in b)
+bd = float(np.abs(ba - bb).max()) if ba.shape == bb.shape else 1.0
+ok = set(a) == set(b) and worst <= 1e-5 and bd <= 1e-12 and np.abs(bb).max() > 0
+print(f"{worst:.2e} (bias {bd:.1e})")
+sys.exit(0 if ok else 1)
+PY
+}
+metric "$tmp/pa/metrics.jsonl" 1 6 loss grad_norm moe_load_max_mean "moe_load_max_mean/layer.1" \
+  "moe_load_max_mean/layer.3" moe_bias_absmax > "$tmp/pa.l"
+for run in "2 GPipe" "2 1F1B" "2 Interleaved1F1B one" "2 ZBH1" "4 1F1B ep" \
+           "4 Interleaved1F1B one ep"; do
+  set -- $run
+  n=$1 sch=$2
+  extra=()
+  case "$run" in *one*) extra+=("${ONE[@]}") ;; esac
+  case "$run" in *ep) extra+=("${EP2[@]}") ;; esac
+  d="$tmp/pp$n$sch"
+  "$LAUNCH" "$n" "$CTITAN" train "$CFG" "${COMMON[@]}" "${CK6[@]}" "${PP[@]}" \
+    --parallelism.pipeline_parallel_schedule="$sch" "${extra[@]}" --job.dump_folder="$d" \
+    > "$d.log" 2>&1
+  check "$n ranks, pp=2 $sch ${extra[*]} train (exit $?)" $?
+  metric "$d/metrics.jsonl" 1 6 loss grad_norm moe_load_max_mean "moe_load_max_mean/layer.1" \
+    "moe_load_max_mean/layer.3" moe_bias_absmax > "$d.l"
+  close "$d.l" "$tmp/pa.l"; check "pp=2 $sch on $n ranks: losses, grad norms, loads (both stages' layers) and bias equal 1 rank's within 1e-5" $?
+  why=$(params_close "$d/checkpoint/step-00000006" "$tmp/pa/checkpoint/step-00000006")
+  check "pp=2 $sch on $n ranks: step-6 parameters and bias equal 1 rank's (worst tensor $why)" $?
+done
+# resume across pp layouts with the bias on (coefficient 0.02, as tests/compose.py)
+CKB=(--model.moe_load_balance_coeff=0.02 "${CK6[@]}")
+"$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" "${CKB[@]}" "${PP[@]}" \
+  --parallelism.pipeline_parallel_schedule=1F1B --job.dump_folder="$tmp/cp2" > "$tmp/cp2.log" 2>&1
+check "pp=2 run with checkpoints, bias coefficient 0.02 (exit $?)" $?
+metric "$tmp/cp2/metrics.jsonl" 4 6 loss grad_norm moe_bias_absmax > "$tmp/cp2.l"
+metric "$tmp/c1/metrics.jsonl" 4 6 loss grad_norm moe_bias_absmax > "$tmp/c1b.l"
+close "$tmp/cp2.l" "$tmp/c1b.l"; check "pp=2 with coefficient 0.02: steps 4-6 equal 1 rank's" $?
+for r in "cp2 1 --" "c1 4 ep"; do
+  set -- $r
+  d="$tmp/rp$1"
+  lay=()
+  [ "$3" = ep ] && lay=("${PP[@]}" "${EP2[@]}")
+  mkdir -p "$d/checkpoint" && cp -r "$tmp/$1/checkpoint/step-00000003" "$d/checkpoint/"
+  "$LAUNCH" "$2" "$CTITAN" train "$CFG" "${COMMON[@]}" "${CKB[@]}" --checkpoint.interval=100 \
+    "${lay[@]}" --job.dump_folder="$d" > "$d.log" 2>&1 && grep -q "loaded step 3 " "$d.log"
+  check "checkpoint of $1 resumed on $2 ranks ${lay[*]} (exit 0, loaded step 3)" $?
+  metric "$d/metrics.jsonl" 4 6 loss grad_norm moe_bias_absmax > "$d.l"
+  close "$d.l" "$tmp/c1b.l"; check "resumed steps 4-6 (losses, grad norms, bias) within 1e-5 of the uninterrupted run" $?
+done
+
 # 3. the balance plot
 "$CTITAN" plot "$tmp/a" --out "$tmp/plots" > "$tmp/plot.log" 2>&1 &&
   head -c 4 "$tmp/plots/balance.png" | grep -q PNG
@@ -162,7 +253,7 @@ for bad in --model.converters=float8 --model.flavor=debugmodel --model.moe_top_k
   rc=$?
   [ $rc -eq 2 ]; check "$bad refused (exit $rc: $(grep -m1 error "$tmp/f.log" | cut -c1-110))" $?
 done
-for bad in --parallelism.tensor_parallel_degree=2 --parallelism.pipeline_parallel_degree=2; do
+for bad in --parallelism.tensor_parallel_degree=2; do
   "$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" "$bad" --job.dump_folder="$tmp/f" \
     > "$tmp/f.log" 2>&1
   rc=$?

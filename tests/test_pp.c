@@ -18,6 +18,15 @@
  *    within 1e-5 relative (the same fp32 forward, only the sum order of the loss differs),
  *    on every rank; and a run with validation trains bitwise as the same run without it
  *    (losses, gradient norms, parameters), with no slot or activation byte more.
+ * --moe: a small deepseek_v3 mixture of experts (6 blocks, 5 of them MoE: 16 experts top-1,
+ * the balancing bias at 1e-2 and the sequence-wise auxiliary loss on) instead, on 2 ranks
+ * pp=2 with GPipe, 1F1B, Interleaved1F1B and ZB-H1, on 4 ranks pp=2 x dp_shard=2 (1F1B) and
+ * pp=2 x dp_shard=2 with expert parallelism ep=2 (1F1B, Interleaved1F1B): each equals the
+ * one-rank run on losses, gradient norms, validation and parameters within 1e-5, and on
+ * the balancing bias after 5 steps within 1e-12 (each stage counts its own layers' tokens
+ * over the step's micro-batches; the sum over the stages and data-parallel ranks updates
+ * the whole model's bias, held by the state model, as one rank's step); a stage's slot
+ * holds under 3/4 of a whole-model instance's activations (its units only).
  * Every rank computes the one-rank reference itself; every rank's verdict counts. */
 #include <math.h>
 #include <stdlib.h>
@@ -29,6 +38,7 @@
 #include "comm/comm.h"
 #include "data/synthetic.h"
 #include "model/model.h"
+#include "model/moe/moe.h"
 #include "parallel/pp.h"
 #include "parallel/tp.h"
 #include "testutil.h"
@@ -40,10 +50,33 @@
 #define NMICRO 4
 
 static uint64_t seed;
+static bool moe;       /* --moe: the mixture of experts instead of Llama */
+static int ep_deg = 1; /* the next pipeline run's expert parallelism (moe only) */
+
+#define MAX_BIAS 128
 
 static void config(struct model_config *mc)
 {
 	memset(mc, 0, sizeof(*mc));
+	if (moe) {
+		struct moe_config *c = moe_cfg_init(mc);
+		CHECK(moe_config_preset(c, "deepseek_v3-debug") == CT_OK, "moe preset");
+		c->vocab_size = 509;
+		c->dim = 64;
+		c->n_layers = 6; /* as Llama's: 6 + 2 splits into 2 and 4 stages */
+		c->n_heads = 4;
+		c->n_kv_heads = 2;
+		c->inter_dim = 96;
+		c->moe_inter_dim = 33;
+		/* 16 experts, top-1: a micro-batch's or a stage's counts alone would move the
+		 * bias otherwise than the whole step's */
+		c->n_routed_experts = 16;
+		c->top_k = 1;
+		c->load_balance_coeff = 1e-2;
+		c->aux_loss_alpha = 0.01;
+		CHECK(moe_config_finish(c) == CT_OK, "moe config");
+		return;
+	}
 	struct llama_config *lc = llama_cfg_init(mc);
 	llama_config_preset(lc, "debugmodel");
 	lc->n_layers = 6; /* 6 + 2 splits into 2, 4 and 8 stages */
@@ -63,7 +96,17 @@ struct run {
 	 * pp_build, one slot of virtual stage 0, its slots, and its stage's blocks */
 	int64_t act_peak, slot_bytes;
 	int n_slots, blocks;
+	double bias[MAX_BIAS]; /* --moe: the balancing bias after the run */
 };
+
+static void save_state(const struct model *m, struct run *out)
+{
+	int64_t n = model_state(m, NULL);
+	CHECK(n <= MAX_BIAS, "state of %lld", (long long)n);
+	memset(out->bias, 0, sizeof(out->bias));
+	if (n > 0)
+		model_state(m, out->bias);
+}
 
 static void batch(int64_t step, int64_t micro_total, int32_t *tok, int32_t *tgt, int64_t vocab)
 {
@@ -91,13 +134,13 @@ static void reference(int dp, struct run *out)
 	int64_t acc = (int64_t)dp * NMICRO, n = acc * MROWS * SEQ;
 	int32_t *tok = malloc((size_t)n * 4), *tgt = malloc((size_t)n * 4);
 	for (int s = 0; s < STEPS; s++) {
-		batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
+		batch(s, acc, tok, tgt, model_config_vocab(&mc));
 		struct train_step_result res;
 		train_step(&m, &opt, tok, tgt, acc, 1e-3, 0.5, &res);
 		out->loss[s] = res.loss;
 		out->norm[s] = res.grad_norm;
 		/* the validation loss: the one-rank forward of every validation micro-batch */
-		val_batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
+		val_batch(s, acc, tok, tgt, model_config_vocab(&mc));
 		double sum = 0;
 		int64_t valid = 0;
 		model_set_loss_dscale(&m, 0);
@@ -112,6 +155,7 @@ static void reference(int dp, struct run *out)
 	}
 	out->params = malloc((size_t)m.table->numel * sizeof(float));
 	memcpy(out->params, m.params, (size_t)m.table->numel * sizeof(float));
+	save_state(&m, out);
 	free(tok), free(tgt);
 	adamw_free(&opt);
 	model_free(&m);
@@ -123,8 +167,16 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 {
 	struct mesh mesh;
 	CHECK(mesh_build(&mesh, pp_deg, rep, shard, tp) == CT_OK, "mesh");
+	CHECK(mesh_build_ep(&mesh, ep_deg) == CT_OK, "mesh ep");
 	struct model_config mc;
 	config(&mc);
+	/* the family's state (MoE's bias) lives in a descriptive model, as the trainer's */
+	struct tp_coll ep_coll;
+	if (ep_deg > 1)
+		tp_coll_init(&ep_coll, &mesh.ep_group, 0.0, 0.0, 60.0);
+	struct model sm;
+	const struct model_build_opts so = {.unit_hi = 1, .ep = ep_deg > 1 ? &ep_coll.ops : NULL};
+	CHECK(model_build(&sm, &mc, MROWS, SEQ, &so) == CT_OK, "state model");
 	struct pp_opts o = {.style = style,
 	                    .csv = csv,
 	                    .first_less = 1,
@@ -132,12 +184,14 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 	                    .micro_rows = MROWS,
 	                    .T = SEQ,
 	                    .n_micro = NMICRO,
-	                    .timeout_s = 60};
+	                    .timeout_s = 60,
+	                    .state_model = &sm};
 	struct pp pp;
 	mem_reset_peaks();
 	int64_t act0 = mem_current(MEM_ACTIVATIONS);
 	if (pp_build(&pp, &mc, &mesh, &o) != CT_OK) {
 		pp_free(&pp);
+		model_free(&sm);
 		mesh_free(&mesh);
 		return false;
 	}
@@ -151,7 +205,7 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 	int32_t *tok = malloc((size_t)(acc * N) * 4), *tgt = malloc((size_t)(acc * N) * 4);
 	int32_t *mt = malloc((size_t)(NMICRO * N) * 4), *mg = malloc((size_t)(NMICRO * N) * 4);
 	for (int s = 0; s < STEPS; s++) {
-		batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
+		batch(s, acc, tok, tgt, model_config_vocab(&mc));
 		for (int a = 0; a < NMICRO; a++) { /* the trainer's row layout: a * dp + d */
 			memcpy(mt + a * N, tok + (a * dp + d) * N, (size_t)N * 4);
 			memcpy(mg + a * N, tgt + (a * dp + d) * N, (size_t)N * 4);
@@ -162,7 +216,7 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 		out->norm[s] = res.grad_norm;
 		if (!out->with_eval)
 			continue;
-		val_batch(s, acc, tok, tgt, llama_cfg(&mc)->vocab_size);
+		val_batch(s, acc, tok, tgt, model_config_vocab(&mc));
 		for (int a = 0; a < NMICRO; a++) {
 			memcpy(mt + a * N, tok + (a * dp + d) * N, (size_t)N * 4);
 			memcpy(mg + a * N, tgt + (a * dp + d) * N, (size_t)N * 4);
@@ -177,12 +231,15 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 		out->n_slots += pp.vstages[c].n_slots;
 	out->blocks = 0;
 	for (int u = pp.vstages[0].u0; u < pp.vstages[0].u1; u++)
-		out->blocks += u >= 1 && u <= llama_cfg(&mc)->n_layers;
+		out->blocks += u >= 1 && u <= model_config_n_layers(&mc);
 	*predicted = pp.sim.peak_inflight[pp.r];
-	float *local = malloc((size_t)pp.table.numel * sizeof(float));
-	pp_gather_full(&pp, local);
+	save_state(&sm, out);
 	struct param_table global;
 	model_table_build(&global, &mc);
+	/* (under ep pp_gather_full writes the global layout) */
+	int64_t nl = pp.table.numel > global.numel ? pp.table.numel : global.numel;
+	float *local = malloc((size_t)nl * sizeof(float));
+	pp_gather_full(&pp, local);
 	out->params = malloc((size_t)global.numel * sizeof(float));
 	if (tp > 1) /* the TP pieces into the one-rank layout */
 		tp_gather_global(&mesh.tp_group, &pp.table, local, &global, out->params);
@@ -193,6 +250,7 @@ static bool pipeline_tp(int pp_deg, int rep, int shard, int tp, enum pp_style st
 	free(tok), free(tgt), free(mt), free(mg);
 	adamw_free(&opt);
 	pp_free(&pp);
+	model_free(&sm);
 	mesh_free(&mesh);
 	return true;
 }
@@ -227,10 +285,14 @@ static void compare(const char *what, const struct run *a, const struct run *b, 
 		worst = fmax(worst, rel(a->norm[s], b->norm[s]));
 	}
 	double perr = rel_err_f32(a->params, b->params, n_params());
-	EXPECT(worst <= tol && perr <= tol, "%s: loss/norm rel err %.3g, params %.3g (tol %g)",
-	       what, worst, perr, tol);
+	double berr = 0; /* the balancing bias (moe): sums of +-coefficient steps */
+	for (int i = 0; i < MAX_BIAS; i++)
+		berr = fmax(berr, fabs(a->bias[i] - b->bias[i]));
+	EXPECT(worst <= tol && perr <= tol && berr <= 1e-12,
+	       "%s rank %d: loss/norm rel err %.3g, params %.3g (tol %g), bias %.3g (tol 1e-12)",
+	       what, comm_world_rank(), worst, perr, tol, berr);
 	if (comm_world_rank() == 0)
-		printf("  %-40s loss/norm %.2e  params %.2e\n", what, worst, perr);
+		printf("  %-40s loss/norm %.2e  params %.2e  bias %.2e\n", what, worst, perr, berr);
 }
 
 /* Validation of a run against the one-rank reference's (tol relative, every rank's value). */
@@ -433,9 +495,76 @@ TEST_CASE(csv_and_refusals)
 	mesh_free(&mesh);
 }
 
+/* --moe: the mixture of experts under every schedule on 2 ranks; with FSDP and with expert
+ * parallelism inside it on 4 (each with validation) */
+TEST_CASE(moe_stages)
+{
+	int W = comm_world_size();
+	struct run ref;
+	int peak = 0, pred = 0;
+	char what[96];
+	if (W == 2) {
+		static const enum pp_style styles[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED_1F1B,
+		                                       PP_ZB_H1};
+		reference(1, &ref);
+		EXPECT(ref.bias[0] != 0 || ref.bias[1] != 0, "the bias did not move");
+		/* a whole-model instance's activations, against which a stage's slot is smaller */
+		struct model_config mc;
+		config(&mc);
+		int64_t before = mem_current(MEM_ACTIVATIONS);
+		struct model m;
+		const struct model_build_opts mo = {.own_params = false};
+		CHECK(model_build(&m, &mc, MROWS, SEQ, &mo) == CT_OK, "model");
+		int64_t full = mem_current(MEM_ACTIVATIONS) - before;
+		model_free(&m);
+		for (int i = 0; i < 4; i++) {
+			struct run r = {.with_eval = true};
+			snprintf(what, sizeof(what), "moe pp=2 %s", pp_style_name(styles[i]));
+			EXPECT(pipeline(2, 1, 1, styles[i], NULL, &r, &peak, &pred), "%s refused",
+			       what);
+			compare(what, &r, &ref, 1e-5);
+			compare_eval(what, &r, &ref, 1e-5);
+			/* a stage of 3 of the 6 blocks (or 1-2 interleaved) plans only its units */
+			EXPECT(r.slot_bytes < full * 3 / 4,
+			       "%s rank %d: a slot of %d blocks holds %lld activation bytes, the whole "
+			       "model %lld",
+			       what, comm_world_rank(), r.blocks, (long long)r.slot_bytes,
+			       (long long)full);
+			if (comm_world_rank() == 0)
+				printf("  %-40s rank 0: a slot %lld B of the whole model's %lld B\n",
+				       what, (long long)r.slot_bytes, (long long)full);
+			free(r.params);
+		}
+		free(ref.params);
+		return;
+	}
+	if (W != 4)
+		return;
+	reference(2, &ref);
+	EXPECT(ref.bias[0] != 0 || ref.bias[1] != 0, "the bias did not move");
+	static const struct {
+		int ep;
+		enum pp_style style;
+	} runs[] = {{1, PP_1F1B}, {2, PP_1F1B}, {2, PP_INTERLEAVED_1F1B}};
+	for (size_t i = 0; i < sizeof(runs) / sizeof(runs[0]); i++) {
+		struct run r = {.with_eval = true};
+		ep_deg = runs[i].ep;
+		snprintf(what, sizeof(what), "moe pp=2 x dp_shard=2 x ep=%d %s", ep_deg,
+		         pp_style_name(runs[i].style));
+		EXPECT(pipeline(2, 1, 2, runs[i].style, NULL, &r, &peak, &pred), "%s refused", what);
+		compare(what, &r, &ref, 1e-5);
+		compare_eval(what, &r, &ref, 1e-5);
+		free(r.params);
+	}
+	ep_deg = 1;
+	free(ref.params);
+}
+
 int main(int argc, char **argv)
 {
 	comm_init(&argc, &argv);
+	for (int i = 1; i < argc; i++)
+		moe |= strcmp(argv[i], "--moe") == 0;
 	seed = test_seed();
 	int64_t s = comm_world_rank() == 0 ? (int64_t)(seed & 0x7fffffffffffull) : 0;
 	struct mesh mesh;
@@ -446,9 +575,13 @@ int main(int argc, char **argv)
 		printf("seed used: %llu (CT_TEST_SEED=%llu reproduces it on rank 0)\n",
 		       (unsigned long long)seed, (unsigned long long)seed);
 	mesh_free(&mesh);
-	RUN(equivalence);
-	RUN(with_data_parallel);
-	RUN(csv_and_refusals);
+	if (moe) {
+		RUN(moe_stages);
+	} else {
+		RUN(equivalence);
+		RUN(with_data_parallel);
+		RUN(csv_and_refusals);
+	}
 	int fails = test_summary();
 	int64_t any = fails != 0;
 	mesh_build(&mesh, 1, 1, -1, 1);

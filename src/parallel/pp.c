@@ -103,6 +103,11 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		tp_coll_init(&pp->tp, &mesh->tp_group, 0.0, 0.0, 0.0);
 	if (mesh->cp > 1)
 		tp_coll_init(&pp->cp, &mesh->cp_group, 0.0, 0.0, o->timeout_s);
+	pp->use_ep = mesh->ep > 1;
+	if (pp->use_ep)
+		tp_coll_init(&pp->ep, &mesh->ep_group, 0.0, 0.0, o->timeout_s);
+	pp->gg[0] = &mesh->shard_group;
+	pp->gg[1] = pp->use_ep ? &mesh->efsdp_group : &mesh->shard_group;
 	if (!model_family_of(mc->kind)->pp) {
 		LOG_ERROR("parallelism.pipeline_parallel_degree > 1 with model.name = \"%s\": not "
 		          "supported (the family has no pipeline stages)",
@@ -146,12 +151,14 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		return CT_ERR_USAGE;
 	}
 	/* tensor parallelism: every stage holds this TP rank's slice of its units (the TP
-	 * table), and its boundary activations are the rank's sequence shard */
-	rc = model_table_build_tp(&pp->table, mc, mesh->tp, mesh->tp_rank);
+	 * table), and its boundary activations are the rank's sequence shard; expert
+	 * parallelism: this ep rank's experts */
+	rc = pp->use_ep ? model_table_build_ep(&pp->table, mc, mesh->ep, mesh->ep_rank)
+	                : model_table_build_tp(&pp->table, mc, mesh->tp, mesh->tp_rank);
 	if (rc)
 		return rc;
 	const struct param_table *t = &pp->table;
-	int64_t D = mesh->shard, dr = mesh->shard_rank;
+	int64_t D = mesh->shard;
 	pp->vstages = xcalloc((size_t)pp->v, sizeof(*pp->vstages));
 	pp->t = xcalloc((size_t)t->count, sizeof(*pp->t));
 	for (int i = 0; i < t->count; i++)
@@ -163,21 +170,29 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 		ch->u1 = pp->stage_u0[ch->stage + 1];
 		ch->full_off = pp->full_numel;
 		ch->shard_off = pp->shard_numel;
-		for (int i = 0; i < t->count; i++) {
-			const struct param_entry *lp = &t->p[i];
-			if (lp->unit < ch->u0 || lp->unit >= ch->u1)
-				continue;
-			struct pp_tensor *pt = &pp->t[i];
-			pt->vstage = c;
-			pt->rows = lp->shape[0];
-			pt->cols = lp->numel / lp->shape[0];
-			pt->chunk_rows = (pt->rows + D - 1) / D;
-			int64_t mine = pt->rows - dr * pt->chunk_rows;
-			pt->my_rows = mine < 0 ? 0 : (mine > pt->chunk_rows ? pt->chunk_rows : mine);
-			pt->full_off = ch->full_off + lp->offset - t->unit_begin[ch->u0];
-			pt->shard_off = pp->shard_numel;
-			pt->decay = lp->weight_decay;
-			pp->shard_numel += pt->chunk_rows * pt->cols;
+		for (int g = 0; g < 2; g++) { /* the dense tensors' shards, then the experts' */
+			int64_t Dg = pp->gg[g]->size, rg = pp->gg[g]->rank;
+			ch->gshard_off[g] = pp->shard_numel;
+			for (int i = 0; i < t->count; i++) {
+				const struct param_entry *lp = &t->p[i];
+				if (lp->unit < ch->u0 || lp->unit >= ch->u1 ||
+				    (pp->use_ep && lp->expert) != (g == 1))
+					continue;
+				struct pp_tensor *pt = &pp->t[i];
+				pt->vstage = c;
+				pt->grp = g;
+				pt->rows = lp->shape[0];
+				pt->cols = lp->numel / lp->shape[0];
+				pt->chunk_rows = (pt->rows + Dg - 1) / Dg;
+				int64_t mine = pt->rows - rg * pt->chunk_rows;
+				pt->my_rows =
+				    mine < 0 ? 0 : (mine > pt->chunk_rows ? pt->chunk_rows : mine);
+				pt->full_off = ch->full_off + lp->offset - t->unit_begin[ch->u0];
+				pt->shard_off = pp->shard_numel;
+				pt->decay = lp->weight_decay;
+				pp->shard_numel += pt->chunk_rows * pt->cols;
+			}
+			ch->gshard_numel[g] = pp->shard_numel - ch->gshard_off[g];
 		}
 		ch->full_numel = t->unit_begin[ch->u1] - t->unit_begin[ch->u0];
 		ch->shard_numel = pp->shard_numel - ch->shard_off;
@@ -198,6 +213,13 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	pp->shard_w = mem_alloc(MEM_PARAMS, (size_t)pp->shard_numel * sizeof(float));
 	pp->shard_g = mem_alloc(MEM_GRADS, (size_t)pp->shard_numel * sizeof(float));
 	pp->comm_buf = mem_alloc(MEM_COMM, (size_t)pp->comm_numel * sizeof(float));
+	if (o->state_model) { /* the family's step statistics and state (MoE's bias) */
+		pp->n_stats = model_step_stats(o->state_model, NULL);
+		pp->n_state = model_state(o->state_model, NULL);
+		pp->stats = xcalloc((size_t)(2 * pp->n_stats + 1), sizeof(double));
+		pp->stats_slot = pp->stats + pp->n_stats;
+		pp->state = xcalloc((size_t)(pp->n_state + 1), sizeof(double));
+	}
 	pp->tied = model_family_of(mc->kind)->tied_head && pp->p > 1;
 	if (pp->tied) {
 		CHECK(mesh->tp == 1, "pp: a tied head under tensor parallelism");
@@ -259,17 +281,18 @@ void pp_free(struct pp *pp)
 	sched_free(&pp->step);
 	sched_free(&pp->eval_step);
 	free(pp->stage_u0), free(pp->vstages), free(pp->t), free(pp->rec);
+	free(pp->stats), free(pp->state);
 	memset(pp, 0, sizeof(*pp));
 }
 
 void pp_init_params(struct pp *pp, uint64_t seed)
 {
 	const struct param_table *t = &pp->table;
-	int64_t dr = pp->mesh->shard_rank;
 	for (int i = 0; i < t->count; i++) {
 		const struct pp_tensor *pt = &pp->t[i];
 		if (pt->vstage < 0)
 			continue;
+		int64_t dr = pp->gg[pt->grp]->rank;
 		float *dst = pp->shard_w + pt->shard_off;
 		memset(dst, 0, (size_t)(pt->chunk_rows * pt->cols) * sizeof(float));
 		model_init_params_cfg(&pp->cfg, t, seed, dst,
@@ -286,7 +309,7 @@ bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, in
 	*at = 0;
 	if (pt->vstage < 0)
 		return false;
-	*row0 = pp->mesh->shard_rank * pt->chunk_rows;
+	*row0 = pp->gg[pt->grp]->rank * pt->chunk_rows;
 	*nrows = pt->my_rows;
 	*at = pt->shard_off;
 	return true;
@@ -304,21 +327,27 @@ static int64_t rows_of(const struct pp_tensor *pt, int64_t q)
 	for (int i = 0; i < (pp)->table.count; i++)                                                \
 		if ((pp)->t[i].vstage == (c))
 
-/* All-gather virtual stage c's shards over dp_shard into the full parameter buffer. */
+/* All-gather virtual stage c's shards over dp_shard (under ep: the experts' over efsdp) into
+ * the full parameter buffer. */
 static void gather_vstage(struct pp *pp, int c, float *full)
 {
 	const struct pp_vstage *ch = &pp->vstages[c];
-	int64_t D = pp->mesh->shard, S = ch->shard_numel;
 	float *recv = pp->comm_buf;
-	comm_all_gather(&pp->mesh->shard_group, pp->shard_w + ch->shard_off, recv,
-	                S * (int64_t)sizeof(float));
-	FOR_CHUNK_TENSORS(pp, c, i)
-	{
-		const struct pp_tensor *pt = &pp->t[i];
-		for (int64_t q = 0; q < D; q++)
-			memcpy(full + pt->full_off - ch->full_off + q * pt->chunk_rows * pt->cols,
-			       recv + q * S + pt->shard_off - ch->shard_off,
-			       (size_t)(rows_of(pt, q) * pt->cols) * sizeof(float));
+	for (int g = 0; g < (pp->use_ep ? 2 : 1); g++) {
+		int64_t D = pp->gg[g]->size, S = ch->gshard_numel[g];
+		comm_all_gather(pp->gg[g], pp->shard_w + ch->gshard_off[g], recv,
+		                S * (int64_t)sizeof(float));
+		FOR_CHUNK_TENSORS(pp, c, i)
+		{
+			const struct pp_tensor *pt = &pp->t[i];
+			if (pt->grp != g)
+				continue;
+			for (int64_t q = 0; q < D; q++)
+				memcpy(full + pt->full_off - ch->full_off +
+				           q * pt->chunk_rows * pt->cols,
+				       recv + q * S + pt->shard_off - ch->gshard_off[g],
+				       (size_t)(rows_of(pt, q) * pt->cols) * sizeof(float));
+		}
 	}
 }
 
@@ -341,27 +370,34 @@ static void round_vstage_bf16(struct pp *pp, int c, float *full)
 	}
 }
 
-/* Reduce-scatter virtual stage c's full gradients into its shard gradients (+ HSDP all-reduce). */
+/* Reduce-scatter virtual stage c's full gradients into its shard gradients (+ HSDP
+ * all-reduce). Under ep an expert's gradient already holds every ep rank's tokens routed to
+ * it: summed over efsdp (and the replicas), never divided (parallel/fsdp.h). */
 static void reduce_vstage(struct pp *pp, int c)
 {
 	const struct pp_vstage *ch = &pp->vstages[c];
-	int64_t D = pp->mesh->shard, S = ch->shard_numel;
-	float *send = pp->comm_buf, *scratch = pp->comm_buf + D * S;
-	for (int64_t q = 0; q < D; q++)
-		FOR_CHUNK_TENSORS(pp, c, i)
-		{
-			const struct pp_tensor *pt = &pp->t[i];
-			int64_t rows = rows_of(pt, q);
-			float *dst = send + q * S + pt->shard_off - ch->shard_off;
-			memcpy(dst, pp->full_g + pt->full_off + q * pt->chunk_rows * pt->cols,
-			       (size_t)(rows * pt->cols) * sizeof(float));
-			memset(dst + rows * pt->cols, 0,
-			       (size_t)((pt->chunk_rows - rows) * pt->cols) * sizeof(float));
-		}
-	float *out = pp->shard_g + ch->shard_off;
-	comm_reduce_scatter_f32(&pp->mesh->shard_group, send, out, S, scratch);
+	for (int g = 0; g < (pp->use_ep ? 2 : 1); g++) {
+		int64_t D = pp->gg[g]->size, S = ch->gshard_numel[g];
+		float *send = pp->comm_buf, *scratch = pp->comm_buf + D * S;
+		for (int64_t q = 0; q < D; q++)
+			FOR_CHUNK_TENSORS(pp, c, i)
+			{
+				const struct pp_tensor *pt = &pp->t[i];
+				if (pt->grp != g)
+					continue;
+				int64_t rows = rows_of(pt, q);
+				float *dst = send + q * S + pt->shard_off - ch->gshard_off[g];
+				memcpy(dst, pp->full_g + pt->full_off + q * pt->chunk_rows * pt->cols,
+				       (size_t)(rows * pt->cols) * sizeof(float));
+				memset(dst + rows * pt->cols, 0,
+				       (size_t)((pt->chunk_rows - rows) * pt->cols) * sizeof(float));
+			}
+		comm_reduce_scatter_f32(pp->gg[g], send, pp->shard_g + ch->gshard_off[g], S,
+		                        scratch);
+	}
 	if (pp->mesh->dp_replicate > 1)
-		comm_all_reduce_f32(&pp->mesh->dp_replicate_group, out, S);
+		comm_all_reduce_f32(&pp->mesh->dp_replicate_group, pp->shard_g + ch->shard_off,
+		                    ch->shard_numel);
 }
 
 void pp_gather_full(struct pp *pp, float *out)
@@ -375,8 +411,24 @@ void pp_gather_full(struct pp *pp, float *out)
 		       (size_t)ch->full_numel * sizeof(float));
 	}
 	/* every element is owned by exactly one pipeline rank: a sum over pp assembles it */
-	memcpy(out, mine, (size_t)t->numel * sizeof(float));
-	comm_all_reduce_f32(&pp->mesh->pp_group, out, t->numel);
+	comm_all_reduce_f32(&pp->mesh->pp_group, mine, t->numel);
+	if (!pp->use_ep) {
+		memcpy(out, mine, (size_t)t->numel * sizeof(float));
+		free(mine);
+		return;
+	}
+	int64_t at = 0; /* the global layout: the table's order, expert tensors whole */
+	for (int i = 0; i < t->count; i++) {
+		const struct param_entry *e = &t->p[i];
+		if (e->expert) {
+			comm_all_gather(&pp->mesh->ep_group, mine + e->offset, out + at,
+			                e->numel * (int64_t)sizeof(float));
+			at += e->numel * pp->mesh->ep;
+		} else {
+			memcpy(out + at, mine + e->offset, (size_t)e->numel * sizeof(float));
+			at += e->numel;
+		}
+	}
 	free(mine);
 }
 
@@ -387,6 +439,18 @@ static void slot_wait_sends(struct pp *pp, int c, struct pp_slot *s);
 static int t_units(const struct pp *pp)
 {
 	return pp->table.n_units;
+}
+
+/* (a slot built later takes pp->state when it is built) */
+void pp_pull_state(struct pp *pp)
+{
+	if (pp->n_state <= 0)
+		return;
+	CHECK(model_state(pp->o.state_model, pp->state) == pp->n_state,
+	      "pp: the model's state changed size");
+	for (int c = 0; c < pp->v; c++)
+		for (int k = 0; k < pp->vstages[c].n_slots; k++)
+			model_set_state(&pp->vstages[c].slots[k].m, pp->state, pp->n_state);
 }
 
 static struct pp_slot *slot_get(struct pp *pp, int c, int m)
@@ -413,10 +477,13 @@ static struct pp_slot *slot_get(struct pp *pp, int c, int m)
 		    .split_backward = pp->split,
 		    .cp = pp->mesh->cp > 1 ? &pp->cp.ops : NULL,
 		    .cp_order = pp->o.cp_order,
-		    .cp_ring = pp->o.cp_ring};
+		    .cp_ring = pp->o.cp_ring,
+		    .ep = pp->use_ep ? &pp->ep.ops : NULL};
 		int64_t before = mem_current(MEM_ACTIVATIONS);
 		CHECK(model_build(&s->m, &pp->cfg, pp->o.micro_rows, pp->o.T, &mo) == CT_OK,
 		      "pp: cannot build a stage model");
+		if (pp->n_state > 0)
+			model_set_state(&s->m, pp->state, pp->n_state);
 		ch->slot_bytes = mem_current(MEM_ACTIVATIONS) - before;
 		ch->n_slots++;
 		if (pp->tied && ch->u1 == t_units(pp)) /* the head reads the sent embedding */
@@ -849,6 +916,22 @@ static int be_optim(void *ctx)
 		                   pt->shard_off, pt->my_rows * pt->cols, pp->in.lr, pt->decay,
 		                   pp->gscale);
 	}
+	if (pp->n_stats) { /* the family's statistics of the whole step, then its update */
+		int64_t n = pp->n_stats;
+		memset(pp->stats, 0, (size_t)n * sizeof(double));
+		for (int c = 0; c < pp->v; c++) /* every micro-batch this rank's stages ran */
+			for (int k = 0; k < pp->vstages[c].n_slots; k++) {
+				CHECK(model_step_stats(&pp->vstages[c].slots[k].m, pp->stats_slot) == n,
+				      "pp: the model's step statistics changed size");
+				for (int64_t j = 0; j < n; j++)
+					pp->stats[j] += pp->stats_slot[j];
+			}
+		comm_label("per-step model statistics");
+		comm_all_reduce_f64(&pp->mesh->loss_group, pp->stats, n);
+		comm_label("per-step model statistics over the stages");
+		comm_all_reduce_f64(&pp->mesh->pp_group, pp->stats, n);
+		model_after_step(pp->o.state_model, pp->stats);
+	}
 	return CT_OK;
 }
 
@@ -869,6 +952,7 @@ static int pp_begin(void *ctx, const struct engine_step_in *in, const struct sch
 	pp->inflight = pp->peak_inflight = 0;
 	pp->link_free = 0;
 	memset(pp->full_g, 0, (size_t)pp->full_numel * sizeof(float));
+	pp_pull_state(pp);
 	if (pp->tied) {
 		if (pp->tied_send_open) { /* the last step's gradient to stage 0 */
 			comm_p2p_wait(&pp->tied_send, pp->o.timeout_s,
@@ -898,80 +982,4 @@ void pp_engine(struct pp *pp, struct engine *e)
 	                            .pp_transfer = be_pp_transfer,
 	                            .pp_wait = be_pp_wait,
 	                            .progress = progress}};
-}
-
-/* ---------------------------------------------------------------- evaluation */
-
-double pp_eval_loss(struct pp *pp, const int32_t *tokens, const int32_t *targets, double *sum,
-                    int64_t *valid)
-{
-	const struct mesh *mesh = pp->mesh;
-	/* the step's per-step state, restored after: a later step's begin sets it anew, but
-	 * its metrics may still be read between */
-	double loss_sum = pp->loss_sum, dscale = pp->dscale;
-	int64_t step_valid = pp->valid;
-	const int32_t *tok = pp->tokens, *tgt = pp->targets;
-	pp->eval = true;
-	pp->tokens = tokens;
-	pp->targets = targets;
-	pp->dscale = 0; /* no loss gradient */
-	pp->loss_sum = 0;
-	pp->valid = 0;
-	struct engine e;
-	pp_engine(pp, &e);
-	CHECK(sched_exec_run(&pp->eval_step, &e.be, NULL, NULL) == CT_OK, "pp: evaluation");
-	/* the loss lives on the last stage, whole on each of its TP ranks: TP rank 0 counts */
-	bool counts = pp->vstages[pp->v - 1].stage == pp->S - 1 && mesh->tp_rank == 0;
-	double s[2] = {counts ? pp->loss_sum : 0.0, counts ? (double)pp->valid : 0.0};
-	comm_all_reduce_f64(&mesh->world_group, s, 2);
-	pp->eval = false;
-	pp->tokens = tok;
-	pp->targets = tgt;
-	pp->dscale = dscale;
-	pp->loss_sum = loss_sum;
-	pp->valid = step_valid;
-	if (sum)
-		*sum = s[0];
-	if (valid)
-		*valid = (int64_t)s[1];
-	return s[1] > 0 ? s[0] / s[1] : 0.0;
-}
-
-/* The span of the last step's pipeline: from its first action to its last send's wait. */
-static void pp_span(const struct pp *pp, double *t0, double *t1)
-{
-	*t0 = *t1 = 0;
-	bool first = true;
-	for (int i = 0; i < pp->step.n_nodes; i++) {
-		const struct sched_node *n = &pp->step.nodes[i];
-		bool pp_node = sched_kind_pp(n->kind) ||
-		               (n->kind == SCHED_WAIT && sched_kind_pp(n->wait_kind));
-		if (!pp_node)
-			continue;
-		if (first)
-			*t0 = pp->rec[i].t0;
-		first = false;
-		*t1 = pp->rec[i].t1;
-	}
-}
-
-double pp_measured_bubble(const struct pp *pp)
-{
-	double busy = 0, t0, t1;
-	pp_span(pp, &t0, &t1);
-	for (int i = 0; i < pp->step.n_nodes; i++)
-		if (sched_kind_pp_compute(pp->step.nodes[i].kind))
-			busy += pp->rec[i].t1 - pp->rec[i].t0;
-	return t1 > t0 ? 1.0 - busy / (t1 - t0) : 0.0;
-}
-
-double pp_wait_seconds(const struct pp *pp)
-{
-	double w = 0;
-	for (int i = 0; i < pp->step.n_nodes; i++) {
-		const struct sched_node *n = &pp->step.nodes[i];
-		if (n->kind == SCHED_WAIT && sched_kind_pp(n->wait_kind))
-			w += pp->rec[i].t1 - pp->rec[i].t0;
-	}
-	return w;
 }

@@ -58,6 +58,17 @@
  * so every rank holds the mean of all data-parallel ranks' rows; the training state (shards,
  * moments, the last step's record) is untouched.
  *
+ * Expert parallelism (mesh->ep > 1, MoE): the table is this ep rank's (its experts' rows of
+ * the expert tensors); every slot runs its MoE layers' token all-to-alls over the ep group,
+ * whose ranks are the same stage running the same action list, so they exchange the same
+ * micro-batch in the same order. Expert tensors are sharded over efsdp (dp_shard / ep), the
+ * rest over dp_shard, as under FSDP (parallel/fsdp.h): one gather and one reduce-scatter per
+ * shard group and virtual stage.
+ *
+ * Model state (pp_opts.state_model, MoE's balancing bias): the whole model's, the same on
+ * every rank; the stages' models count the tokens of their own layers, the sum over the
+ * step's micro-batches, data-parallel and pipeline ranks updates it after AdamW.
+ *
  * Refused (exit 2, saying why): split-backward schedules with async TP (its rings compute the
  * weight gradients inside the input-gradient matmuls), families without pipeline stages.
  */
@@ -98,6 +109,14 @@ struct pp_opts {
 	const int64_t *cp_order;
 	bool cp_ring;
 	bool cp_headtail; /* head-tail load balancing (the cost model's critical path) */
+	/* the model that holds the family's step state (model_ops.step_stats / after_step /
+	 * state: MoE's balancing bias and expert loads) for the whole model: the trainer's
+	 * descriptive model, whose state checkpoints save and load and metrics read. Each step
+	 * the stages' models take its state; after AdamW the tokens they counted, summed over
+	 * the step's micro-batches, the data-parallel ranks and the pipeline ranks (each stage
+	 * counts its own layers), update it, as one rank's step over the whole batch. NULL: a
+	 * family without step state */
+	struct model *state_model;
 };
 
 /* Split L blocks into S stages as above: u0[s] is the first unit of stage s (S + 1 entries,
@@ -110,6 +129,7 @@ int pp_stages_per_rank(int64_t L, int pp, enum pp_style style, int64_t layers_pe
 
 struct pp_tensor {
 	int vstage; /* the virtual stage (of this rank) holding it, -1: none here */
+	int grp;    /* its shard group: 0 dp_shard, 1 efsdp (an expert tensor under ep) */
 	int64_t rows, cols, chunk_rows, my_rows;
 	int64_t full_off;  /* in this rank's full buffers */
 	int64_t shard_off; /* in this rank's shard buffers */
@@ -136,6 +156,8 @@ struct pp_xfer {
 struct pp_vstage {
 	int stage, u0, u1; /* units [u0, u1) */
 	int64_t full_off, full_numel, shard_off, shard_numel;
+	/* its shards per shard group (contiguous, group 0's first; group 1 empty without ep) */
+	int64_t gshard_off[2], gshard_numel[2];
 	int n_slots;
 	int64_t slot_bytes; /* MEM_ACTIVATIONS one slot (in-flight micro-batch) holds, measured */
 	struct pp_slot *slots;
@@ -148,6 +170,15 @@ struct pp {
 	struct model_config cfg;
 	struct tp_coll tp;        /* the slots' TP collectives (mesh->tp > 1) */
 	struct tp_coll cp;        /* and CP's (mesh->cp > 1) */
+	struct tp_coll ep;        /* and the MoE layers' all-to-alls (mesh->ep > 1) */
+	/* expert parallelism: the table is this ep rank's (its experts), and expert tensors
+	 * are sharded over efsdp (gg[1]), the rest over dp_shard (gg[0]) */
+	bool use_ep;
+	const struct comm_group *gg[2];
+	/* the family's step statistics (n_stats doubles, summed per step) and state (n_state:
+	 * the state model's, which every stage model takes before it runs) */
+	int64_t n_stats, n_state;
+	double *stats, *stats_slot, *state;
 	struct param_table table; /* the whole model's table */
 	struct pp_opts o;
 	struct pp_sched sched; /* every rank's action lists */
@@ -203,9 +234,15 @@ void pp_engine(struct pp *pp, struct engine *e);
  * sum and valid tokens over them (to combine batches). Leaves the training state as it was. */
 double pp_eval_loss(struct pp *pp, const int32_t *tokens, const int32_t *targets, double *sum,
                     int64_t *valid);
+/* The family's state (MoE's balancing bias) as pp_opts.state_model holds it, into every
+ * stage model built so far (a step's and an evaluation's start: after a checkpoint's load or
+ * the last step's update); nothing without a state model. */
+void pp_pull_state(struct pp *pp);
 /* Where this rank's rows of table tensor i live (false: the tensor is on another stage). */
 bool pp_local_rows(const struct pp *pp, int i, int64_t *row0, int64_t *nrows, int64_t *at);
-/* The full flat parameter buffer (table layout) on every rank (tests, export). */
+/* The full flat parameter buffer (table layout) on every rank (tests, export); under expert
+ * parallelism the global table's layout (every expert tensor whole: its ep pieces in ep
+ * rank order). */
 void pp_gather_full(struct pp *pp, float *out);
 /* The step's cost model (parallel/pp_cost.c): cm calibrated at the stages' shapes (the
  * rates, median over ranks), the stage link measured, and the prediction of the step from

@@ -12,10 +12,11 @@ int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_m
                   struct sched_pp_link *link, struct sched_pp_prediction *pred)
 {
 	const struct mesh *mesh = pp->mesh;
-	if (!model_family_of(pp->cfg.kind)->cost_model || mesh->tp > 1) {
+	if (!model_family_of(pp->cfg.kind)->cost_model || mesh->tp > 1 || mesh->ep > 1) {
 		LOG_WARN("cost model: not for this pipeline (%s)",
-		         mesh->tp > 1 ? "tensor parallelism inside the stages is not modelled"
-		                      : "the family has no cost model");
+		         mesh->tp > 1   ? "tensor parallelism inside the stages is not modelled"
+		         : mesh->ep > 1 ? "expert parallelism inside the stages is not modelled"
+		                        : "the family has no cost model");
 		return CT_ERR_USAGE;
 	}
 	/* the whole model's units, sharded over dp_shard x cp as the stages' shards are; a cp

@@ -119,8 +119,6 @@ int ep_check_config(const struct ct_config *cfg)
 	     "the family's context-parallel attention, which deepseek_v3 does not have)"},
 	    {"tensor_parallel_degree", c->parallelism.tensor_parallel_degree,
 	     "the experts and attention heads are not split over TP ranks"},
-	    {"pipeline_parallel_degree", c->parallelism.pipeline_parallel_degree,
-	     "pipeline stages do not run the MoE layers' all-to-alls yet"},
 	};
 	for (size_t i = 0; i < sizeof(no) / sizeof(no[0]); i++)
 		if (no[i].v > 1) {

@@ -84,7 +84,8 @@ static int trainer_pp_build(struct trainer *tr, const struct model_config *mc, e
 	    .fp8_from_masters = compute_fp8_all_gather(cfg),
 	    .timeout_s = cfg->comm.timeout_seconds,
 	    .sim_gbps = cfg->comm.simulate_bandwidth_gbps,
-	    .sim_latency_us = cfg->comm.simulate_latency_us};
+	    .sim_latency_us = cfg->comm.simulate_latency_us,
+	    .state_model = &tr->model}; /* it holds MoE's bias for checkpoints and metrics */
 	o.n_micro = tr->accum * cfg->training.local_batch_size / o.micro_rows;
 	int rc = o.csv[0] ? CT_OK : pp_style_parse(cfg->parallelism.pipeline_parallel_schedule,
 	                                           &o.style);
@@ -529,7 +530,7 @@ static double trainer_tp_comm(const struct trainer *tr)
 	if (tr->mesh.cp > 1)
 		s += tp_coll_seconds(tr->piped ? &tr->pp.cp : &tr->cp);
 	if (tr->mesh.ep > 1)
-		s += tp_coll_seconds(&tr->ep);
+		s += tp_coll_seconds(tr->piped ? &tr->pp.ep : &tr->ep);
 	return s;
 }
 

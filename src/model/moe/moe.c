@@ -386,7 +386,14 @@ static unsigned moe_block_keep(const struct moe_model *m, int l)
 	return moe_block_keeps[model_ac_block(m->ac, m->ac_every, l)];
 }
 
-/* Each block's input and what it keeps; what some block drops once, at the largest size
+/* Whether the model runs unit u (moe_build_opts.unit_lo / unit_hi: a pipeline stage's). */
+static bool moe_holds_unit(const struct moe_model *m, int u)
+{
+	return m->unit_hi <= 0 || (u >= m->unit_lo && u < m->unit_hi);
+}
+
+/* Each block's input and what it keeps (of the units the model runs: a pipeline stage plans
+ * its own blocks, its input boundary and its output boundary only); what some block drops once, at the largest size
  * any dropping block needs (a full dense block and a full MoE block share one xn2, ...). */
 static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
 {
@@ -397,7 +404,7 @@ static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
 	for (int k = 0; k < MA_COUNT; k++) {
 		int64_t n = 0;
 		for (int l = 0; l < L; l++)
-			if (!(moe_block_keep(m, l) & KEEP(k))) {
+			if (moe_holds_unit(m, l + 1) && !(moe_block_keep(m, l) & KEEP(k))) {
 				int64_t nl = moe_act_size(m, l, (enum moe_act)k);
 				n = nl > n ? nl : n;
 			}
@@ -405,9 +412,10 @@ static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
 	}
 	for (int l = 0; l < L; l++) {
 		struct moe_block_acts *a = &m->blk[l];
-		unsigned keep = moe_block_keep(m, l);
+		unsigned keep = moe_holds_unit(m, l + 1) ? moe_block_keep(m, l) : 0;
 		*a = shared;
-		a->x = carve(off, N * C);
+		/* block l's input: unit l's output, unit l + 1's input */
+		a->x = carve(off, moe_holds_unit(m, l) || moe_holds_unit(m, l + 1) ? N * C : 0);
 		for (int k = 0; k < MA_COUNT; k++)
 			if (keep & KEEP(k))
 				*moe_act_slot(a, (enum moe_act)k) =
@@ -415,9 +423,10 @@ static void plan_acts(struct moe_model *m, int64_t *off, int64_t *ioff)
 				          moe_act_size(m, l, (enum moe_act)k));
 	}
 	m->ifill = carve(ioff, E);
-	m->x_final = carve(off, N * C);
-	m->rstd_f = carve(off, N);
-	m->xn_final = carve(off, N * C);
+	bool head = moe_holds_unit(m, L + 1);
+	m->x_final = carve(off, head || moe_holds_unit(m, L) ? N * C : 0);
+	m->rstd_f = carve(off, head ? N : 0);
+	m->xn_final = carve(off, head ? N * C : 0);
 	m->rope_cos = carve(off, m->T * c->head_dim / 2);
 	m->rope_sin = carve(off, m->T * c->head_dim / 2);
 }
@@ -495,6 +504,8 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 	m->E_local = m->cfg.n_routed_experts / m->ep;
 	m->ac = opts->ac;
 	m->ac_every = opts->ac_every;
+	m->unit_lo = opts->unit_hi > 0 ? opts->unit_lo : 0;
+	m->unit_hi = opts->unit_hi > 0 ? opts->unit_hi : 0;
 	CHECK(m->ac >= MODEL_AC_NONE && m->ac < MODEL_AC_COUNT &&
 	          (m->ac != MODEL_AC_LAYER || m->ac_every > 0),
 	      "moe: activation checkpointing mode %d (every %d)", (int)m->ac, m->ac_every);

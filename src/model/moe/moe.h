@@ -150,6 +150,9 @@ struct moe_build_opts {
 	 * forward's (the same inputs, the same bias, ties to the lower expert, a stable sort). */
 	enum model_ac ac;
 	int ac_every;
+	/* a pipeline stage: activations only for units [unit_lo, unit_hi) and their input and
+	 * output boundaries (unit_hi = 0: every unit) */
+	int unit_lo, unit_hi;
 };
 
 /* Offsets (in reals) of one block's saved activations; the MoE layers' routing in ints. */
@@ -208,6 +211,7 @@ struct moe_model {
 	enum model_ac ac; /* activation checkpointing (moe_build_opts) */
 	int ac_every;
 	bool recomputing; /* inside a recompute pass: no counting, no auxiliary loss */
+	int unit_lo, unit_hi; /* the units it plans activations for (moe_build_opts) */
 };
 
 int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_t T,

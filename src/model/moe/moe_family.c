@@ -1,7 +1,8 @@
 /* The deepseek_v3 (mixture-of-experts) family behind the model interface (model/model.h):
  * its operations, its entry of the family table, its [model] keys, and what it supports
- * (one rank, FSDP and expert parallelism inside it; every activation-checkpointing mode;
- * the cost model; no TP, PP, float8, MLA or Hugging Face export yet). */
+ * (one rank, FSDP and expert parallelism inside it, pipeline stages with both; every
+ * activation-checkpointing mode; the cost model; no TP, float8, MLA or Hugging Face export
+ * yet). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -102,6 +103,22 @@ static void moe_op_set_state(void *impl, const double *in, int64_t n)
 	if (n > 0)
 		memcpy(m->bias, in, (size_t)n * sizeof(double));
 }
+/* the residual stream between units: unit u's output is block u's input (x_final after the
+ * last block); the gradient buffer the units' backwards pass down (a pipeline stage's
+ * boundaries) */
+static float *moe_op_unit_output(void *impl, int u)
+{
+	struct moe_model *m = impl;
+	CHECK(u >= 0 && u <= m->cfg.n_layers &&
+	          (m->unit_hi <= 0 || (u >= m->unit_lo - 1 && u <= m->unit_hi - 1)),
+	      "moe: unit %d has no residual output in units [%d, %d)", u, m->unit_lo, m->unit_hi);
+	return (float *)m->acts + (u < m->cfg.n_layers ? m->blk[u].x : m->x_final);
+}
+static float *moe_op_residual_grad(void *impl)
+{
+	struct moe_model *m = impl;
+	return (float *)m->scratch + m->s_dres;
+}
 static int moe_op_step_metrics(const void *impl, struct model_step_metric *out, int max)
 {
 	return moe_step_metrics(impl, out, max);
@@ -119,6 +136,8 @@ static const struct model_ops moe_ops = {
     .unit_needs_recompute = moe_op_needs_recompute,
     .set_loss_dscale = moe_op_dscale,
     .logits = moe_op_logits,
+    .unit_output = moe_op_unit_output,
+    .residual_grad = moe_op_residual_grad,
     .flops_per_token = moe_op_flops,
     .step_stats = moe_op_step_stats,
     .after_step = moe_op_after_step,
@@ -162,15 +181,15 @@ static int moe_family_build(struct model *m, const struct model_config *c, int64
 		          opts->tp->size);
 		return CT_ERR_USAGE;
 	}
-	if (opts->split_backward) {
-		LOG_ERROR("deepseek_v3: a split backward (zero-bubble pipelines) is not supported");
-		return CT_ERR_USAGE;
-	}
+	/* a split backward (zero-bubble pipelines): no deferred weight gradients yet, so a
+	 * block's whole backward runs in its I action and W has nothing to do (as Hyena's) */
 	struct moe_model *mm = xcalloc(1, sizeof(*mm));
 	const struct moe_build_opts mo = {.own_params = opts->own_params,
 	                                  .ep = opts->ep,
 	                                  .ac = opts->recompute_ffn ? MODEL_AC_FFN : opts->ac,
-	                                  .ac_every = opts->ac_every};
+	                                  .ac_every = opts->ac_every,
+	                                  .unit_lo = opts->unit_lo,
+	                                  .unit_hi = opts->unit_hi};
 	int rc = moe_build(mm, moe_cfg(c), B, T, &mo);
 	if (rc) {
 		free(mm);
@@ -358,6 +377,7 @@ static int moe_check_config(const struct ct_config *cfg)
 const struct model_family moe_family = {
     .name = "deepseek_v3",
     .ep = true,
+    .pp = true,
     .cost_model = true,
     .cost = &moe_cost_ops,
     .ac = true,
