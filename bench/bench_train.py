@@ -3,7 +3,7 @@
 
   /usr/bin/python3 bench/bench_train.py [--ctitan build/ctitan] [--threads 2] [--steps 6]
                                        [--warmup 2] [--only debug|125m|125m-noac ...]
-                                       [--rounds 1] [--own-blas-kernel]
+                                       [--rounds 1] [--own-blas-kernel] [--no-profile]
 
 For each case (TorchTitan's debug model at seq 256 x batch 8, the 125M-class model at seq 512 x
 batch 4) it runs `ctitan train` and bench/torch_train.py as child processes, one at a time, and
@@ -14,7 +14,10 @@ ran on. MFU is against the theoretical peak ctitan derives from the CPU's featur
 rows, bf16 for bf16 rows). With --rounds N the two sides alternate N times per case (ctitan,
 PyTorch, ctitan, ...), each round is printed, and the rows report each side's median round and
 the ratio of the medians, with the range of the per-round ratios: on a shared machine the
-speed drifts between runs minutes apart by more than the gaps being measured.
+speed drifts between runs minutes apart by more than the gaps being measured. After the timed
+steps ctitan runs one more, profiled (not timed): a line per case says where that step went by
+node kind (forward/backward blocks, head and loss, collectives, optimizer; --no-profile skips
+it). The engine column also names the attention kernel (bf16 on AVX512-BF16, else fp32).
 """
 
 import argparse
@@ -81,7 +84,41 @@ def ctitan_engine(text):
     kept = {e + ("-bt" if v == " on B transposed" else "-" + v.strip() if v else "")
             for e, v in kept}
     isa = m.group(4) if m.group(2) == "bf16" else m.group(3)
-    return f"{m.group(1)}({'+'.join(sorted(kept)) or '-'}) {isa}; OpenBLAS {m.group(5)}"
+    att = re.search(r"attention kernel (\S+)", text)
+    return (f"{m.group(1)}({'+'.join(sorted(kept)) or '-'}) {isa}; OpenBLAS {m.group(5)}"
+            f"; attention {att.group(1) if att else '?'}")
+
+
+PROFILE_ROW = re.compile(r"^  (\S.*?)\s+(\d+)\s+([0-9.]+)s\s+([0-9.]+)s\s+[+-]?[0-9.]+%$")
+
+
+def ctitan_profile(text):
+    """The measured seconds per node kind of the profiled step (ctitan's 'cost model vs this
+    step' table), as [(kind, seconds)], the step's own row last."""
+    rows, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("cost model vs this step (rank's own times"):
+            rows, inside = [], True
+            continue
+        if inside:
+            m = PROFILE_ROW.match(line)
+            if m:
+                rows.append((m.group(1), float(m.group(4))))
+                if m.group(1) == "step":
+                    inside = False
+            elif not line.startswith("  "):
+                inside = False
+    return rows
+
+
+def profile_line(rows):
+    if not rows or rows[-1][0] != "step":
+        return "  ctitan profile: none (the run printed no per-node-kind table)"
+    step = rows[-1][1]
+    parts = [f"{k} {t:.3f}s {100 * t / step:.0f}%" for k, t in rows[:-1] if t >= 0.02 * step]
+    rest = sum(t for k, t in rows[:-1] if t < 0.02 * step)
+    return (f"  ctitan profile (one profiled step after the timed ones, rank 0, measured; step "
+            f"{step:.3f}s): " + ", ".join(parts) + f", the rest {rest:.3f}s")
 
 
 def torch_engine(autocast, env):
@@ -100,20 +137,23 @@ def torch_engine(autocast, env):
     return f"libblas.so.3 = {os.path.basename(os.path.dirname(lib))}, kernel {core}"
 
 
-def bench_ctitan(ctitan, case, steps, warmup, peak_tflops, env):
+def bench_ctitan(ctitan, case, steps, warmup, peak_tflops, env, profile):
     with tempfile.TemporaryDirectory() as d:
-        cmd = [ctitan, "train", case["config"], f"--training.steps={steps}",
+        # with profile, one more step, traced and compared node by node (not timed)
+        prof = ["--profiling.enable_profiling=true",
+                f"--profiling.profile_freq={steps + 1}"] if profile else []
+        cmd = [ctitan, "train", case["config"], f"--training.steps={steps + bool(profile)}",
                f"--training.seq_len={case['seq']}", f"--training.local_batch_size={case['batch']}",
                f"--job.dump_folder={d}", f"--metrics.peak_tflops={peak_tflops}"]
-        cmd += case.get("extra", []) + (BF16 if case.get("bf16") else [])
+        cmd += case.get("extra", []) + (BF16 if case.get("bf16") else []) + prof
         text, rss = run_child(cmd, env)
-        recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+        recs = [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))][:steps]
     timed = sorted(recs[warmup:], key=lambda r: r["step_s"])
     med = timed[len(timed) // 2]  # the median step, as torch_train.py reports PyTorch's
     tps = case["seq"] * case["batch"] / med["step_s"]
     mfu = med["mfu"]
     return dict(impl="ctitan", tps=tps, mfu=mfu, peak_rss_bytes=rss, final_loss=recs[-1]["loss"],
-                engine=ctitan_engine(text))
+                engine=ctitan_engine(text), profile=ctitan_profile(text))
 
 
 def bench_torch(case, steps, warmup, threads, peak_tflops, env):
@@ -143,6 +183,9 @@ def main():
     ap.add_argument("--own-blas-kernel", action="store_true",
                     help="the same for both sides: ctitan's OpenBLAS engine (one of auto's "
                          "candidates) then runs OpenBLAS's own kernel choice too, like for like")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="skip the profiled step after ctitan's timed ones (its per-node-kind "
+                         "line: where the step goes)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="alternate ctitan and PyTorch this many times per case; the rows "
                          "report each side's median round")
@@ -169,7 +212,8 @@ def main():
         peak = peaks[bool(case.get("bf16"))][0]
         cs, ts = [], []
         for rnd in range(args.rounds):
-            c = bench_ctitan(args.ctitan, case, args.steps, args.warmup, peak, env)
+            c = bench_ctitan(args.ctitan, case, args.steps, args.warmup, peak, env,
+                             not args.no_profile)
             key = (case["flavor"], case["seq"], case["batch"], bool(case.get("bf16")), rnd)
             if key not in torch_runs:  # one PyTorch run per shape and round
                 torch_runs[key] = bench_torch(case, args.steps, args.warmup, args.threads, peak,
@@ -191,6 +235,8 @@ def main():
                   f"{min(rounds):.2f}-{max(rounds):.2f}x)" if len(cs) > 1 else "")
         print(f"{name:<11}{'ratio':<9}{c['tps'] / t['tps']:>9.2f}x{'':>8}"
               f"{c['peak_rss_bytes'] / t['peak_rss_bytes']:>13.2f}x{spread}")
+        if not args.no_profile:
+            print(profile_line(c["profile"]))
         sys.stdout.flush()
 
 

@@ -568,11 +568,29 @@ const char *attention_mixed_name(int64_t D)
 	return attention_mixed_is_bf16(D) ? "bf16 (AVX512-BF16)" : "fp32";
 }
 
+/* What the mixed entries ran last (compute thread only), for attention_mixed_log_summary. */
+static int64_t g_ran_D = -1;
+static bool g_ran_bf16;
+
+static bool ran(int64_t D)
+{
+	g_ran_D = D;
+	g_ran_bf16 = attention_mixed_is_bf16(D);
+	return g_ran_bf16;
+}
+
+void attention_mixed_log_summary(void)
+{
+	if (g_ran_D > 0)
+		LOG_INFO("attention kernel %s at head dim %lld", g_ran_bf16 ? "bf16 (AVX512-BF16)" : "fp32",
+		         (long long)g_ran_D);
+}
+
 void attention_mixed_forward(float *out, float *lse, const float *q, const float *k,
                              const float *v, int64_t B, int64_t T, int64_t H, int64_t KV,
                              int64_t D)
 {
-	if (attention_mixed_is_bf16(D))
+	if (ran(D))
 		attention_bf16_forward(out, lse, q, k, v, B, T, H, KV, D);
 	else
 		attention_forward_f32(out, lse, q, k, v, B, T, H, KV, D);
@@ -594,7 +612,7 @@ void attention_mixed_pos_forward(float *out, float *lse, const float *q, const i
                                  int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV,
                                  int64_t D)
 {
-	if (attention_mixed_is_bf16(D))
+	if (ran(D))
 		attention_bf16_pos_forward(out, lse, q, qpos, k, v, kpos, B, Tq, Tk, H, KV, D);
 	else
 		attention_pos_forward_f32(out, lse, q, qpos, k, v, kpos, B, Tq, Tk, H, KV, D);

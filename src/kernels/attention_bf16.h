@@ -57,5 +57,7 @@ void attention_mixed_pos_backward(float *dq, float *dk, float *dv, const float *
                                   int64_t H, int64_t KV, int64_t D);
 /* "bf16 (AVX512-BF16)" or "fp32", for the logs and benchmarks. */
 const char *attention_mixed_name(int64_t D);
+/* Logs (INFO) the kernel the last attention_mixed_*_forward ran and its head dim, if any. */
+void attention_mixed_log_summary(void);
 
 #endif

@@ -21,6 +21,7 @@
 #include "data/tokenizer.h"
 #include "data/synthetic.h"
 #include "io/file.h"
+#include "kernels/attention_bf16.h"
 #include "kernels/kernels.h"
 #include "kernels/mm_engine.h"
 #include "model/model.h"
@@ -686,8 +687,10 @@ int trainer_run(const struct ct_config *cfg)
 	for (; rc == CT_OK && step < steps; step++) {
 		comm_watchdog_set_step(step + 1);
 		rc = trainer_step(&tr, step, &sm);
-		if (rc == CT_OK && step == first && tr.mesh.rank == 0)
+		if (rc == CT_OK && step == first && tr.mesh.rank == 0) {
 			mm_engine_log_summary(); /* auto has chosen at every shape by now */
+			attention_mixed_log_summary();
+		}
 		if (rc) {
 			/* non-finite loss or gradients: parameters were not updated, so the state
 			 * is the last good step's; keep it (resuming skips the bad batch) */
