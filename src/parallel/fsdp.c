@@ -399,7 +399,11 @@ static int64_t bucket_numel_g(const struct fsdp *f, int b, int upto, int g)
 	return n;
 }
 
-static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool bf16, float *full)
+/* The gathered bucket (wire layout) into the full weights; with full16 (bf16 compute) also
+ * their bf16 copy of the same layout in the same pass: the received bf16 values themselves
+ * under a bf16 all-gather, else each weight rounded. */
+static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool bf16, float *full,
+                            uint16_t *full16)
 {
 	/* group 0's blocks (rank-major), then group 1's */
 	const int64_t S[2] = {bucket_wire_g(f, b, -1, 0), bucket_wire_g(f, b, -1, 1)};
@@ -415,7 +419,9 @@ static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool 
 			for (int64_t q = 0; q < f->gn[g]; q++) {
 				int64_t n = rows_of(p, q) * p->cols;
 				const char *src = gbase[g] + q * S[g] + ubase[g] + p->wire_off;
-				float *dst = ufull + p->full_off + q * p->chunk_rows * p->cols;
+				const int64_t at = p->full_off + q * p->chunk_rows * p->cols;
+				float *dst = ufull + at;
+				uint16_t *d16 = full16 ? full16 + unit_full_off(f, b, u) + at : NULL;
 				if (p->fp8) {
 					/* the fp8 values themselves: the scale goes with the weight
 					 */
@@ -426,9 +432,17 @@ static void bucket_copy_out(const struct fsdp *f, int b, const void *recv, bool 
 #pragma omp parallel for simd schedule(static)
 					for (int64_t k = 0; k < n; k++)
 						dst[k] = bf16_to_f32(h[k]);
+					if (d16) {
+						memcpy(d16, h, (size_t)n * sizeof(uint16_t));
+						continue;
+					}
 				} else {
 					memcpy(dst, src, (size_t)n * sizeof(float));
 				}
+				if (d16)
+#pragma omp parallel for simd schedule(static)
+					for (int64_t k = 0; k < n; k++)
+						d16[k] = bf16_from_f32(dst[k]);
 			}
 		}
 	}
@@ -462,6 +476,36 @@ static void bucket_pack(const struct fsdp *f, int b, char *send)
 	}
 }
 
+/* A bf16 all-gather over one shard is a rounding: the shard's weights, rounded to bf16, into
+ * the full weights (as fp32) and, under bf16 compute, their bf16 copy, in one pass with no
+ * wire buffers (the values are those the gather would give). */
+static bool fsdp_w_local_bf16(const struct fsdp *f)
+{
+	return f->mesh->shard == 1 && f->bf16 && !f->fp8_ag && !f->ep;
+}
+
+static void bucket_round_local(const struct fsdp *f, int b, float *full, uint16_t *full16)
+{
+	FOR_BUCKET_UNITS(f, b, u)
+	{
+		const struct fsdp_unit *un = &f->u[u];
+		for (int i = un->first_param; i < un->first_param + un->n_params; i++) {
+			const struct fsdp_param *p = &f->p[i];
+			const float *x = f->shard_w + un->shard_base + p->shard_off;
+			const int64_t n = rows_of(p, 0) * p->cols, at = unit_full_off(f, b, u) + p->full_off;
+			float *dst = full + at;
+			uint16_t *d16 = full16 ? full16 + at : NULL;
+#pragma omp parallel for simd schedule(static)
+			for (int64_t k = 0; k < n; k++) {
+				const uint16_t h = bf16_from_f32(x[k]);
+				dst[k] = bf16_to_f32(h);
+				if (d16)
+					d16[k] = h;
+			}
+		}
+	}
+}
+
 static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 {
 	struct fsdp *f = ctx;
@@ -469,9 +513,9 @@ static int64_t be_all_gather(void *ctx, int b, int64_t *bytes)
 	int64_t S = sched_bucket_shard(&f->sched, b);
 	const float *shard = f->shard_w + bucket_shard_base(f, b);
 	const void *send = shard;
-	if (fsdp_w_in_place(f)) {
+	if (fsdp_w_in_place(f) || fsdp_w_local_bf16(f)) {
 		*bytes = 0;
-		return 0; /* complete: be_all_gather_done binds the shard itself */
+		return 0; /* complete: be_all_gather_done binds or rounds the shard itself */
 	}
 	if (f->fp8_ag || f->ep) { /* ep: the two groups' chunks packed apart */
 		st->ag_send = pool_get(&f->ag_send);
@@ -514,24 +558,34 @@ static void be_all_gather_done(void *ctx, int b)
 {
 	struct fsdp *f = ctx;
 	struct fsdp_bucket_state *st = &f->bs[b];
+	/* bf16 compute: weights cast to bf16 once per gather, by the copy-out when there is one */
+	const bool twin = mm_engine_dtype() == MM_BF16;
+	uint16_t *h = NULL;
+	if (twin) {
+		st->w16 = pool_get(&f->pw16);
+		h = f->pw16.buf[st->w16];
+	}
 	if (fsdp_w_in_place(f)) {
 		st->w = FSDP_IN_PLACE;
+		if (twin) {
+			const int64_t n = sched_bucket_full(&f->sched, b);
+			const float *w = bucket_w(f, b);
+#pragma omp parallel for simd schedule(static)
+			for (int64_t i = 0; i < n; i++)
+				h[i] = bf16_from_f32(w[i]);
+		}
+	} else if (fsdp_w_local_bf16(f)) {
+		st->w = pool_get(&f->pw);
+		bucket_round_local(f, b, f->pw.buf[st->w], h);
 	} else {
 		st->w = pool_get(&f->pw);
-		bucket_copy_out(f, b, f->ag_recv.buf[st->ag_recv], f->bf16, f->pw.buf[st->w]);
+		bucket_copy_out(f, b, f->ag_recv.buf[st->ag_recv], f->bf16, f->pw.buf[st->w], h);
 		pool_put(&f->ag_recv, &st->ag_recv);
 		pool_put(&f->ag_send, &st->ag_send);
 	}
 	float *w = bucket_w(f, b);
-	if (mm_engine_dtype() == MM_BF16) { /* weights cast to bf16 once per gather */
-		int64_t n = sched_bucket_full(&f->sched, b);
-		st->w16 = pool_get(&f->pw16);
-		uint16_t *h = f->pw16.buf[st->w16];
-#pragma omp parallel for simd schedule(static)
-		for (int64_t i = 0; i < n; i++)
-			h[i] = bf16_from_f32(w[i]);
-		mm_bf16_twin_add(w, h, n);
-	}
+	if (twin)
+		mm_bf16_twin_add(w, h, sched_bucket_full(&f->sched, b));
 	FOR_BUCKET_UNITS(f, b, u)
 	{
 		model_bind_unit(f->model, u, w + unit_full_off(f, b, u), f->model->unit_dw[u]);
