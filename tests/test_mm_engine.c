@@ -324,6 +324,39 @@ TEST_CASE(test_second_impl)
 	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
 }
 
+/* Ragged products (an expert's token count changing from call to call, mm_engine_ragged):
+ * run on oneDNN's run-time-size primitive (OpenBLAS when forced), within the same bound, for
+ * every engine and dtype, with and without accumulation, leading dimensions changing with the
+ * size; M varies in NT and NN, K in TN (dW); one family each, and no size tracked by auto. */
+TEST_CASE(test_ragged)
+{
+	for (int e = MM_ENGINE_AUTO; e < MM_ENGINE_COUNT; e++)
+		for (int dt = 0; dt < MM_DTYPE_COUNT; dt++) {
+			const int64_t N = 40 + 8 * (2 * e + dt), K = 48; /* a fresh family each */
+			const int before = mm_engine_ragged_families();
+			double worst = 0, dist;
+			for (int i = 0; i < 10; i++) {
+				const int64_t m = 17 + 29 * i;
+				const float beta = (float)(i % 2);
+				mm_engine_ragged(true);
+				double w[3] = {
+				    check_case(e, dt, false, true, m, N, K, beta, &dist),
+				    check_case(e, dt, false, false, m, N, K, beta, &dist),
+				    check_case(e, dt, true, false, 64, N, m, beta, &dist)};
+				mm_engine_ragged(false);
+				for (int j = 0; j < 3; j++)
+					worst = w[j] > worst ? w[j] : worst;
+			}
+			EXPECT(worst <= 1.0, "%s %s ragged: error %.2f x the bound",
+			       mm_engine_name((enum mm_engine)e), dt ? "bf16" : "fp32", worst);
+			EXPECT(mm_engine_ragged_families() == before + 3,
+			       "%s %s: %d ragged families, 3 expected",
+			       mm_engine_name((enum mm_engine)e), dt ? "bf16" : "fp32",
+			       mm_engine_ragged_families() - before);
+		}
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+}
+
 TEST_CASE(test_parse)
 {
 	enum mm_engine e;
@@ -372,5 +405,6 @@ int main(void)
 	RUN(test_bf16_hold);
 	RUN(test_transposed_b);
 	RUN(test_second_impl);
+	RUN(test_ragged);
 	return test_summary();
 }

@@ -42,7 +42,19 @@ struct mm_shape {
 	int64_t calls;
 };
 
+/* The ragged products of a family (transposes, dtype, the two sizes that stay: (N, K) when M
+ * varies, (M, N) when K does), for the summary. */
+#define MM_FAMILIES 64
+struct mm_family {
+	int64_t a, b;
+	int ta, tb, dt, vary_k, used;
+	double flops, seconds;
+	int64_t calls;
+};
+static bool g_ragged_scope; /* mm_engine_ragged */
+
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mm_family g_fam[MM_FAMILIES];
 static enum mm_engine g_engine = MM_ENGINE_AUTO;
 static enum mm_dtype g_dtype = MM_F32;
 static int g_env_checked;
@@ -274,6 +286,20 @@ void mm_bf16_round_totals(int64_t *held, int64_t *per_call)
  * oneDNN's implementation (0: its own first choice, 1: the next one, mm_onednn.c). Auto times
  * both per shape (mm_tune). Returns false when the oneDNN variant asked for could not run here
  * and another path computed the product (the same result, up to rounding). */
+/* oneDNN, on a fixed-size primitive or (rag 1: M varies, 2: K varies) a run-time-size one,
+ * which has only implementation 0 */
+static int g_rag;
+static int mm_dnn(enum mm_dtype dt, int impl, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                  const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                  int64_t ldc)
+{
+	if (!g_rag)
+		return mm_onednn_gemm(dt, impl, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+	if (impl > 0)
+		return -1;
+	return mm_onednn_gemm_ragged(dt, g_rag == 2, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
 static bool mm_run(enum mm_engine e, bool bt, int impl, bool ta, bool tb, int64_t M, int64_t N,
                    int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                    float *C, int64_t ldc)
@@ -288,11 +314,11 @@ static bool mm_run(enum mm_engine e, bool bt, int impl, bool ta, bool tb, int64_
 			const void *b =
 			    tb16 ? (const void *)tb16 : mm_round(1, B, br, bc, ldb, true);
 			int64_t la = ta16 ? lda : ac, lb = tb16 ? ldb : bc;
-			if (impl > 0 && mm_onednn_gemm(MM_BF16, impl, ta, tb, M, N, K, a, la, b, lb,
+			if (impl > 0 && mm_dnn(MM_BF16, impl, ta, tb, M, N, K, a, la, b, lb,
 			                               beta, C, ldc) == 0)
 				return true;
 			int rc =
-			    mm_onednn_gemm(MM_BF16, 0, ta, tb, M, N, K, a, la, b, lb, beta, C, ldc);
+			    mm_dnn(MM_BF16, 0, ta, tb, M, N, K, a, la, b, lb, beta, C, ldc);
 			if (rc == 0)
 				return impl == 0;
 			if (rc == -1 && !g_warned_bf16) {
@@ -310,14 +336,14 @@ static bool mm_run(enum mm_engine e, bool bt, int impl, bool ta, bool tb, int64_
 		ldb = bc;
 	}
 	if (e == MM_ENGINE_ONEDNN && bt && !tb && g_dtype == MM_F32 &&
-	    mm_onednn_gemm(MM_F32, 0, ta, true, M, N, K, A, lda, mm_transpose_b(B, K, N, ldb), K,
+	    mm_dnn(MM_F32, 0, ta, true, M, N, K, A, lda, mm_transpose_b(B, K, N, ldb), K,
 	                   beta, C, ldc) == 0)
 		return true;
 	if (e == MM_ENGINE_ONEDNN && impl > 0 &&
-	    mm_onednn_gemm(MM_F32, impl, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+	    mm_dnn(MM_F32, impl, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
 		return true;
 	if (e == MM_ENGINE_ONEDNN &&
-	    mm_onednn_gemm(MM_F32, 0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
+	    mm_dnn(MM_F32, 0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc) == 0)
 		return !bt && impl == 0;
 	cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
 	            (int)M, (int)N, (int)K, 1.0f, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
@@ -445,6 +471,62 @@ static struct mm_shape *mm_shape_find(bool ta, bool tb, int64_t M, int64_t N, in
 	return NULL; /* more shapes than slots: not tracked */
 }
 
+static struct mm_family *mm_family_find(bool ta, bool tb, int64_t a, int64_t b, int vary_k)
+{
+	uint64_t h = ((uint64_t)a * 1000003u) ^ ((uint64_t)b * 8191u) ^ (uint64_t)(ta * 2 + tb) ^
+	             ((uint64_t)g_dtype << 3) ^ ((uint64_t)vary_k << 5);
+	for (int64_t i = 0; i < MM_FAMILIES; i++) {
+		struct mm_family *f = &g_fam[(h + (uint64_t)i) % MM_FAMILIES];
+		if (!f->used) {
+			*f = (struct mm_family){.a = a, .b = b, .ta = ta, .tb = tb, .dt = g_dtype,
+			                        .vary_k = vary_k, .used = 1};
+			return f;
+		}
+		if (f->a == a && f->b == b && f->ta == ta && f->tb == tb && f->dt == (int)g_dtype &&
+		    f->vary_k == vary_k)
+			return f;
+	}
+	return NULL;
+}
+
+int mm_engine_ragged_families(void)
+{
+	pthread_mutex_lock(&g_lock);
+	int n = 0;
+	for (int64_t i = 0; i < MM_FAMILIES; i++)
+		n += g_fam[i].used;
+	pthread_mutex_unlock(&g_lock);
+	return n;
+}
+
+void mm_engine_ragged(bool on)
+{
+	pthread_mutex_lock(&g_lock);
+	g_ragged_scope = on;
+	pthread_mutex_unlock(&g_lock);
+}
+
+/* A ragged product: no per-size tracking or timing; oneDNN's run-time-size primitive (unless
+ * OpenBLAS is forced), OpenBLAS where oneDNN cannot. */
+static void mm_gemm_ragged(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A,
+                           int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                           int64_t ldc)
+{
+	struct mm_family *f = ta ? mm_family_find(ta, tb, M, N, 1) : mm_family_find(ta, tb, N, K, 0);
+	static struct mm_family spare; /* the summary's table is full: counted nowhere */
+	if (!f)
+		f = &spare;
+	double t = timer_now();
+	g_rag = ta ? 2 : 1;
+	mm_run(g_engine == MM_ENGINE_OPENBLAS ? MM_ENGINE_OPENBLAS : MM_ENGINE_ONEDNN, false, 0, ta,
+	       tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+	g_rag = 0;
+	t = timer_now() - t;
+	double fl = 2.0 * (double)M * (double)N * (double)K;
+	g_flops += fl, g_seconds += t;
+	f->flops += fl, f->seconds += t, f->calls++;
+}
+
 void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
              const float *B, int64_t ldb, float beta, float *C, int64_t ldc)
 {
@@ -452,6 +534,11 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
 		return;
 	pthread_mutex_lock(&g_lock);
 	mm_env_override();
+	if (g_ragged_scope && K > 0) {
+		mm_gemm_ragged(ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+		pthread_mutex_unlock(&g_lock);
+		return;
+	}
 	struct mm_shape *s = mm_shape_find(ta, tb, M, N, K);
 	enum mm_engine e = g_engine;
 	if (s && s->chosen == MM_ENGINE_COUNT) {
@@ -505,6 +592,16 @@ void mm_engine_log_summary(void)
 		LOG_INFO("bf16 operands rounded: %.3g M elements once per held activation, %.3g M "
 		         "per call (operands without a twin)",
 		         (double)g_round_held / 1e6, (double)g_round_per_call / 1e6);
+	for (int64_t i = 0; i < MM_FAMILIES; i++) {
+		const struct mm_family *f = &g_fam[i];
+		if (f->used)
+			LOG_INFO("  %c%c %s=%lld %s=%lld %s, %s varying: ragged, oneDNN run-time sizes, "
+			         "%.1f GFLOP/s over %lld calls",
+			         f->ta ? 'T' : 'N', f->tb ? 'T' : 'N', f->vary_k ? "M" : "N",
+			         (long long)f->a, f->vary_k ? "N" : "K", (long long)f->b,
+			         f->dt == MM_BF16 ? "bf16" : "fp32", f->vary_k ? "K" : "M",
+			         f->seconds > 0 ? f->flops / f->seconds / 1e9 : 0.0, (long long)f->calls);
+	}
 	for (int64_t i = 0; i < MM_SHAPES; i++) {
 		const struct mm_shape *s = &g_shapes[i];
 		if (!s->used || s->chosen == MM_ENGINE_COUNT || s->K <= 0)

@@ -95,6 +95,23 @@ const char *mm_openblas_core(void);
 struct cpu_info;
 const char *mm_openblas_wanted_core(const struct cpu_info *c, const char *current);
 
+/* Products whose M (vary_k false) or K (true) changes from call to call (an expert's token
+ * count in grouped MoE matmuls): one primitive with that size, and the leading dimensions,
+ * given at run time. Returns as mm_onednn_gemm (impl 0). */
+int mm_onednn_gemm_ragged(enum mm_dtype dt, bool vary_k, bool ta, bool tb, int64_t M, int64_t N,
+                          int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                          float beta, float *C, int64_t ldc);
+/* Ragged products: between mm_engine_ragged(true) and (false) every mm_gemm has a token
+ * dimension that changes from call to call (grouped expert matmuls: M, or K when A is
+ * transposed, as in dW = dy^T x). auto neither times nor tracks them size by size (each new
+ * size would be tuned, and would create a oneDNN primitive); they run on one oneDNN primitive
+ * per (transposes, dtype, the two fixed sizes) with the token count and the leading
+ * dimensions given at run time (OpenBLAS where oneDNN cannot, or when OpenBLAS is forced). The
+ * choice depends on the call site only, so runs stay reproducible. Compute thread only. */
+void mm_engine_ragged(bool on);
+/* Families run as ragged so far (for logs and tests). */
+int mm_engine_ragged_families(void);
+
 /* Lower level, for the engine layer and its tests. impl: 0 for oneDNN's own first choice of
  * implementation, k >= 1 for the k-th other non-reference one it offers. Return 0; -1 when
  * oneDNN cannot run this dtype (or has no such implementation) here, -2 when its primitive

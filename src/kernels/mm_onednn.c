@@ -1,5 +1,8 @@
 /* kernels/mm_onednn: oneDNN matmul primitives (C API), one per (dtype, transposes, M, N, K,
- * leading dimensions, beta, implementation), created on first use and kept for the process.
+ * leading dimensions, beta, implementation), created on first use and kept for the process;
+ * for ragged products (mm_onednn_gemm_ragged) one per (dtype, transposes, the two fixed sizes,
+ * beta) with the varying size and the leading dimensions given at each call (oneDNN's runtime
+ * dimensions), so that a new token count creates no primitive.
  * Implementation 0 is oneDNN's own first choice; implementation k >= 1 is the k-th other one
  * it offers for the problem, reference (ref:*) implementations skipped — on AVX-512 CPUs
  * oneDNN 2.6 prefers its brgemm matmul (brg:*), and its jit sgemm (gemm:jit) comes next, which
@@ -15,8 +18,8 @@
 #define MMD_CACHE 512 /* open addressing; a model uses a few dozen shapes */
 
 struct mmd_key {
-	int64_t M, N, K, lda, ldb, ldc;
-	int dt, ta, tb, acc, impl;
+	int64_t M, N, K, lda, ldb, ldc; /* DNNL_RUNTIME_DIM_VAL: given at each call (rt) */
+	int dt, ta, tb, acc, impl, rt;
 };
 
 struct mmd_entry {
@@ -120,6 +123,7 @@ static void mmd_build(struct mmd_entry *e)
 	if (!mmd_md(&a, k->M, k->K, k->ta, k->lda, in) || !mmd_md(&b, k->K, k->N, k->tb, k->ldb, in) ||
 	    !mmd_md(&c, k->M, k->N, false, k->ldc, dnnl_f32))
 		return;
+	/* runtime sizes: memory objects are made at each call, with the call's sizes */
 	if (dnnl_matmul_desc_init(&desc, &a, &b, NULL, &c) != dnnl_success)
 		return;
 	if (dnnl_primitive_attr_create(&attr) != dnnl_success)
@@ -142,9 +146,9 @@ static void mmd_build(struct mmd_entry *e)
 		snprintf(g_bf16_impl, sizeof(g_bf16_impl), "%s", name);
 	if (dnnl_primitive_create(&e->prim, pd) != dnnl_success)
 		goto out;
-	if (dnnl_memory_create(&e->a, &a, g_engine, DNNL_MEMORY_NONE) ||
-	    dnnl_memory_create(&e->b, &b, g_engine, DNNL_MEMORY_NONE) ||
-	    dnnl_memory_create(&e->c, &c, g_engine, DNNL_MEMORY_NONE))
+	if (!k->rt && (dnnl_memory_create(&e->a, &a, g_engine, DNNL_MEMORY_NONE) ||
+	               dnnl_memory_create(&e->b, &b, g_engine, DNNL_MEMORY_NONE) ||
+	               dnnl_memory_create(&e->c, &c, g_engine, DNNL_MEMORY_NONE)))
 		goto out;
 	e->ok = 1;
 out:
@@ -155,47 +159,81 @@ out:
 	dnnl_primitive_attr_destroy(attr);
 }
 
-int mm_onednn_gemm(enum mm_dtype dt, int impl, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                   const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
-                   int64_t ldc)
+/* The cache entry of key (built on first use); NULL when the cache is full. */
+static struct mmd_entry *mmd_find(const struct mmd_key *key)
+{
+	uint64_t h = mmd_hash(key);
+	for (int64_t i = 0; i < MMD_CACHE; i++) {
+		struct mmd_entry *x = &g_cache[(h + (uint64_t)i) % MMD_CACHE];
+		if (!x->used) {
+			x->used = 1;
+			x->key = *key;
+			mmd_build(x);
+			return x;
+		}
+		if (memcmp(&x->key, key, sizeof(*key)) == 0)
+			return x;
+	}
+	return NULL;
+}
+
+static int mmd_gemm(enum mm_dtype dt, int impl, int rt, bool ta, bool tb, int64_t M, int64_t N,
+                    int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+                    float *C, int64_t ldc)
 {
 	if (!mmd_init())
 		return -1;
 	struct mmd_key key;
 	memset(&key, 0, sizeof(key)); /* hashed bytewise: padding must be zero */
-	key.M = M, key.N = N, key.K = K, key.lda = lda, key.ldb = ldb, key.ldc = ldc;
+	const int64_t R = DNNL_RUNTIME_DIM_VAL;
+	key.M = rt == 1 ? R : M, key.N = N, key.K = rt == 2 ? R : K;
+	key.lda = rt ? R : lda, key.ldb = rt ? R : ldb, key.ldc = rt ? R : ldc;
 	key.dt = (int)dt, key.ta = ta, key.tb = tb, key.acc = beta != 0.0f, key.impl = impl;
-	uint64_t h = mmd_hash(&key);
-	struct mmd_entry *e = NULL;
-	for (int64_t i = 0; i < MMD_CACHE; i++) {
-		struct mmd_entry *x = &g_cache[(h + (uint64_t)i) % MMD_CACHE];
-		if (!x->used) {
-			x->used = 1;
-			x->key = key;
-			mmd_build(x);
-			e = x;
-			break;
-		}
-		if (memcmp(&x->key, &key, sizeof(key)) == 0) {
-			e = x;
-			break;
-		}
-	}
+	key.rt = rt;
+	struct mmd_entry *e = mmd_find(&key);
 	if (!e) /* more shapes than the cache holds (long generation sessions): OpenBLAS */
 		return -2;
 	if (!e->ok)
 		return -1;
 	g_last_impl = e->impl;
-	dnnl_memory_set_data_handle(e->a, (void *)A);
-	dnnl_memory_set_data_handle(e->b, (void *)B);
-	dnnl_memory_set_data_handle(e->c, C);
-	dnnl_exec_arg_t args[3] = {
-	    {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+	dnnl_memory_t ma = e->a, mb = e->b, mc = e->c;
+	if (rt) { /* this call's sizes */
+		dnnl_data_type_t in = dt == MM_BF16 ? dnnl_bf16 : dnnl_f32;
+		dnnl_memory_desc_t a, b, c;
+		CHECK(mmd_md(&a, M, K, ta, lda, in) && mmd_md(&b, K, N, tb, ldb, in) &&
+		          mmd_md(&c, M, N, false, ldc, dnnl_f32) &&
+		          dnnl_memory_create(&ma, &a, g_engine, (void *)A) == dnnl_success &&
+		          dnnl_memory_create(&mb, &b, g_engine, (void *)B) == dnnl_success &&
+		          dnnl_memory_create(&mc, &c, g_engine, C) == dnnl_success,
+		      "oneDNN matmul %lldx%lldx%lld: memory objects", (long long)M, (long long)N,
+		      (long long)K);
+	} else {
+		dnnl_memory_set_data_handle(ma, (void *)A);
+		dnnl_memory_set_data_handle(mb, (void *)B);
+		dnnl_memory_set_data_handle(mc, C);
+	}
+	dnnl_exec_arg_t args[3] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
 	dnnl_status_t st = dnnl_primitive_execute(e->prim, g_stream, 3, args);
 	CHECK(st == dnnl_success, "oneDNN matmul %lldx%lldx%lld failed (status %d)", (long long)M,
 	      (long long)N, (long long)K, (int)st);
 	dnnl_stream_wait(g_stream);
+	if (rt)
+		dnnl_memory_destroy(ma), dnnl_memory_destroy(mb), dnnl_memory_destroy(mc);
 	return 0;
+}
+
+int mm_onednn_gemm(enum mm_dtype dt, int impl, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                   const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+                   int64_t ldc)
+{
+	return mmd_gemm(dt, impl, 0, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
+}
+
+int mm_onednn_gemm_ragged(enum mm_dtype dt, bool vary_k, bool ta, bool tb, int64_t M, int64_t N,
+                          int64_t K, const void *A, int64_t lda, const void *B, int64_t ldb,
+                          float beta, float *C, int64_t ldc)
+{
+	return mmd_gemm(dt, 0, vary_k ? 2 : 1, ta, tb, M, N, K, A, lda, B, ldb, beta, C, ldc);
 }
 
 const char *mm_onednn_isa(void)

@@ -10,6 +10,7 @@
 #include "base/log.h"
 #include "base/mem.h"
 #include "kernels/kernels.h"
+#include "kernels/mm_engine.h"
 #include "model/model.h"
 
 #define MOE_IGNORE_INDEX (-100)

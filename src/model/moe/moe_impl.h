@@ -178,6 +178,7 @@ static void MT(experts_forward)(struct moe_model *m, int l, const MREAL *x, cons
 	int64_t C = m->cfg.dim, Fm = m->cfg.moe_inter_dim;
 	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w2 = MT(bt)(m, MUW(m), l, MB_W2);
 	MREAL *w3 = MT(bt)(m, MUW(m), l, MB_W3);
+	mm_engine_ragged(true); /* each expert's row count changes from step to step */
 	for (int64_t e = 0; e < nE; e++) {
 		int64_t r0 = eoff[e], n = eoff[e + 1] - eoff[e];
 		if (n == 0) /* no token: no call (a zero-row matmul) */
@@ -186,6 +187,7 @@ static void MT(experts_forward)(struct moe_model *m, int l, const MREAL *x, cons
 		               w3 + e * Fm * C, eh1 + r0 * Fm, eh3 + r0 * Fm, gate + r0 * Fm, n, C,
 		               Fm, 0);
 	}
+	mm_engine_ragged(false);
 }
 
 /* Expert parallelism: the slots this rank routed to each ep rank's experts (one run of the
@@ -387,6 +389,7 @@ static void MT(up_again)(struct moe_model *m, int l, bool h1, bool h3)
 	int64_t nE = m->ep > 1 ? m->E_local : c->n_routed_experts;
 	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w3 = MT(bt)(m, MUW(m), l, MB_W3);
 	MREAL *eh1 = MT(act)(m, a->eh1), *eh3 = MT(act)(m, a->eh3);
+	mm_engine_ragged(true);
 	for (int64_t e = 0; e < nE; e++) {
 		int64_t r0 = eoff[e], n = eoff[e + 1] - eoff[e];
 		if (n == 0)
@@ -396,6 +399,7 @@ static void MT(up_again)(struct moe_model *m, int l, bool h1, bool h3)
 		if (h3)
 			MK(matmul_forward)(eh3 + r0 * Fm, x + r0 * C, w3 + e * Fm * C, n, C, Fm, 0);
 	}
+	mm_engine_ragged(false);
 }
 
 /* The recompute pass of block l (selective or full; moe_build_opts says what each keeps):
@@ -555,6 +559,7 @@ static void MT(experts_backward)(struct moe_model *m, int l, const MREAL *x, con
 	MREAL *w1 = MT(bt)(m, MUW(m), l, MB_W1), *w2 = MT(bt)(m, MUW(m), l, MB_W2);
 	MREAL *w3 = MT(bt)(m, MUW(m), l, MB_W3), *dw1 = MT(bt)(m, MUDW(m), l, MB_W1);
 	MREAL *dw2 = MT(bt)(m, MUDW(m), l, MB_W2), *dw3 = MT(bt)(m, MUDW(m), l, MB_W3);
+	mm_engine_ragged(true);
 	for (int64_t e = 0; e < nE; e++) {
 		int64_t r0 = eoff[e], n = eoff[e + 1] - eoff[e];
 		if (n == 0)
@@ -566,6 +571,7 @@ static void MT(experts_backward)(struct moe_model *m, int l, const MREAL *x, con
 		                        eh3 + r0 * Fm, gate + r0 * Fm, dh1 + r0 * Fm, dh3 + r0 * Fm, n,
 		                        C, Fm);
 	}
+	mm_engine_ragged(false);
 }
 
 /* Backward of the MoE FFN: dout = d(block output) (N, C); dxn = d(xn2), overwritten. */
