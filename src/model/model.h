@@ -203,6 +203,10 @@ struct model_family {
 	bool cp; /* context parallelism (the sequence split over ranks) */
 	bool tied_head; /* the last unit reads table tensor 0 too (model_ops.set_tied) */
 	bool ep; /* expert parallelism (routed experts split over ranks) */
+	/* under tensor parallelism every tp rank holds the whole residual stream (no sequence
+	 * parallelism: Hyena), so a pipeline stage boundary carries all of a micro-batch's
+	 * tokens; false: each tp rank holds its ceil(N/tp) token rows (Llama) */
+	bool tp_whole_stream;
 	/* families without tp / cp: why, in words a user understands (NULL: a generic reason) */
 	const char *no_tp_why, *no_cp_why;
 	int64_t (*vocab)(const struct model_config *c);

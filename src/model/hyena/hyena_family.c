@@ -341,6 +341,7 @@ const struct model_family hyena_family = {
     .manifest_fields = hyena_manifest_fields,
     .ac = true,
     .tp = true,
+    .tp_whole_stream = true,
     .pp = true,
     .float8 = true,
     .tied_head = true,
