@@ -119,8 +119,10 @@ static void hyena_op_logits(void *impl, float *logits)
 static double hyena_op_flops(const struct model_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
-	(void)t;
-	return hyena_flops_per_token(hyena_cfg(c), seq_len);
+	/* with a tensor-parallel table: this rank's share of the model's FLOPs (the trainer's
+	 * MFU multiplies it by tp again; the replicated head's repeated work is no model FLOP) */
+	int64_t tp = t && t->tp_size > 1 ? t->tp_size : 1;
+	return hyena_flops_per_token(hyena_cfg(c), seq_len) / (double)tp;
 }
 static void hyena_op_free(void *impl)
 {
