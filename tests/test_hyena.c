@@ -537,6 +537,41 @@ TEST_CASE(test_cost_model)
 		}
 		hyena_free(&m);
 	}
+	/* tensor parallelism (tp 2): a rank's activations as the model built for its slice
+	 * carves them (no collective runs at build), its work a share of one rank's, and its
+	 * all-reduces the in-pass tp collectives of the blocks */
+	const struct model_group grp = {.size = 2, .rank = 1};
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		struct model_cost_shape sh = {.B = B, .T = T, .ac = modes[i].ac,
+		                              .ac_every = modes[i].every, .tp = 2,
+		                              .elem_bytes = 4, .cp = 1};
+		int64_t want = model_cost_activation_bytes(&mc, &sh);
+		int64_t before = mem_current(MEM_ACTIVATIONS);
+		struct hyena_model m;
+		const struct hyena_build_opts o = {
+		    .ac = modes[i].ac, .ac_every = modes[i].every, .tp = &grp};
+		CHECK(hyena_build(&m, c, B, T, &o) == CT_OK, "build tp %s", modes[i].name);
+		int64_t got = mem_current(MEM_ACTIVATIONS) - before;
+		EXPECT(want == got, "tp 2 %s: cost model %lld activation bytes, built %lld",
+		       modes[i].name, (long long)want, (long long)got);
+		model_cost_work w1, w2;
+		struct model_cost_shape one = sh;
+		one.tp = 1;
+		model_cost_unit_work(&mc, &one, 1, w1);
+		model_cost_unit_work(&mc, &sh, 1, w2);
+		EXPECT(w2[MODEL_PASS_FWD][MODEL_COST_MATMUL] * 2 == w1[MODEL_PASS_FWD][MODEL_COST_MATMUL],
+		       "tp 2 %s: a block's matmuls half one rank's", modes[i].name);
+		struct model_prog f, b, r;
+		model_cost_unit_inner(&mc, &sh, 1, MODEL_PASS_FWD, &f);
+		model_cost_unit_inner(&mc, &sh, 1, MODEL_PASS_BWD, &b);
+		model_cost_unit_inner(&mc, &sh, 1, MODEL_PASS_REC, &r);
+		int rec = model_ac_block(modes[i].ac, modes[i].every, 0) == MODEL_AC_FULL ? 2 : 0;
+		EXPECT(f.n == 4 && b.n == 6 && r.n == rec && f.c[0].role == MODEL_GROUP_TP &&
+		           f.c[0].bytes == B * T * c->dim / 2 * (int64_t)sizeof(float),
+		       "tp 2 %s: in-pass collectives %d %d %d", modes[i].name, f.n, b.n, r.n);
+		hyena_free(&m);
+	}
+	fprintf(stderr, "  tp 2: activation bytes as built in every mode\n");
 }
 
 TEST_CASE(test_overfit_one_batch)
