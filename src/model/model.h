@@ -224,6 +224,12 @@ struct model_family {
 	/* families with tp: CT_OK when tp ranks can split c, else CT_ERR_USAGE with a message
 	 * naming what tp must divide */
 	int (*tp_check)(const struct model_config *c, int64_t tp);
+	/* a table tensor that is a row range of another tensor of an older layout of the
+	 * family's table (NULL, or 1: none): returns g > 1 when `name` is tensor *piece of g
+	 * equal row ranges of the tensor named `group` (a checkpoint written before the split
+	 * loads those rows), e.g. Hyena's per-stream in_proj of safari's one in_proj */
+	int (*tensor_group)(const struct model_config *c, const char *name, char *group, size_t n,
+	                    int *piece);
 	void (*init_params)(const struct model_config *c, const struct param_table *t, uint64_t seed,
 	                    float *out, int64_t first, int64_t n);
 	int (*build)(struct model *m, const struct model_config *c, int64_t B, int64_t T,

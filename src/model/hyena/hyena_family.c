@@ -238,6 +238,11 @@ static int hyena_family_tp_check(const struct model_config *c, int64_t tp)
 {
 	return hyena_tp_check(hyena_cfg(c), tp);
 }
+static int hyena_family_tensor_group(const struct model_config *c, const char *name, char *group,
+                                     size_t n, int *piece)
+{
+	return hyena_name_group(hyena_cfg(c), name, group, n, piece);
+}
 static void hyena_family_init(const struct model_config *c, const struct param_table *t,
                               uint64_t seed, float *out, int64_t first, int64_t n)
 {
@@ -337,6 +342,7 @@ const struct model_family hyena_family = {
     .table_build = hyena_family_table,
     .table_build_tp = hyena_family_table_tp,
     .tp_check = hyena_family_tp_check,
+    .tensor_group = hyena_family_tensor_group,
     .init_params = hyena_family_init,
     .build = hyena_family_build,
     .describe = hyena_describe,
