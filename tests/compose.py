@@ -145,11 +145,10 @@ def is_f8(precision):
 # ctitan refuses with exit 2 and the same reason; the matrix checks that too (one case of each
 # rule must exit 2 with that message).
 RULES = [
-    ("hyena-tp", lambda c: c["family"] == "hyena" and is_tp(c["layout"]),
-     "not yet: Hyena's in-projection interleaves its N+1 streams per channel, so a channel "
-     "split is not a contiguous row range of the table's tensors (the pieces TP and the "
-     "checkpoints know); the filters and long convolutions themselves are per channel",
-     'not supported for model.name = "hyena"'),
+    ("hyena-asynctp", lambda c: c["family"] == "hyena" and is_async(c["layout"]),
+     "Hyena's tensor parallelism is not sequence-parallel: the row-parallel out_proj and fc2 "
+     "end in all-reduces, with no all-gather or reduce-scatter to decompose into ring steps",
+     "its tensor parallelism is not sequence-parallel"),
     ("hyena-cp", lambda c: c["family"] == "hyena" and is_cp(c["layout"]),
      "Hyena's long convolution mixes every position with every earlier one through an FFT "
      "over the whole sequence: a sequence shard cannot be computed from its own tokens and a "

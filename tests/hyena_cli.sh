@@ -3,6 +3,9 @@
 #  - one rank: trains on synthetic data and the loss falls;
 #  - FSDP on 2 ranks: the same global batch gives the 1-rank losses and grad norms within 1e-5;
 #  - 2 pipeline stages (1F1B) with full activation checkpointing equal 1 rank too;
+#  - tensor parallelism (TP 2, FSDP 2 x TP 2, PP 2 x TP 2): losses, grad norms and every
+#    parameter after 6 steps (exported from the checkpoint every rank wrote its pieces of)
+#    equal 1 rank's within 1e-5; checkpoints resume across tp = 1 and tp = 2;
 #  - a checkpoint saved on 2 ranks resumes on 1 (the manifest names the family), and the
 #    resumed steps equal the uninterrupted run's;
 #  - a Llama run refuses a Hyena checkpoint (naming the family); bad hyena keys are usage
@@ -22,7 +25,7 @@ COMMON=(--model.name=hyena --model.flavor=hyena-debug --model.vocab_size=509
         --metrics.peak_tflops=0.1 --checkpoint.interval=3)
 # 1. one rank
 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" --job.dump_folder="$tmp/a" \
-  > "$tmp/a.log" 2>&1
+  --checkpoint.enable=true > "$tmp/a.log" 2>&1
 check "1 rank trains (exit 0)" $?
 grep -q "model hyena hyena-debug" "$tmp/a.log"; check "log names the hyena model" $?
 metric "$tmp/a/metrics.jsonl" 1 6 > "$tmp/a.l"
@@ -58,6 +61,58 @@ close "$tmp/c.l" "$tmp/a4.l"; check "resumed steps 4-6 (loss, grad_norm) equal t
 check "2 pipeline stages (1F1B, full AC) train (exit 0)" $?
 metric "$tmp/p/metrics.jsonl" 1 6 > "$tmp/p.l"
 close "$tmp/p.l" "$tmp/a.l"; check "PP losses and grad_norms equal 1-rank ones within 1e-5" $?
+
+# 3c. tensor parallelism: each rank holds D/tp channels of every in_proj stream (and of the
+# short filter, the long convolutions and the filters' last layer), fc1's rows, out_proj's and
+# fc2's columns; the row-parallel outputs, the column-parallel input gradients and the implicit
+# filter MLP's gradients are all-reduced over tp. Every rank writes its pieces of the step-6
+# checkpoint; `ctitan export` gathers them into safari's tensors, compared with 1 rank's.
+"$CTITAN" export "$tmp/a/checkpoint" "$tmp/a.exp" > "$tmp/a.exp.log" 2>&1
+check "export of the 1-rank checkpoint (exit $?)" $?
+# (per tensor in the L2 norm, as tests/compose.py: an element whose gradient is at the fp32
+# summation-order noise may take an Adam step of +-lr the other way, ~5e-5 of a tensor's
+# largest element, which the norm of the whole tensor averages out)
+params_close() { # A B: every tensor of two exports within 1e-5 (relative, in the L2 norm)
+  /usr/bin/python3 - "$1/model.safetensors" "$2/model.safetensors" <<'PY'
+import json, struct, sys
+import numpy as np
+def load(p):
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n]); hdr.pop("__metadata__", None)
+    return {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]],
+                             np.float32).astype(np.float64) for k, v in hdr.items()}
+a, b = load(sys.argv[1]), load(sys.argv[2])
+worst = max((np.linalg.norm(a[k] - b[k]) / max(np.linalg.norm(b[k]), 1e-6), k) for k in b)
+print(f"  {len(b)} tensors, worst {worst[1]}: {worst[0]:.1e} of its norm")
+sys.exit(0 if a.keys() == b.keys() and worst[0] <= 1e-5 else 1)
+PY
+}
+for lay in "tp2 2 --parallelism.tensor_parallel_degree=2" \
+           "fsdp2xtp2 4 --parallelism.tensor_parallel_degree=2 --parallelism.data_parallel_shard_degree=2" \
+           "pp2xtp2 4 --parallelism.tensor_parallel_degree=2 --parallelism.pipeline_parallel_degree=2 --parallelism.pipeline_parallel_schedule=1F1B"; do
+  read -r name n args <<< "$lay"
+  # shellcheck disable=SC2086
+  "$LAUNCH" "$n" "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" $args \
+    --job.dump_folder="$tmp/$name" --checkpoint.enable=true > "$tmp/$name.log" 2>&1
+  check "$name ($n ranks) trains (exit $?)" $?
+  metric "$tmp/$name/metrics.jsonl" 1 6 > "$tmp/$name.l"
+  close "$tmp/$name.l" "$tmp/a.l"; check "$name losses and grad_norms equal 1-rank ones within 1e-5" $?
+  "$CTITAN" export "$tmp/$name/checkpoint" "$tmp/$name.exp" > "$tmp/$name.exp.log" 2>&1 &&
+    params_close "$tmp/$name.exp" "$tmp/a.exp"
+  check "$name parameters after 6 steps (every rank's pieces) equal 1-rank ones within 1e-5" $?
+done
+# across layouts: tp = 2's step 3 on 1 rank, 1 rank's step 3 on tp = 2
+for from in "tp2 1" "a 2"; do
+  read -r src n <<< "$from"
+  rm -rf "$tmp/r-$src" && mkdir -p "$tmp/r-$src" && cp -r "$tmp/$src/checkpoint" "$tmp/r-$src/" &&
+    rm -rf "$tmp/r-$src/checkpoint/step-00000006" && echo 3 > "$tmp/r-$src/checkpoint/latest"
+  run "$tmp/r-$src.log" "$LAUNCH" "$n" "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" \
+    --parallelism.tensor_parallel_degree="$n" --job.dump_folder="$tmp/r-$src" \
+    --checkpoint.enable=true && grep -q "loaded step 3" "$tmp/r-$src.log"
+  check "tp = $n resumes the step-3 checkpoint of $src (exit 0)" $?
+  metric "$tmp/r-$src/metrics.jsonl" 4 6 > "$tmp/r-$src.l"
+  close "$tmp/r-$src.l" "$tmp/a4.l"; check "its steps 4-6 equal the uninterrupted 1-rank run's" $?
+done
 
 # 4. refusals
 "$CTITAN" train "$ROOT/configs/debug.toml" --training.steps=1 --training.seq_len=32 \

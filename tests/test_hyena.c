@@ -63,7 +63,9 @@ TEST_CASE(test_table_and_init)
 	c.l_max = 256;
 	EXPECT(hyena_config_finish(&c) == CT_OK, "finish");
 	hyena_table_build(&t, &c);
-	/* per block: LN 2D + in (3D*D + 3D) + short (3D*3 + 3D) + fbias D + MLP (F*E + F + F +
+	/* per block (in_proj, the short filter, the filter bias and the implicit filter's last
+	 * layer one tensor per stream or order, adjacent: safari's tensors' rows, the same values):
+	 * LN 2D + in (3D*D + 3D) + short (3D*3 + 3D) + fbias D + MLP (F*E + F + F +
 	 * 2*(F*F + F) + D*F) + out (D*D + D) + LN 2D + fc1 (H*D + H) + fc2 (D*H + D) */
 	int64_t D = 128, F = 64, E = 33, H = 512, V = 2048;
 	int64_t blk = 2 * D + 3 * D * D + 3 * D + 9 * D + 3 * D + D + F * E + 2 * F +
@@ -74,10 +76,19 @@ TEST_CASE(test_table_and_init)
 	const struct param_entry *fq =
 	    param_table_find(&t, "layers.3.mixer.filter_fn.implicit_filter.1.freq");
 	EXPECT(fq && fq->unit == 4 && fq->numel == F && !fq->weight_decay, "freq entry");
-	EXPECT(param_table_find(&t, "layers.0.mixer.in_proj.weight")->weight_decay, "decay");
+	EXPECT(param_table_find(&t, "layers.0.mixer.in_proj.2.weight")->weight_decay, "decay");
 	EXPECT(!param_table_find(&t, "layers.0.mixer.filter_fn.implicit_filter.6.weight")
 	            ->weight_decay,
 	       "no decay on the implicit filter");
+	EXPECT(t.count == 1 + 4 * 31 + 2, "%d tensors (31 a block at order 2)", t.count);
+	for (int s = 0; s < 3; s++) { /* stream s: rows s*D.. of safari's in_proj */
+		char nm[96];
+		snprintf(nm, sizeof(nm), "layers.1.mixer.in_proj.%d.weight", s);
+		const struct param_entry *e = param_table_find(&t, nm), *e0 = param_table_find(
+		                                                           &t, "layers.1.mixer.in_proj.0.weight");
+		EXPECT(e && e->shape[0] == D && e->shape[1] == D && e->offset == e0->offset + s * D * D,
+		       "%s adjacent", nm);
+	}
 	uint64_t seed = test_seed();
 	float *full = malloc((size_t)t.numel * sizeof(float));
 	float *part = malloc((size_t)t.numel * sizeof(float));
@@ -90,7 +101,8 @@ TEST_CASE(test_table_and_init)
 	hyena_init_params(&c, &t, 1234, part, 0, t.numel);
 	unsigned long long h = XXH64(part, (size_t)t.numel * sizeof(float), 0);
 	EXPECT(h == HYENA_INIT_XXH64, "pinned init: xxh64 %#llx, want %#llx", h, HYENA_INIT_XXH64);
-	const struct param_entry *sf = param_table_find(&t, "layers.1.mixer.short_filter.weight");
+	const struct param_entry *sf = param_table_find(&t, "layers.1.mixer.short_filter.0.weight");
+	sf = sf ? sf : &t.p[0];
 	double mx = 0;
 	for (int64_t j = 0; j < sf->numel; j++)
 		mx = fmax(mx, fabs(full[sf->offset + j]));
@@ -100,9 +112,11 @@ TEST_CASE(test_table_and_init)
 	param_table_free(&t);
 }
 
-/* Float8 (kernels/fp8_linear.h): every block's in_proj, out_proj, fc1 and fc2 convert, and
- * nothing else (the implicit filter MLP's linears, the short filter and the embedding the tied
- * head reads stay high precision); filter_fqns drops a module as for Llama. */
+/* Float8 (kernels/fp8_linear.h): every block's out_proj, fc1 and fc2 are the table's float8
+ * linears, and nothing else (the implicit filter MLP's linears, the short filter and the
+ * embedding the tied head reads stay high precision); filter_fqns drops a module as for Llama.
+ * in_proj, its N+1 stream tensors, is one linear the family registers when it binds a unit
+ * (test_float8_in_proj), none of the table's. */
 TEST_CASE(test_float8_linears)
 {
 	struct hyena_config c;
@@ -111,8 +125,8 @@ TEST_CASE(test_float8_linears)
 	c.l_max = 256;
 	CHECK(hyena_config_finish(&c) == CT_OK, "finish");
 	hyena_table_build(&t, &c);
-	static const char *const lin[] = {"mixer.in_proj.weight", "mixer.out_proj.weight",
-	                                  "feed_forward.fc1.weight", "feed_forward.fc2.weight"};
+	static const char *const lin[] = {"mixer.out_proj.weight", "feed_forward.fc1.weight",
+	                                  "feed_forward.fc2.weight"};
 	const char *filters[] = {"output", "fc1"};
 	for (int f = 0; f < 2; f++) {
 		fp8_linear_configure(true, FP8_TENSORWISE, filters[f]);
@@ -120,7 +134,7 @@ TEST_CASE(test_float8_linears)
 		for (int i = 0; i < t.count; i++) {
 			const struct param_entry *e = &t.p[i];
 			bool want = false;
-			for (int k = 0; k < 4; k++)
+			for (int k = 0; k < 3; k++)
 				want |=
 				    strstr(e->name, lin[k]) != NULL && !strstr(e->name, filters[f]);
 			n += model_fp8_linear(e);
@@ -128,12 +142,40 @@ TEST_CASE(test_float8_linears)
 				fprintf(stderr, "  %s: float8 %d, want %d\n", e->name,
 				        model_fp8_linear(e), want);
 		}
-		EXPECT(wrong == 0 && n == (f ? 3 : 4) * (int)c.n_layers,
+		EXPECT(wrong == 0 && n == (f ? 2 : 3) * (int)c.n_layers,
 		       "filter_fqns [%s]: %d float8 linears (%d wrong)", filters[f], n, wrong);
 	}
 	fp8_linear_configure(false, FP8_TENSORWISE, "");
-	EXPECT(!model_fp8_linear(param_table_find(&t, "layers.0.mixer.in_proj.weight")), "off");
+	EXPECT(!model_fp8_linear(param_table_find(&t, "layers.0.mixer.out_proj.weight")), "off");
 	param_table_free(&t);
+}
+
+/* in_proj as one float8 linear of (N+1)D rows: what binding a block registers (the first
+ * stream's address, the matmul's weight), unless filter_fqns drops it. */
+TEST_CASE(test_float8_in_proj)
+{
+	struct hyena_config c;
+	hyena_config_preset(&c, "hyena-debug");
+	c.l_max = 16;
+	struct hyena_model hm;
+	const struct hyena_build_opts o = {.own_params = true};
+	const char *filters[] = {"", "in_proj"};
+	for (int f = 0; f < 2; f++) {
+		fp8_linear_configure(true, FP8_TENSORWISE, filters[f]);
+		CHECK(hyena_build(&hm, &c, 1, 16, &o) == CT_OK, "build");
+		struct model m;
+		model_wrap_hyena(&m, &hm);
+		int u = 2, i = hyena_block_tensor_index(&c, u - 1, HYB_IN_W);
+		const float *w = hm.params + hm.table.p[i].offset;
+		model_bind_unit(&m, u, hm.params + hm.table.unit_begin[u],
+		                hm.grads + hm.table.unit_begin[u]);
+		EXPECT(fp8_linear_is(w) == (f == 0), "filter_fqns [%s]: in_proj float8 %d",
+		       filters[f], fp8_linear_is(w));
+		EXPECT(!fp8_linear_is(w + c.dim * c.dim), "stream 1 is no linear of its own");
+		model_bind_unit(&m, u, NULL, NULL);
+		hyena_free(&hm);
+	}
+	fp8_linear_configure(false, FP8_TENSORWISE, "");
 }
 
 /* ------------------------------------------------------------ finite differences */
@@ -495,6 +537,41 @@ TEST_CASE(test_cost_model)
 		}
 		hyena_free(&m);
 	}
+	/* tensor parallelism (tp 2): a rank's activations as the model built for its slice
+	 * carves them (no collective runs at build), its work a share of one rank's, and its
+	 * all-reduces the in-pass tp collectives of the blocks */
+	const struct model_group grp = {.size = 2, .rank = 1};
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		struct model_cost_shape sh = {.B = B, .T = T, .ac = modes[i].ac,
+		                              .ac_every = modes[i].every, .tp = 2,
+		                              .elem_bytes = 4, .cp = 1};
+		int64_t want = model_cost_activation_bytes(&mc, &sh);
+		int64_t before = mem_current(MEM_ACTIVATIONS);
+		struct hyena_model m;
+		const struct hyena_build_opts o = {
+		    .ac = modes[i].ac, .ac_every = modes[i].every, .tp = &grp};
+		CHECK(hyena_build(&m, c, B, T, &o) == CT_OK, "build tp %s", modes[i].name);
+		int64_t got = mem_current(MEM_ACTIVATIONS) - before;
+		EXPECT(want == got, "tp 2 %s: cost model %lld activation bytes, built %lld",
+		       modes[i].name, (long long)want, (long long)got);
+		model_cost_work w1, w2;
+		struct model_cost_shape one = sh;
+		one.tp = 1;
+		model_cost_unit_work(&mc, &one, 1, w1);
+		model_cost_unit_work(&mc, &sh, 1, w2);
+		EXPECT(w2[MODEL_PASS_FWD][MODEL_COST_MATMUL] * 2 == w1[MODEL_PASS_FWD][MODEL_COST_MATMUL],
+		       "tp 2 %s: a block's matmuls half one rank's", modes[i].name);
+		struct model_prog f, b, r;
+		model_cost_unit_inner(&mc, &sh, 1, MODEL_PASS_FWD, &f);
+		model_cost_unit_inner(&mc, &sh, 1, MODEL_PASS_BWD, &b);
+		model_cost_unit_inner(&mc, &sh, 1, MODEL_PASS_REC, &r);
+		int rec = model_ac_block(modes[i].ac, modes[i].every, 0) == MODEL_AC_FULL ? 2 : 0;
+		EXPECT(f.n == 4 && b.n == 6 && r.n == rec && f.c[0].role == MODEL_GROUP_TP &&
+		           f.c[0].bytes == B * T * c->dim / 2 * (int64_t)sizeof(float),
+		       "tp 2 %s: in-pass collectives %d %d %d", modes[i].name, f.n, b.n, r.n);
+		hyena_free(&m);
+	}
+	fprintf(stderr, "  tp 2: activation bytes as built in every mode\n");
 }
 
 TEST_CASE(test_overfit_one_batch)
@@ -524,13 +601,18 @@ TEST_CASE(test_overfit_one_batch)
 
 /* ------------------------------------------------------------ PyTorch reference */
 
-static void add_params(struct st_file *f, const struct param_table *t, const float *buf,
-                       const char *prefix)
+/* the table's tensors under the reference's names: a per-stream group as its one tensor */
+static void add_params(struct st_file *f, const struct hyena_config *c,
+                       const struct param_table *t, const float *buf, const char *prefix)
 {
 	for (int i = 0; i < t->count; i++) {
-		char name[160];
-		snprintf(name, sizeof(name), "%s%s", prefix, t->p[i].name);
-		st_add(f, name, ST_F32, t->p[i].ndim, t->p[i].shape, buf + t->p[i].offset);
+		char name[160], group[PARAM_NAME_MAX];
+		int piece, g = hyena_name_group(c, t->p[i].name, group, sizeof(group), &piece);
+		if (piece > 0)
+			continue;
+		int64_t shape[2] = {t->p[i].shape[0] * g, t->p[i].shape[1]};
+		snprintf(name, sizeof(name), "%s%s", prefix, g > 1 ? group : t->p[i].name);
+		st_add(f, name, ST_F32, t->p[i].ndim, shape, buf + t->p[i].offset);
 	}
 }
 
@@ -606,7 +688,7 @@ static int reference_case(const struct hyena_config *c, int64_t B, int64_t T, co
 	char path[512];
 	struct st_file in, out;
 	st_init(&in);
-	add_params(&in, &hm.table, init, "");
+	add_params(&in, &hm.cfg, &hm.table, init, "");
 	int64_t bshape[3] = {S, B, T};
 	st_add(&in, "tokens", ST_I32, 3, bshape, tok);
 	st_add(&in, "targets", ST_I32, 3, bshape, tgt);
@@ -618,8 +700,8 @@ static int reference_case(const struct hyena_config *c, int64_t B, int64_t T, co
 	st_add(&out, "logits", ST_F32, 3, lshape, logits);
 	st_add(&out, "loss", ST_F64, 1, &one, &loss);
 	st_add(&out, "losses", ST_F64, 1, &sdim, losses);
-	add_params(&out, &hm.table, grads, "grad.");
-	add_params(&out, &hm.table, hm.params, "final.");
+	add_params(&out, &hm.cfg, &hm.table, grads, "grad.");
+	add_params(&out, &hm.cfg, &hm.table, hm.params, "final.");
 	snprintf(path, sizeof(path), "%s/outputs.safetensors", dir);
 	rc |= st_write(&out, path);
 	st_free(&in);
@@ -698,6 +780,7 @@ int main(int argc, char **argv)
 	if (!only_ref) {
 		RUN(test_table_and_init);
 		RUN(test_float8_linears);
+		RUN(test_float8_in_proj);
 		RUN(test_fd_order2);
 		RUN(test_fd_order3);
 		RUN(test_float_vs_double);

@@ -72,8 +72,9 @@ bad "tp not dividing the heads" 3 "tensor_parallel_degree = 3 must divide the mo
   --parallelism.tensor_parallel_degree=3
 bad "tp not dividing the kv heads" 4 "n_kv_heads (4)" --model.flavor=125M \
   --parallelism.tensor_parallel_degree=4 --model.vocab_size=2048
-bad "tp with hyena" 2 'not supported for model.name = "hyena"' \
-  --parallelism.tensor_parallel_degree=2 --model.name=hyena --model.flavor=hyena-debug
+bad "async tp with hyena" 2 'its tensor parallelism is not sequence-parallel' \
+  --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true \
+  --model.name=hyena --model.flavor=hyena-debug
 
 # ctitan plan with TP: TorchTitan's 70B layout (FSDP 32 x TP 8) plans with both TP rows.
 plan=(plan "$ROOT/configs/70b.toml" --world-size 256 --metrics.peak_tflops=989

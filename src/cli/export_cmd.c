@@ -83,6 +83,8 @@ static int export_run(const char *ckpt, const char *out)
 		CHECK(model_hf_tensor(&mc, p, params + p->offset, perm + p->offset, name,
 		                      sizeof(name), &src, &ndim, shape),
 		      "export: no HF name for %s", p->name);
+		if (!name[0]) /* stored inside an earlier entry's tensor (model_hf.h) */
+			continue;
 		names[i] = xstrdup(name);
 		st_add(&f, names[i], ST_F32, ndim, shape, src);
 	}

@@ -82,6 +82,23 @@ static void plan_tp_variant(const struct sched *s, const struct sched_cost_model
 	o->comm_s = 0.0;
 	for (int i = 0; i < v.n_nodes; i++) {
 		const struct sched_node *n = &v.nodes[i];
+		if (cm->inner && n->seg == 0 &&
+		    (n->kind == SCHED_FWD || n->kind == SCHED_BWD || n->kind == SCHED_RECOMPUTE)) {
+			/* a family's all-reduces inside the pass (Hyena's), on the tp group */
+			enum model_pass mp = sched_node_pass(n);
+			enum sched_work k = mp == MODEL_PASS_FWD   ? SCHED_WORK_FWD
+			                    : mp == MODEL_PASS_BWD ? SCHED_WORK_BWD
+			                                           : SCHED_WORK_REC;
+			const struct model_prog *g = &cm->inner[n->unit * SCHED_WORK_COUNT + k];
+			for (int j = 0; j < g->n; j++) {
+				double c;
+				if (g->c[j].role != MODEL_GROUP_TP)
+					continue;
+				sched_cost_tp_s(cm, k, &g->c[j], &c);
+				o->n += c > 0;
+				o->comm_s += c;
+			}
+		}
 		if (n->kind != SCHED_TP_ALL_GATHER && n->kind != SCHED_TP_REDUCE_SCATTER)
 			continue;
 		double c;
@@ -389,7 +406,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		double plain = tpv[0].p.step_s, async = tpv[1].p.step_s;
 		printf(
 		    "tensor parallelism       %lld collectives per step (TP nodes of the "
-		    "schedule) over %.0f Gbit/s (parallelism.tp_bandwidth_gbps), %.3f s; exposed "
+		    "schedule, in-pass all-reduces) over %.0f Gbit/s (parallelism.tp_bandwidth_gbps), %.3f s; exposed "
 		    "%.3f s plain, %.3f s async\n",
 		    (long long)tpv[0].n, c->parallelism.tp_bandwidth_gbps, tpv[0].comm_s,
 		    tpv[0].p.tp_s, tpv[1].p.tp_s);
@@ -397,10 +414,15 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		    "throughput, plain TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
 		    tokens / plain, 100.0 * fpt * tokens / plain / peak, plain,
 		    c->parallelism.enable_async_tensor_parallel ? "" : "  <- this config");
-		printf(
-		    "throughput, async TP     %.0f tokens/s per rank, MFU %.1f%%, step %.3f s%s\n",
-		    tokens / async, 100.0 * fpt * tokens / async / peak, async,
-		    c->parallelism.enable_async_tensor_parallel ? "  <- this config" : "");
+		if (fam->tp_whole_stream) /* no sequence parallelism: nothing to decompose */
+			printf("throughput, async TP     (none: model.name = \"%s\" has no async TP, "
+			       "its TP is not sequence-parallel)\n",
+			       fam->name);
+		else
+			printf("throughput, async TP     %.0f tokens/s per rank, MFU %.1f%%, step "
+			       "%.3f s%s\n",
+			       tokens / async, 100.0 * fpt * tokens / async / peak, async,
+			       c->parallelism.enable_async_tensor_parallel ? "  <- this config" : "");
 		printf("  (model FLOPs %.3g per token)\n", fpt);
 	} else {
 		printf("throughput               %.0f tokens/s per rank, MFU %.1f%% (model FLOPs "

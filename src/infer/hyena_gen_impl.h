@@ -48,13 +48,13 @@ struct HG_S(hgen) * HG_S(hgen_create)(const struct hyena_config *c, const struct
 	g->D = D, g->N = N, g->M = M, g->Pd = (N + 1) * D, g->H = c->ffn_hidden;
 	g->K = HYENA_SHORT_FILTER, g->V = c->vocab_size;
 	g->wte = params + t->p[0].offset;
-	g->lnf_w = params + t->p[hyena_block_tensor_index((int)M, 0)].offset;
-	g->lnf_b = params + t->p[hyena_block_tensor_index((int)M, 0) + 1].offset;
+	g->lnf_w = params + t->p[hyena_block_tensor_index(c, (int)M, 0)].offset;
+	g->lnf_b = params + t->p[hyena_block_tensor_index(c, (int)M, 0) + 1].offset;
 	g->w = HG_S(hg_alloc)(g, (size_t)(M * HYB_COUNT), sizeof(*g->w));
 	for (int64_t l = 0; l < M; l++)
 		for (int k = 0; k < HYB_COUNT; k++)
 			g->w[l * HYB_COUNT + k] =
-			    params + t->p[hyena_block_tensor_index((int)l, k)].offset;
+			    params + t->p[hyena_block_tensor_index(c, (int)l, k)].offset;
 	/* filters: rho (M*(N-1), D, L) with the skip term folded into tap 0 */
 	const int64_t Cf = (N - 1) * D;
 	HG_S(hg_real) *h = xcalloc((size_t)(L * Cf), sizeof(HG_S(hg_real)));

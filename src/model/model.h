@@ -203,6 +203,10 @@ struct model_family {
 	bool cp; /* context parallelism (the sequence split over ranks) */
 	bool tied_head; /* the last unit reads table tensor 0 too (model_ops.set_tied) */
 	bool ep; /* expert parallelism (routed experts split over ranks) */
+	/* under tensor parallelism every tp rank holds the whole residual stream (no sequence
+	 * parallelism: Hyena), so a pipeline stage boundary carries all of a micro-batch's
+	 * tokens; false: each tp rank holds its ceil(N/tp) token rows (Llama) */
+	bool tp_whole_stream;
 	/* families without tp / cp: why, in words a user understands (NULL: a generic reason) */
 	const char *no_tp_why, *no_cp_why;
 	int64_t (*vocab)(const struct model_config *c);
@@ -220,6 +224,12 @@ struct model_family {
 	/* families with tp: CT_OK when tp ranks can split c, else CT_ERR_USAGE with a message
 	 * naming what tp must divide */
 	int (*tp_check)(const struct model_config *c, int64_t tp);
+	/* a table tensor that is a row range of another tensor of an older layout of the
+	 * family's table (NULL, or 1: none): returns g > 1 when `name` is tensor *piece of g
+	 * equal row ranges of the tensor named `group` (a checkpoint written before the split
+	 * loads those rows), e.g. Hyena's per-stream in_proj of safari's one in_proj */
+	int (*tensor_group)(const struct model_config *c, const char *name, char *group, size_t n,
+	                    int *piece);
 	void (*init_params)(const struct model_config *c, const struct param_table *t, uint64_t seed,
 	                    float *out, int64_t first, int64_t n);
 	int (*build)(struct model *m, const struct model_config *c, int64_t B, int64_t T,

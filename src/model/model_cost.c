@@ -49,7 +49,7 @@ void model_cost_unit_inner(const struct model_config *c, const struct model_cost
                            enum model_pass p, struct model_prog *out)
 {
 	memset(out, 0, sizeof(*out));
-	if ((s->cp > 1 || s->ep > 1) && cost_ops(c)->unit_inner)
+	if ((s->cp > 1 || s->ep > 1 || s->tp > 1) && cost_ops(c)->unit_inner)
 		cost_ops(c)->unit_inner(c, s, u, p, out);
 }
 

@@ -17,7 +17,10 @@ struct model_hf_ops {
 	/* Entry e of the whole-model table as Hugging Face stores it: its name into name (n
 	 * bytes; false when it has none) and *data: src (e's values) as they are, or rewritten
 	 * into tmp (e->numel floats), e.g. permuted rows; *ndim and shape (set to e's by the
-	 * caller) may be changed to another shape of the same size. */
+	 * caller) may be changed to another shape of the same size, or to a larger one whose
+	 * values go on past e's into the entries after it, adjacent in the flat buffer (one HF
+	 * tensor that the family's table holds as several, e.g. Hyena's per-stream in_proj);
+	 * those entries then return true with an empty name (nothing of their own to write). */
 	bool (*tensor)(const struct model_config *c, const struct param_entry *e, const float *src,
 	               float *tmp, char *name, size_t n, const float **data, int *ndim,
 	               int64_t *shape);

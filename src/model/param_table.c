@@ -48,8 +48,8 @@ const struct param_entry *param_table_find(const struct param_table *t, const ch
 	return NULL;
 }
 
-static void init_fill(const struct param_entry *p, uint64_t seed, float *dst, int64_t elem0,
-                      int64_t cnt)
+void param_init_fill(const struct param_entry *p, uint64_t seed, float *dst, int64_t elem0,
+                     int64_t cnt)
 {
 	const struct param_init *in = &p->init;
 	uint64_t stream = rng_stream_id(p->name);
@@ -88,6 +88,6 @@ void param_table_init_range(const struct param_table *t, uint64_t seed, float *o
 		int64_t lo = p->offset > first ? p->offset : first;
 		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
 		if (lo < hi)
-			init_fill(p, seed, out + (lo - first), lo - p->offset, hi - lo);
+			param_init_fill(p, seed, out + (lo - first), lo - p->offset, hi - lo);
 	}
 }

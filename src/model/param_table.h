@@ -71,6 +71,11 @@ void param_table_add(struct param_table *t, int *cap, const char *name, int unit
  * so any shard of any layout gets the same values as one rank. */
 void param_table_init_range(const struct param_table *t, uint64_t seed, float *out, int64_t first,
                             int64_t n);
+/* Elements [elem0, elem0 + cnt) of tensor p as its init makes them (its name's random
+ * stream): for a family whose tensors are pieces of another's (Hyena's per-stream in_proj
+ * keeps the values of safari's one in_proj, whatever the layout). */
+void param_init_fill(const struct param_entry *p, uint64_t seed, float *dst, int64_t elem0,
+                     int64_t cnt);
 void param_table_free(struct param_table *t);
 const struct param_entry *param_table_find(const struct param_table *t, const char *name);
 

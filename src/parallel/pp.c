@@ -222,7 +222,10 @@ int pp_build(struct pp *pp, const struct model_config *mc, const struct mesh *me
 	}
 	pp->tied = model_family_of(mc->kind)->tied_head && pp->p > 1;
 	if (pp->tied) {
-		CHECK(mesh->tp == 1, "pp: a tied head under tensor parallelism");
+		/* (under tensor parallelism each tp rank sends its own copy to its peer stage's
+		 * same tp rank; a replicated tied tensor, as Hyena's embedding, is that copy) */
+		CHECK(mesh->tp == 1 || t->p[0].tp_dim < 0,
+		      "pp: a tied head split by tensor parallelism");
 		pp->tied_numel = t->p[0].numel;
 		CHECK(t->p[0].unit == 0, "pp: the tied tensor is not unit 0's");
 		if (pp->vstages[0].u0 == 0 || pp->vstages[pp->v - 1].u1 == t->n_units)
@@ -615,10 +618,12 @@ static void slot_wait_sends(struct pp *pp, int c, struct pp_slot *s)
 
 /* A stage boundary carries the residual stream of one micro-batch: under TP's sequence
  * parallelism each TP rank holds (and sends to its peer of the same TP rank) Ns = ceil(N/tp)
- * token rows of it. */
+ * token rows of it; a family without it (tp_whole_stream) sends all N. */
 static int64_t boundary_bytes(const struct pp *pp)
 {
 	int64_t N = pp->o.micro_rows * pp->o.T, tp = pp->mesh->tp;
+	if (model_family_of(pp->cfg.kind)->tp_whole_stream)
+		tp = 1;
 	return (N + tp - 1) / tp * model_config_dim(&pp->cfg) * (int64_t)sizeof(float);
 }
 

@@ -40,7 +40,7 @@ void sched_cost_init(struct sched_cost_model *cm, const struct model_config *c,
 			for (int t = 0; t < SCHED_TERM_COUNT; t++)
 				cm->work[k][t][u] = w[k][t];
 	}
-	if (sh->cp > 1 || sh->ep > 1) {
+	if (sh->cp > 1 || sh->ep > 1 || sh->tp > 1) { /* (tp: a family's in-pass all-reduces) */
 		cm->inner = xcalloc((size_t)U * SCHED_WORK_COUNT, sizeof(*cm->inner));
 		for (int u = 0; u < U; u++)
 			for (int k = 0; k < SCHED_WORK_COUNT; k++)
@@ -175,11 +175,26 @@ static double inner_s(const struct sched_cost_model *cm, int u, enum sched_work 
 	return t;
 }
 
+/* Unit u's in-pass tp collectives (a family whose TP collectives run inside its passes,
+ * as Hyena's all-reduces, rather than as program nodes): their time, blocking. */
+static double inner_tp_s(const struct sched_cost_model *cm, int u, enum sched_work k)
+{
+	double t = 0.0;
+	if (!cm->inner)
+		return 0.0;
+	const struct model_prog *g = &cm->inner[u * SCHED_WORK_COUNT + k];
+	for (int j = 0; j < g->n; j++)
+		if (g->c[j].role == MODEL_GROUP_TP)
+			t += sched_cost_tp_s(cm, k, &g->c[j], NULL);
+	return t;
+}
+
 double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k)
 {
 	double wire;
 	int64_t bytes, n;
-	return inner_s(cm, u, k, &wire, &bytes) + inner_ep_s(cm, u, k, &bytes, &n);
+	return inner_s(cm, u, k, &wire, &bytes) + inner_ep_s(cm, u, k, &bytes, &n) +
+	       inner_tp_s(cm, u, k);
 }
 
 /* A unit pass's compute under cm: a lowered schedule's segment carries its share (the pass
@@ -205,6 +220,7 @@ static double pass_compute_s(const struct sched *s, const struct sched_cost_mode
 		p->ep_wire_bytes += bytes;
 		p->n_ep += ne;
 		cp += ep;
+		*tp_s += inner_tp_s(cm, n->unit, k); /* on the compute thread, as TP nodes */
 	}
 	if (s->lowered)
 		return dt / (double)(g->n + 1) + cp;

@@ -824,6 +824,22 @@ int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
 	struct open_file *cache = xcalloc((size_t)m.n_files + 1, sizeof(*cache));
 	for (int i = 0; !rc && i < n; i++) {
 		const struct ckpt_mtensor *mt = ckpt_manifest_tensor(&m, t[i].name);
+		/* a tensor the family split since the checkpoint was written (model.h,
+		 * tensor_group): its rows of the older whole tensor */
+		const struct model_family *fam = mt ? NULL : model_family_of(cfg->kind);
+		char group[PARAM_NAME_MAX];
+		int piece = 0, g = fam && fam->tensor_group
+		                       ? fam->tensor_group(cfg, t[i].name, group, sizeof(group), &piece)
+		                       : 1;
+		const struct ckpt_mtensor *gm = g > 1 ? ckpt_manifest_tensor(&m, group) : NULL;
+		if (gm) {
+			struct ckpt_tensor whole = t[i];
+			whole.name = group;
+			whole.rows = t[i].rows * g;
+			whole.row0 = (int64_t)piece * t[i].rows + t[i].row0;
+			rc = load_tensor(&whole, gm, &m, dir, cache);
+			continue;
+		}
 		if (!mt) {
 			LOG_ERROR("checkpoint: '%s' has no tensor '%s'", path, t[i].name);
 			rc = CT_ERR_RUNTIME;

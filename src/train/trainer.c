@@ -366,7 +366,9 @@ static int trainer_setup(struct trainer *tr)
 		LOG_INFO("parallelism: %d ranks = %d replicas x %d shards x %d tensor-parallel (%s); "
 		         "comm progress %s",
 		         tr->mesh.world, tr->mesh.dp_replicate, tr->mesh.dp_shard, tr->mesh.tp,
-		         tr->mesh.tp > 1 ? "FSDP + TP with sequence and loss parallelism"
+		         tr->mesh.tp > 1 && model_family_of(tr->model.cfg.kind)->tp_whole_stream
+		             ? "FSDP + TP, every rank the whole sequence: not sequence-parallel"
+		         : tr->mesh.tp > 1 ? "FSDP + TP with sequence and loss parallelism"
 		         : tr->mesh.world > 1 ? "FSDP"
 		                              : "single rank: FSDP's one-shard case, in place",
 		         cfg->comm.progress);

@@ -110,11 +110,89 @@ static bool hyena_fp8_linear(int k)
 	return k == HYB_IN_W || k == HYB_OUT_W || k == HYB_FC1_W || k == HYB_FC2_W;
 }
 
+/* safari's names of a block's groups (a group of several tensors: its tensors' names put the
+ * stream or order before the last part, e.g. mixer.in_proj.<s>.weight) */
+static const char *const hyena_names[HYB_COUNT] = {
+    [HYB_NORM1_W] = "mixer_norm.weight",
+    [HYB_NORM1_B] = "mixer_norm.bias",
+    [HYB_IN_W] = "mixer.in_proj.weight",
+    [HYB_IN_B] = "mixer.in_proj.bias",
+    [HYB_SF_W] = "mixer.short_filter.weight",
+    [HYB_SF_B] = "mixer.short_filter.bias",
+    [HYB_FBIAS] = "mixer.filter_fn.bias",
+    [HYB_MLP0_W] = "mixer.filter_fn.implicit_filter.0.weight",
+    [HYB_MLP0_B] = "mixer.filter_fn.implicit_filter.0.bias",
+    [HYB_FREQ] = "mixer.filter_fn.implicit_filter.1.freq",
+    [HYB_MLP1_W] = "mixer.filter_fn.implicit_filter.2.weight",
+    [HYB_MLP1_B] = "mixer.filter_fn.implicit_filter.2.bias",
+    [HYB_MLP2_W] = "mixer.filter_fn.implicit_filter.4.weight",
+    [HYB_MLP2_B] = "mixer.filter_fn.implicit_filter.4.bias",
+    [HYB_MLP3_W] = "mixer.filter_fn.implicit_filter.6.weight",
+    [HYB_OUT_W] = "mixer.out_proj.weight",
+    [HYB_OUT_B] = "mixer.out_proj.bias",
+    [HYB_NORM2_W] = "ffn_norm.weight",
+    [HYB_NORM2_B] = "ffn_norm.bias",
+    [HYB_FC1_W] = "feed_forward.fc1.weight",
+    [HYB_FC1_B] = "feed_forward.fc1.bias",
+    [HYB_FC2_W] = "feed_forward.fc2.weight",
+    [HYB_FC2_B] = "feed_forward.fc2.bias",
+};
+
+/* How a block tensor splits under tensor parallelism: -1 replicated, 0 rows (every stream
+ * or order tensor, fc1), 1 columns (out_proj, fc2). */
+static int hyena_tp_dim(int k)
+{
+	switch (k) {
+	case HYB_IN_W:
+	case HYB_IN_B:
+	case HYB_SF_W:
+	case HYB_SF_B:
+	case HYB_FBIAS:
+	case HYB_MLP3_W:
+	case HYB_FC1_W:
+	case HYB_FC1_B:
+		return 0;
+	case HYB_OUT_W:
+	case HYB_FC2_W:
+		return 1;
+	default:
+		return -1;
+	}
+}
+
+/* name of piece s of group `base` (layers.<l>.<stem>.<s>.<last>) */
+static void piece_name(char *out, size_t n, int l, const char *base, int s)
+{
+	const char *dot = strrchr(base, '.');
+	snprintf(out, n, "layers.%d.%.*s.%d%s", l, (int)(dot - base), base, s, dot);
+}
+
+int hyena_tp_check(const struct hyena_config *c, int64_t tp)
+{
+	if (tp > 1 && (c->dim % tp || c->ffn_hidden % tp)) {
+		LOG_ERROR("parallelism.tensor_parallel_degree = %lld must divide the model's dim "
+		          "(%lld) and ffn_hidden (%lld) (model.flavor = %s)",
+		          (long long)tp, (long long)c->dim, (long long)c->ffn_hidden, c->flavor);
+		return CT_ERR_USAGE;
+	}
+	return CT_OK;
+}
+
 int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 {
+	return hyena_table_build_tp(t, c, 1, 0);
+}
+
+int hyena_table_build_tp(struct param_table *t, const struct hyena_config *c, int tp, int tp_rank)
+{
 	memset(t, 0, sizeof(*t));
+	if (hyena_tp_check(c, tp))
+		return CT_ERR_USAGE;
+	int S = tp > 1 ? tp : 1;
+	t->tp_size = S;
+	t->tp_rank = S > 1 ? tp_rank : 0;
 	int cap = 0, L = (int)c->n_layers;
-	int64_t D = c->dim, P = (c->order + 1) * D, Cf = (c->order - 1) * D, F = c->filter_order;
+	int64_t D = c->dim, F = c->filter_order;
 	int64_t E = c->emb_dim, H = c->ffn_hidden, V = c->vocab_size;
 	t->n_units = L + 2;
 	t->unit_begin = xcalloc((size_t)t->n_units + 1, sizeof(int64_t));
@@ -156,39 +234,15 @@ int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 	};
 	param_table_add(t, &cap, "tok_embeddings.weight", 0, V, D, true, lin);
 	t->numel_embedding = V * D;
-	static const char *const names[HYB_COUNT] = {
-	    [HYB_NORM1_W] = "mixer_norm.weight",
-	    [HYB_NORM1_B] = "mixer_norm.bias",
-	    [HYB_IN_W] = "mixer.in_proj.weight",
-	    [HYB_IN_B] = "mixer.in_proj.bias",
-	    [HYB_SF_W] = "mixer.short_filter.weight",
-	    [HYB_SF_B] = "mixer.short_filter.bias",
-	    [HYB_FBIAS] = "mixer.filter_fn.bias",
-	    [HYB_MLP0_W] = "mixer.filter_fn.implicit_filter.0.weight",
-	    [HYB_MLP0_B] = "mixer.filter_fn.implicit_filter.0.bias",
-	    [HYB_FREQ] = "mixer.filter_fn.implicit_filter.1.freq",
-	    [HYB_MLP1_W] = "mixer.filter_fn.implicit_filter.2.weight",
-	    [HYB_MLP1_B] = "mixer.filter_fn.implicit_filter.2.bias",
-	    [HYB_MLP2_W] = "mixer.filter_fn.implicit_filter.4.weight",
-	    [HYB_MLP2_B] = "mixer.filter_fn.implicit_filter.4.bias",
-	    [HYB_MLP3_W] = "mixer.filter_fn.implicit_filter.6.weight",
-	    [HYB_OUT_W] = "mixer.out_proj.weight",
-	    [HYB_OUT_B] = "mixer.out_proj.bias",
-	    [HYB_NORM2_W] = "ffn_norm.weight",
-	    [HYB_NORM2_B] = "ffn_norm.bias",
-	    [HYB_FC1_W] = "feed_forward.fc1.weight",
-	    [HYB_FC1_B] = "feed_forward.fc1.bias",
-	    [HYB_FC2_W] = "feed_forward.fc2.weight",
-	    [HYB_FC2_B] = "feed_forward.fc2.bias",
-	};
+	/* the global shape of one tensor of each group */
 	const int64_t shape[HYB_COUNT][2] = {
 	    [HYB_NORM1_W] = {D, 0},
 	    [HYB_NORM1_B] = {D, 0},
-	    [HYB_IN_W] = {P, D},
-	    [HYB_IN_B] = {P, 0},
-	    [HYB_SF_W] = {P, HYENA_SHORT_FILTER},
-	    [HYB_SF_B] = {P, 0},
-	    [HYB_FBIAS] = {Cf, 0},
+	    [HYB_IN_W] = {D, D},
+	    [HYB_IN_B] = {D, 0},
+	    [HYB_SF_W] = {D, HYENA_SHORT_FILTER},
+	    [HYB_SF_B] = {D, 0},
+	    [HYB_FBIAS] = {D, 0},
 	    [HYB_MLP0_W] = {F, E},
 	    [HYB_MLP0_B] = {F, 0},
 	    [HYB_FREQ] = {F, 0},
@@ -196,7 +250,7 @@ int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 	    [HYB_MLP1_B] = {F, 0},
 	    [HYB_MLP2_W] = {F, F},
 	    [HYB_MLP2_B] = {F, 0},
-	    [HYB_MLP3_W] = {Cf, F},
+	    [HYB_MLP3_W] = {D, F},
 	    [HYB_OUT_W] = {D, D},
 	    [HYB_OUT_B] = {D, 0},
 	    [HYB_NORM2_W] = {D, 0},
@@ -209,16 +263,36 @@ int hyena_table_build(struct param_table *t, const struct hyena_config *c)
 	for (int l = 0; l < L; l++) {
 		t->unit_begin[l + 1] = t->numel;
 		for (int k = 0; k < HYB_COUNT; k++) {
-			snprintf(name, sizeof(name), "layers.%d.%s", l, names[k]);
-			/* safari: no weight decay on the implicit filter (its "_optim" wd = 0) */
-			bool decay = strstr(names[k], "implicit_filter") == NULL;
-			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], decay,
-			                init[k]);
-			/* float8 (TorchTitan converts every nn.Linear not in filter_fqns): in_proj,
-			 * out_proj, fc1, fc2 convert; the short filter (a Conv1d) and the implicit
-			 * filter MLP's tiny linears (filter_order wide, once per sequence) stay high
-			 * precision, as the tied head does (it reads the embedding) */
-			t->p[t->count - 1].high_precision = !hyena_fp8_linear(k);
+			int n = hyena_group_size(c, k), dim = S > 1 ? hyena_tp_dim(k) : -1;
+			int64_t g0 = shape[k][0], g1 = shape[k][1];
+			for (int s = 0; s < n; s++) {
+				if (n > 1)
+					piece_name(name, sizeof(name), l, hyena_names[k], s);
+				else
+					snprintf(name, sizeof(name), "layers.%d.%s", l, hyena_names[k]);
+				/* safari: no weight decay on the implicit filter (its "_optim" wd =
+				 * 0) */
+				bool decay = strstr(hyena_names[k], "implicit_filter") == NULL;
+				param_table_add(t, &cap, name, l + 1, dim == 0 ? g0 / S : g0,
+				                dim == 1 ? g1 / S : g1, decay, init[k]);
+				struct param_entry *e = &t->p[t->count - 1];
+				/* float8 (TorchTitan converts every nn.Linear not in filter_fqns):
+				 * in_proj, out_proj, fc1, fc2 convert; the short filter (a Conv1d)
+				 * and the implicit filter MLP's tiny linears (filter_order wide, once
+				 * per sequence) stay high precision, as the tied head does (it reads
+				 * the embedding). in_proj's stream tensors are one linear, (P, D):
+				 * the family registers the group itself (hyena_family.c), so none of
+				 * them is a float8 linear of the table's (their all-gather stays in
+				 * high precision, the linear casts the group with one scale) */
+				e->high_precision = !hyena_fp8_linear(k) || k == HYB_IN_W;
+				if (dim >= 0) {
+					int64_t gl = dim == 0 ? g0 : g1, piece = gl / S;
+					e->tp_dim = dim;
+					e->tp_start = (int64_t)t->tp_rank * piece;
+					e->tp_valid = piece;
+					e->global_shape[dim] = gl;
+				}
+			}
 		}
 	}
 	t->unit_begin[L + 1] = t->numel;
@@ -242,11 +316,75 @@ double hyena_flops_per_token(const struct hyena_config *c, int64_t seq_len)
 
 /* ---------------------------------------------------------------- init */
 
+/* Table entry i of a table of c: block *l, group *k, its tensor *s in the group (false: not
+ * a block tensor: the embedding or the final norm). */
+static bool locate(const struct hyena_config *c, int i, int *l, int *k, int *s)
+{
+	int per = hyena_block_tensors(c);
+	if (i < 1 || i >= 1 + (int)c->n_layers * per)
+		return false;
+	*l = (i - 1) / per;
+	int j = (i - 1) % per;
+	for (*k = 0; j >= hyena_group_size(c, *k); (*k)++)
+		j -= hyena_group_size(c, *k);
+	*s = j;
+	return true;
+}
+
+int hyena_name_group(const struct hyena_config *c, const char *name, char *group, size_t n,
+                     int *piece)
+{
+	int l, used = 0;
+	*piece = 0;
+	if (sscanf(name, "layers.%d.%n", &l, &used) != 1 || used == 0)
+		return 1;
+	char buf[PARAM_NAME_MAX];
+	for (int k = 0; k < HYB_COUNT; k++)
+		for (int s = 0, g = hyena_group_size(c, k); g > 1 && s < g; s++) {
+			piece_name(buf, sizeof(buf), l, hyena_names[k], s);
+			if (strcmp(buf, name) == 0) {
+				snprintf(group, n, "layers.%d.%s", l, hyena_names[k]);
+				*piece = s;
+				return g;
+			}
+		}
+	return 1;
+}
+
+/* Every tensor draws its values as the element of safari's tensor it is (the group's one
+ * tensor, global rows and columns), so the per-stream tables and every tensor-parallel slice
+ * start from the weights of one rank and of the one in_proj safari has. */
 void hyena_init_params(const struct hyena_config *c, const struct param_table *t, uint64_t seed,
                        float *out, int64_t first, int64_t n)
 {
-	(void)c; /* the table carries each tensor's init (hyena_table_build) */
-	param_table_init_range(t, seed, out, first, n);
+	int64_t last = first + n;
+	for (int i = 0; i < t->count; i++) {
+		const struct param_entry *p = &t->p[i];
+		int64_t lo = p->offset > first ? p->offset : first;
+		int64_t hi = p->offset + p->numel < last ? p->offset + p->numel : last;
+		if (lo >= hi)
+			continue;
+		struct param_entry g = *p; /* safari's tensor this one is a piece of */
+		int l, k, s;
+		int64_t row0 = 0, col0 = 0;
+		if (locate(c, i, &l, &k, &s)) {
+			snprintf(g.name, sizeof(g.name), "layers.%d.%s", l, hyena_names[k]);
+			row0 = (int64_t)s * p->global_shape[0];
+		}
+		if (p->tp_dim == 0)
+			row0 += p->tp_start;
+		else if (p->tp_dim == 1)
+			col0 = p->tp_start;
+		int64_t cols = p->shape[1], gcols = p->global_shape[1];
+		/* one row segment at a time: each is a contiguous range of safari's tensor */
+		for (int64_t e = lo - p->offset; e < hi - p->offset;) {
+			int64_t r = e / cols, c0 = e % cols;
+			int64_t cnt = cols - c0 < hi - p->offset - e ? cols - c0 : hi - p->offset - e;
+			param_init_fill(&g, seed, out + (p->offset + e - first),
+			                (row0 + r) * gcols + col0 + c0, cnt);
+			e += cnt;
+		}
+	}
 }
 
 /* ---------------------------------------------------------------- compute */
@@ -290,11 +428,12 @@ int64_t hyena_filter_scratch_reals(const struct hyena_config *c, int64_t L)
 		HREAL *w[HYB_COUNT];                                                               \
 		int64_t base = t.unit_begin[1], Cf = (c->order - 1) * c->dim;                      \
 		for (int k = 0; k < HYB_COUNT; k++)                                                \
-			w[k] = (HREAL *)block_params + (t.p[1 + k].offset - base);                 \
+			w[k] = (HREAL *)block_params +                                             \
+			       (t.p[hyena_block_tensor_index(c, 0, k)].offset - base);             \
 		HREAL *z = scratch, *win = z + L * c->emb_dim, *fa = win + L * Cf;                 \
 		int64_t lmax = c->l_max > L ? c->l_max : L;                                        \
 		hyena_filter_features##S(z, win, L, lmax, c->emb_dim, Cf);                         \
-		hy_filter_forward##S(c, w, z, win, L, h, fa);                                      \
+		hy_filter_forward##S(c, c->dim, w, z, win, L, h, fa);                                    \
 		param_table_free(&t);                                                              \
 	}
 FILTER_COMPUTE(float, _f32, hyena_filter_compute)
@@ -332,7 +471,7 @@ static void carve_block(const struct hyena_model *m, struct hyena_block_acts *a,
                         int64_t *off)
 {
 	const struct hyena_config *c = &m->cfg;
-	int64_t Nt = m->N, T = m->T, D = c->dim, P = (c->order + 1) * D;
+	int64_t Nt = m->N, T = m->T, D = m->Dl, P = (c->order + 1) * D;
 	int64_t Cf = (c->order - 1) * D;
 	if (mask & HA_STAT1) {
 		a->mean1 = carve(off, Nt);
@@ -347,12 +486,12 @@ static void carve_block(const struct hyena_model *m, struct hyena_block_acts *a,
 		a->y = carve(off, Nt * D);
 	}
 	if (mask & HA_MID) {
-		a->xmid = carve(off, Nt * D);
+		a->xmid = carve(off, Nt * c->dim);
 		a->mean2 = carve(off, Nt);
 		a->rstd2 = carve(off, Nt);
 	}
 	if (mask & HA_A)
-		a->a = carve(off, Nt * c->ffn_hidden);
+		a->a = carve(off, Nt * m->Hl);
 	if (mask & HA_FILT) {
 		a->fa = carve(off, 6 * T * c->filter_order);
 		a->Hf = carve(off, Cf * fftconv_spectrum_stride(T));
@@ -363,7 +502,7 @@ static void plan_acts(struct hyena_model *m, int64_t *off)
 {
 	const struct hyena_config *c = &m->cfg;
 	int64_t Nt = m->N, T = m->T, D = c->dim;
-	int64_t Cf = (c->order - 1) * D, V = c->vocab_size;
+	int64_t Cf = (c->order - 1) * m->Dl, V = c->vocab_size;
 	const int all = HA_STAT1 | HA_P | HA_MIX | HA_MID | HA_A | HA_FILT;
 	/* a stage's units [lo, hi): block l is unit l + 1; the residual stream's buffer j (block
 	 * j's input, x_final for j = L) is unit j's output, so the stage holds j in
@@ -402,17 +541,17 @@ static void plan_acts(struct hyena_model *m, int64_t *off)
 static void plan_scratch(struct hyena_model *m, int64_t *off)
 {
 	const struct hyena_config *c = &m->cfg;
-	int64_t Nt = m->N, T = m->T, D = c->dim, P = (c->order + 1) * D;
-	int64_t Cf = (c->order - 1) * D, H = c->ffn_hidden, F = c->filter_order;
+	int64_t Nt = m->N, T = m->T, D = c->dim, Dl = m->Dl, P = (c->order + 1) * Dl;
+	int64_t Cf = (c->order - 1) * Dl, H = m->Hl, F = c->filter_order;
 	m->s_dres = carve(off, Nt * D);
 	m->s_xn = carve(off, Nt * D);
 	m->s_dxn = carve(off, Nt * D);
 	m->s_gl = carve(off, Nt * H);
 	m->s_dgl = carve(off, Nt * H);
 	m->s_da = carve(off, Nt * H);
-	m->s_dy = carve(off, Nt * D);
-	m->s_dv = carve(off, Nt * D);
-	m->s_dg = carve(off, Nt * D);
+	m->s_dy = carve(off, Nt * Dl);
+	m->s_dv = carve(off, Nt * Dl);
+	m->s_dg = carve(off, Nt * Dl);
 	m->s_dpc = carve(off, Nt * P);
 	m->s_dp = carve(off, Nt * P);
 	m->s_h = carve(off, T * Cf);
@@ -420,6 +559,11 @@ static void plan_scratch(struct hyena_model *m, int64_t *off)
 	m->s_filt = carve(off, T * (Cf + 2 * F));
 	m->s_fft = carve(off, fftconv_scratch_reals(T, m->nthreads));
 	m->s_ce = carve(off, m->ce_rows * c->vocab_size);
+	/* tensor parallelism: a row-parallel output's partial sum; the implicit filter MLP's
+	 * gradient of this backward (its first layers, up to the last one), all-reduced */
+	bool tp = m->tp != NULL;
+	m->s_part = carve(off, tp ? Nt * D : 0);
+	m->s_frep = carve(off, tp ? F * c->emb_dim + 3 * F + 2 * F * F + 2 * F : 0);
 }
 
 /* The settings of a model at (B, T) under opts, without allocating: what plan_acts and
@@ -450,6 +594,13 @@ static int hyena_setup(struct hyena_model *m, const struct hyena_config *c, int6
 	m->ac_every = opts->ac_every;
 	m->unit_lo = opts->unit_lo;
 	m->unit_hi = opts->unit_hi > 0 ? opts->unit_hi : (int)c->n_layers + 2;
+	m->tp = opts->tp && opts->tp->size > 1 ? opts->tp : NULL;
+	int64_t S = m->tp ? m->tp->size : 1;
+	if ((rc = hyena_tp_check(&m->cfg, S)))
+		return rc;
+	CHECK(!m->tp || !opts->f64, "hyena: tensor parallelism runs float models");
+	m->Dl = m->cfg.dim / S;
+	m->Hl = m->cfg.ffn_hidden / S;
 	CHECK(m->unit_lo >= 0 && m->unit_lo < m->unit_hi && m->unit_hi <= c->n_layers + 2,
 	      "hyena: units [%d, %d) of %lld", m->unit_lo, m->unit_hi, (long long)c->n_layers + 2);
 	CHECK(m->ac >= MODEL_AC_NONE && m->ac < MODEL_AC_COUNT &&
@@ -496,13 +647,31 @@ int hyena_activation_bytes(const struct hyena_config *c, int64_t B, int64_t T,
 	return CT_OK;
 }
 
+/* The window of this rank's channels: column o*Dl + c of its (T, (N-1)Dl) is column
+ * o*D + rank*Dl + c of the whole model's (the decay depends on the channel's place). */
+static void tp_window(struct hyena_model *m)
+{
+	const struct hyena_config *c = &m->cfg;
+	int64_t T = m->T, D = c->dim, Dl = m->Dl, No = c->order, Cf = (No - 1) * D;
+	int64_t Cl = (No - 1) * Dl, r0 = (int64_t)m->tp->rank * Dl;
+	float *all = xcalloc((size_t)(T * Cf), sizeof(float));
+	float *win = (float *)m->acts + m->window;
+	hyena_filter_features_f32((float *)m->acts + m->z, all, T, c->l_max, c->emb_dim, Cf);
+	for (int64_t t = 0; t < T; t++)
+		for (int64_t o = 0; o < No - 1; o++)
+			memcpy(win + t * Cl + o * Dl, all + t * Cf + o * D + r0,
+			       (size_t)Dl * sizeof(float));
+	free(all);
+}
+
 int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, int64_t T,
                 const struct hyena_build_opts *opts)
 {
 	int rc = hyena_setup(m, c, B, T, opts);
 	if (rc)
 		return rc;
-	hyena_table_build(&m->table, &m->cfg);
+	hyena_table_build_tp(&m->table, &m->cfg, m->tp ? m->tp->size : 1,
+	                     m->tp ? m->tp->rank : 0);
 	size_t esz = m->f64 ? sizeof(double) : sizeof(float);
 
 	int nu = m->table.n_units;
@@ -537,9 +706,11 @@ int hyena_build(struct hyena_model *m, const struct hyena_config *c, int64_t B, 
 	if (m->f64)
 		hyena_filter_features_f64((double *)m->acts + m->z, (double *)m->acts + m->window,
 		                          T, m->cfg.l_max, c->emb_dim, Cf);
-	else
+	else if (!m->tp)
 		hyena_filter_features_f32((float *)m->acts + m->z, (float *)m->acts + m->window, T,
 		                          m->cfg.l_max, c->emb_dim, Cf);
+	else
+		tp_window(m);
 	return CT_OK;
 }
 

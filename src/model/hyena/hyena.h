@@ -32,9 +32,11 @@
 #define CT_MODEL_HYENA_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/llama/llama.h"
+#include "model/model_group.h"
 #include "model/model_ac.h"
 
 #define HYENA_IGNORE_INDEX LLAMA_IGNORE_INDEX
@@ -62,15 +64,20 @@ bool hyena_is_flavor(const char *flavor);
 /* The i-th preset's name; NULL past the last. */
 const char *hyena_flavor_name(int i);
 
-/* Table indices of a block's tensors, relative to the block's first tensor. */
+/* A block's tensors in groups (table order). A group is one tensor, or, for the in-projection
+ * (its N+1 streams x_0 .. x_{N-1}, v: weight, bias, short filter taps and bias) and the long
+ * convolutions (their N-1 orders: filter bias, the implicit filter's last layer), one tensor
+ * per stream or order, adjacent in the flat buffer: the group reads as safari's one tensor
+ * (the kernels see (P, D), (P), ...), and under tensor parallelism each of its tensors splits
+ * into a contiguous row range (a rank holds D/tp channels of every stream). */
 enum hyena_block_tensor {
 	HYB_NORM1_W,
 	HYB_NORM1_B,
-	HYB_IN_W,  /* (P, D) */
-	HYB_IN_B,  /* (P) */
-	HYB_SF_W,  /* (P, 3) short filter */
-	HYB_SF_B,  /* (P) */
-	HYB_FBIAS, /* ((N-1)D) long-conv skip term */
+	HYB_IN_W,  /* N+1 x (D, D): (P, D) */
+	HYB_IN_B,  /* N+1 x (D): (P) */
+	HYB_SF_W,  /* N+1 x (D, 3): (P, 3) short filter */
+	HYB_SF_B,  /* N+1 x (D): (P) */
+	HYB_FBIAS, /* N-1 x (D): ((N-1)D) long-conv skip term */
 	HYB_MLP0_W,
 	HYB_MLP0_B, /* (F, E), (F) */
 	HYB_FREQ,   /* (F) */
@@ -78,7 +85,7 @@ enum hyena_block_tensor {
 	HYB_MLP1_B, /* (F, F), (F) */
 	HYB_MLP2_W,
 	HYB_MLP2_B, /* (F, F), (F) */
-	HYB_MLP3_W, /* ((N-1)D, F), no bias */
+	HYB_MLP3_W, /* N-1 x (D, F): ((N-1)D, F), no bias */
 	HYB_OUT_W,
 	HYB_OUT_B, /* (D, D), (D) */
 	HYB_NORM2_W,
@@ -90,15 +97,44 @@ enum hyena_block_tensor {
 	HYB_COUNT
 };
 
-/* Names: tok_embeddings.weight; layers.<l>.{mixer_norm, mixer.in_proj, mixer.short_filter,
- * mixer.filter_fn.bias, mixer.filter_fn.implicit_filter.{0,1(freq),2,4,6}, mixer.out_proj,
- * ffn_norm, feed_forward.fc1, feed_forward.fc2}.{weight,bias}; norm.{weight,bias}. */
-int hyena_table_build(struct param_table *t, const struct hyena_config *c);
-/* Index in the table of tensor k of block l. */
-static inline int hyena_block_tensor_index(int l, int k)
+/* Tensors of group k (N+1, N-1 or 1), of one block, and the table index of group k's first
+ * tensor in block l (block M: the final norm). */
+static inline int hyena_group_size(const struct hyena_config *c, int k)
 {
-	return 1 + l * HYB_COUNT + k;
+	if (k == HYB_IN_W || k == HYB_IN_B || k == HYB_SF_W || k == HYB_SF_B)
+		return (int)c->order + 1;
+	if (k == HYB_FBIAS || k == HYB_MLP3_W)
+		return (int)c->order - 1;
+	return 1;
 }
+static inline int hyena_block_tensors(const struct hyena_config *c)
+{
+	return HYB_COUNT - 6 + 4 * ((int)c->order + 1) + 2 * ((int)c->order - 1);
+}
+static inline int hyena_block_tensor_index(const struct hyena_config *c, int l, int k)
+{
+	int i = 1 + l * hyena_block_tensors(c);
+	for (int j = 0; j < k; j++)
+		i += hyena_group_size(c, j);
+	return i;
+}
+
+/* Names: tok_embeddings.weight; layers.<l>.{mixer_norm, mixer.in_proj.<s>, mixer.short_filter.<s>,
+ * mixer.filter_fn.<o> (its bias), mixer.filter_fn.implicit_filter.{0,1(freq),2,4,6.<o>},
+ * mixer.out_proj, ffn_norm, feed_forward.fc1, feed_forward.fc2}.{weight,bias}; norm.{weight,bias}
+ * (s a stream, o an order; hyena_safari_group gives safari's name of a group).
+ * hyena_table_build_tp: tensor-parallel rank tp_rank's slice of tp (tp must divide dim and
+ * ffn_hidden): every stream / order tensor, fc1 rows (column-parallel), out_proj and fc2
+ * columns (row-parallel); the rest replicated. */
+int hyena_table_build(struct param_table *t, const struct hyena_config *c);
+int hyena_table_build_tp(struct param_table *t, const struct hyena_config *c, int tp, int tp_rank);
+int hyena_tp_check(const struct hyena_config *c, int64_t tp);
+/* The group a table tensor's name belongs to: g > 1 when it is tensor *piece of a group of g
+ * (group gets the group's safari-style name, layers.<l>.mixer.in_proj.weight, ...: its g
+ * tensors, adjacent in the flat buffer, are that one tensor of their summed rows); 1 for a
+ * tensor of its own. */
+int hyena_name_group(const struct hyena_config *c, const char *name, char *group, size_t n,
+                     int *piece);
 
 /* Init from the counter-based RNG keyed by (seed, tensor name, element), so any sharding
  * gives the same weights: embedding, in_proj, fc1 N(0, 0.02); out_proj, fc2 N(0,
@@ -139,6 +175,11 @@ struct hyena_build_opts {
 	/* a pipeline stage: activations only for units [unit_lo, unit_hi) (its blocks, their
 	 * inputs and outputs, the head's if it holds it); unit_hi = 0: every unit */
 	int unit_lo, unit_hi;
+	/* tensor parallelism over this group (NULL or size 1: none): the model is built from
+	 * hyena_table_build_tp's slice, computes D/tp channels of the mixer and ffn_hidden/tp of
+	 * the MLP, and all-reduces the row-parallel outputs, the input gradients of the
+	 * column-parallel in_proj and fc1, and the implicit filter MLP's gradients */
+	const struct model_group *tp;
 };
 
 /* Offsets (in reals) of one block's saved activations inside the activation arena. */
@@ -164,6 +205,8 @@ struct hyena_model {
 	enum model_ac ac; /* activation checkpointing, as built (hyena_build_opts) */
 	int ac_every;
 	int unit_lo, unit_hi; /* the units it runs (hyena_build_opts; unit_hi set) */
+	const struct model_group *tp; /* NULL: one rank's whole model */
+	int64_t Dl, Hl;               /* channels and MLP hidden width on this rank (D, H / tp) */
 	/* Where each unit's parameters and gradients live (float models; NULL while unbound
 	 * under FSDP), and the flat buffers with own_params. */
 	float **unit_w, **unit_dw;
@@ -184,7 +227,7 @@ struct hyena_model {
 	const float *tied_src; /* non-NULL: the head's embedding (a pipeline's last stage) */
 	/* scratch offsets */
 	int64_t s_dres, s_xn, s_dxn, s_gl, s_dgl, s_da, s_dy, s_dv, s_dg, s_dpc, s_dp, s_h, s_dh,
-	    s_filt, s_fft, s_ce;
+	    s_filt, s_fft, s_ce, s_part, s_frep;
 	int64_t ce_rows;
 	/* > 0: the head's forward also makes the loss gradient (as in every family) */
 	double loss_dscale;

@@ -8,8 +8,14 @@
  * the sequence mixer (the implicit filter MLP, the filter spectra and the FFT long
  * convolutions); ELEM the bytes of LayerNorms, biases, the short convolution, the gates,
  * GELU and the residual copies; HEAD the fused tied head + cross-entropy; EMBED the lookup,
- * the tied copy and the scatter. Hyena has no tensor or context parallelism (the family
- * refuses both): every figure is one rank's whole micro-batch. */
+ * the tied copy and the scatter. Under tensor parallelism (tp ranks, not sequence-parallel)
+ * a rank holds D/tp channels of the mixer and ffn_hidden/tp of the MLP: the linears, the
+ * long convolutions, the filters' last layer and the channel-wise elementwise work are one
+ * tp-th, the LayerNorms, residual copies, the filter MLP's first layers, the head and the
+ * embedding whole; its all-reduces (out_proj's and fc2's outputs in forward, the
+ * column-parallel input gradients and the filter MLP's gradients in backward, out_proj's again
+ * in a full recompute) are in-pass collectives on the tp group (unit_inner), each a
+ * reduce-scatter and an all-gather. No context parallelism (the family refuses it). */
 #include "model/hyena/hyena_cost.h"
 
 #include <math.h>
@@ -36,11 +42,12 @@ struct hyena_block_work {
 	double head, head_bwd_elem, embed_fwd, embed_bwd;
 };
 
-static void block_work(const struct hyena_config *c, int64_t B, int64_t T,
+static void block_work(const struct hyena_config *c, int64_t B, int64_t T, int64_t tp,
                        struct hyena_block_work *w)
 {
 	double N = (double)(B * T), D = (double)c->dim, No = (double)c->order;
-	double P = (No + 1.0) * D, Cf = (No - 1.0) * D, H = (double)c->ffn_hidden;
+	double Dl = D / (double)tp; /* this rank's channels */
+	double P = (No + 1.0) * Dl, Cf = (No - 1.0) * Dl, H = (double)c->ffn_hidden / (double)tp;
 	double F = (double)c->filter_order, E = (double)c->emb_dim, V = (double)c->vocab_size;
 	double Tt = (double)T, e = 4.0;
 	/* a real FFT of length n counts 2.5 n log2 n FLOPs (the usual split-radix estimate); a
@@ -53,27 +60,27 @@ static void block_work(const struct hyena_config *c, int64_t B, int64_t T,
 	double filt_b = 2.0 * Tt * E * F + 4.0 * Tt * (2.0 * F * F + F * Cf); /* no dz */
 	/* forward: Cf filter spectra, then per long convolution and (batch row, channel) an
 	 * r2c of the input, the product with the spectrum and a c2r */
-	double conv_f = (No - 1.0) * B * D * (2.0 * fft + 6.0 * bins);
+	double conv_f = (No - 1.0) * B * Dl * (2.0 * fft + 6.0 * bins);
 	/* backward: per (row, channel) r2c of dy and of x, dy .* conj(x) accumulated, dy .*
 	 * conj(H) and its c2r (dx); per channel a c2r of the accumulated filter gradient */
-	double conv_b = (No - 1.0) * (B * D * (3.0 * fft + 14.0 * bins) + D * fft);
+	double conv_b = (No - 1.0) * (B * Dl * (3.0 * fft + 14.0 * bins) + Dl * fft);
 	w->fwd_attn = filt_f + Cf * fft + conv_f;
 	w->bwd_attn = filt_b + conv_b;
-	w->fwd_mm = 2.0 * N * (D * P + D * D + 2.0 * D * H);
+	w->fwd_mm = 2.0 * N * (D * P + Dl * D + 2.0 * D * H);
 	w->bwd_mm = 2.0 * w->fwd_mm;
 	w->ffn_mm = 2.0 * N * D * H;
-	w->rec_full_mm = 2.0 * N * (D * P + D * D + D * H);
+	w->rec_full_mm = 2.0 * N * (D * P + Dl * D + D * H);
 	/* forward bytes, read + write: LN1, in bias (P), short conv (P), N gates (read 2, write
 	 * 1), the xmid copy, out bias, LN2, fc1 bias (H), GELU (H), the output copy, fc2 bias */
-	w->fwd_elem = e * (N * D * (12.0 + 3.0 * No) + 4.0 * N * P + 4.0 * N * H);
+	w->fwd_elem = e * (N * (12.0 * D + 3.0 * No * Dl) + 4.0 * N * P + 4.0 * N * H);
 	/* backward: LN2 and LN1 again (2 each), their backwards (4 each), GELU again (2),
 	 * GELU backward (4), the bias gradients (read once: D, H, D, P), the zeroed gradient
 	 * buffers, the gate gradients (read 2, update 1: 4 each, the last gate's two and two
 	 * per convolution), the short conv backward (read 2, update 1, zeroed: 4 P) */
-	w->bwd_elem = e * (N * D * (26.0 + 10.0 * (No - 1.0)) + 6.0 * N * P + 9.0 * N * H);
+	w->bwd_elem = e * (N * (26.0 * D + 10.0 * (No - 1.0) * Dl) + 6.0 * N * P + 9.0 * N * H);
 	w->ffn_elem = e * 2.0 * N * H;
-	w->rec_full_elem = e * (N * D * (8.0 + 3.0 * No) + 4.0 * N * P + 2.0 * N * H);
-	w->rec_sel_elem = e * (3.0 * N * D * No + 2.0 * N * P);
+	w->rec_full_elem = e * (N * (8.0 * D + 3.0 * No * Dl) + 4.0 * N * P + 2.0 * N * H);
+	w->rec_sel_elem = e * (3.0 * N * Dl * No + 2.0 * N * P);
 	w->head = 6.0 * N * D * V; /* logits, their input and weight gradients, fused */
 	w->head_bwd_elem = e * 5.0 * N * D; /* zero dres, final LayerNorm backward */
 	/* lookup (read + write) and the copy of the tied embedding the head reads under FSDP;
@@ -85,9 +92,12 @@ static void block_work(const struct hyena_config *c, int64_t B, int64_t T,
 
 static void check_shape(const struct model_cost_shape *s)
 {
-	CHECK(s->tp <= 1 && s->cp <= 1,
-	      "hyena cost model: tp %lld, cp %lld (the family has neither)", (long long)s->tp,
-	      (long long)s->cp);
+	CHECK(s->cp <= 1, "hyena cost model: cp %lld (the family has none)", (long long)s->cp);
+}
+
+static int64_t tp_of(const struct model_cost_shape *s)
+{
+	return s->tp > 1 ? s->tp : 1;
 }
 
 /* Units: 0 the embedding, 1..L the blocks, L + 1 the final LayerNorm + tied head (+ loss). */
@@ -98,7 +108,7 @@ static void hyena_unit_work(const struct model_config *mc, const struct model_co
 	const struct hyena_config *c = hyena_cfg(mc);
 	const int L = (int)c->n_layers;
 	struct hyena_block_work w;
-	block_work(c, s->B, s->T, &w);
+	block_work(c, s->B, s->T, tp_of(s), &w);
 	double es = (double)s->elem_bytes / 4.0; /* elementwise traffic scales with the dtype */
 	double *fw = wk[MODEL_PASS_FWD], *bw = wk[MODEL_PASS_BWD], *rc = wk[MODEL_PASS_REC];
 	if (u == 0) {
@@ -135,7 +145,10 @@ static int64_t hyena_cost_activation_bytes(const struct model_config *mc,
                                            const struct model_cost_shape *s)
 {
 	check_shape(s);
-	const struct hyena_build_opts o = {.own_params = false, .ac = s->ac, .ac_every = s->ac_every};
+	/* (hyena_build reads only the group's size for its shapes) */
+	const struct model_group tp = {.size = (int)tp_of(s)};
+	const struct hyena_build_opts o = {
+	    .own_params = false, .ac = s->ac, .ac_every = s->ac_every, .tp = &tp};
 	int64_t bytes = 0;
 	CHECK(hyena_activation_bytes(hyena_cfg(mc), s->B, s->T, &o, &bytes) == CT_OK,
 	      "hyena cost model: no model at B %lld, T %lld", (long long)s->B, (long long)s->T);
@@ -148,13 +161,44 @@ static double hyena_cost_flops(const struct model_config *mc, int64_t seq_len)
 	return hyena_flops_per_token(hyena_cfg(mc), seq_len);
 }
 
-/* Without tensor parallelism every pass is one compute segment (model/model_prog.h). */
+/* Every pass is one compute segment (model/model_prog.h): the all-reduces of tensor
+ * parallelism run inside it (hyena_cost_inner). */
 static void hyena_cost_prog(const struct model_config *mc, const struct model_cost_shape *s,
                             bool async, int u, enum model_pass p, struct model_prog *out)
 {
 	(void)mc, (void)async, (void)u, (void)p;
 	check_shape(s);
 	memset(out, 0, sizeof(*out));
+}
+
+/* One all-reduce of n floats over the tp group, as a ring's reduce-scatter and all-gather:
+ * each sends (tp - 1) blocks of n / tp. */
+static void add_all_reduce(struct model_prog *out, int64_t tp, int64_t n)
+{
+	int64_t bytes = (tp - 1) * ((n + tp - 1) / tp) * (int64_t)sizeof(float);
+	const enum model_coll kinds[2] = {MODEL_COLL_REDUCE_SCATTER, MODEL_COLL_ALL_GATHER};
+	for (int k = 0; k < 2; k++) {
+		CHECK(out->n < MODEL_PROG_MAX, "hyena cost model: too many in-pass collectives");
+		out->c[out->n++] = (struct model_coll_desc){
+		    .kind = kinds[k], .bytes = bytes, .group = (int)tp, .role = MODEL_GROUP_TP};
+	}
+}
+
+/* The all-reduces inside block u's passes under tensor parallelism (hyena_impl.h). */
+static void hyena_cost_inner(const struct model_config *mc, const struct model_cost_shape *s,
+                             int u, enum model_pass p, struct model_prog *out)
+{
+	const struct hyena_config *c = hyena_cfg(mc);
+	int64_t tp = tp_of(s), nd = s->B * s->T * c->dim, F = c->filter_order;
+	memset(out, 0, sizeof(*out));
+	if (tp < 2 || u < 1 || u > c->n_layers)
+		return;
+	const enum model_ac ac = model_ac_block(s->ac, s->ac_every, u - 1);
+	int n = p == MODEL_PASS_FWD ? 2 : p == MODEL_PASS_BWD ? 2 : ac == MODEL_AC_FULL ? 1 : 0;
+	for (int i = 0; i < n; i++)
+		add_all_reduce(out, tp, nd);
+	if (p == MODEL_PASS_BWD) /* the filter MLP's layers before the last */
+		add_all_reduce(out, tp, F * c->emb_dim + 4 * F + 2 * F * F);
 }
 
 /* ---------------------------------------------------------------- calibration */
@@ -436,7 +480,7 @@ static void hyena_calib_init(struct model_cost_calib *cal, const struct model_co
 	struct cal *c = xcalloc(1, sizeof(*c));
 	cal_alloc(c, hc, s->B, s->T);
 	struct hyena_block_work w;
-	block_work(hc, s->B, s->T, &w);
+	block_work(hc, s->B, s->T, 1, &w); /* the kernels run the whole block's shapes */
 	const struct model_cost_part parts[CAL_PARTS] = {
 	    [CAL_FWD_MM] = {MODEL_PASS_FWD, MODEL_COST_MATMUL, w.fwd_mm},
 	    [CAL_FWD_ATTN] = {MODEL_PASS_FWD, MODEL_COST_ATTN, w.fwd_attn},
@@ -461,5 +505,5 @@ const struct model_cost_ops hyena_cost_ops = {
     .flops_per_token = hyena_cost_flops,
     .unit_prog = hyena_cost_prog,
     .calib_init = hyena_calib_init,
-    .unit_inner = NULL,
+    .unit_inner = hyena_cost_inner,
 };

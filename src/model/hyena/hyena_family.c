@@ -1,6 +1,6 @@
 /* The Hyena family behind the model interface (model/model.h): its operations, its entry of
- * the family table, and what it supports (one rank, FSDP and PP; every activation checkpointing
- * mode; float8 linears; the cost model, hyena_cost.c). */
+ * the family table, and what it supports (one rank, FSDP, TP (not sequence-parallel) and PP;
+ * every activation checkpointing mode; float8 linears; the cost model, hyena_cost.c). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@
 #include "model/family.h"
 #include "model/hyena/hyena.h"
 #include "model/hyena/hyena_cost.h"
+#include "kernels/fp8_linear.h"
 #include "model/model_group.h"
 
 /* This family's entry of the table (below; model/model.c lists it) and its export format
@@ -43,13 +44,28 @@ struct hyena_config *hyena_cfg_init(struct model_config *mc)
 	return (struct hyena_config *)(void *)mc->family;
 }
 
-/* binds unit u, and keeps the float8 registry in step (its in_proj / out_proj / fc1 / fc2
- * become float8 linears; no tensor or context parallelism splits them) */
+/* binds unit u, and keeps the float8 registry in step: out_proj, fc1 and fc2 are the
+ * table's float8 linears; in_proj is the group of its N+1 stream tensors, one (P, D) linear
+ * (P rows of this rank's channels under tensor parallelism), registered here */
 static void hyena_op_bind(void *impl, int u, float *params, float *grads)
 {
 	struct hyena_model *hm = impl;
+	const struct hyena_config *c = &hm->cfg;
+	bool fresh = fp8_linear_enabled() && params && !fp8_linear_unit_is(u, params);
 	hyena_bind_unit(hm, u, params, grads);
-	model_fp8_bind(&hm->table, u, params, NULL, NULL);
+	model_fp8_bind(&hm->table, u, params, hm->tp, NULL);
+	if (!fresh || u < 1 || u > c->n_layers)
+		return;
+	const struct param_entry *e =
+	    &hm->table.p[hyena_block_tensor_index(c, u - 1, HYB_IN_W)];
+	if (!fp8_linear_wants(e->name))
+		return;
+	bool split = hm->tp != NULL;
+	struct fp8_slice sl = {.dim = split ? 0 : -1,
+	                       .max_f32 = split ? hm->tp->all_reduce_max_f32 : NULL,
+	                       .ctx = split ? hm->tp->ctx : NULL};
+	fp8_linear_add(u, params + (e->offset - hm->table.unit_begin[u]),
+	               (c->order + 1) * e->shape[0], e->shape[1], &sl);
 }
 static double hyena_op_forward(void *impl, int u, int64_t *n_valid)
 {
@@ -103,8 +119,10 @@ static void hyena_op_logits(void *impl, float *logits)
 static double hyena_op_flops(const struct model_config *c, const struct param_table *t,
                              int64_t seq_len)
 {
-	(void)t;
-	return hyena_flops_per_token(hyena_cfg(c), seq_len);
+	/* with a tensor-parallel table: this rank's share of the model's FLOPs (the trainer's
+	 * MFU multiplies it by tp again; the replicated head's repeated work is no model FLOP) */
+	int64_t tp = t && t->tp_size > 1 ? t->tp_size : 1;
+	return hyena_flops_per_token(hyena_cfg(c), seq_len) / (double)tp;
 }
 static void hyena_op_free(void *impl)
 {
@@ -155,10 +173,11 @@ void model_wrap_hyena(struct model *m, struct hyena_model *hm)
 static int hyena_family_build(struct model *m, const struct model_config *c, int64_t B, int64_t T,
                               const struct model_build_opts *opts)
 {
-	if (opts->tp && opts->tp->size > 1) {
-		LOG_ERROR("parallelism.tensor_parallel_degree = %d: not supported for "
-		          "model.name = \"hyena\" (%s)",
-		          opts->tp->size, hyena_family.no_tp_why);
+	if (opts->tp && opts->tp->size > 1 && opts->tp_async) {
+		LOG_ERROR("parallelism.enable_async_tensor_parallel: not supported for model.name = "
+		          "\"hyena\" (its tensor parallelism is not sequence-parallel: the "
+		          "all-reduces of the row-parallel out_proj and fc2 have no all-gather or "
+		          "reduce-scatter to decompose into ring steps)");
 		return CT_ERR_USAGE;
 	}
 	struct hyena_model *hm = xcalloc(1, sizeof(*hm));
@@ -167,7 +186,8 @@ static int hyena_family_build(struct model *m, const struct model_config *c, int
 	    .ac = opts->recompute_ffn ? MODEL_AC_FFN : opts->ac,
 	    .ac_every = opts->ac_every,
 	    .unit_lo = opts->unit_lo,
-	    .unit_hi = opts->unit_hi};
+	    .unit_hi = opts->unit_hi,
+	    .tp = opts->tp};
 	int rc = hyena_build(hm, hyena_cfg(c), B, T, &ho);
 	if (rc) {
 		free(hm);
@@ -208,6 +228,20 @@ static const char *hyena_family_flavor(const struct model_config *c)
 static int hyena_family_table(struct param_table *t, const struct model_config *c)
 {
 	return hyena_table_build(t, hyena_cfg(c));
+}
+static int hyena_family_table_tp(struct param_table *t, const struct model_config *c, int tp,
+                                 int tp_rank)
+{
+	return hyena_table_build_tp(t, hyena_cfg(c), tp, tp_rank);
+}
+static int hyena_family_tp_check(const struct model_config *c, int64_t tp)
+{
+	return hyena_tp_check(hyena_cfg(c), tp);
+}
+static int hyena_family_tensor_group(const struct model_config *c, const char *name, char *group,
+                                     size_t n, int *piece)
+{
+	return hyena_name_group(hyena_cfg(c), name, group, n, piece);
 }
 static void hyena_family_init(const struct model_config *c, const struct param_table *t,
                               uint64_t seed, float *out, int64_t first, int64_t n)
@@ -293,10 +327,6 @@ static int hyena_check_config(const struct ct_config *cfg)
 
 const struct model_family hyena_family = {
     .name = "hyena",
-    .no_tp_why = "not yet: its in-projection interleaves its N+1 streams per channel, so a "
-                 "channel split is not a contiguous row range of the table's tensors (the "
-                 "pieces TP and the checkpoints know); per-stream tensors would make it one; "
-                 "llama3 only",
     .no_cp_why = "its long convolution mixes every position of the sequence with every "
                  "earlier one through an FFT over the whole sequence, so a sequence shard "
                  "cannot be computed from its own tokens and a key/value exchange; see README",
@@ -310,11 +340,16 @@ const struct model_family hyena_family = {
     .dim = hyena_family_dim,
     .flavor = hyena_family_flavor,
     .table_build = hyena_family_table,
+    .table_build_tp = hyena_family_table_tp,
+    .tp_check = hyena_family_tp_check,
+    .tensor_group = hyena_family_tensor_group,
     .init_params = hyena_family_init,
     .build = hyena_family_build,
     .describe = hyena_describe,
     .manifest_fields = hyena_manifest_fields,
     .ac = true,
+    .tp = true,
+    .tp_whole_stream = true,
     .pp = true,
     .float8 = true,
     .tied_head = true,

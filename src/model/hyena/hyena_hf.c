@@ -66,15 +66,28 @@ static void safari_shape(const struct param_entry *e, int *ndim, int64_t *shape)
 	}
 }
 
+/* A per-stream (per-order) tensor of ctitan's table is a row range of safari's tensor: the
+ * group's first one stands for the whole group (its g tensors are adjacent in the flat
+ * buffer: rows x g), the others are inside it (an empty name). */
 static bool hyena_hf_tensor(const struct model_config *mc, const struct param_entry *e,
                             const float *src, float *tmp, char *name, size_t n, const float **data,
                             int *ndim, int64_t *shape)
 {
-	(void)mc, (void)tmp;
-	if (!safari_name(e->name, name, n))
+	(void)tmp;
+	char group[PARAM_NAME_MAX];
+	int piece, g = hyena_name_group(hyena_cfg(mc), e->name, group, sizeof(group), &piece);
+	if (!safari_name(g > 1 ? group : e->name, name, n))
 		return false;
 	*data = src;
-	safari_shape(e, ndim, shape);
+	struct param_entry whole = *e;
+	whole.shape[0] *= g;
+	whole.numel *= g;
+	snprintf(whole.name, sizeof(whole.name), "%s", g > 1 ? group : e->name);
+	if (g > 1)
+		shape[0] = whole.shape[0];
+	safari_shape(&whole, ndim, shape);
+	if (piece > 0)
+		name[0] = '\0';
 	return true;
 }
 
@@ -261,13 +274,18 @@ static int hyena_hf_load(const char *dir, const struct model_config *mc,
 		return rc;
 	for (int i = 0; i < t->count && !rc; i++) {
 		const struct param_entry *p = &t->p[i];
-		char name[160];
-		CHECK(safari_name(p->name, name, sizeof(name)), "hf: no name for %s", p->name);
-		const float *src = find_f32(&f, path, name, p->numel);
+		char name[160], group[PARAM_NAME_MAX];
+		/* a group's tensors are adjacent: its first reads safari's whole tensor */
+		int piece, g = hyena_name_group(c, p->name, group, sizeof(group), &piece);
+		if (piece > 0)
+			continue;
+		CHECK(safari_name(g > 1 ? group : p->name, name, sizeof(name)), "hf: no name for %s",
+		      p->name);
+		const float *src = find_f32(&f, path, name, p->numel * g);
 		if (!src)
 			rc = CT_ERR_RUNTIME;
 		else
-			memcpy(params + p->offset, src, (size_t)p->numel * sizeof(float));
+			memcpy(params + p->offset, src, (size_t)(p->numel * g) * sizeof(float));
 	}
 	/* what ctitan does not train must be what it computes or holds once */
 	float *z, *tt, *d;

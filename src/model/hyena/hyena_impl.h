@@ -27,14 +27,15 @@ static void HT(block_ptrs)(const struct hyena_model *m, HREAL *const *unit_base,
                            HREAL *w[HYB_COUNT])
 {
 	for (int k = 0; k < HYB_COUNT; k++)
-		w[k] = HT(tensor)(m, unit_base, hyena_block_tensor_index(l, k));
+		w[k] = HT(tensor)(m, unit_base, hyena_block_tensor_index(&m->cfg, l, k));
 }
 
 /* The filter of one block from its parameter pointers: h (L, (N-1)D); fa (6,L,F). */
-static void HT(filter_forward)(const struct hyena_config *c, HREAL *const w[HYB_COUNT],
-                               const HREAL *z, const HREAL *window, int64_t L, HREAL *h, HREAL *fa)
+static void HT(filter_forward)(const struct hyena_config *c, int64_t Dl,
+                               HREAL *const w[HYB_COUNT], const HREAL *z, const HREAL *window,
+                               int64_t L, HREAL *h, HREAL *fa)
 {
-	int64_t Cf = (c->order - 1) * c->dim;
+	int64_t Cf = (c->order - 1) * Dl;
 	HK(hyena_filter_forward)
 	(h, fa, z, window, w[HYB_MLP0_W], w[HYB_MLP0_B], w[HYB_FREQ], w[HYB_MLP1_W], w[HYB_MLP1_B],
 	 w[HYB_MLP2_W], w[HYB_MLP2_B], w[HYB_MLP3_W], L, c->emb_dim, c->filter_order, Cf);
@@ -79,8 +80,8 @@ static void HT(mul_cols)(HREAL *out, const HREAL *a, int64_t lda, const HREAL *b
  * some, hyena_build_opts says which per checkpointing mode). */
 struct HT(blk) {
 	HREAL *w[HYB_COUNT];
-	HREAL *x, *xn, *p, *pc, *g, *v, *y, *xmid, *ha, *Hf, *h, *fft, *gl;
-	int64_t B, T, Nt, D, No, P, Cf, H, S;
+	HREAL *x, *xn, *p, *pc, *g, *v, *y, *xmid, *ha, *Hf, *h, *fft, *gl, *part;
+	int64_t B, T, Nt, D, Dl, No, P, Cf, H, S; /* Dl channels, H MLP width on this rank */
 };
 
 static void HT(blk_init)(struct hyena_model *m, int l, struct HT(blk) *k)
@@ -88,21 +89,38 @@ static void HT(blk_init)(struct hyena_model *m, int l, struct HT(blk) *k)
 	const struct hyena_config *c = &m->cfg;
 	const struct hyena_block_acts *a = &m->blk[l];
 	HT(block_ptrs)(m, HUW(m), l, k->w);
-	k->B = m->B, k->T = m->T, k->Nt = m->N, k->D = c->dim, k->No = c->order;
-	k->P = (k->No + 1) * k->D, k->Cf = (k->No - 1) * k->D, k->H = c->ffn_hidden;
+	k->B = m->B, k->T = m->T, k->Nt = m->N, k->D = c->dim, k->Dl = m->Dl, k->No = c->order;
+	k->P = (k->No + 1) * k->Dl, k->Cf = (k->No - 1) * k->Dl, k->H = m->Hl;
 	k->S = fftconv_spectrum_stride(k->T);
 	k->x = HT(act)(m, a->x), k->xn = HT(scr)(m, m->s_xn), k->p = HT(act)(m, a->p);
 	k->pc = HT(act)(m, a->pc), k->g = HT(act)(m, a->g), k->v = HT(act)(m, a->v);
 	k->y = HT(act)(m, a->y), k->xmid = HT(act)(m, a->xmid), k->ha = HT(act)(m, a->a);
 	k->Hf = HT(act)(m, a->Hf), k->h = HT(scr)(m, m->s_h), k->fft = HT(scr)(m, m->s_fft);
-	k->gl = HT(scr)(m, m->s_gl);
+	k->gl = HT(scr)(m, m->s_gl), k->part = HT(scr)(m, m->s_part);
+}
+
+/* Tensor parallelism: buf(n) = its sum over the tp group (float models only). */
+static void HT(tp_sum)(const struct hyena_model *m, HREAL *buf, int64_t n)
+{
+	CHECK(sizeof(HREAL) == sizeof(float), "hyena: tensor parallelism runs float models");
+	m->tp->all_reduce_sum_f32(m->tp->ctx, (float *)(void *)buf, n);
+}
+
+/* out = res + the tp group's sum of the row-parallel partial products part (Nt, D) */
+static void HT(tp_residual)(const struct hyena_model *m, HREAL *out, const HREAL *res, HREAL *part,
+                            int64_t n)
+{
+	HT(tp_sum)(m, part, n);
+#pragma omp parallel for simd schedule(static)
+	for (int64_t i = 0; i < n; i++)
+		out[i] = res[i] + part[i];
 }
 
 /* the implicit filters of the block, and their spectra */
 static void HT(blk_filters)(struct hyena_model *m, int l, struct HT(blk) *k)
 {
-	HT(filter_forward)(&m->cfg, k->w, HT(act)(m, m->z), HT(act)(m, m->window), k->T, k->h,
-	                   HT(act)(m, m->blk[l].fa));
+	HT(filter_forward)(&m->cfg, k->Dl, k->w, HT(act)(m, m->z), HT(act)(m, m->window), k->T,
+	                   k->h, HT(act)(m, m->blk[l].fa));
 	HK(fftconv_filter_spectrum)(k->Hf, k->h, k->Cf, k->T, k->Cf, k->fft, m->nthreads);
 }
 
@@ -120,7 +138,7 @@ static void HT(blk_in)(struct hyena_model *m, int l, struct HT(blk) *k)
 /* short convolution, then the gated long convolutions: pc, g, v, y from p */
 static void HT(blk_mix)(struct hyena_model *m, struct HT(blk) *k)
 {
-	int64_t Nt = k->Nt, D = k->D, No = k->No, P = k->P;
+	int64_t Nt = k->Nt, D = k->Dl, No = k->No, P = k->P; /* D: the channels here */
 	HK(shortconv_forward)
 	(k->pc, k->p, k->w[HYB_SF_W], k->w[HYB_SF_B], k->B, k->T, P, HYENA_SHORT_FILTER);
 	for (int64_t o = 0; o < No - 1; o++) {
@@ -140,8 +158,13 @@ static void HT(blk_mix)(struct hyena_model *m, struct HT(blk) *k)
 static void HT(blk_mid)(struct hyena_model *m, int l, struct HT(blk) *k)
 {
 	const struct hyena_block_acts *a = &m->blk[l];
-	memcpy(k->xmid, k->x, (size_t)(k->Nt * k->D) * sizeof(HREAL));
-	HK(matmul_forward)(k->xmid, k->y, k->w[HYB_OUT_W], k->Nt, k->D, k->D, 1);
+	if (!m->tp) {
+		memcpy(k->xmid, k->x, (size_t)(k->Nt * k->D) * sizeof(HREAL));
+		HK(matmul_forward)(k->xmid, k->y, k->w[HYB_OUT_W], k->Nt, k->D, k->D, 1);
+	} else { /* row-parallel: this rank's channels' share, summed over the group */
+		HK(matmul_forward)(k->part, k->y, k->w[HYB_OUT_W], k->Nt, k->Dl, k->D, 0);
+		HT(tp_residual)(m, k->xmid, k->x, k->part, k->Nt * k->D);
+	}
 	HK(bias_forward)(k->xmid, k->w[HYB_OUT_B], k->Nt, k->D);
 	HK(layernorm_forward)
 	(k->xn, HT(act)(m, a->mean2), HT(act)(m, a->rstd2), k->xmid, k->w[HYB_NORM2_W],
@@ -161,8 +184,13 @@ static void HT(block_forward)(struct hyena_model *m, int l)
 	HT(blk_mid)(m, l, &k);
 	/* MLP output: out = xmid + fc2(gelu(a)) */
 	HK(gelu_forward)(k.gl, k.ha, k.Nt * k.H);
-	memcpy(out, k.xmid, (size_t)(k.Nt * k.D) * sizeof(HREAL));
-	HK(matmul_forward)(out, k.gl, k.w[HYB_FC2_W], k.Nt, k.H, k.D, 1);
+	if (!m->tp) {
+		memcpy(out, k.xmid, (size_t)(k.Nt * k.D) * sizeof(HREAL));
+		HK(matmul_forward)(out, k.gl, k.w[HYB_FC2_W], k.Nt, k.H, k.D, 1);
+	} else { /* row-parallel, as out_proj */
+		HK(matmul_forward)(k.part, k.gl, k.w[HYB_FC2_W], k.Nt, k.H, k.D, 0);
+		HT(tp_residual)(m, out, k.xmid, k.part, k.Nt * k.D);
+	}
 	HK(bias_forward)(out, k.w[HYB_FC2_B], k.Nt, k.D);
 }
 
@@ -193,7 +221,7 @@ static double HT(head_forward)(struct hyena_model *m, int64_t *n_valid)
 	HREAL *xn = HT(act)(m, m->xn_final), *dxn = HT(scr)(m, m->s_dxn);
 	HREAL *dE = HT(act)(m, m->tied_dw);
 	const HREAL *E = HT(head_E)(m);
-	int base = hyena_block_tensor_index(L, 0);
+	int base = hyena_block_tensor_index(&m->cfg, L, 0);
 	HK(layernorm_forward)
 	(xn, HT(act)(m, m->mean_f), HT(act)(m, m->rstd_f), HT(act)(m, m->x_final),
 	 HT(tensor)(m, HUW(m), base), HT(tensor)(m, HUW(m), base + 1), Nt, D, c->norm_eps);
@@ -227,7 +255,7 @@ static void HT(logits)(struct hyena_model *m, HREAL *logits)
 	int L = (int)m->cfg.n_layers;
 	for (int u = 0; u <= L; u++)
 		HT(unit_forward)(m, u, NULL);
-	int base = hyena_block_tensor_index(L, 0);
+	int base = hyena_block_tensor_index(&m->cfg, L, 0);
 	const HREAL *E = HT(head_E)(m);
 	HK(layernorm_forward)
 	(HT(act)(m, m->xn_final), HT(act)(m, m->mean_f), HT(act)(m, m->rstd_f),
@@ -257,8 +285,8 @@ static void HT(block_backward)(struct hyena_model *m, int l)
 	HREAL *w[HYB_COUNT], *dw[HYB_COUNT];
 	HT(block_ptrs)(m, HUW(m), l, w);
 	HT(block_ptrs)(m, HUDW(m), l, dw);
-	int64_t B = m->B, T = m->T, Nt = m->N, D = c->dim, No = c->order, P = (No + 1) * D;
-	int64_t Cf = (No - 1) * D, H = c->ffn_hidden, S = fftconv_spectrum_stride(T);
+	int64_t B = m->B, T = m->T, Nt = m->N, D = c->dim, No = c->order, Dl = m->Dl;
+	int64_t P = (No + 1) * Dl, Cf = (No - 1) * Dl, H = m->Hl, S = fftconv_spectrum_stride(T);
 	int64_t F = c->filter_order, E = c->emb_dim;
 	HREAL *x = HT(act)(m, a->x), *p = HT(act)(m, a->p), *pc = HT(act)(m, a->pc);
 	HREAL *g = HT(act)(m, a->g), *v = HT(act)(m, a->v), *y = HT(act)(m, a->y);
@@ -269,7 +297,7 @@ static void HT(block_backward)(struct hyena_model *m, int l)
 	HREAL *dpc = HT(scr)(m, m->s_dpc), *dp = HT(scr)(m, m->s_dp), *dh = HT(scr)(m, m->s_dh);
 	HREAL *fft = HT(scr)(m, m->s_fft);
 	size_t nd = (size_t)(Nt * D) * sizeof(HREAL), nh = (size_t)(Nt * H) * sizeof(HREAL);
-	size_t np = (size_t)(Nt * P) * sizeof(HREAL);
+	size_t np = (size_t)(Nt * P) * sizeof(HREAL), ndl = (size_t)(Nt * Dl) * sizeof(HREAL);
 
 	/* MLP: out = xmid + fc2(gelu(a)), a = fc1(LN2(xmid)) */
 	HK(layernorm_forward)
@@ -287,42 +315,62 @@ static void HT(block_backward)(struct hyena_model *m, int l)
 	HK(bias_backward)(dw[HYB_FC1_B], da, Nt, H);
 	memset(dxn, 0, nd);
 	HK(matmul_backward)(dxn, dw[HYB_FC1_W], da, xn, w[HYB_FC1_W], Nt, D, H);
+	if (m->tp) /* column-parallel fc1: each rank's columns' share of d(LN2 output) */
+		HT(tp_sum)(m, dxn, Nt * D);
 	HK(layernorm_backward)
 	(dres, dw[HYB_NORM2_W], dw[HYB_NORM2_B], dxn, xmid, w[HYB_NORM2_W], HT(act)(m, a->mean2),
 	 HT(act)(m, a->rstd2), Nt, D);
 
 	/* mixer: xmid = x + W_out y + b_out, y = v_{N-1} .* x_0 */
 	HK(bias_backward)(dw[HYB_OUT_B], dres, Nt, D);
-	memset(dy, 0, nd);
-	HK(matmul_backward)(dy, dw[HYB_OUT_W], dres, y, w[HYB_OUT_W], Nt, D, D);
+	memset(dy, 0, ndl);
+	HK(matmul_backward)(dy, dw[HYB_OUT_W], dres, y, w[HYB_OUT_W], Nt, Dl, D);
+	/* the mixer, channel by channel: this rank's Dl channels of every stream */
 	memset(dpc, 0, np);
-	memset(dv, 0, nd);
-	HT(mul_cols_back)(dv, D, dy, pc, P, Nt, D);                     /* d v_{N-1} */
-	HT(mul_cols_back)(dpc, P, dy, v + (No - 2) * Nt * D, D, Nt, D); /* d x_0 */
+	memset(dv, 0, ndl);
+	HT(mul_cols_back)(dv, Dl, dy, pc, P, Nt, Dl);                        /* d v_{N-1} */
+	HT(mul_cols_back)(dpc, P, dy, v + (No - 2) * Nt * Dl, Dl, Nt, Dl); /* d x_0 */
 	memset(dh, 0, (size_t)(T * Cf) * sizeof(HREAL));
 	for (int64_t o = No - 2; o >= 0; o--) {
 		/* v_{o+1} = conv_o(g_o), g_o = src .* x_{N-1-o} */
-		HREAL *go = g + o * Nt * D;
-		memset(dg, 0, nd);
+		HREAL *go = g + o * Nt * Dl;
+		memset(dg, 0, ndl);
 		HK(fftconv_backward)
-		(dg, dh + o * D, Cf, dw[HYB_FBIAS] + o * D, dv, go, Hf + o * D * S,
-		 w[HYB_FBIAS] + o * D, B, T, D, fft, m->nthreads);
-		const HREAL *src = o == 0 ? pc + No * D : v + (o - 1) * Nt * D;
-		int64_t lds = o == 0 ? P : D;
-		HT(mul_cols_back)(dpc + (No - 1 - o) * D, P, dg, src, lds, Nt, D);
+		(dg, dh + o * Dl, Cf, dw[HYB_FBIAS] + o * Dl, dv, go, Hf + o * Dl * S,
+		 w[HYB_FBIAS] + o * Dl, B, T, Dl, fft, m->nthreads);
+		const HREAL *src = o == 0 ? pc + No * Dl : v + (o - 1) * Nt * Dl;
+		int64_t lds = o == 0 ? P : Dl;
+		HT(mul_cols_back)(dpc + (No - 1 - o) * Dl, P, dg, src, lds, Nt, Dl);
 		if (o > 0) {
-			memset(dv, 0, nd);
-			HT(mul_cols_back)(dv, D, dg, pc + (No - 1 - o) * D, P, Nt, D);
+			memset(dv, 0, ndl);
+			HT(mul_cols_back)(dv, Dl, dg, pc + (No - 1 - o) * Dl, P, Nt, Dl);
 		} else {
-			HT(mul_cols_back)(dpc + No * D, P, dg, pc + (No - 1 - o) * D, P, Nt, D);
+			HT(mul_cols_back)(dpc + No * Dl, P, dg, pc + (No - 1 - o) * Dl, P, Nt, Dl);
 		}
 	}
-	/* the filters: once per backward, from the gradient summed over the batch */
+	/* the filters: once per backward, from the gradient summed over the batch. Under
+	 * tensor parallelism the MLP's layers before the last are replicated and see only this
+	 * rank's channels: their gradients of this backward are summed over the group first */
+	HREAL *frep[7] = {dw[HYB_MLP0_W], dw[HYB_MLP0_B], dw[HYB_FREQ], dw[HYB_MLP1_W],
+	                  dw[HYB_MLP1_B], dw[HYB_MLP2_W], dw[HYB_MLP2_B]};
+	int64_t nrep = dw[HYB_MLP3_W] - dw[HYB_MLP0_W];
+	if (m->tp) {
+		HREAL *r = HT(scr)(m, m->s_frep);
+		memset(r, 0, (size_t)nrep * sizeof(HREAL));
+		for (int i = 6; i >= 0; i--)
+			frep[i] = r + (frep[i] - dw[HYB_MLP0_W]);
+	}
 	HK(hyena_filter_backward)
-	(dw[HYB_MLP0_W], dw[HYB_MLP0_B], dw[HYB_FREQ], dw[HYB_MLP1_W], dw[HYB_MLP1_B],
-	 dw[HYB_MLP2_W], dw[HYB_MLP2_B], dw[HYB_MLP3_W], dh, HT(act)(m, a->fa), HT(act)(m, m->z),
-	 HT(act)(m, m->window), w[HYB_FREQ], w[HYB_MLP1_W], w[HYB_MLP2_W], w[HYB_MLP3_W], T, E, F,
-	 Cf, HT(scr)(m, m->s_filt));
+	(frep[0], frep[1], frep[2], frep[3], frep[4], frep[5], frep[6], dw[HYB_MLP3_W], dh,
+	 HT(act)(m, a->fa), HT(act)(m, m->z), HT(act)(m, m->window), w[HYB_FREQ], w[HYB_MLP1_W],
+	 w[HYB_MLP2_W], w[HYB_MLP3_W], T, E, F, Cf, HT(scr)(m, m->s_filt));
+	if (m->tp) {
+		HT(tp_sum)(m, frep[0], nrep);
+		HREAL *d = dw[HYB_MLP0_W];
+#pragma omp parallel for simd schedule(static)
+		for (int64_t i = 0; i < nrep; i++)
+			d[i] += frep[0][i];
+	}
 	memset(dp, 0, np);
 	HK(shortconv_backward)
 	(dp, dw[HYB_SF_W], dw[HYB_SF_B], dpc, p, w[HYB_SF_W], B, T, P, HYENA_SHORT_FILTER);
@@ -331,6 +379,8 @@ static void HT(block_backward)(struct hyena_model *m, int l)
 	(xn, NULL, NULL, x, w[HYB_NORM1_W], w[HYB_NORM1_B], Nt, D, c->norm_eps);
 	memset(dxn, 0, nd);
 	HK(matmul_backward)(dxn, dw[HYB_IN_W], dp, xn, w[HYB_IN_W], Nt, D, P);
+	if (m->tp) /* column-parallel in_proj: each rank's streams' share of d(LN1 output) */
+		HT(tp_sum)(m, dxn, Nt * D);
 	HK(layernorm_backward)
 	(dres, dw[HYB_NORM1_W], dw[HYB_NORM1_B], dxn, x, w[HYB_NORM1_W], HT(act)(m, a->mean1),
 	 HT(act)(m, a->rstd1), Nt, D);
@@ -344,7 +394,7 @@ static void HT(head_backward)(struct hyena_model *m, double dscale)
 	HREAL *xn = HT(act)(m, m->xn_final), *dxn = HT(scr)(m, m->s_dxn);
 	HREAL *dE = HT(act)(m, m->tied_dw), *dres = HT(scr)(m, m->s_dres);
 	const HREAL *E = HT(head_E)(m);
-	int base = hyena_block_tensor_index(L, 0);
+	int base = hyena_block_tensor_index(&m->cfg, L, 0);
 	if (!m->head_grads_ready || m->loss_dscale != dscale) {
 		CHECK(!m->head_grads_ready, "loss gradient made with scale %g, asked for %g",
 		      m->loss_dscale, dscale);
