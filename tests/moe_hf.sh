@@ -171,7 +171,8 @@ check "3 steps from the HF export (exit $?)" $?
 metric "$tmp/k/metrics.jsonl" 1 3 loss grad_norm moe_bias_absmax > "$tmp/k.l"
 metric "$tmp/h/metrics.jsonl" 1 3 loss grad_norm moe_bias_absmax > "$tmp/h.l"
 close "$tmp/h.l" "$tmp/k.l" 1e-6
-check "from the export: the checkpoint's losses, grad norms and bias within 1e-6 ($(head -1 "$tmp/h.l" | cut -d' ' -f1) -> $(tail -1 "$tmp/h.l" | cut -d' ' -f1))" $?
+ok=$? # before the message's command substitutions, which set $?
+check "from the export: the checkpoint's losses, grad norms and bias within 1e-6 ($(head -1 "$tmp/h.l" | cut -d' ' -f1) -> $(tail -1 "$tmp/h.l" | cut -d' ' -f1))" $ok
 # the same export as an index of two shards
 $PY - "$tmp/hf" "$tmp/hfi" <<'PY'
 import json, os, struct, sys

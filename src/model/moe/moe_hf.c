@@ -99,8 +99,8 @@ static void permute_rows(const float *in, float *out, int64_t heads, int64_t D, 
 		for (int64_t i = 0; i < D / 2; i++)
 			for (int64_t j = 0; j < 2; j++) {
 				int64_t hf = h * D + j * (D / 2) + i, ct = h * D + 2 * i + j;
-				memcpy(out + (to_hf ? hf : ct) * cols, in + (to_hf ? ct : hf) * cols,
-				       (size_t)cols * sizeof(float));
+				memcpy(out + (to_hf ? hf : ct) * cols,
+				       in + (to_hf ? ct : hf) * cols, (size_t)cols * sizeof(float));
 			}
 }
 
@@ -140,7 +140,8 @@ static bool moe_hf_extra(const struct model_config *mc, const struct param_table
 			LOG_WARN("export: the checkpoint holds no balancing bias (%s); "
 			         "e_score_correction_bias is written as zeros",
 			         "model_state.bin");
-		snprintf(name, n, "model.layers.%lld.mlp.gate.e_score_correction_bias", (long long)l);
+		snprintf(name, n, "model.layers.%lld.mlp.gate.e_score_correction_bias",
+		         (long long)l);
 		*ndim = 1, shape[0] = E;
 		*data = xcalloc((size_t)E, sizeof(float));
 		for (int64_t e = 0; state && e < E; e++)
@@ -280,7 +281,9 @@ static int check_config(const char *dir, const struct moe_config *c, bool *tied)
 	const cJSON *nt = cJSON_GetObjectItemCaseSensitive(o, "norm_topk_prob");
 	if (!rc && (!cJSON_IsBool(nt) || cJSON_IsTrue(nt) != c->route_norm)) {
 		LOG_ERROR("hf: '%s': norm_topk_prob is %s, this model has %s", path,
-		          !cJSON_IsBool(nt) ? "missing" : cJSON_IsTrue(nt) ? "true" : "false",
+		          !cJSON_IsBool(nt)  ? "missing"
+		          : cJSON_IsTrue(nt) ? "true"
+		                             : "false",
 		          c->route_norm ? "true" : "false");
 		rc = CT_ERR_USAGE;
 	}
@@ -315,8 +318,10 @@ static int files_open(struct hf_files *h, const char *dir)
 	for (int k = 0; (wmap ? it != NULL : k == 0) && !rc; k++, it = it ? it->next : NULL) {
 		const char *file = "model.safetensors";
 		if (wmap) {
-			if (!cJSON_IsString(it) || !it->valuestring[0] || strchr(it->valuestring, '/')) {
-				LOG_ERROR("hf: '%s' maps '%s' to no plain file name", idx, it->string);
+			if (!cJSON_IsString(it) || !it->valuestring[0] ||
+			    strchr(it->valuestring, '/')) {
+				LOG_ERROR("hf: '%s' maps '%s' to no plain file name", idx,
+				          it->string);
 				rc = CT_ERR_RUNTIME;
 				break;
 			}
@@ -359,8 +364,7 @@ static const struct st_tensor *files_find(const struct hf_files *h, const char *
 }
 
 /* Tensor name (shape rows x cols, or a vector of rows with cols 0) as F32/BF16 into dst. */
-static int take(const struct hf_files *h, const char *name, int64_t rows, int64_t cols,
-                float *dst)
+static int take(const struct hf_files *h, const char *name, int64_t rows, int64_t cols, float *dst)
 {
 	const char *path = "";
 	const struct st_tensor *s = files_find(h, name, &path);
@@ -426,9 +430,8 @@ static int load_experts(const struct hf_files *h, const struct moe_config *c,
 	return rc;
 }
 
-static int moe_hf_load(const char *dir, const struct model_config *mc,
-                       const struct param_table *t, float *params, double *state,
-                       int64_t n_state)
+static int moe_hf_load(const char *dir, const struct model_config *mc, const struct param_table *t,
+                       float *params, double *state, int64_t n_state)
 {
 	const struct moe_config *c = moe_cfg(mc);
 	bool tied = false;
@@ -449,7 +452,8 @@ static int moe_hf_load(const char *dir, const struct model_config *mc,
 			rc = load_experts(&h, c, p, dst);
 		} else if (tied && strcmp(name, "lm_head.weight") == 0 &&
 		           !files_find(&h, name, &ignored)) {
-			const struct param_entry *emb = param_table_find(t, "tok_embeddings.weight");
+			const struct param_entry *emb =
+			    param_table_find(t, "tok_embeddings.weight");
 			CHECK(emb && emb->numel == p->numel, "hf: tied weights of different sizes");
 			rc = take(&h, "model.embed_tokens.weight", p->shape[0], p->shape[1], dst);
 		} else {
