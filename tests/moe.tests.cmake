@@ -24,6 +24,8 @@ set_tests_properties(fsdp_moe_np2 fsdp_moe_np3 fsdp_moe_ep2 fsdp_moe_ep2_np4
                      fsdp_moe_ep2_acfull fsdp_moe_np2_acsel PROPERTIES
                      TIMEOUT 300 ENVIRONMENT "${CT_TEST_ENV}")
 ct_add_script_test(moe_cli tests/moe_cli.sh)
+# Hugging Face export / import with DeepSeek-V3's names (src/model/moe/moe_hf.c)
+ct_add_script_test(moe_hf tests/moe_hf.sh)
 # pipeline stages (tests/test_pp.c --moe): pp 2 with every schedule on 2 ranks; pp 2 x
 # dp_shard 2, and with ep 2 inside dp_shard (1F1B, Interleaved1F1B) on 4; each against one rank
 # (losses, grad norms, validation, parameters, the balancing bias)

@@ -50,7 +50,8 @@ import sys
 r=[[float(v) for v in x.split()] for x in open(sys.argv[1])]
 ok = len(r) == 6 and r[-1][0] < r[0][0] - 0.05 and all(x[2] >= 1 and x[3] >= 1 for x in r)
 sys.exit(0 if ok and r[-1][4] > 0 else 1)" "$tmp/a.l"
-check "loss falls, loads >= 1 per layer, the bias moves ($(head -1 "$tmp/a.l" | cut -d' ' -f1) -> $(tail -1 "$tmp/a.l" | cut -d' ' -f1))" $?
+ok=$? # before the message's command substitutions, which set $?
+check "loss falls, loads >= 1 per layer, the bias moves ($(head -1 "$tmp/a.l" | cut -d' ' -f1) -> $(tail -1 "$tmp/a.l" | cut -d' ' -f1))" $ok
 
 # 2. FSDP on 2 ranks
 "$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" --job.dump_folder="$tmp/b" > "$tmp/b.log" 2>&1
@@ -88,14 +89,16 @@ refuse() { # N REASON_REGEX ARGS...: exit 2 and the reason in the log
     > "$tmp/f.log" 2>&1
   local rc=$?
   [ $rc -eq 2 ] && grep -q "$why" "$tmp/f.log"
-  check "$* refused on $n ranks (exit $rc: $(grep -m1 -o 'expert_parallel_degree.*' "$tmp/f.log" | cut -c1-100))" $?
+  local ok=$?
+  check "$* refused on $n ranks (exit $rc: $(grep -m1 -o 'expert_parallel_degree.*' "$tmp/f.log" | cut -c1-100))" $ok
 }
 "$LAUNCH" 2 "$CTITAN" train "$ROOT/configs/debug.toml" --training.dataset=synthetic \
   --model.tokenizer_path= --parallelism.expert_parallel_degree=2 --job.dump_folder="$tmp/f" \
   > "$tmp/f.log" 2>&1
 rc=$?
 [ $rc -eq 2 ] && grep -q "is not supported with model.name = \"llama3\": the family has no routed" "$tmp/f.log"
-check "ep with llama3 refused (exit $rc: $(grep -m1 -o 'expert_parallel_degree.*' "$tmp/f.log" | cut -c1-100))" $?
+ok=$?
+check "ep with llama3 refused (exit $rc: $(grep -m1 -o 'expert_parallel_degree.*' "$tmp/f.log" | cut -c1-100))" $ok
 refuse 2 "does not divide data_parallel_shard_degree" --parallelism.expert_parallel_degree=3
 refuse 2 "does not divide model.moe_n_routed_experts" --parallelism.expert_parallel_degree=2 \
   --model.moe_n_routed_experts=9
@@ -251,7 +254,9 @@ check "ctitan plot draws balance.png" $?
 for bad in --model.converters=float8 --model.flavor=debugmodel --model.moe_top_k=9; do
   "$CTITAN" train "$CFG" "${COMMON[@]}" "$bad" --job.dump_folder="$tmp/f" > "$tmp/f.log" 2>&1
   rc=$?
-  [ $rc -eq 2 ]; check "$bad refused (exit $rc: $(grep -m1 error "$tmp/f.log" | cut -c1-110))" $?
+  [ $rc -eq 2 ]
+  ok=$?
+  check "$bad refused (exit $rc: $(grep -m1 error "$tmp/f.log" | cut -c1-110))" $ok
 done
 for bad in --parallelism.tensor_parallel_degree=2; do
   "$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" "$bad" --job.dump_folder="$tmp/f" \

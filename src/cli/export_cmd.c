@@ -3,8 +3,10 @@
  * Loads a checkpoint (a step folder, or a folder of them: the newest) on one process, whatever
  * number of ranks saved it, and writes OUT_DIR/model.safetensors with the family's Hugging
  * Face tensor names (Llama: LlamaForCausalLM's), OUT_DIR/config.json, and the tokenizer if the
- * checkpoint has one. Names, layout (Llama's RoPE row permutation) and config.json come from
- * the family (model/model_hf.h); a family without them is refused. */
+ * checkpoint has one. Names, layout (Llama's RoPE row permutation, MoE's experts one tensor
+ * each) and config.json come from the family (model/model_hf.h), with the model's state
+ * outside the table (MoE's balancing bias, model_state.bin) among the family's extra
+ * tensors; a family without them is refused. */
 #include "cli/export_cmd.h"
 
 #include <cjson/cJSON.h>
@@ -80,15 +82,33 @@ static int export_run(const char *ckpt, const char *out)
 		int ndim = p->ndim;
 		int64_t shape[ST_MAX_DIMS] = {0};
 		memcpy(shape, p->shape, (size_t)p->ndim * sizeof(int64_t));
-		CHECK(model_hf_tensor(&mc, p, params + p->offset, perm + p->offset, name,
-		                      sizeof(name), &src, &ndim, shape),
-		      "export: no HF name for %s", p->name);
+		if (!model_hf_tensor(&mc, p, params + p->offset, perm + p->offset, name,
+		                     sizeof(name), &src, &ndim, shape))
+			continue; /* held by the family's extra tensors (e.g. one per expert) */
 		if (!name[0]) /* stored inside an earlier entry's tensor (model_hf.h) */
 			continue;
 		names[i] = xstrdup(name);
 		st_add(&f, names[i], ST_F32, ndim, shape, src);
 	}
-	/* what the format holds besides the table's tensors (buffers, tied copies) */
+	/* the model's state outside the table (MoE's balancing bias), when the checkpoint holds
+	 * it: the family writes it among its extra tensors */
+	char *state_raw = NULL;
+	size_t state_len = 0;
+	if (!rc) {
+		int src = ckpt_read_extra(root, step, CKPT_MODEL_STATE_FILE, &state_raw, &state_len);
+		if (src == 1)
+			state_raw = NULL, state_len = 0; /* none kept: a family with state says so */
+		else if (src)
+			rc = src;
+	}
+	double *state = NULL;
+	int64_t n_state = (int64_t)(state_len / sizeof(double));
+	if (n_state > 0) {
+		state = xcalloc((size_t)n_state, sizeof(double));
+		memcpy(state, state_raw, (size_t)n_state * sizeof(double));
+	}
+	free(state_raw);
+	/* what the format holds besides the table's tensors (buffers, tied copies, experts) */
 	int n_extra = 0;
 	char **xnames = NULL;
 	float **xdata = NULL;
@@ -97,8 +117,8 @@ static int export_run(const char *ckpt, const char *out)
 		int ndim = 0;
 		int64_t shape[ST_MAX_DIMS] = {0};
 		float *data = NULL;
-		if (rc || !model_hf_extra(&mc, &t, params, n_extra, name, sizeof(name), &ndim, shape,
-		                          &data))
+		if (rc || !model_hf_extra(&mc, &t, params, state, n_state, n_extra, name,
+		                          sizeof(name), &ndim, shape, &data))
 			break;
 		xnames = realloc(xnames, (size_t)(n_extra + 1) * sizeof(*xnames));
 		xdata = realloc(xdata, (size_t)(n_extra + 1) * sizeof(*xdata));
@@ -139,6 +159,7 @@ static int export_run(const char *ckpt, const char *out)
 	for (int i = 0; i < n_extra; i++)
 		free(xnames[i]), free(xdata[i]);
 	free(xnames), free(xdata);
+	free(state);
 	mem_free(MEM_PARAMS, params, bytes);
 	mem_free(MEM_OTHER, perm, bytes);
 	param_table_free(&t);
@@ -149,10 +170,11 @@ int cmd_export(int argc, char **argv)
 {
 	if (argc == 1 && (strcmp(argv[0], "--help") == 0 || strcmp(argv[0], "-h") == 0)) {
 		printf("usage: ctitan export CHECKPOINT OUT_DIR\n\n"
-		       "Writes OUT_DIR/model.safetensors (Hugging Face Llama names, RoPE rows "
-		       "permuted "
-		       "for rotate_half),\nOUT_DIR/config.json and the tokenizer. CHECKPOINT is a "
-		       "step-NNNNNNNN folder or a folder of them (newest).\n");
+		       "Writes OUT_DIR/model.safetensors (the family's Hugging Face names: Llama's "
+		       "LlamaForCausalLM,\ndeepseek_v3's DeepseekV3ForCausalLM with GQA attention, "
+		       "Hyena's safari; RoPE rows permuted\nfor rotate_half), OUT_DIR/config.json "
+		       "and the tokenizer. CHECKPOINT is a step-NNNNNNNN\nfolder or a folder of "
+		       "them (newest).\n");
 		return 0;
 	}
 	if (argc != 2) {

@@ -25,11 +25,11 @@ bool model_hf_tensor(const struct model_config *c, const struct param_entry *e, 
 }
 
 bool model_hf_extra(const struct model_config *c, const struct param_table *t,
-                    const float *params, int i, char *name, size_t n, int *ndim, int64_t *shape,
-                    float **data)
+                    const float *params, const double *state, int64_t n_state, int i,
+                    char *name, size_t n, int *ndim, int64_t *shape, float **data)
 {
 	const struct model_hf_ops *o = hf_ops(c);
-	return o->extra && o->extra(c, t, params, i, name, n, ndim, shape, data);
+	return o->extra && o->extra(c, t, params, state, n_state, i, name, n, ndim, shape, data);
 }
 
 char *model_hf_config_json(const struct model_config *c)
@@ -38,7 +38,7 @@ char *model_hf_config_json(const struct model_config *c)
 }
 
 int model_hf_load(const char *dir, const struct model_config *c, const struct param_table *t,
-                  float *params)
+                  float *params, double *state, int64_t n_state)
 {
-	return hf_ops(c)->load(dir, c, t, params);
+	return hf_ops(c)->load(dir, c, t, params, state, n_state);
 }

@@ -147,6 +147,11 @@ int ckpt_resolve(const char *path, char *root, size_t root_size, int64_t *step);
  * its checksum checked against the manifest's. CT_OK; 1 when the manifest does not list it
  * (a checkpoint saved without it); CT_ERR_RUNTIME with a message naming the file. */
 int ckpt_read_extra(const char *root, int64_t step, const char *name, char **data, size_t *len);
+/* The extra file that holds the model's state outside the parameter table (model_ops.state:
+ * MoE's balancing bias): raw doubles in the host's order, written by the trainer, read by
+ * the trainer and by `ctitan export`. */
+#define CKPT_MODEL_STATE_FILE "model_state.bin"
+
 int ckpt_load(const char *root, int64_t step, const struct model_config *cfg,
               const struct mesh *mesh, struct ckpt_tensor *t, int n, struct ckpt_trainer_state *st);
 

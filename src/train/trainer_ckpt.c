@@ -85,7 +85,7 @@ static bool trainer_excluded(const struct trainer *tr, const char *part)
 /* The model's state outside the parameter table (model_ops.state: MoE's balancing bias),
  * with the weights: a checkpoint saved before it was kept holds none (the state stays at
  * its start, said once). Raw doubles in the host's order, as the rest of the checkpoint. */
-#define MODEL_STATE_FILE "model_state.bin"
+#define MODEL_STATE_FILE CKPT_MODEL_STATE_FILE
 
 static int trainer_load_state(struct trainer *tr, const char *root, int64_t step)
 {
@@ -173,7 +173,13 @@ static int trainer_load_hf(struct trainer *tr, const char *dir)
 	CHECK(model_table_build(&g, mc) == CT_OK, "the built model's table");
 	size_t bytes = (size_t)g.numel * sizeof(float);
 	float *full = mem_alloc(MEM_OTHER, bytes);
-	int rc = model_hf_load(dir, mc, &g, full);
+	/* the model's state (MoE's balancing bias) from the same folder, the same on every rank */
+	int64_t n_state = model_state(&tr->model, NULL);
+	double *state = n_state > 0 ? xcalloc((size_t)n_state, sizeof(double)) : NULL;
+	int rc = model_hf_load(dir, mc, &g, full, state, n_state > 0 ? n_state : 0);
+	if (!rc && state)
+		model_set_state(&tr->model, state, n_state);
+	free(state);
 	if (!rc) {
 		struct ckpt_tensor *ct = trainer_ckpt_tensors(tr);
 		for (int i = 0; i < t->count; i++) {

@@ -109,9 +109,10 @@ static void features(const struct hyena_config *c, float **z, float **t, float *
 
 /* Extra tensor i: per layer z, t, deltas, the frequency's two other places; then lm_head. */
 static bool hyena_hf_extra(const struct model_config *mc, const struct param_table *t,
-                           const float *params, int i, char *name, size_t n, int *ndim,
-                           int64_t *shape, float **data)
+                           const float *params, const double *state, int64_t n_state, int i,
+                           char *name, size_t n, int *ndim, int64_t *shape, float **data)
 {
+	(void)state, (void)n_state; /* Hyena has no model state */
 	const struct hyena_config *c = hyena_cfg(mc);
 	int L = (int)c->n_layers, l = i / EXTRA_PER_LAYER, k = i % EXTRA_PER_LAYER;
 	if (i == L * EXTRA_PER_LAYER) {
@@ -261,8 +262,10 @@ static bool close_f32(const float *a, const float *b, int64_t n)
 }
 
 static int hyena_hf_load(const char *dir, const struct model_config *mc,
-                         const struct param_table *t, float *params)
+                         const struct param_table *t, float *params, double *state,
+                         int64_t n_state)
 {
+	(void)state, (void)n_state;
 	const struct hyena_config *c = hyena_cfg(mc);
 	int rc = check_config(dir, c);
 	if (rc)

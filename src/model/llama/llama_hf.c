@@ -296,8 +296,10 @@ static char *llama_hf_json(const struct model_config *mc)
 }
 
 static int llama_hf_read(const char *dir, const struct model_config *mc,
-                         const struct param_table *t, float *params)
+                         const struct param_table *t, float *params, double *state,
+                         int64_t n_state)
 {
+	(void)state, (void)n_state; /* Llama has no model state */
 	return llama_hf_load(dir, llama_cfg(mc), t, params);
 }
 

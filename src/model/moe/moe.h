@@ -23,8 +23,9 @@
  * after each optimizer step the layout sums the counts over the data-parallel ranks
  * (model_ops.step_stats / after_step) and each layer's bias moves by
  * load_balance_coeff * sign(mean load - load), minus its mean (TorchTitan keeps the bias
- * zero-mean). The bias is model state, not a parameter: no gradient, not in the table, not
- * (yet) in checkpoints. The optional sequence-wise auxiliary loss (aux_loss_alpha > 0) adds,
+ * zero-mean). The bias is model state, not a parameter: no gradient, not in the table; it is
+ * model_ops.state, which checkpoints hold (model_state.bin) and the Hugging Face export
+ * writes as each MoE layer's mlp.gate.e_score_correction_bias (moe_hf.c). The optional sequence-wise auxiliary loss (aux_loss_alpha > 0) adds,
  * per sequence of T tokens, alpha * sum_e f_e P_e with f_e = E/(K T) * (tokens choosing e)
  * and P_e = mean over the sequence of s_e / sum_j s_j; it enters the loss sum as
  * alpha * T * sum_seq (that), so over fully valid batches the loss is CE + alpha * mean_seq.

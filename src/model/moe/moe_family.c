@@ -1,8 +1,8 @@
 /* The deepseek_v3 (mixture-of-experts) family behind the model interface (model/model.h):
  * its operations, its entry of the family table, its [model] keys, and what it supports
  * (one rank, FSDP and expert parallelism inside it, pipeline stages with both; every
- * activation-checkpointing mode; the cost model; no TP, float8, MLA or Hugging Face export
- * yet). */
+ * activation-checkpointing mode; the cost model; Hugging Face export and import with
+ * DeepSeek-V3's names (moe_hf.c); no TP, float8 or MLA yet). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +17,8 @@
 
 /* This family's entry of the table (below; model/model.c lists it). */
 extern const struct model_family moe_family;
+/* its Hugging Face format (moe_hf.c) */
+extern const struct model_hf_ops moe_hf_ops;
 
 /* ---------------------------------------------------------------- its config */
 
@@ -380,6 +382,8 @@ const struct model_family moe_family = {
     .pp = true,
     .cost_model = true,
     .cost = &moe_cost_ops,
+    .export_hf = true,
+    .hf = &moe_hf_ops,
     .ac = true,
     .no_tp_why = "not yet supported: the experts and attention heads are not split over "
                  "TP ranks yet",
