@@ -41,6 +41,9 @@ CASES = {
     "debug-bf16": dict(config="configs/debug.toml", flavor="debugmodel", seq=256, batch=8,
                        bf16=True),
     "125m-bf16": dict(config="configs/125m.toml", flavor="125M", seq=512, batch=4, bf16=True),
+    # like for like with autocast, which saves every activation too
+    "125m-bf16-noac": dict(config="configs/125m.toml", flavor="125M", seq=512, batch=4, bf16=True,
+                           extra=["--activation_checkpoint.mode=none"]),
 }
 BF16 = ["--training.mixed_precision_param=bfloat16"]
 
