@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "base/bf16.h"
 #include "base/cpu.h"
@@ -357,6 +358,58 @@ TEST_CASE(test_ragged)
 	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
 }
 
+/* auto's choices kept across runs: a file written on this CPU is taken (a shape it lists runs as
+ * listed, untimed: here oneDNN's second implementation, counted by mm_engine_alt_impl_shapes
+ * without any product run), written back with the shape; another CPU's file and malformed ones
+ * are not taken. */
+TEST_CASE(test_choices_file)
+{
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+	char path[] = "/tmp/ct_mm_choices_XXXXXX";
+	int fd = mkstemp(path);
+	EXPECT(fd >= 0, "mkstemp");
+	FILE *f = fdopen(fd, "w+");
+	EXPECT(mm_engine_choices_write(f) >= 0, "write");
+	rewind(f);
+	char head[64], cpu[512];
+	EXPECT(fgets(head, sizeof(head), f) && fgets(cpu, sizeof(cpu), f), "header");
+	fclose(f);
+	const int alt0 = mm_engine_alt_impl_shapes();
+	/* this CPU's header with one new shape: NT 333 x 77 x 55, oneDNN, second implementation */
+	f = fopen(path, "w");
+	fprintf(f, "%s%s333 77 55 0 1 0 %d 0 1\n", head, cpu, (int)MM_ENGINE_ONEDNN);
+	fclose(f);
+	f = fopen(path, "r");
+	EXPECT(mm_engine_choices_read(f) == 1, "this CPU's file: 1 shape taken");
+	fclose(f);
+	EXPECT(mm_engine_alt_impl_shapes() == alt0 + 1, "the taken shape runs oneDNN's second "
+	                                                "implementation (%d -> %d)",
+	       alt0, mm_engine_alt_impl_shapes());
+	f = fopen(path, "w+");
+	mm_engine_choices_write(f);
+	rewind(f);
+	char line[256];
+	bool listed = false;
+	while (fgets(line, sizeof(line), f))
+		listed = listed || strncmp(line, "333 77 55 0 1 0", 15) == 0;
+	fclose(f);
+	EXPECT(listed, "the taken shape is written back");
+	f = fopen(path, "w");
+	fprintf(f, "%scpu another CPU\n334 77 55 0 1 0 %d 0 1\n", head, (int)MM_ENGINE_ONEDNN);
+	fclose(f);
+	f = fopen(path, "r");
+	EXPECT(mm_engine_choices_read(f) == 0, "another CPU's file: nothing taken");
+	fclose(f);
+	f = fopen(path, "w");
+	fprintf(f, "%s%s335 77 55 0 1 0 7 0 1\n", head, cpu);
+	fclose(f);
+	f = fopen(path, "r");
+	EXPECT(mm_engine_choices_read(f) == -1, "an unknown engine: malformed");
+	fclose(f);
+	EXPECT(mm_engine_alt_impl_shapes() == alt0 + 1, "nothing taken from the other files");
+	unlink(path);
+}
+
 TEST_CASE(test_parse)
 {
 	enum mm_engine e;
@@ -406,5 +459,6 @@ int main(void)
 	RUN(test_transposed_b);
 	RUN(test_second_impl);
 	RUN(test_ragged);
+	RUN(test_choices_file);
 	return test_summary();
 }

@@ -571,6 +571,77 @@ void mm_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float *A, 
 	pthread_mutex_unlock(&g_lock);
 }
 
+static void mm_cpu_line(char *buf, size_t n)
+{
+	const struct cpu_info *c = cpu_info();
+	snprintf(buf, n, "cpu %s | avx2 %d avx512 %d avx512_bf16 %d amx_bf16 %d | onednn %s",
+	         c->brand, c->avx2, c->avx512, c->avx512_bf16, c->amx_bf16, mm_onednn_isa());
+}
+
+int mm_engine_choices_write(FILE *f)
+{
+	char cpu[256];
+	mm_cpu_line(cpu, sizeof(cpu));
+	pthread_mutex_lock(&g_lock);
+	int n = 0;
+	fprintf(f, "ctitan matmul choices v1\n%s\n", cpu);
+	for (int64_t i = 0; i < MM_SHAPES; i++) {
+		const struct mm_shape *s = &g_shapes[i];
+		if (!s->used || s->chosen == MM_ENGINE_COUNT || s->K <= 0)
+			continue;
+		fprintf(f, "%lld %lld %lld %d %d %d %d %d %d\n", (long long)s->M, (long long)s->N,
+		        (long long)s->K, s->ta, s->tb, s->dt, (int)s->chosen, (int)s->bt, s->impl);
+		n++;
+	}
+	pthread_mutex_unlock(&g_lock);
+	return n;
+}
+
+int mm_engine_choices_read(FILE *f)
+{
+	char line[512], cpu[256];
+	mm_cpu_line(cpu, sizeof(cpu));
+	if (!fgets(line, sizeof(line), f) || strcmp(line, "ctitan matmul choices v1\n") != 0)
+		return -1;
+	if (!fgets(line, sizeof(line), f))
+		return -1;
+	line[strcspn(line, "\n")] = 0;
+	if (strcmp(line, cpu) != 0)
+		return 0;
+	struct mm_shape got[MM_SHAPES];
+	int n = 0;
+	while (fgets(line, sizeof(line), f)) {
+		long long M, N, K;
+		int ta, tb, dt, e, bt, impl;
+		if (n == MM_SHAPES ||
+		    sscanf(line, "%lld %lld %lld %d %d %d %d %d %d", &M, &N, &K, &ta, &tb, &dt, &e, &bt,
+		           &impl) != 9 ||
+		    M <= 0 || N <= 0 || K <= 0 || (ta | tb | bt) & ~1 || dt < 0 ||
+		    dt >= MM_DTYPE_COUNT || e <= MM_ENGINE_AUTO || e >= MM_ENGINE_COUNT || impl < 0 ||
+		    impl > 1)
+			return -1;
+		got[n++] = (struct mm_shape){.M = M, .N = N, .K = K, .ta = ta, .tb = tb, .dt = dt,
+		                             .chosen = (enum mm_engine)e, .bt = bt, .impl = impl};
+	}
+	pthread_mutex_lock(&g_lock);
+	const enum mm_dtype saved = g_dtype;
+	int taken = 0;
+	for (int i = 0; i < n; i++) {
+		g_dtype = (enum mm_dtype)got[i].dt; /* mm_shape_find keys on the current dtype */
+		struct mm_shape *s = mm_shape_find(got[i].ta, got[i].tb, got[i].M, got[i].N, got[i].K);
+		if (!s || s->chosen != MM_ENGINE_COUNT)
+			continue;
+		s->chosen = got[i].chosen, s->bt = got[i].bt, s->impl = got[i].impl;
+		snprintf(s->impl_name[0], sizeof(s->impl_name[0]), "kept");
+		snprintf(s->impl_name[1], sizeof(s->impl_name[1]), "%s",
+		         got[i].impl ? "2nd impl" : "");
+		taken++;
+	}
+	g_dtype = saved;
+	pthread_mutex_unlock(&g_lock);
+	return taken;
+}
+
 void mm_engine_totals(double *flops, double *seconds)
 {
 	pthread_mutex_lock(&g_lock);
@@ -614,7 +685,9 @@ void mm_engine_log_summary(void)
 		if (g_engine == MM_ENGINE_AUTO && s->tuned_alt_s > 0)
 			snprintf(alt, sizeof(alt), ", %s %.1f", s->impl_name[1],
 			         fl / s->tuned_alt_s / 1e9);
-		if (g_engine == MM_ENGINE_AUTO)
+		if (g_engine == MM_ENGINE_AUTO && !(s->tuned_s[MM_ENGINE_ONEDNN] > 0))
+			snprintf(tuned, sizeof(tuned), " (kept from this job's matmul_choices)");
+		else if (g_engine == MM_ENGINE_AUTO)
 			snprintf(tuned, sizeof(tuned),
 			         " (tuned: onednn %s %.1f%s%s, openblas %.1f GFLOP/s)",
 			         s->impl_name[0], fl / s->tuned_s[MM_ENGINE_ONEDNN] / 1e9, alt, bt,

@@ -78,6 +78,17 @@ int mm_engine_bt_shapes(void);
  * it wherever oneDNN offers one, for tests). */
 int mm_engine_alt_impl_shapes(void);
 
+/* auto's choices kept across runs of one job: mm_engine_choices_write writes a line naming this
+ * CPU (brand string and features) and one line per shape auto has chosen (sizes, transposes,
+ * dtype, engine, B transposed, oneDNN implementation); mm_engine_choices_read takes the shapes
+ * of such a file as already chosen, when it was written on the same CPU, so a resumed run
+ * computes with the kernels of the run it resumes instead of timing them again (and maybe
+ * choosing, on a loaded machine, differently). Returns the shapes taken; 0 for a file of
+ * another CPU; -1 for a malformed one (nothing taken). */
+#include <stdio.h>
+int mm_engine_choices_write(FILE *f);
+int mm_engine_choices_read(FILE *f);
+
 /* FLOPs and seconds of every mm_gemm call so far (the engine's rate at the model's shapes). */
 void mm_engine_totals(double *flops, double *seconds);
 /* Logs (INFO) the engine, dtype, oneDNN's ISA, and per shape the engine kept and GFLOP/s. */

@@ -274,6 +274,44 @@ static int trainer_open_data(struct trainer *tr)
 }
 
 
+/* <dump_folder>/matmul_choices/rank<r>.txt: auto's per-shape choices (mm_engine.h), read at
+ * start-up when a run of this job on this CPU left them (a resume computes with the same
+ * kernels) and written after the first step. Best effort: a missing or stale file only means
+ * auto times the shapes again. */
+static void matmul_choices(struct trainer *tr, bool write)
+{
+	const struct ct_config *cfg = tr->cfg;
+	if (strcmp(cfg->compute.matmul_engine, "auto") != 0 || mm_engine_get() != MM_ENGINE_AUTO)
+		return;
+	char dir[CONFIG_STR_MAX + 32], path[CONFIG_STR_MAX + 64];
+	snprintf(dir, sizeof(dir), "%s/matmul_choices", cfg->job.dump_folder);
+	snprintf(path, sizeof(path), "%s/rank%d.txt", dir, tr->mesh.rank);
+	if (write) {
+		char tmp[sizeof(path) + 8];
+		snprintf(tmp, sizeof(tmp), "%s.tmp", path);
+		FILE *f = metrics_mkdirs(dir) == 0 ? fopen(tmp, "w") : NULL;
+		if (!f)
+			return;
+		int n = mm_engine_choices_write(f);
+		if (fclose(f) == 0 && rename(tmp, path) == 0 && tr->mesh.rank == 0)
+			LOG_INFO("matmul choices: %d shapes kept in %s", n, dir);
+		return;
+	}
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return;
+	int n = mm_engine_choices_read(f);
+	fclose(f);
+	if (tr->mesh.rank != 0)
+		return;
+	if (n > 0)
+		LOG_INFO("matmul choices: %d shapes as an earlier run of this job chose them (%s)", n,
+		         path);
+	else
+		LOG_INFO("matmul choices in %s %s: timing again", path,
+		         n == 0 ? "are another CPU's" : "are malformed");
+}
+
 static int trainer_setup(struct trainer *tr)
 {
 	const struct ct_config *cfg = tr->cfg;
@@ -301,6 +339,7 @@ static int trainer_setup(struct trainer *tr)
 		rc = compute_setup(cfg, tr->mesh.rank == 0);
 	if (rc)
 		return rc;
+	matmul_choices(tr, false);
 	enum stream_mode mode;
 	if (stream_mode_parse(cfg->comm.progress, &mode)) {
 		LOG_ERROR("comm.progress: unknown '%s'", cfg->comm.progress);
@@ -689,8 +728,10 @@ int trainer_run(const struct ct_config *cfg)
 	for (; rc == CT_OK && step < steps; step++) {
 		comm_watchdog_set_step(step + 1);
 		rc = trainer_step(&tr, step, &sm);
+		if (rc == CT_OK && step == first)
+			matmul_choices(&tr, true); /* auto has chosen at every shape by now */
 		if (rc == CT_OK && step == first && tr.mesh.rank == 0) {
-			mm_engine_log_summary(); /* auto has chosen at every shape by now */
+			mm_engine_log_summary();
 			attention_mixed_log_summary();
 		}
 		if (rc) {
