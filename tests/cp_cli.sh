@@ -114,7 +114,8 @@ bad() { # name, ranks, expected message, args...
   "$L" "$n" "$CTITAN" "${common[@]}" --job.dump_folder="$tmp/bad" "$@" > "$tmp/err" 2>&1
   local rc=$?
   [ $rc -eq 2 ] && grep -q -- "$msg" "$tmp/err"
-  check "$name: exit 2 naming it (got $rc: $(grep -m1 -i error "$tmp/err" | cut -c1-160))" $?
+  local ok=$?  # before the message expands: $(...) resets $?
+  check "$name: exit 2 naming it (got $rc: $(grep -m1 -i error "$tmp/err" | cut -c1-160))" $ok
 }
 bad "seq_len not divisible by 2 x cp" 2 \
   "training.seq_len = 62 is not divisible by 2 x cp = 4 (parallelism.context_parallel_degree = 2" \

@@ -16,7 +16,8 @@ bad() { # NAME KEY ARGS...: exit 2 and the message names KEY
   "$CTITAN" train "$D" --training.steps=1 --job.dump_folder="$tmp/bad" "$@" > "$tmp/out" 2>&1
   local rc=$?
   [ $rc -eq 2 ] && grep -q -- "$key" "$tmp/out"
-  check "$name: exit 2 naming $key (got $rc: $(grep -m1 -i error "$tmp/out"))" $?
+  local ok=$?  # before the message expands: $(...) resets $?
+  check "$name: exit 2 naming $key (got $rc: $(grep -m1 -i error "$tmp/out"))" $ok
 }
 bad "unknown recipe" quantize.linear.float8.recipe_name --model.converters=float8 \
   --quantize.linear.float8.recipe_name=rowwise_gw

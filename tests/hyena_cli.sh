@@ -32,7 +32,8 @@ metric "$tmp/a/metrics.jsonl" 1 6 > "$tmp/a.l"
 /usr/bin/python3 -c "
 import sys
 l=[float(x.split()[0]) for x in open(sys.argv[1])]; sys.exit(0 if len(l) == 6 and l[-1] < l[0] - 0.05 else 1)" "$tmp/a.l"
-check "loss falls over 6 steps ($(head -1 "$tmp/a.l" | cut -d' ' -f1) -> $(tail -1 "$tmp/a.l" | cut -d' ' -f1))" $?
+ok=$?  # before the message expands: $(...) resets $?
+check "loss falls over 6 steps ($(head -1 "$tmp/a.l" | cut -d' ' -f1) -> $(tail -1 "$tmp/a.l" | cut -d' ' -f1))" $ok
 
 # 2. FSDP on 2 ranks, with checkpoints
 "$LAUNCH" 2 "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" \
@@ -198,6 +199,6 @@ for bad in --model.hyena_emb_dim=4 --model.hyena_order=1 --model.flavor=debugmod
   "$CTITAN" train "$ROOT/configs/debug.toml" "${COMMON[@]}" "$bad" \
     --job.dump_folder="$tmp/f" > "$tmp/f.log" 2>&1
   rc=$?
-  [ $rc -eq 2 ]; check "$bad is a usage error (exit $rc: $(grep -m1 error "$tmp/f.log"))" $?
+  [ $rc -eq 2 ]; ok=$?; check "$bad is a usage error (exit $rc: $(grep -m1 error "$tmp/f.log"))" $ok
 done
 finish

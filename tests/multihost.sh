@@ -96,7 +96,8 @@ on_host0 120 "$src/scripts/launch" --hostfile "$tmp/badhosts" --net 10.77.0.0/24
 rc=$?
 grep -m2 -i "unable\|daemon\|no namespace" "$tmp/bad.log"
 [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 127 ] && [ "$(left)" -eq 0 ]
-check "unreachable host in the hostfile (mpiexec): exit $rc, $(left) processes left" $?
+ok=$?  # before the message expands: $(...) resets $?
+check "unreachable host in the hostfile (mpiexec): exit $rc, $(left) processes left" $ok
 on_host0 120 "$bin" launch --hostfile "$tmp/badhosts" --net 10.77.0.0/24 \
   "$bin" "${TRAIN[@]}" --job.dump_folder="$tmp/bad" > "$tmp/bad2.log" 2>&1
 rc=$?

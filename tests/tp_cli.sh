@@ -64,14 +64,15 @@ bad() { # name, ranks, expected message, args...
   "$L" "$n" "$CTITAN" "${common[@]}" --job.dump_folder="$tmp/bad" "$@" > "$tmp/err" 2>&1
   local rc=$?
   [ $rc -eq 2 ] && grep -q -- "$msg" "$tmp/err"
-  check "$name: exit 2 naming it (got $rc: $(grep -m1 error "$tmp/err" | cut -c1-150))" $?
+  local ok=$?  # before the message expands: $(...) resets $?
+  check "$name: exit 2 naming it (got $rc: $(grep -m1 error "$tmp/err" | cut -c1-150))" $ok
 }
 bad "degrees not multiplying to the world" 3 "tensor_parallel_degree 2 does not match the world of 3" \
   --parallelism.tensor_parallel_degree=2
 bad "tp not dividing the heads" 3 "tensor_parallel_degree = 3 must divide the model's n_heads (16)" \
   --parallelism.tensor_parallel_degree=3
-bad "tp not dividing the kv heads" 4 "n_kv_heads (4)" --model.flavor=125M \
-  --parallelism.tensor_parallel_degree=4 --model.vocab_size=2048
+bad "tp not dividing the kv heads" 3 "n_kv_heads (4)" --model.flavor=125M \
+  --parallelism.tensor_parallel_degree=3 --model.vocab_size=2048
 bad "async tp with hyena" 2 'its tensor parallelism is not sequence-parallel' \
   --parallelism.tensor_parallel_degree=2 --parallelism.enable_async_tensor_parallel=true \
   --model.name=hyena --model.flavor=hyena-debug
