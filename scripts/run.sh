@@ -3,7 +3,9 @@
 #  1-2. the default corpus (scripts/default-corpus.sh): the King James Bible (Debian's
 #     bible-kjv, 4.3 MB of English prose), a 2048-id byte-level BPE tokenizer trained on it,
 #     token shards (2% of the documents held out for validation);
-#  3. train TorchTitan's debug model with FSDP on 2 ranks, with validation and checkpoints;
+#  3. train TorchTitan's debug model with FSDP on 2 ranks, with validation and checkpoints, in
+#     the fastest precision this CPU computes correctly (mixed_precision_param = auto: bf16
+#     matmuls where it has AVX512-BF16 or AMX, else fp32);
 #  4. sample text from the trained checkpoint;
 #  5. draw loss, learning-rate, throughput and memory charts (PNG).
 # Everything lands in ./outputs/run (metrics.jsonl, checkpoint/) and ./outputs/data.
@@ -21,7 +23,8 @@ scripts/launch 2 "$CTITAN" train configs/debug.toml \
   --model.tokenizer_path="$data/tokenizer.model" \
   --training.steps="$STEPS" --lr_scheduler.warmup_steps=20 --metrics.log_freq=10 \
   --validation.enable=true --validation.freq=50 --validation.steps=8 \
-  --checkpoint.enable=true --checkpoint.interval=100 --checkpoint.keep_latest_k=2
+  --checkpoint.enable=true --checkpoint.interval=100 --checkpoint.keep_latest_k=2 \
+  --training.mixed_precision_param=auto
 echo "== generate: from the last checkpoint =="
 "$CTITAN" generate configs/debug.toml --job.dump_folder=outputs/run \
   --model.tokenizer_path="$data/tokenizer.model" --prompt "And God said" \
