@@ -17,7 +17,9 @@ the ratio of the medians, with the range of the per-round ratios: on a shared ma
 speed drifts between runs minutes apart by more than the gaps being measured. After the timed
 steps ctitan runs one more, profiled (not timed): a line per case says where that step went by
 node kind (forward/backward blocks, head and loss, collectives, optimizer; --no-profile skips
-it). The engine column also names the attention kernel (bf16 on AVX512-BF16, else fp32).
+it). The engine column also names the attention kernel (bf16 on AVX512-BF16, else fp32) and
+the model's FLOP rate as a share of the engine's own measured matmul rate at the model's
+shapes over the run so far (metrics.jsonl `mfu_engine`).
 """
 
 import argparse
@@ -155,8 +157,11 @@ def bench_ctitan(ctitan, case, steps, warmup, peak_tflops, env, profile):
     med = timed[len(timed) // 2]  # the median step, as torch_train.py reports PyTorch's
     tps = case["seq"] * case["batch"] / med["step_s"]
     mfu = med["mfu"]
+    # the model's FLOP rate against the engine's own measured matmul rate at the model's shapes
+    # (metrics.jsonl mfu_engine), in the engine column
+    eng = ctitan_engine(text) + f"; model FLOP rate {med.get('mfu_engine', 0):.0f}% of the engine's"
     return dict(impl="ctitan", tps=tps, mfu=mfu, peak_rss_bytes=rss, final_loss=recs[-1]["loss"],
-                engine=ctitan_engine(text), profile=ctitan_profile(text))
+                engine=eng, profile=ctitan_profile(text))
 
 
 def bench_torch(case, steps, warmup, threads, peak_tflops, env):
