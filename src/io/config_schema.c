@@ -166,8 +166,8 @@ const struct cfg_key cfg_schema[] = {
      .help = "Context-parallel degree: each rank holds 1/cp of every sequence; attention "
              "reaches the other shards' keys and values. Mesh pp x dp_replicate x dp_shard "
              "x cp x tp; FSDP shards parameters over dp_shard x cp (llama3; with tensor "
-             "and pipeline parallelism too; not yet with ZeroBubbleH1 nor the cost model's "
-             "options). training.seq_len must be divisible by 2 x cp (headtail) or cp "
+             "and pipeline parallelism too, every schedule, and the cost model's options). "
+             "training.seq_len must be divisible by 2 x cp (headtail) or cp "
              "(none)."},
     /* expert parallelism: the routed experts split over ranks (model/moe/moe.h) */
     {ROW(parallelism, expert_parallel_degree), .def = "1", GE(1),
@@ -176,7 +176,8 @@ const struct cfg_key cfg_schema[] = {
              "to their experts (all-to-all). ep borrows from the FSDP shard group as "
              "TorchTitan places it: ep must divide data_parallel_shard_degree; dense "
              "parameters stay sharded over the whole shard group, expert parameters over "
-             "dp_shard / ep (not yet with context, tensor or pipeline parallelism)."},
+             "dp_shard / ep (with pipeline parallelism too; not yet with context or tensor "
+             "parallelism)."},
     {ROW(parallelism, context_parallel_load_balancer), .def = "headtail",
      CHOICES("headtail", "none"),
      .help = "How a sequence is cut over the cp ranks: headtail (2 x cp chunks, rank r holds "

@@ -11,12 +11,11 @@
  * the other settings support it; CT_ERR_USAGE otherwise. */
 int tp_check_config(const struct ct_config *cfg);
 /* The same for context parallelism (parallelism.context_parallel_degree): the family must
- * support it, tensor and pipeline parallelism and the cost model's options are not yet
- * combined with it, and training.seq_len must split into the balancer's chunks. */
+ * support it and training.seq_len must split into the balancer's chunks. */
 int cp_check_config(const struct ct_config *cfg);
 /* The same for expert parallelism (parallelism.expert_parallel_degree): the family must have
  * routed experts, ep must divide the FSDP shard degree (ep borrows from dp_shard), and
- * context, tensor and pipeline parallelism are not yet combined with it. */
+ * context and tensor parallelism are not yet combined with it (pipeline parallelism is). */
 int ep_check_config(const struct ct_config *cfg);
 /* ep divides the FSDP shard degree (CT_ERR_USAGE naming both); ctitan plan's check too. */
 int ep_check_shard(int64_t ep, int64_t shard);
