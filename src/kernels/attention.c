@@ -32,6 +32,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "kernels/attn_span.h"
 #include "kernels/kreal.h"
 
 /* One SIMD register's worth of reals, as a GNU vector type, so the micro-kernel's register
@@ -501,20 +502,6 @@ void KFN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, con
  * position, and masked element by element otherwise. A query may see no key of a tile, or of
  * any tile (lse -inf, out 0), so the online softmax guards a row whose maximum is still
  * -inf. Threads as above: forward over (b, h, query tile), backward over (b, kv head). */
-
-struct pos_span {
-	int64_t lo, hi;
-};
-
-static struct pos_span pos_span_of(const int64_t *pos, int64_t n)
-{
-	struct pos_span s = {INT64_MAX, INT64_MIN};
-	for (int64_t i = 0; i < n; i++) {
-		s.lo = pos[i] < s.lo ? pos[i] : s.lo;
-		s.hi = pos[i] > s.hi ? pos[i] : s.hi;
-	}
-	return s;
-}
 
 static int64_t len_at(int64_t T, int64_t tile)
 {

@@ -32,6 +32,7 @@
 #include "base/cpu.h"
 #include "base/log.h"
 #include "kernels/attention_bf16.h"
+#include "kernels/attn_span.h"
 #include "kernels/kreal.h"
 #include "kernels/mm_engine.h"
 
@@ -198,20 +199,6 @@ static BF16_TARGET void tile_pairs_bf16(pair *dst, const float *t)
 
 /* ---- positions --------------------------------------------------------------------------- */
 
-struct span {
-	int64_t lo, hi;
-};
-
-static struct span span_of(const int64_t *pos, int64_t n)
-{
-	struct span s = {INT64_MAX, INT64_MIN};
-	for (int64_t i = 0; i < n; i++) {
-		s.lo = pos[i] < s.lo ? pos[i] : s.lo;
-		s.hi = pos[i] > s.hi ? pos[i] : s.hi;
-	}
-	return s;
-}
-
 /* kp[j] = kpos[j] for j < nk, past the tile's keys a position no query reaches */
 static void key_positions(int64_t *kp, const int64_t *kpos, int64_t nk)
 {
@@ -265,7 +252,7 @@ fwd_tile(const struct fwd_args *f, const struct fwd_scratch *w, int64_t b, int64
 {
 	const int64_t D = f->D, q0 = qt * TL, nq = mn(TL, f->Tq - q0), q_rs = f->H * D;
 	const int64_t qoff = ((b * f->Tq + q0) * f->H + h) * D, g = h / f->group;
-	const struct span qs = span_of(f->qpos + q0, nq);
+	const struct pos_span qs = pos_span_of(f->qpos + q0, nq);
 	float *s = w->s, *o = w->o, *m = w->m, *l = w->l;
 
 	pack_rows(w->qa, f->q + qoff, q_rs, nq, nq, D, 1);
@@ -274,7 +261,7 @@ fwd_tile(const struct fwd_args *f, const struct fwd_scratch *w, int64_t b, int64
 		m[i] = -INFINITY, l[i] = 0;
 	for (int64_t kt = 0; kt < f->nkt; kt++) {
 		const int64_t k0 = kt * TL, nk = mn(TL, f->Tk - k0);
-		const struct span ks = span_of(f->kpos + k0, nk);
+		const struct pos_span ks = pos_span_of(f->kpos + k0, nk);
 		if (ks.lo > qs.hi)
 			continue;
 		const int64_t tile = (b * f->KV + g) * f->nkt + kt;
@@ -426,7 +413,7 @@ static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args
 	for (int64_t kt = 0; kt < f->nkt; kt++) {
 		const int64_t k0 = kt * TL, nk = mn(TL, f->Tk - k0);
 		const int64_t koff = ((b * f->Tk + k0) * f->KV + g) * D;
-		const struct span ks = span_of(f->kpos + k0, nk);
+		const struct pos_span ks = pos_span_of(f->kpos + k0, nk);
 		int64_t kp[TL];
 		key_positions(kp, f->kpos + k0, nk);
 		pack_t(w->kt, f->k + koff, kv_rs, nk, D, f->scale);
@@ -437,7 +424,7 @@ static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args
 		for (int64_t hh = 0; hh < f->group; hh++)
 			for (int64_t qt = 0; qt < f->nqt; qt++) {
 				const int64_t q0 = qt * TL, nq = mn(TL, f->Tq - q0);
-				const struct span qs = span_of(f->qpos + q0, nq);
+				const struct pos_span qs = pos_span_of(f->qpos + q0, nq);
 				if (ks.lo > qs.hi)
 					continue;
 				const bool masked = ks.hi > qs.lo || nk < TL;
