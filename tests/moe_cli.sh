@@ -52,6 +52,17 @@ ok = len(r) == 6 and r[-1][0] < r[0][0] - 0.05 and all(x[2] >= 1 and x[3] >= 1 f
 sys.exit(0 if ok and r[-1][4] > 0 else 1)" "$tmp/a.l"
 ok=$? # before the message's command substitutions, which set $?
 check "loss falls, loads >= 1 per layer, the bias moves ($(head -1 "$tmp/a.l" | cut -d' ' -f1) -> $(tail -1 "$tmp/a.l" | cut -d' ' -f1))" $ok
+# the load over the last steps (moe_load_max_mean_w100): one step's at step 1, then a sum of
+# counts, so between 1 and the per-step worst of the steps it holds
+/usr/bin/python3 -c "
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1])]
+w = [x['moe_load_max_mean_w100'] for x in r]
+ok = len(r) == 6 and abs(w[0] - r[0]['moe_load_max_mean']) < 1e-12
+ok = ok and all(1 <= w[i] <= max(x['moe_load_max_mean'] for x in r[:i + 1]) + 1e-12
+                for i in range(6))
+sys.exit(0 if ok else 1)" "$tmp/a/metrics.jsonl"
+check "the load over the window: step 1's at step 1, then between 1 and the steps' worst" $?
 
 # 2. FSDP on 2 ranks
 "$LAUNCH" 2 "$CTITAN" train "$CFG" "${COMMON[@]}" --job.dump_folder="$tmp/b" > "$tmp/b.log" 2>&1

@@ -7,8 +7,8 @@
  * validation losses, each labelled with its directory (e.g. fp32 against bf16). Where the run
  * has memory snapshots (RUN_DIR/memory_snapshot, or --memory-snapshot DIR), also
  * memory_timeline.png (cli/plot_memory). A mixture of experts' run (records with
- * moe_load_max_mean) also gets balance.png, the worst layer's max/mean expert load (with
- * --compare, both runs'). Prints the paths it wrote. */
+ * moe_load_max_mean) also gets balance.png, the worst layer's max/mean expert load per step
+ * and summed over the last 100 steps (moe_load_max_mean_w100) (with --compare, both runs'). Prints the paths it wrote. */
 #include "cli/plot_cmd.h"
 
 #include <cjson/cJSON.h>
@@ -32,7 +32,8 @@ static const char *const plot_cols[] = {"step",
                                         "memory_params_bytes",
                                         "memory_optimizer_bytes",
                                         "memory_activations_bytes",
-                                        "moe_load_max_mean"};
+                                        "moe_load_max_mean",
+                                        "moe_load_max_mean_w100"};
 #define PLOT_NCOLS (int)(sizeof(plot_cols) / sizeof(plot_cols[0]))
 
 /* metrics.jsonl -> whitespace-separated columns ("NaN" where a record lacks a field). */
@@ -217,11 +218,16 @@ int cmd_plot(int argc, char **argv)
 		fprintf(gp,
 		        "set output '%s/balance.png'\nset title 'expert load balance (worst "
 		        "layer)'\nset ylabel 'max / mean tokens per expert'\n"
-		        "plot '%s' using 1:11 with lines lw 2 title '%s' noenhanced",
-		        out, dat, run_label(run, la, sizeof(la)));
+		        "plot '%s' using 1:11 with lines lw 2 title '%s, per step' noenhanced, "
+		        "'' using 1:12 with lines lw 2 dt 2 title '%s, over the last 100 steps' "
+		        "noenhanced",
+		        out, dat, run_label(run, la, sizeof(la)), la);
 		if (load_rows2)
-			fprintf(gp, ", '%s' using 1:11 with lines lw 2 title '%s' noenhanced", dat2,
-			        run_label(other, lb, sizeof(lb)));
+			fprintf(gp,
+			        ", '%s' using 1:11 with lines lw 2 title '%s, per step' noenhanced, '' "
+			        "using 1:12 with lines lw 2 dt 2 title '%s, over the last 100 steps' "
+			        "noenhanced",
+			        dat2, run_label(other, lb, sizeof(lb)), lb);
 		fprintf(gp, "\n");
 	}
 	if (!snap) {

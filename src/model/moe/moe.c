@@ -562,6 +562,9 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 	m->bias = xcalloc((size_t)(nb > 0 ? nb : 1), sizeof(double));
 	m->counts = xcalloc((size_t)(nb > 0 ? nb : 1), sizeof(double));
 	m->load = xcalloc((size_t)c->n_layers, sizeof(double));
+	m->load_win = xcalloc((size_t)c->n_layers, sizeof(double));
+	m->win = xcalloc((size_t)(MOE_LOAD_WINDOW * c->n_layers * c->n_routed_experts),
+	                 sizeof(double));
 	m->aux_sum = xcalloc((size_t)c->n_layers, sizeof(double));
 	moe_rope_tables(m);
 	return CT_OK;
@@ -617,6 +620,7 @@ void moe_free(struct moe_model *m)
 	mem_free(MEM_ACTIVATIONS, m->scratch, (size_t)m->scratch_bytes);
 	free(m->unit_w), free(m->unit_dw), free(m->unit_w64), free(m->unit_dw64);
 	free(m->blk), free(m->bias), free(m->counts), free(m->aux_sum), free(m->load);
+	free(m->load_win), free(m->win);
 	free(m->ep_bytes), free(m->ep_scnt);
 	param_table_free(&m->table);
 	memset(m, 0, sizeof(*m));
@@ -704,6 +708,21 @@ void moe_after_step(struct moe_model *m, const double *sum)
 	const struct moe_config *c = &m->cfg;
 	int64_t E = c->n_routed_experts, Lm = c->n_layers - c->n_dense_layers;
 	double *delta = xcalloc((size_t)E, sizeof(double));
+	/* the window: this step's counts into the ring, then max / mean of the ring's sum */
+	const int64_t LE = Lm * E, slot = m->win_steps++ % MOE_LOAD_WINDOW;
+	memcpy(m->win + slot * LE, sum, (size_t)LE * sizeof(double));
+	const int64_t held = m->win_steps < MOE_LOAD_WINDOW ? m->win_steps : MOE_LOAD_WINDOW;
+	for (int64_t l = 0; l < Lm; l++) {
+		double mean = 0.0, mx = 0.0;
+		for (int64_t e = 0; e < E; e++) {
+			double t = 0.0;
+			for (int64_t k = 0; k < held; k++)
+				t += m->win[k * LE + l * E + e];
+			mean += t, mx = t > mx ? t : mx;
+		}
+		mean /= (double)E;
+		m->load_win[l] = mean > 0 ? mx / mean : 0.0;
+	}
 	for (int64_t l = 0; l < Lm; l++) {
 		const double *cnt = sum + l * E;
 		double mean = 0.0, dmean = 0.0, mx = 0.0;
@@ -730,12 +749,19 @@ int moe_step_metrics(const struct moe_model *m, struct model_step_metric *out, i
 {
 	const struct moe_config *c = &m->cfg;
 	int64_t E = c->n_routed_experts, Lm = c->n_layers - c->n_dense_layers;
-	if (!m->have_load || max < 2)
+	if (!m->have_load || max < 3)
 		return 0;
-	double worst = 0.0, bmax = 0.0;
-	int n = 2;
+	double worst = 0.0, bmax = 0.0, worst_win = 0.0;
+	int n = 3;
 	for (int64_t l = 0; l < Lm; l++) {
 		worst = m->load[l] > worst ? m->load[l] : worst;
+		worst_win = m->load_win[l] > worst_win ? m->load_win[l] : worst_win;
+		if (n < max) {
+			out[n] = (struct model_step_metric){.value = m->load_win[l]};
+			snprintf(out[n].name, sizeof(out[n].name), "moe_load_max_mean_w100/layer.%lld",
+			         (long long)(l + c->n_dense_layers));
+			n++;
+		}
 		for (int64_t e = 0; e < E; e++)
 			bmax = fabs(m->bias[l * E + e]) > bmax ? fabs(m->bias[l * E + e]) : bmax;
 		if (n < max) {
@@ -748,5 +774,7 @@ int moe_step_metrics(const struct moe_model *m, struct model_step_metric *out, i
 	out[0] = (struct model_step_metric){.name = "moe_load_max_mean", .value = worst,
 	                                     .console = true};
 	out[1] = (struct model_step_metric){.name = "moe_bias_absmax", .value = bmax};
+	/* the load summed over the last MOE_LOAD_WINDOW steps (fewer at the start) */
+	out[2] = (struct model_step_metric){.name = "moe_load_max_mean_w100", .value = worst_win};
 	return n;
 }

@@ -171,6 +171,8 @@ struct moe_block_acts {
 	int64_t xe, ecnt, eoff;
 };
 
+#define MOE_LOAD_WINDOW 100 /* steps of moe_load_max_mean_w100 */
+
 struct moe_model {
 	struct moe_config cfg;
 	struct param_table table;
@@ -204,6 +206,10 @@ struct moe_model {
 	double *bias;   /* added to the scores for selection */
 	double *counts; /* tokens per expert since the last step_stats */
 	double *load;   /* per MoE layer: max / mean tokens per expert of the last step */
+	/* the last MOE_LOAD_WINDOW steps' tokens per expert (a ring; this process's steps only, not
+	 * in checkpoints) and, per MoE layer, max / mean of their sum */
+	double *win, *load_win;
+	int64_t win_steps;
 	bool have_load; /* after the first after_step */
 	/* > 0 in a training step (the trainer sets 1/valid tokens): counts are kept */
 	double loss_dscale;
