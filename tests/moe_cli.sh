@@ -78,6 +78,18 @@ for ep in "2 2" "4 2"; do
     --job.dump_folder="$tmp/e$1" > "$tmp/e$1.log" 2>&1
   check "$1 ranks, expert_parallel_degree $2 train (exit $?)" $?
   grep -q "expert parallelism: $2 ranks share" "$tmp/e$1.log"; check "log states the ep layout" $?
+  # the rows each ep rank's experts took: every step's (token, slot) rows of all 3 MoE layers
+  # (global batch 8 x seq 32 x top-2 x 3 = 1,536), split over the ep ranks
+  /usr/bin/python3 -c "
+import json, sys
+ep = int(sys.argv[2])
+r = [json.loads(l) for l in open(sys.argv[1])]
+rows = [[x['moe_ep_rows/rank.%d' % k] for k in range(ep)] for x in r]
+ok = len(r) == 6 and all(sum(v) == 1536 and min(v) > 0 for v in rows)
+ok = ok and all(abs(x['moe_ep_rows_max_mean'] - max(v) / (sum(v) / ep)) < 1e-12
+                for x, v in zip(r, rows))
+sys.exit(0 if ok else 1)" "$tmp/e$1/metrics.jsonl" "$2"
+  check "rows per ep rank: 1,536 a step over $2 ranks, and their max/mean" $?
   metric "$tmp/e$1/metrics.jsonl" 1 6 loss grad_norm moe_load_max_mean \
     "moe_load_max_mean/layer.1" moe_bias_absmax > "$tmp/e$1.l"
   close "$tmp/e$1.l" "$tmp/a.l"; check "ep $2 on $1 ranks: losses, grad norms, loads and bias equal 1 rank's within 1e-5" $?

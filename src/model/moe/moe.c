@@ -563,6 +563,7 @@ int moe_build(struct moe_model *m, const struct moe_config *c, int64_t B, int64_
 	m->counts = xcalloc((size_t)(nb > 0 ? nb : 1), sizeof(double));
 	m->load = xcalloc((size_t)c->n_layers, sizeof(double));
 	m->load_win = xcalloc((size_t)c->n_layers, sizeof(double));
+	m->ep_rows = xcalloc((size_t)(m->ep > 0 ? m->ep : 1), sizeof(double));
 	m->win = xcalloc((size_t)(MOE_LOAD_WINDOW * c->n_layers * c->n_routed_experts),
 	                 sizeof(double));
 	m->aux_sum = xcalloc((size_t)c->n_layers, sizeof(double));
@@ -620,7 +621,7 @@ void moe_free(struct moe_model *m)
 	mem_free(MEM_ACTIVATIONS, m->scratch, (size_t)m->scratch_bytes);
 	free(m->unit_w), free(m->unit_dw), free(m->unit_w64), free(m->unit_dw64);
 	free(m->blk), free(m->bias), free(m->counts), free(m->aux_sum), free(m->load);
-	free(m->load_win), free(m->win);
+	free(m->load_win), free(m->win), free(m->ep_rows);
 	free(m->ep_bytes), free(m->ep_scnt);
 	param_table_free(&m->table);
 	memset(m, 0, sizeof(*m));
@@ -723,6 +724,12 @@ void moe_after_step(struct moe_model *m, const double *sum)
 		mean /= (double)E;
 		m->load_win[l] = mean > 0 ? mx / mean : 0.0;
 	}
+	for (int r = 0; r < m->ep; r++) { /* rank r holds experts [r El, (r + 1) El) */
+		m->ep_rows[r] = 0.0;
+		for (int64_t l = 0; l < Lm; l++)
+			for (int64_t e = r * m->E_local; e < (r + 1) * m->E_local; e++)
+				m->ep_rows[r] += sum[l * E + e];
+	}
 	for (int64_t l = 0; l < Lm; l++) {
 		const double *cnt = sum + l * E;
 		double mean = 0.0, dmean = 0.0, mx = 0.0;
@@ -776,5 +783,17 @@ int moe_step_metrics(const struct moe_model *m, struct model_step_metric *out, i
 	out[1] = (struct model_step_metric){.name = "moe_bias_absmax", .value = bmax};
 	/* the load summed over the last MOE_LOAD_WINDOW steps (fewer at the start) */
 	out[2] = (struct model_step_metric){.name = "moe_load_max_mean_w100", .value = worst_win};
+	if (m->ep > 1 && n < max) { /* the rows each ep rank's experts took: max / mean, each */
+		double mx = 0.0, mean = 0.0;
+		for (int r = 0; r < m->ep; r++)
+			mean += m->ep_rows[r] / m->ep, mx = m->ep_rows[r] > mx ? m->ep_rows[r] : mx;
+		out[n] = (struct model_step_metric){.name = "moe_ep_rows_max_mean",
+		                                     .value = mean > 0 ? mx / mean : 0.0};
+		n++;
+		for (int r = 0; r < m->ep && n < max; r++, n++) {
+			out[n] = (struct model_step_metric){.value = m->ep_rows[r]};
+			snprintf(out[n].name, sizeof(out[n].name), "moe_ep_rows/rank.%d", r);
+		}
+	}
 	return n;
 }

@@ -210,6 +210,9 @@ struct moe_model {
 	 * in checkpoints) and, per MoE layer, max / mean of their sum */
 	double *win, *load_win;
 	int64_t win_steps;
+	/* ep > 1: the (token, slot) rows of the last step routed to each ep rank's experts, all
+	 * MoE layers, summed over the data-parallel group (ep entries) */
+	double *ep_rows;
 	bool have_load; /* after the first after_step */
 	/* > 0 in a training step (the trainer sets 1/valid tokens): counts are kept */
 	double loss_dscale;
