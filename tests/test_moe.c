@@ -265,6 +265,14 @@ TEST_CASE(test_routing_and_float_vs_double)
 	moe_free(&md);
 }
 
+static bool metric_is(const struct model_step_metric *f, int n, const char *name, double v)
+{
+	for (int i = 0; i < n; i++)
+		if (strcmp(f[i].name, name) == 0)
+			return f[i].value == v;
+	return false;
+}
+
 /* sign(mean - load), zero-mean, per layer; counts reset by step_stats */
 TEST_CASE(test_bias_update)
 {
@@ -286,20 +294,33 @@ TEST_CASE(test_bias_update)
 	for (int i = 0; i < 8; i++)
 		err = fmax(err, fabs(m.bias[i] - want[i]));
 	EXPECT(err < 1e-15, "bias update off by %g", err);
-	struct model_step_metric fig[8];
-	int nf = moe_step_metrics(&m, fig, 8);
-	/* layer 1: max 5 / mean 2; layer 2: 1; the bias's largest magnitude .75 */
-	EXPECT(nf == 4 && strcmp(fig[0].name, "moe_load_max_mean") == 0 && fig[0].value == 2.5 &&
-	           fig[0].console && fig[1].value == 0.75 && fig[2].value == 2.5 &&
-	           fig[3].value == 1.0 && strcmp(fig[3].name, "moe_load_max_mean/layer.2") == 0,
+	struct model_step_metric fig[16];
+	int nf = moe_step_metrics(&m, fig, 16);
+	/* layer 1: max 5 / mean 2; layer 2: 1; the bias's largest magnitude .75; after one step
+	 * the load over the window is that step's */
+	EXPECT(nf == 7 && strcmp(fig[0].name, "moe_load_max_mean") == 0 && fig[0].value == 2.5 &&
+	           fig[0].console && fig[1].value == 0.75 &&
+	           strcmp(fig[2].name, "moe_load_max_mean_w100") == 0 && fig[2].value == 2.5 &&
+	           metric_is(fig, nf, "moe_load_max_mean/layer.1", 2.5) &&
+	           metric_is(fig, nf, "moe_load_max_mean/layer.2", 1.0) &&
+	           metric_is(fig, nf, "moe_load_max_mean_w100/layer.1", 2.5) &&
+	           metric_is(fig, nf, "moe_load_max_mean_w100/layer.2", 1.0),
 	       "step metrics (%d): %s %g, %s %g", nf, fig[0].name, fig[0].value, fig[1].name,
 	       fig[1].value);
+	/* a second step balanced in layer 1: the window holds both, (5+2) / ((8+8)/4) = 1.75 */
+	const double even[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+	moe_after_step(&m, even);
+	nf = moe_step_metrics(&m, fig, 16);
+	EXPECT(fig[0].value == 1.0 && fig[2].value == 1.75 &&
+	           metric_is(fig, nf, "moe_load_max_mean_w100/layer.1", 1.75),
+	       "after a balanced step: per step %g, over the window %g", fig[0].value,
+	       fig[2].value);
 	moe_free(&m);
 	c.load_balance_coeff = 0; /* the loads are still measured, the bias stays */
 	CHECK(moe_build(&m, &c, 1, 4, &o) == CT_OK, "build");
 	EXPECT(moe_step_stats(&m, NULL) == 8, "statistics without balancing");
 	moe_after_step(&m, counts);
-	EXPECT(m.bias[0] == 0 && moe_step_metrics(&m, fig, 8) == 4 && fig[0].value == 2.5,
+	EXPECT(m.bias[0] == 0 && moe_step_metrics(&m, fig, 16) == 7 && fig[0].value == 2.5,
 	       "without balancing: no bias, the load measured");
 	moe_free(&m);
 }
