@@ -351,15 +351,21 @@ static int64_t *iota(int64_t T)
 	return p;
 }
 
-void attention_bf16_pos_forward(float *out, float *lse, const float *q, const int64_t *qpos,
-                                const float *k, const float *v, const int64_t *kpos, int64_t B,
-                                int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t D)
+/* The entries' shape contract (and the CPU's: callers check usable first). */
+static void check_shape(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t D)
 {
 	CHECK(B > 0 && Tq > 0 && Tk > 0 && KV > 0 && H % KV == 0 && attention_bf16_usable(D),
 	      "attention (bf16): bad shape B=%lld Tq=%lld Tk=%lld H=%lld KV=%lld D=%lld, or no "
 	      "AVX512-BF16",
 	      (long long)B, (long long)Tq, (long long)Tk, (long long)H, (long long)KV,
 	      (long long)D);
+}
+
+void attention_bf16_pos_forward(float *out, float *lse, const float *q, const int64_t *qpos,
+                                const float *k, const float *v, const int64_t *kpos, int64_t B,
+                                int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t D)
+{
+	check_shape(B, Tq, Tk, H, KV, D);
 	struct fwd_args f = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .qpos = qpos,
 	                     .kpos = kpos, .B = B, .Tq = Tq, .Tk = Tk, .H = H, .KV = KV, .D = D};
 	fwd_run(&f);
@@ -482,11 +488,7 @@ void attention_bf16_pos_backward(float *dq, float *dk, float *dv, const float *d
                                  const int64_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
                                  int64_t H, int64_t KV, int64_t D)
 {
-	CHECK(B > 0 && Tq > 0 && Tk > 0 && KV > 0 && H % KV == 0 && attention_bf16_usable(D),
-	      "attention (bf16): bad shape B=%lld Tq=%lld Tk=%lld H=%lld KV=%lld D=%lld, or no "
-	      "AVX512-BF16",
-	      (long long)B, (long long)Tq, (long long)Tk, (long long)H, (long long)KV,
-	      (long long)D);
+	check_shape(B, Tq, Tk, H, KV, D);
 	struct bwd_args f = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .out = out, .lse = lse,
 	                     .q = q, .k = k, .v = v, .qpos = qpos, .kpos = kpos, .B = B, .Tq = Tq,
 	                     .Tk = Tk, .H = H, .KV = KV, .D = D};
