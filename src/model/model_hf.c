@@ -1,6 +1,8 @@
 /* model/model_hf: the family's Hugging Face interop (model/model_hf.h), through the table. */
 #include "model/model_hf.h"
 
+#include <string.h>
+
 #include "base/log.h"
 #include "model/model.h"
 
@@ -41,4 +43,16 @@ int model_hf_load(const char *dir, const struct model_config *c, const struct pa
                   float *params, double *state, int64_t n_state)
 {
 	return hf_ops(c)->load(dir, c, t, params, state, n_state);
+}
+
+void model_hf_permute_rope_rows(const float *in, float *out, int64_t heads, int64_t D,
+                                int64_t cols, bool to_hf)
+{
+	for (int64_t h = 0; h < heads; h++)
+		for (int64_t i = 0; i < D / 2; i++)
+			for (int64_t j = 0; j < 2; j++) {
+				int64_t hf = h * D + j * (D / 2) + i, ct = h * D + 2 * i + j;
+				memcpy(out + (to_hf ? hf : ct) * cols, in + (to_hf ? ct : hf) * cols,
+				       (size_t)cols * sizeof(float));
+			}
 }

@@ -56,4 +56,10 @@ char *model_hf_config_json(const struct model_config *c);
 int model_hf_load(const char *dir, const struct model_config *c, const struct param_table *t,
                   float *params, double *state, int64_t n_state);
 
+/* RoPE's row order of a q or k projection (heads x D rows of `cols`): ctitan rotates
+ * interleaved pairs (2i, 2i+1) of each head, Hugging Face's rotate_half the halves
+ * (i, D/2 + i). to_hf: ctitan's rows `in` -> HF's `out`; false: back. */
+void model_hf_permute_rope_rows(const float *in, float *out, int64_t heads, int64_t D,
+                                int64_t cols, bool to_hf);
+
 #endif

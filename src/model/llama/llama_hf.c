@@ -41,26 +41,6 @@ bool llama_hf_name(const char *name, char *out, size_t n)
 	return false;
 }
 
-void llama_hf_permute_rows(const float *in, float *out, int64_t heads, int64_t D, int64_t cols)
-{
-	for (int64_t h = 0; h < heads; h++)
-		for (int64_t i = 0; i < D / 2; i++)
-			for (int64_t j = 0; j < 2; j++)
-				memcpy(out + (h * D + j * (D / 2) + i) * cols,
-				       in + (h * D + 2 * i + j) * cols,
-				       (size_t)cols * sizeof(float));
-}
-
-void llama_hf_unpermute_rows(const float *in, float *out, int64_t heads, int64_t D, int64_t cols)
-{
-	for (int64_t h = 0; h < heads; h++)
-		for (int64_t i = 0; i < D / 2; i++)
-			for (int64_t j = 0; j < 2; j++)
-				memcpy(out + (h * D + 2 * i + j) * cols,
-				       in + (h * D + j * (D / 2) + i) * cols,
-				       (size_t)cols * sizeof(float));
-}
-
 int64_t llama_hf_rope_heads(const struct llama_config *c, const char *name)
 {
 	if (strstr(name, "attention.wq.weight"))
@@ -251,7 +231,7 @@ int llama_hf_load(const char *dir, const struct llama_config *c, const struct pa
 				float *tmp = malloc((size_t)p->numel * sizeof(float));
 				CHECK(tmp, "out of memory");
 				memcpy(tmp, dst, (size_t)p->numel * sizeof(float));
-				llama_hf_unpermute_rows(tmp, dst, heads, c->head_dim, p->shape[1]);
+				model_hf_permute_rope_rows(tmp, dst, heads, c->head_dim, p->shape[1], false);
 				free(tmp);
 			}
 			done[j] = true;
@@ -284,7 +264,7 @@ static bool llama_hf_tensor(const struct model_config *mc, const struct param_en
 	*data = src;
 	int64_t heads = llama_hf_rope_heads(llama_cfg(mc), e->name);
 	if (heads) {
-		llama_hf_permute_rows(src, tmp, heads, llama_cfg(mc)->head_dim, e->shape[1]);
+		model_hf_permute_rope_rows(src, tmp, heads, llama_cfg(mc)->head_dim, e->shape[1], true);
 		*data = tmp;
 	}
 	return true;

@@ -19,10 +19,8 @@
 /* ctitan (TorchTitan) name -> Hugging Face name; false for an unknown name. */
 bool llama_hf_name(const char *name, char *out, size_t n);
 
-/* Rows of a wq/wk weight (heads x D rows of `cols`) between the two RoPE conventions. */
-void llama_hf_permute_rows(const float *in, float *out, int64_t heads, int64_t D, int64_t cols);
-void llama_hf_unpermute_rows(const float *in, float *out, int64_t heads, int64_t D, int64_t cols);
-/* The number of heads whose rows a tensor holds when it needs the permutation, else 0. */
+/* The number of heads whose rows a tensor holds when it needs the RoPE row permutation
+ * (model_hf_permute_rope_rows), else 0. */
 int64_t llama_hf_rope_heads(const struct llama_config *c, const char *name);
 
 /* config.json text (malloc'd). */

@@ -90,20 +90,6 @@ static int64_t rope_heads(const struct moe_config *c, const char *name)
 	return 0;
 }
 
-/* Per head of D rows: ctitan's interleaved pairs (2i, 2i+1) -> HF's halves (i, D/2 + i);
- * back with to_hf false. */
-static void permute_rows(const float *in, float *out, int64_t heads, int64_t D, int64_t cols,
-                         bool to_hf)
-{
-	for (int64_t h = 0; h < heads; h++)
-		for (int64_t i = 0; i < D / 2; i++)
-			for (int64_t j = 0; j < 2; j++) {
-				int64_t hf = h * D + j * (D / 2) + i, ct = h * D + 2 * i + j;
-				memcpy(out + (to_hf ? hf : ct) * cols,
-				       in + (to_hf ? ct : hf) * cols, (size_t)cols * sizeof(float));
-			}
-}
-
 static bool moe_hf_tensor(const struct model_config *mc, const struct param_entry *e,
                           const float *src, float *tmp, char *name, size_t n, const float **data,
                           int *ndim, int64_t *shape)
@@ -114,7 +100,7 @@ static bool moe_hf_tensor(const struct model_config *mc, const struct param_entr
 	*data = src;
 	int64_t heads = rope_heads(moe_cfg(mc), e->name);
 	if (heads) {
-		permute_rows(src, tmp, heads, moe_cfg(mc)->head_dim, e->shape[1], true);
+		model_hf_permute_rope_rows(src, tmp, heads, moe_cfg(mc)->head_dim, e->shape[1], true);
 		*data = tmp;
 	}
 	return true;
@@ -401,7 +387,7 @@ static int load_named(const struct hf_files *h, const struct moe_config *c,
 	if (!rc && heads) {
 		float *tmp = xcalloc((size_t)p->numel, sizeof(float));
 		memcpy(tmp, dst, (size_t)p->numel * sizeof(float));
-		permute_rows(tmp, dst, heads, c->head_dim, p->shape[1], false);
+		model_hf_permute_rope_rows(tmp, dst, heads, c->head_dim, p->shape[1], false);
 		free(tmp);
 	}
 	return rc;
