@@ -5,7 +5,11 @@
  * kernels llama_cp.c runs with context_parallel_rotate_method = allgather — is timed ALONE, one
  * rank after another in this one process (best of --reps), so ranks sharing cores cannot blur
  * the comparison. Prints per row the slowest rank's time over the mean (the balance ratio:
- * 1.00 is perfect), the slowest and fastest rank, and the CPU, threads and kernel ISA.
+ * 1.00 is perfect), the slowest and fastest rank, and the CPU, threads and kernel ISA. Per
+ * length it also times the one-rank causal kernel (kernels/attention.c) over the whole
+ * sequence, and per row prints the ranks' summed time over it: the position-aware kernel's
+ * cost for the same causal work (1.00: none; every rank computes its share, so with perfect
+ * balance and no overhead cp ranks in parallel take 1/cp of that one-rank time).
  * Shapes: the debug model's attention (16 heads of 16, as many K/V heads), batch 1.
  *   build/bench/bench_cp_balance [--seq 8192,16384] [--cp 2,4] [--reps 3] [--heads 16]
  *                                [--kv-heads 16] [--head-dim 16]
@@ -69,6 +73,27 @@ static double time_rank(const int64_t *qpos, const int64_t *kpos, int64_t Tl, in
 	return best;
 }
 
+/* The one-rank causal kernel over all T tokens, forward + backward (best of reps). */
+static double time_causal(int64_t T, int64_t H, int64_t KV, int64_t D, int reps)
+{
+	float *q = rand_buf(5, T * H * D), *dout = rand_buf(6, T * H * D);
+	float *k = rand_buf(7, T * KV * D), *v = rand_buf(8, T * KV * D);
+	float *out = malloc((size_t)(T * H * D) * 4), *lse = malloc((size_t)(H * T) * 4);
+	float *dq = calloc((size_t)(T * H * D), 4), *dk = calloc((size_t)(T * KV * D), 4);
+	float *dv = calloc((size_t)(T * KV * D), 4);
+	CHECK(out && lse && dq && dk && dv, "bench_cp_balance: out of memory");
+	double best = 1e30;
+	for (int r = 0; r < reps; r++) {
+		double t0 = timer_now();
+		attention_forward_f32(out, lse, q, k, v, 1, T, H, KV, D);
+		attention_backward_f32(dq, dk, dv, dout, out, lse, q, k, v, 1, T, H, KV, D);
+		double t = timer_now() - t0;
+		best = t < best ? t : best;
+	}
+	free(q), free(dout), free(k), free(v), free(out), free(lse), free(dq), free(dk), free(dv);
+	return best;
+}
+
 int main(int argc, char **argv)
 {
 	int64_t seqs[8] = {8192, 16384}, cps[8] = {2, 4};
@@ -109,14 +134,17 @@ int main(int argc, char **argv)
 	printf("each rank's attention (its queries x the gathered K/V, forward + backward) timed "
 	       "alone, best of %d; H %lld, KV %lld, D %lld, batch 1\n",
 	       reps, (long long)H, (long long)KV, (long long)D);
-	printf("%8s %4s %9s %10s %10s %10s %8s\n", "seq_len", "cp", "balancer", "slowest s",
-	       "fastest s", "mean s", "max/mean");
+	printf("%8s %4s %9s %10s %10s %10s %8s %10s\n", "seq_len", "cp", "balancer", "slowest s",
+	       "fastest s", "mean s", "max/mean", "sum/causal");
 	for (int si = 0; si < n_seq; si++) {
 		int64_t T = seqs[si];
 		float *k = rand_buf(1, T * KV * D), *v = rand_buf(2, T * KV * D);
 		int64_t *kpos = malloc((size_t)T * sizeof(int64_t));
 		for (int64_t t = 0; t < T; t++)
 			kpos[t] = t;
+		const double causal = time_causal(T, H, KV, D, reps);
+		printf("%8lld %4d %9s %10.4f %10s %10s %8s %10s   (the causal kernel, one rank)\n",
+		       (long long)T, 1, "-", causal, "", "", "", "");
 		for (int ci2 = 0; ci2 < n_cp; ci2++) {
 			int cp = (int)cps[ci2];
 			for (int b = 0; b < 2; b++) {
@@ -139,8 +167,9 @@ int main(int argc, char **argv)
 					tmin = t < tmin ? t : tmin;
 					sum += t;
 				}
-				printf("%8lld %4d %9s %10.4f %10.4f %10.4f %8.3f\n", (long long)T, cp,
-				       b ? "none" : "headtail", tmax, tmin, sum / cp, tmax / (sum / cp));
+				printf("%8lld %4d %9s %10.4f %10.4f %10.4f %8.3f %10.3f\n", (long long)T,
+				       cp, b ? "none" : "headtail", tmax, tmin, sum / cp, tmax / (sum / cp),
+				       sum / causal);
 				fflush(stdout);
 				free(order), free(q), free(dout);
 			}

@@ -556,12 +556,17 @@ static void attn_pos_forward_tile(const struct attn_dims *a, struct attn_scratch
 		const real *kj = k + kvoff + k0 * a->kv_rs, *vj = v + kvoff + k0 * a->kv_rs;
 		mm_acc(st, ATTN_TILE, kj, a->kv_rs, 1, qt, ATTN_TILE, nk, D, ATTN_TILE, MM_TRI_NONE,
 		       false);
-		if (ks.hi > qs.lo) /* partly visible: mask key j after query i */
+		if (ks.hi > qs.lo) { /* partly visible: mask key j after query i */
 			for (int64_t j = 0; j < nk; j++)
 				for (int64_t i = 0; i < nq; i++)
 					if (kpos[k0 + j] > qpos[q0 + i])
 						st[j * ATTN_TILE + i] = -INFINITY;
-		softmax_online_pos(st, m, l, corr, nk);
+			softmax_online_pos(st, m, l, corr, nk);
+		} else { /* every query sees every key: no row's maximum stays -inf, so the
+			    guarded softmax's values are the plain one's (its branches cost
+			    the vector loops) */
+			softmax_online(st, m, l, corr, nk);
+		}
 		for (int64_t d = 0; d < D; d++)
 			for (int64_t i = 0; i < ATTN_TILE; i++)
 				acct[d * ATTN_TILE + i] *= corr[i];
@@ -613,9 +618,16 @@ static void attn_pos_backward_pair(const struct attn_dims *a, struct attn_scratc
 	mm_acc(p, ATTN_TILE, qb, a->q_rs, 1, kt, ATTN_TILE, nq, D, ATTN_TILE, MM_TRI_NONE, false);
 	for (int64_t i = 0; i < nq; i++) {
 		real *pi = p + i * ATTN_TILE;
-		for (int64_t j = 0; j < ATTN_TILE; j++)
-			pi[j] = j < nk && !(masked && kp[j] > qpos[q0 + i]) ? KEXP(pi[j] - lse_t[i])
-			                                                   : 0;
+		if (masked) {
+			for (int64_t j = 0; j < ATTN_TILE; j++)
+				pi[j] = j < nk && kp[j] <= qpos[q0 + i] ? KEXP(pi[j] - lse_t[i]) : 0;
+			continue;
+		}
+		/* every key visible: the same values through a loop the compiler vectorises */
+		for (int64_t j = 0; j < nk; j++)
+			pi[j] = KEXP(pi[j] - lse_t[i]);
+		for (int64_t j = nk; j < ATTN_TILE; j++)
+			pi[j] = 0;
 	}
 	mm_acc(ds, ATTN_TILE, dob, a->q_rs, 1, vt, ATTN_TILE, nq, D, ATTN_TILE, MM_TRI_NONE, false);
 	for (int64_t i = 0; i < nq; i++) {
