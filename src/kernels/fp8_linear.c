@@ -312,6 +312,7 @@ static void take_amaxes(struct fp8_amaxes *a, const float *x, int64_t rows, int6
 		fp8_amax_cols(a->cols, x, rows, cols);
 	if (rows_split)
 		reduce_amax(red, a->cols, cols);
+	reduce_tok(tok, a->cols, cols); /* along the tokens, as the tensorwise amax */
 	if (!rows_split) { /* every row is here: its amax now (a split row max-reduced) */
 		a->rows = xcalloc((size_t)(rows > 0 ? rows : 1), sizeof(float));
 		if (rows > 0)
@@ -415,7 +416,8 @@ static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t co
 {
 	/* a row block's own rows: no group to ask (its rows are whole here) */
 	bool own_rows = pa && g == GRAN_ROWS && !pa->rows;
-	bool tok_red = g == GRAN_TENSOR && tok && tok->tok_max_f32;
+	/* along the tokens: a tensorwise amax, and the per-column ones of the weight gradient */
+	bool tok_red = g != GRAN_ROWS && tok && tok->tok_max_f32;
 	CHECK(!g_blk_on || !(red || tok_red) || (pa && !own_rows),
 	      "fp8 row blocks: an amax would need a collective inside a ring step");
 	if (g == GRAN_TENSOR) {
@@ -440,8 +442,11 @@ static void quant(float *q, float *inv, const float *x, int64_t rows, int64_t co
 			fp8_amax_rows(s, x, rows, cols);
 		else
 			fp8_amax_cols(s, x, rows, cols);
-		if (!pa)
+		if (!pa) {
 			reduce_amax(red, s, ns);
+			if (g == GRAN_COLS)
+				reduce_tok(tok, s, ns);
+		}
 	}
 	for (int64_t i = 0; i < ns; i++) {
 		s[i] = fp8_scale_from_amax(s[i], f, pow2);
@@ -587,8 +592,8 @@ void fp8_linear_backward(float *dinp, float *dw, const float *dout, const float 
 		/* dw(OC,C) = dy^T(OC,N) x(N,C): both per column (along N) */
 		float *id = scratch(SCR_IA, OC), *ix = scratch(SCR_IB, C),
 		      *qx = scratch(SCR_QB, N * C);
-		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true, NULL, NULL, pd, d0);
-		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true, NULL, NULL, px, x0);
+		quant(qd, id, dout, N, OC, GRAN_COLS, FP8_E4M3, true, NULL, rt, pd, d0);
+		quant(qx, ix, inp, N, C, GRAN_COLS, FP8_E4M3, true, NULL, rt, px, x0);
 		scaled_mm(true, false, OC, C, N, qd, OC, qx, C, id, true, ix, true, dw, true);
 	}
 }

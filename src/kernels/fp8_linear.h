@@ -71,8 +71,9 @@ bool fp8_linear_wants(const char *name);
  * The tensorwise amaxes of the activations (x, and dy) run along the tokens and are
  * max-reduced over it too (after the tp reduction where there is one); a weight is whole on
  * every rank of the token group and needs none. The per-token rows of the rowwise recipes are
- * whole on a rank; their weight gradient's per-column amaxes (along the tokens) stay this
- * rank's, as each rank's weight gradient is a partial sum of its own tokens.
+ * whole on a rank; their weight gradient's per-column amaxes of x and dy run along the tokens
+ * and are max-reduced over the token group too, so each rank's partial weight gradient (its
+ * own tokens) is cast with the micro-batch's column scales, as one rank's is.
  * The kernel never names a collective; the model's groups (model/model_group.h) supply them. */
 struct fp8_slice {
 	int dim; /* -1: not split (max_f32 unused) */
