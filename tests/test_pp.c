@@ -108,6 +108,17 @@ static void save_state(const struct model *m, struct run *out)
 		model_state(m, out->bias);
 }
 
+/* The balancing bias moved somewhere: one expert's entry is a sum of +-coefficient steps
+ * (0 where its load equals the mean), so it may be back at 0 after a few steps; all of
+ * them 0 means the update did not run */
+static bool bias_moved(const struct run *r)
+{
+	for (int i = 0; i < MAX_BIAS; i++)
+		if (r->bias[i] != 0)
+			return true;
+	return false;
+}
+
 static void batch(int64_t step, int64_t micro_total, int32_t *tok, int32_t *tgt, int64_t vocab)
 {
 	synthetic_batch(seed, vocab, step * micro_total * MROWS, micro_total * MROWS, SEQ, tok, tgt);
@@ -507,7 +518,7 @@ TEST_CASE(moe_stages)
 		static const enum pp_style styles[] = {PP_GPIPE, PP_1F1B, PP_INTERLEAVED_1F1B,
 		                                       PP_ZB_H1};
 		reference(1, &ref);
-		EXPECT(ref.bias[0] != 0 || ref.bias[1] != 0, "the bias did not move");
+		EXPECT(bias_moved(&ref), "the bias did not move");
 		/* a whole-model instance's activations, against which a stage's slot is smaller */
 		struct model_config mc;
 		config(&mc);
@@ -541,7 +552,7 @@ TEST_CASE(moe_stages)
 	if (W != 4)
 		return;
 	reference(2, &ref);
-	EXPECT(ref.bias[0] != 0 || ref.bias[1] != 0, "the bias did not move");
+	EXPECT(bias_moved(&ref), "the bias did not move");
 	static const struct {
 		int ep;
 		enum pp_style style;
