@@ -99,7 +99,7 @@ int main(int argc, char **argv)
 	int64_t seqs[8] = {8192, 16384}, cps[8] = {2, 4};
 	int n_seq = 2, n_cp = 2, reps = 3;
 	int64_t H = 16, KV = 16, D = 16;
-	for (int i = 1; i < argc; i++) {
+	for (int i = 1; i < argc; i += 2) { /* --option value */
 		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (!v) {
 			fprintf(stderr, "bench_cp_balance: %s needs a value\n", a);
@@ -121,7 +121,6 @@ int main(int argc, char **argv)
 			fprintf(stderr, "bench_cp_balance: unknown option %s\n", a);
 			return 2;
 		}
-		i++;
 	}
 	if (reps < 1 || H % KV) {
 		fprintf(stderr, "bench_cp_balance: --reps >= 1 and --heads a multiple of --kv-heads\n");

@@ -137,6 +137,7 @@ struct run {
 	int64_t ag_bytes, ar_bytes;
 	int64_t ag_expect; /* fp8 all-gather: the bytes its gathers must move (from the table) */
 	int n_fp8;
+	int n_ep_a2a, n_ep_wait; /* the schedule's EP-A2A and EP-WAIT nodes */
 };
 
 /* The bytes the step's all-gathers of f's schedule move per rank, from the table: the float8
@@ -180,10 +181,16 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	const struct model_build_opts opts = {
 	    .own_params = false, .ep = ep > 1 ? &ep_coll.ops : NULL, .ac = ac_mode};
 	CHECK(model_build(&m, &c, B, T, &opts) == CT_OK, "build");
-	struct comm_stream *stream = comm_stream_create(mode, 60);
+	struct comm_stream *stream = comm_stream_create(mode, 60), *ep_stream = NULL;
+	if (ep > 1 && mode == STREAM_THREAD) { /* the posted dispatches on a thread of their own,
+		                                  as the trainer runs them */
+		ep_stream = comm_stream_create(mode, 60);
+		tp_coll_use_stream(&ep_coll, ep_stream);
+	}
 	struct fsdp f;
 	int64_t before = mem_current(MEM_PARAMS) + mem_current(MEM_GRADS) + mem_current(MEM_OPTIM);
 	fsdp_build(&f, &m, &mesh, bf16, FSDP_RESHARD_DEFAULT, stream);
+
 	if (fp8_ag)
 		fsdp_set_fp8_all_gather(&f, true);
 	out->n_fp8 = f.n_fp8;
@@ -209,6 +216,11 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 		out->losses[k] = r.loss;
 		out->grad_norms[k] = r.grad_norm;
 	}
+	out->n_ep_a2a = out->n_ep_wait = 0; /* the schedule the steps ran */
+	for (int i = 0; i < f.sched.n_nodes; i++) {
+		out->n_ep_a2a += f.sched.nodes[i].kind == SCHED_EP_ALL_TO_ALL;
+		out->n_ep_wait += f.sched.nodes[i].kind == SCHED_EP_WAIT;
+	}
 	out->ag_bytes = comm_bytes(COMM_ALL_GATHER);
 	out->ar_bytes = comm_bytes(COMM_ALL_REDUCE);
 	out->ag_expect = expected_gather_bytes(&f, bf16) * steps;
@@ -218,6 +230,10 @@ static void run_fsdp(struct run *out, bool bf16, enum stream_mode mode, int step
 	adamw_free(&opt);
 	fsdp_free(&f);
 	comm_stream_destroy(stream);
+	if (ep_stream) {
+		tp_coll_use_stream(&ep_coll, NULL);
+		comm_stream_destroy(ep_stream);
+	}
 	model_free(&m);
 }
 
@@ -435,6 +451,21 @@ TEST_CASE(test_equivalence)
 	}
 	int64_t n = numel();
 	int dp = mesh.dp_group.size;
+	if (moe) { /* expert parallelism: each MoE block's forward and backward posts its dispatch
+		      (EP-A2A), waits for it after the shared expert (EP-WAIT) and combines (EP-A2A) */
+		struct model_config mc;
+		config(&mc);
+		const struct moe_config *c = moe_cfg(&mc);
+		int per = 2 * (int)(c->n_layers - c->n_dense_layers); /* forward + backward */
+		EXPECT(ep == 1 ? a.n_ep_a2a == 0 && a.n_ep_wait == 0
+		               : a.n_ep_wait > 0 && a.n_ep_wait % per == 0 &&
+		                     a.n_ep_a2a == 2 * a.n_ep_wait,
+		       "ep %d: the schedule has %d EP-A2A and %d EP-WAIT nodes (%d MoE passes)", ep,
+		       a.n_ep_a2a, a.n_ep_wait, per);
+		if (mesh.rank == 0)
+			fprintf(stderr, "  ep %d: %d EP-A2A and %d EP-WAIT schedule nodes a step\n", ep,
+			        a.n_ep_a2a, a.n_ep_wait);
+	}
 	if (mesh.rank == 0) {
 		run_single(&ref, dp, pinned_reference() ? REF_MIRROR : REF_TRAIN_STEP);
 		if (pinned_reference())

@@ -688,22 +688,42 @@ TEST_CASE(test_cost_model)
 				mm += w[p][MODEL_COST_MATMUL] + w[p][MODEL_COST_HEAD];
 			EXPECT(w[MODEL_PASS_REC][MODEL_COST_MATMUL] == 0, "%s: unit %d recomputes",
 			       cases[i].name, u);
-			struct model_prog f, b;
+			/* in the passes: the forward's row counts; the dispatch and combine are the
+			 * program's nodes (posted dispatch, its wait, blocking combine), the cost
+			 * model's program the model's own */
+			struct model_prog f, b, pf, pb, pr, mf, mb;
 			model_cost_unit_inner(&mc, &sh, u, MODEL_PASS_FWD, &f);
 			model_cost_unit_inner(&mc, &sh, u, MODEL_PASS_BWD, &b);
+			model_cost_unit_prog(&mc, &sh, false, u, MODEL_PASS_FWD, &pf);
+			model_cost_unit_prog(&mc, &sh, false, u, MODEL_PASS_BWD, &pb);
+			model_cost_unit_prog(&mc, &sh, false, u, MODEL_PASS_REC, &pr);
+			moe_unit_prog(&m, u, MODEL_PASS_FWD, &mf);
+			moe_unit_prog(&m, u, MODEL_PASS_BWD, &mb);
+			EXPECT(memcmp(&pf, &mf, sizeof(pf)) == 0 && memcmp(&pb, &mb, sizeof(pb)) == 0,
+			       "%s: unit %d: the cost model's program is the model's", cases[i].name, u);
 			bool moe = u >= 1 + c->n_dense_layers && u <= c->n_layers;
 			int64_t rows = sh.B * sh.T * c->top_k * (ep - 1) / ep * c->dim * 4;
 			if (!moe || ep == 1) {
-				EXPECT(f.n == 0 && b.n == 0, "%s: unit %d has %d + %d all-to-alls",
-				       cases[i].name, u, f.n, b.n);
+				EXPECT(f.n == 0 && b.n == 0 && pf.n == 0 && pb.n == 0 && pr.n == 0,
+				       "%s: unit %d has %d + %d all-to-alls, programs of %d + %d + %d",
+				       cases[i].name, u, f.n, b.n, pf.n, pb.n, pr.n);
 				continue;
 			}
-			EXPECT(f.n == 3 && b.n == 2 && f.c[1].bytes == rows && f.c[2].bytes == rows &&
-			           b.c[0].bytes == rows && b.c[1].bytes == rows &&
-			           f.c[0].role == MODEL_GROUP_EP && f.c[1].group == ep,
-			       "%s: unit %d: %d forward all-to-alls (%lld bytes), %d backward, want "
-			       "%lld", cases[i].name, u, f.n, (long long)(f.n > 1 ? f.c[1].bytes : 0),
-			       b.n, (long long)rows);
+			EXPECT(f.n == 1 && b.n == 0 && f.c[0].role == MODEL_GROUP_EP && f.c[0].group == ep,
+			       "%s: unit %d: %d forward in-pass all-to-alls, %d backward, want 1 + 0",
+			       cases[i].name, u, f.n, b.n);
+			for (int k = 0; k < 2; k++) {
+				const struct model_prog *q = k ? &pb : &pf;
+				EXPECT(q->n == 3 && q->c[0].kind == MODEL_COLL_ALL_TO_ALL && q->c[0].post &&
+				           q->c[0].bytes == rows && q->c[1].kind == MODEL_COLL_WAIT &&
+				           q->c[2].kind == MODEL_COLL_ALL_TO_ALL && !q->c[2].post &&
+				           q->c[2].bytes == rows && q->c[0].role == MODEL_GROUP_EP &&
+				           q->c[2].group == ep && pr.n == 0,
+				       "%s: unit %d: %s program of %d collectives (%lld bytes), want posted "
+				       "all-to-all, wait, all-to-all of %lld",
+				       cases[i].name, u, k ? "backward" : "forward", q->n,
+				       (long long)(q->n ? q->c[0].bytes : 0), (long long)rows);
+			}
 		}
 		int64_t C = c->dim, L = c->n_layers;
 		double active =

@@ -439,20 +439,27 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		    sh.cp_ring ? "round a ring" : "all-gathered", c->parallelism.tp_bandwidth_gbps,
 		    (double)p.cp_wire_bytes / 1048576.0, p.cp_comm_s, p.cp_s);
 	if (ep > 1) {
-		/* one MoE layer's forward all-to-alls (the family's in-pass collectives) */
+		/* one MoE layer's forward all-to-alls: the counts in the pass, the dispatch and
+		 * combine its program's nodes */
 		int64_t layer = 0, n_layer = 0;
 		for (int u = 0; u < cm.n_units && !n_layer; u++) {
-			const struct model_prog *g = &cm.inner[u * SCHED_WORK_COUNT + SCHED_WORK_FWD];
-			for (int j = 0; j < g->n; j++)
-				if (g->c[j].role == MODEL_GROUP_EP)
-					layer += g->c[j].bytes, n_layer++;
+			struct model_prog pr;
+			model_cost_unit_prog(&mc, &sh, false, u, MODEL_PASS_FWD, &pr);
+			const struct model_prog *gs[2] = {
+			    &cm.inner[u * SCHED_WORK_COUNT + SCHED_WORK_FWD], &pr};
+			for (int k = 0; k < 2; k++)
+				for (int j = 0; j < gs[k]->n; j++)
+					if (gs[k]->c[j].role == MODEL_GROUP_EP &&
+					    gs[k]->c[j].kind == MODEL_COLL_ALL_TO_ALL)
+						layer += gs[k]->c[j].bytes, n_layer++;
 		}
 		printf("expert parallelism       %lld ranks, balanced routing: %.2f MiB sent per "
-		       "MoE layer and micro-batch forward in %lld all-to-alls (counts, dispatch, "
-		       "combine; backward 2 more of the rows); %lld per step, %.1f MiB sent, "
-		       "%.3f s in the passes (comm.bandwidth_gbps)\n",
+		       "MoE layer and micro-batch forward in %lld all-to-alls (counts, dispatch "
+		       "posted beside the shared expert, combine; backward 2 more of the rows, the "
+		       "first posted); %lld per step, %.1f MiB sent, %.3f s on the wire, %.3f s "
+		       "exposed (comm.bandwidth_gbps)\n",
 		       (long long)ep, (double)layer / 1048576.0, (long long)n_layer,
-		       (long long)p.n_ep, (double)p.ep_wire_bytes / 1048576.0, p.ep_s);
+		       (long long)p.n_ep, (double)p.ep_wire_bytes / 1048576.0, p.ep_comm_s, p.ep_s);
 	}
 	printf(
 	    "all-gather bytes         %.1f MiB per step sent by each rank (%lld-byte elements%s)\n",

@@ -60,6 +60,12 @@ int64_t comm_op_wire_bytes(const struct comm_op *op)
 {
 	if (op->kind == COMM_SENDRECV) /* one hop */
 		return op->count;
+	if (op->kind == COMM_ALL_TO_ALL) { /* what goes to the other ranks, in one hop */
+		int64_t w = 0;
+		for (int q = 0; q < op->group->size; q++)
+			w += q == op->group->rank ? 0 : op->send_bytes[q];
+		return w;
+	}
 	int64_t per_rank = op->kind == COMM_REDUCE_SCATTER ? op->count * 4 : op->count;
 	return (int64_t)(op->group->size - 1) * per_rank;
 }
@@ -94,6 +100,12 @@ static int64_t op_schedule(const struct comm_op *op)
 {
 	if (op->group->size < 2 || op->kind == COMM_SENDRECV)
 		return 0;
+	if (op->kind == COMM_ALL_TO_ALL) {
+		int64_t sent = 0;
+		for (int q = 0; q < op->group->size; q++)
+			sent += op->send_bytes[q];
+		return fr_schedule(op->group->handle, FR_ALL_TO_ALL, FR_U8, sent, op->what);
+	}
 	bool rs = op->kind == COMM_REDUCE_SCATTER;
 	return fr_schedule(op->group->handle, rs ? FR_REDUCE_SCATTER : FR_ALL_GATHER,
 	                   rs ? FR_F32 : FR_U8, rs ? op->count * 4 : op->count, op->what);
@@ -122,6 +134,9 @@ static double op_run(const struct comm_op *op, bool arrive, int64_t fr)
 		/* the caller's send buffer is the collective's working memory (comm.h) */
 		comm_reduce_scatter_f32(op->group, (float *)op->send, op->recv, op->count,
 		                        op->scratch);
+		break;
+	case COMM_ALL_TO_ALL:
+		comm_all_to_all_v(op->group, op->send, op->send_bytes, op->recv, op->recv_bytes);
 		break;
 	case COMM_SENDRECV: { /* watched by the watchdog (comm_p2p_wait) */
 		struct comm_p2p sr = {0}, rr = {0};

@@ -30,7 +30,8 @@
 enum stream_mode { STREAM_THREAD, STREAM_INLINE, STREAM_MODE_COUNT };
 
 struct comm_op {
-	enum comm_kind kind; /* COMM_ALL_GATHER, COMM_REDUCE_SCATTER or COMM_SENDRECV */
+	enum comm_kind kind; /* COMM_ALL_GATHER, COMM_REDUCE_SCATTER, COMM_SENDRECV or
+	                        COMM_ALL_TO_ALL */
 	const struct comm_group *group;
 	const void *send; /* reduce-scatter: overwritten (the collective's working buffer) */
 	void *recv;
@@ -39,6 +40,10 @@ struct comm_op {
 	const char *what;  /* label for errors and traces, e.g. "all-gather unit 3" */
 	int to, from, tag; /* sendrecv: send `count` bytes to rank `to` of the group, receive as
 	                      many from `from`, point-to-point with this tag (async TP's rings) */
+	/* all-to-all (comm_all_to_all_v; count unused): block q of send, send_bytes[q] long, to
+	 * rank q; recv_bytes[q] from it. The two arrays, like the buffers, stay valid until the
+	 * ticket completes (expert parallelism's dispatch, overlapped with the shared expert) */
+	const int64_t *send_bytes, *recv_bytes;
 };
 
 struct comm_stream;

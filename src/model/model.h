@@ -110,7 +110,9 @@ struct model_ops {
 	void (*unit_recompute)(void *impl, int u);
 	bool (*unit_needs_recompute)(const void *impl, int u);
 	/* a unit's pass as a program (model/model_prog.h) and one op of it (NULL: every pass is
-	 * one segment, run by the three calls above) */
+	 * one segment, run by the three calls above); an expert-parallel all-to-all op returns
+	 * the bytes it sent to the other ranks (this step's routing), a segment what
+	 * unit_forward would (the head's loss sum) */
 	void (*unit_prog)(const void *impl, int u, enum model_pass p, struct model_prog *out);
 	double (*unit_op)(void *impl, int u, enum model_pass p, int op, double dscale, bool *ran);
 	/* > 0: the last unit's forward also makes the loss gradient, scaled by this */

@@ -41,7 +41,8 @@ void model_cost_unit_prog(const struct model_config *c, const struct model_cost_
                           bool async, int u, enum model_pass p, struct model_prog *out)
 {
 	memset(out, 0, sizeof(*out));
-	if (s->tp > 1) /* without tensor parallelism every pass is one segment */
+	if (s->tp > 1 || s->ep > 1) /* without tensor or expert parallelism every pass is one
+	                               segment */
 		cost_ops(c)->unit_prog(c, s, async, u, p, out);
 }
 

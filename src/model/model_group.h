@@ -43,6 +43,13 @@ struct model_group {
 	 * order (both buffers contiguous by rank; the sizes are exchanged first, the same way). */
 	void (*all_to_all_v)(void *ctx, const void *send, const int64_t *send_bytes, void *recv,
 	                     const int64_t *recv_bytes);
+	/* The same all-to-all posted: it may travel while the caller computes (the shared
+	 * expert beside the dispatch) until all_to_all_v_wait; buffers and both size arrays
+	 * stay untouched until then. At most one in flight, and no other call on the group
+	 * meanwhile. */
+	void (*all_to_all_v_post)(void *ctx, const void *send, const int64_t *send_bytes,
+	                          void *recv, const int64_t *recv_bytes, const char *what);
+	void (*all_to_all_v_wait)(void *ctx, const char *what);
 };
 
 #endif

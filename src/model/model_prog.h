@@ -16,15 +16,23 @@
 #include <stdint.h>
 
 enum model_pass { MODEL_PASS_FWD, MODEL_PASS_BWD, MODEL_PASS_REC, MODEL_PASS_COUNT };
-/* (ALL_TO_ALL: only in-pass collectives, model_cost_ops.unit_inner, never a program's) */
-enum model_coll { MODEL_COLL_ALL_GATHER, MODEL_COLL_REDUCE_SCATTER, MODEL_COLL_ALL_TO_ALL };
+/* ALL_TO_ALL: expert parallelism's dispatch and combine (role EP), blocking or `post`ed;
+ * WAIT completes the posted all-to-all before it (collective k - 1), with nothing of its own
+ * on the wire. */
+enum model_coll {
+	MODEL_COLL_ALL_GATHER,
+	MODEL_COLL_REDUCE_SCATTER,
+	MODEL_COLL_ALL_TO_ALL,
+	MODEL_COLL_WAIT
+};
 
 /* The group a collective runs over, and so the link it is priced on: the tensor-parallel
  * group (a program's collectives, lowered into TP_* nodes), the context-parallel group
  * (the K/V transfers of context parallelism, which today are calls inside the attention
  * segment: model_cost_ops.unit_inner lists them, the cost model prices them with the pass),
- * or the expert-parallel group (a MoE layer's token dispatch and combine, all-to-alls inside
- * the unit, listed and priced the same way on the ep link). */
+ * or the expert-parallel group (a MoE layer's token dispatch and combine: program
+ * collectives, lowered into EP_* nodes, and the row counts' exchange before them, inside the
+ * first segment, which unit_inner lists; all on the ep link). */
 enum model_group_role { MODEL_GROUP_TP, MODEL_GROUP_CP, MODEL_GROUP_EP };
 
 /* When a collective runs: always, or only on one side of the fused loss gradient (the head's
@@ -46,6 +54,9 @@ struct model_coll_desc {
 	 * each (0: one collective); with ring, each step hidden by 1 / steps of ring_flops of
 	 * attention (the K/V shard travels while the one held is attended to) */
 	int steps;
+	/* ALL_TO_ALL: issued on the comm stream and completed by the program's next collective,
+	 * a WAIT, so that the segment between them runs while it travels (false: blocking) */
+	bool post;
 };
 
 struct model_prog {

@@ -753,13 +753,18 @@ static void be_backward(void *ctx, int u, int op)
 		model_unit_op(f->model, u, MODEL_PASS_BWD, op, f->step.dscale, NULL);
 }
 
-/* A TP collective between two segments of unit u's pass: the bytes it sent (0: a no-op) */
+/* A TP or EP collective between two segments of unit u's pass: the bytes it sent (0: a
+ * no-op); an all-to-all's are the step's own (model_ops.unit_op returns them: the routing
+ * decides), a wait's none. */
 static int64_t be_tp_collective(void *ctx, int u, enum model_pass p, int op)
 {
 	struct fsdp *f = ctx; /* the unit's segment 0 (be_backward) bound its gradients */
 	bool ran = false;
-	model_unit_op(f->model, u, p, op, f->step.dscale, &ran);
-	return ran ? f->sched.units[u].prog[p].c[op / 2].bytes : 0;
+	double r = model_unit_op(f->model, u, p, op, f->step.dscale, &ran);
+	const struct model_coll_desc *c = &f->sched.units[u].prog[p].c[op / 2];
+	if (c->role == MODEL_GROUP_EP)
+		return c->kind == MODEL_COLL_ALL_TO_ALL ? (int64_t)r : 0;
+	return ran ? c->bytes : 0;
 }
 
 /* ---------------------------------------------------------------- tail */

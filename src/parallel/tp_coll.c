@@ -128,6 +128,54 @@ static void op_all_to_all_v(void *ctx, const void *send, const int64_t *send_byt
 	c->comm_s += timer_now() - t0;
 }
 
+/* Expert parallelism's overlapped all-to-all: on the comm stream when there is one (its
+ * thread moves the rows while the caller computes the shared expert), else run here, at once,
+ * with the simulated link's arrival kept for the wait. */
+static void op_all_to_all_v_post(void *ctx, const void *send, const int64_t *send_bytes,
+                                 void *recv, const int64_t *recv_bytes, const char *what)
+{
+	struct tp_coll *c = ctx;
+	CHECK(!c->a2a_open, "expert parallelism: %s posted while an all-to-all is in flight",
+	      what);
+	c->a2a_open = true;
+	c->a2a_ticket = 0;
+	c->a2a_arrive = 0.0;
+	double t0 = timer_now();
+	if (c->stream) {
+		struct comm_op op = {.kind = COMM_ALL_TO_ALL,
+		                     .group = c->g,
+		                     .send = send,
+		                     .recv = recv,
+		                     .what = what,
+		                     .send_bytes = send_bytes,
+		                     .recv_bytes = recv_bytes};
+		c->a2a_ticket = comm_stream_enqueue(c->stream, &op);
+		c->comm_s += timer_now() - t0;
+		return;
+	}
+	comm_all_to_all_v(c->g, send, send_bytes, recv, recv_bytes);
+	if (c->sim_bytes_per_s > 0) {
+		int64_t wire = 0;
+		for (int q = 0; q < c->g->size; q++)
+			wire += q == c->g->rank ? 0 : send_bytes[q];
+		c->a2a_arrive = t0 + c->sim_latency_s + (double)wire / c->sim_bytes_per_s;
+	}
+	c->comm_s += timer_now() - t0;
+}
+
+static void op_all_to_all_v_wait(void *ctx, const char *what)
+{
+	struct tp_coll *c = ctx;
+	CHECK(c->a2a_open, "expert parallelism: a wait on %s with nothing in flight", what);
+	double t0 = timer_now();
+	if (c->a2a_ticket)
+		comm_stream_wait(c->stream, c->a2a_ticket);
+	else if (c->a2a_arrive > 0)
+		wait_until(c->a2a_arrive);
+	c->a2a_open = false;
+	c->comm_s += timer_now() - t0;
+}
+
 void tp_coll_init(struct tp_coll *c, const struct comm_group *g, double sim_gbps,
                   double sim_latency_us, double timeout_s)
 {
@@ -145,7 +193,9 @@ void tp_coll_init(struct tp_coll *c, const struct comm_group *g, double sim_gbps
 	                             .all_reduce_max_f32 = op_all_reduce_max,
 	                             .ring_post = op_ring_post,
 	                             .ring_wait = op_ring_wait,
-	                             .all_to_all_v = op_all_to_all_v};
+	                             .all_to_all_v = op_all_to_all_v,
+	                             .all_to_all_v_post = op_all_to_all_v_post,
+	                             .all_to_all_v_wait = op_all_to_all_v_wait};
 }
 
 void tp_coll_use_stream(struct tp_coll *c, struct comm_stream *stream)

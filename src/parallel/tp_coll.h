@@ -13,7 +13,9 @@
  * Context parallelism uses the same implementation over the mesh's cp group (the trainer's
  * second tp_coll): its K/V all-gathers and dK/dV reduce-scatters, and ring attention's steps;
  * and expert parallelism over the mesh's ep group (a third): the MoE layers' token dispatch
- * and combine (all_to_all_v), blocking on the compute thread.
+ * and combine (all_to_all_v, blocking on the compute thread), and the dispatch and output
+ * gradients' exchange posted to the comm stream when there is one (all_to_all_v_post: its
+ * thread moves the rows while the caller computes the shared expert; all_to_all_v_wait).
  */
 #ifndef CT_PARALLEL_TP_COLL_H
 #define CT_PARALLEL_TP_COLL_H
@@ -38,12 +40,17 @@ struct tp_coll {
 	int64_t ticket;
 	double arrive;
 	bool open;
+	/* expert parallelism's overlapped all-to-all in flight (all_to_all_v_post) */
+	int64_t a2a_ticket;
+	double a2a_arrive;
+	bool a2a_open;
 };
 
 /* Over group g (its size and rank); sim_gbps 0: no simulated link. */
 void tp_coll_init(struct tp_coll *c, const struct comm_group *g, double sim_gbps,
                   double sim_latency_us, double timeout_s);
-/* Run async TP's ring steps on this stream (comm.progress = thread). */
+/* Run async TP's ring steps and expert parallelism's posted all-to-alls on this stream
+ * (comm.progress = thread). */
 void tp_coll_use_stream(struct tp_coll *c, struct comm_stream *stream);
 /* Seconds spent in the collectives so far (0 for NULL). */
 double tp_coll_seconds(const struct tp_coll *c);

@@ -20,6 +20,8 @@ enum row {
 	ROW_RS_WAIT,
 	ROW_TP_AG,
 	ROW_TP_RS,
+	ROW_EP_A2A,
+	ROW_EP_WAIT,
 	ROW_TAIL_CLIP,
 	ROW_TAIL_OPTIM,
 	ROW_OTHER,
@@ -40,6 +42,8 @@ static const char *const row_name[ROW_COUNT] = {"FWD embedding",
                                                 "WAIT reduce-scatter",
                                                 "TP all-gather",
                                                 "TP reduce-scatter",
+                                                "EP all-to-all",
+                                                "EP wait",
                                                 "CLIP",
                                                 "OPTIM",
                                                 "BATCH, FREE",
@@ -66,6 +70,10 @@ static enum row row_of(const struct sched *s, const struct sched_node *n)
 		return ROW_TP_AG;
 	case SCHED_TP_REDUCE_SCATTER:
 		return ROW_TP_RS;
+	case SCHED_EP_ALL_TO_ALL:
+		return ROW_EP_A2A;
+	case SCHED_EP_WAIT:
+		return ROW_EP_WAIT;
 	case SCHED_CLIP:
 		return ROW_TAIL_CLIP;
 	case SCHED_OPTIM:

@@ -217,6 +217,7 @@ static double pass_compute_s(const struct sched *s, const struct sched_cost_mode
 		int64_t ne;
 		double ep = inner_ep_s(cm, n->unit, k, &bytes, &ne);
 		p->ep_s += ep;
+		p->ep_comm_s += ep;
 		p->ep_wire_bytes += bytes;
 		p->n_ep += ne;
 		cp += ep;
@@ -224,8 +225,10 @@ static double pass_compute_s(const struct sched *s, const struct sched_cost_mode
 	}
 	if (s->lowered)
 		return dt / (double)(g->n + 1) + cp;
-	for (int j = 0; j < g->n; j++)
-		*tp_s += sched_cost_tp_s(cm, k, &g->c[j], NULL);
+	for (int j = 0; j < g->n; j++) /* unlowered: the program's collectives all block */
+		*tp_s += g->c[j].role != MODEL_GROUP_EP     ? sched_cost_tp_s(cm, k, &g->c[j], NULL)
+		         : g->c[j].kind == MODEL_COLL_WAIT ? 0.0
+		                                           : sched_cost_ep_s(cm, &g->c[j]);
 	return dt + cp;
 }
 
@@ -299,6 +302,7 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	double mem = cm->mem_bytes_s, esz = (double)cm->ag_elem_bytes;
 	int64_t ag_bytes = 0; /* exact wire bytes per rank of each all-gather (below) */
 	double t = (double)shard_total * 4.0 / mem, cf = 0; /* zero the gradient shards */
+	double ep_end = 0; /* the posted ep all-to-all's arrival */
 	struct debt debt = {0, 0};
 	double *ag_need = xcalloc((size_t)Bk, sizeof(double)),
 	       *rs_need = xcalloc((size_t)Bk, sizeof(double)); /* debt.issued through the op */
@@ -404,6 +408,28 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			t += dt; /* blocking, on the compute thread */
 			break;
 		}
+		case SCHED_EP_ALL_TO_ALL: { /* posted: on a stream of its own (not behind the FSDP
+			                               collectives), its wait exposes what the segment
+			                               between did not hide */
+			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
+			double dt = sched_cost_ep_s(cm, c);
+			p->ep_comm_s += dt;
+			p->ep_wire_bytes += c->bytes;
+			p->n_ep++;
+			if (c->post) {
+				ep_end = t + dt;
+			} else {
+				p->ep_s += dt;
+				t += dt; /* blocking, on the compute thread */
+			}
+			break;
+		}
+		case SCHED_EP_WAIT:
+			if (ep_end > t) {
+				p->ep_s += ep_end - t;
+				t = ep_end;
+			}
+			break;
 		case SCHED_FWD:
 		case SCHED_BWD:
 		case SCHED_RECOMPUTE: {

@@ -115,7 +115,10 @@ struct sched_prediction {
 	double cp_s;      /* context parallelism's transfers exposed in the passes (in step_s) */
 	double cp_comm_s; /* their time on the wire */
 	int64_t cp_wire_bytes; /* what this rank sends in them over the step */
-	double ep_s;           /* expert parallelism's all-to-alls in the passes (in step_s) */
+	double ep_s;      /* expert parallelism's all-to-alls exposed (in step_s): in the passes,
+	                     the blocking EP-A2A nodes, and what the posted dispatches' EP-WAIT
+	                     nodes wait for after the shared expert */
+	double ep_comm_s; /* their time on the wire */
 	int64_t ep_wire_bytes; /* what this rank sends in them over the step */
 	int64_t n_ep;          /* how many */
 };

@@ -93,6 +93,8 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 			break;
 		case SCHED_TP_ALL_GATHER:
 		case SCHED_TP_REDUCE_SCATTER:
+		case SCHED_EP_ALL_TO_ALL:
+		case SCHED_EP_WAIT:
 			bytes = be->tp_collective(be->ctx, n->unit, n->pass, 2 * n->seg + 1);
 			break;
 		case SCHED_PP_F:
@@ -117,8 +119,8 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 		if (rec) {
 			rec[i].t0 = t0;
 			rec[i].t1 = timer_now();
-			if (n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER ||
-			    n->kind == SCHED_PP_SEND || n->kind == SCHED_PP_RECV)
+			if (sched_kind_in_unit(n->kind) || n->kind == SCHED_PP_SEND ||
+			    n->kind == SCHED_PP_RECV)
 				rec[i].bytes = bytes;
 			if (n->kind == SCHED_ALL_GATHER || n->kind == SCHED_REDUCE_SCATTER) {
 				rec[i].bytes = bytes;

@@ -37,8 +37,10 @@ struct sched_backend {
 	void (*backward)(void *ctx, int unit, int op);
 	void (*recompute)(void *ctx, int unit, int op);
 	/* Op 2k+1 of the unit's pass program: its tensor-parallel collective k, blocking on the
-	 * calling thread; returns the bytes this rank sent (0: the collective had nothing to do
-	 * in this step, as the loss gradient's reduce-scatter on one side of the fused loss). */
+	 * calling thread, or its expert-parallel all-to-all (blocking, or posted and completed
+	 * by a later op's wait); returns the bytes this rank sent (0: the collective had nothing
+	 * to do in this step, as the loss gradient's reduce-scatter on one side of the fused
+	 * loss, or a wait). */
 	int64_t (*tp_collective)(void *ctx, int unit, enum model_pass pass, int op);
 	int (*clip)(void *ctx);  /* ct_err code */
 	int (*optim)(void *ctx); /* ct_err code */

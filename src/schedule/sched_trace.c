@@ -57,6 +57,11 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
 			         ",\"bytes\":%lld,\"ticket\":%lld", (long long)r->bytes,
 			         (long long)r->ticket);
 		bool tp = n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER;
+		bool ep = n->kind == SCHED_EP_ALL_TO_ALL || n->kind == SCHED_EP_WAIT;
+		if (ep) /* blocking, or posted to the stream and completed by its EP-WAIT */
+			snprintf(args + strlen(args), sizeof(args) - strlen(args),
+			         ",\"unit\":%d,\"bytes\":%lld%s", n->unit, (long long)r->bytes,
+			         sched_node_prog(s, n)->c[n->seg].post ? ",\"posted\":true" : "");
 		if (tp) /* on the compute thread: it blocks it */
 			snprintf(args + strlen(args), sizeof(args) - strlen(args),
 			         ",\"unit\":%d,\"bytes\":%lld%s", n->unit, (long long)r->bytes,
@@ -71,6 +76,7 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
 			         (long long)r->bytes);
 		const char *cat = coll                    ? "issue"
 		                  : tp                    ? "tp"
+		                  : ep                    ? "ep"
 		                  : p2p                   ? "p2p"
 		                  : n->kind == SCHED_WAIT ? "wait"
 		                  : n->kind == SCHED_FREE ? "free"

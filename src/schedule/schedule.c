@@ -7,8 +7,9 @@
 #include "base/log.h"
 
 static const char *const sched_kind_names[] = {
-    "BATCH", "AG",    "RS",    "WAIT", "FREE", "FWD", "BWD",  "RECOMPUTE", "CLIP",
-    "OPTIM", "TP-AG", "TP-RS", "F",    "B",    "I",   "W",    "SEND",      "RECV"};
+    "BATCH", "AG",    "RS",    "WAIT",   "FREE",    "FWD", "BWD", "RECOMPUTE",
+    "CLIP",  "OPTIM", "TP-AG", "TP-RS",  "EP-A2A",  "EP-WAIT", "F", "B",
+    "I",     "W",     "SEND",  "RECV"};
 _Static_assert(sizeof(sched_kind_names) / sizeof(sched_kind_names[0]) == SCHED_KIND_COUNT,
                "one name per node kind");
 
@@ -156,6 +157,8 @@ enum model_pass sched_node_pass(const struct sched_node *n)
 		return MODEL_PASS_REC;
 	case SCHED_TP_ALL_GATHER:
 	case SCHED_TP_REDUCE_SCATTER:
+	case SCHED_EP_ALL_TO_ALL:
+	case SCHED_EP_WAIT:
 		return n->pass;
 	default:
 		return MODEL_PASS_FWD;
@@ -165,6 +168,21 @@ enum model_pass sched_node_pass(const struct sched_node *n)
 const struct model_prog *sched_node_prog(const struct sched *s, const struct sched_node *n)
 {
 	return &s->units[n->unit].prog[sched_node_pass(n)];
+}
+
+/* The node kind that runs a program collective of this kind. */
+static enum sched_kind sched_coll_kind(enum model_coll k)
+{
+	switch (k) {
+	case MODEL_COLL_ALL_GATHER:
+		return SCHED_TP_ALL_GATHER;
+	case MODEL_COLL_REDUCE_SCATTER:
+		return SCHED_TP_REDUCE_SCATTER;
+	case MODEL_COLL_ALL_TO_ALL:
+		return SCHED_EP_ALL_TO_ALL;
+	default:
+		return SCHED_EP_WAIT;
+	}
 }
 
 void sched_lower_tp(const struct sched *in, struct sched *out)
@@ -187,8 +205,7 @@ void sched_lower_tp(const struct sched *in, struct sched *out)
 			if (k == g->n)
 				break;
 			struct sched_node t = n;
-			t.kind = g->c[k].kind == MODEL_COLL_ALL_GATHER ? SCHED_TP_ALL_GATHER
-			                                               : SCHED_TP_REDUCE_SCATTER;
+			t.kind = sched_coll_kind(g->c[k].kind);
 			t.pass = sched_node_pass(&n);
 			t.seg = k;
 			sched_push(out, t);
@@ -325,11 +342,11 @@ bool sched_validate(const struct sched *s, char *why, size_t why_size)
 		}
 		bool compute =
 		    n->kind == SCHED_FWD || n->kind == SCHED_BWD || n->kind == SCHED_RECOMPUTE;
-		bool tp = n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER;
+		bool tp = sched_kind_in_unit(n->kind);
 		if ((compute || tp) && (u < 0 || u >= U))
 			FAIL("node %d (%s): bad unit", i, lab);
 		if (tp && !s->lowered)
-			FAIL("node %d (%s): a TP collective in a schedule not lowered", i, lab);
+			FAIL("node %d (%s): a unit's collective in a schedule not lowered", i, lab);
 		if (s->lowered && (compute || tp)) {
 			const struct model_prog *g = sched_node_prog(s, n);
 			int op = compute ? 2 * n->seg : 2 * n->seg + 1;
@@ -342,10 +359,18 @@ bool sched_validate(const struct sched *s, char *why, size_t why_size)
 				FAIL("node %d (%s): out of its unit's program", i, lab);
 			if (n->seg < 0 || n->seg > g->n || (tp && n->seg >= g->n))
 				FAIL("node %d (%s): the program has %d collectives", i, lab, g->n);
-			if (tp && (n->kind == SCHED_TP_ALL_GATHER) !=
-			              (g->c[n->seg].kind == MODEL_COLL_ALL_GATHER))
+			if (tp && n->kind != sched_coll_kind(g->c[n->seg].kind))
 				FAIL("node %d (%s): the program's collective %d is of another kind",
 				     i, lab, n->seg);
+			if (tp && n->kind == SCHED_EP_WAIT &&
+			    (n->seg == 0 || g->c[n->seg - 1].kind != MODEL_COLL_ALL_TO_ALL ||
+			     !g->c[n->seg - 1].post))
+				FAIL("node %d (%s): a wait with no posted all-to-all before it", i,
+				     lab);
+			if (tp && n->kind == SCHED_EP_ALL_TO_ALL && g->c[n->seg].post &&
+			    (n->seg + 1 >= g->n || g->c[n->seg + 1].kind != MODEL_COLL_WAIT))
+				FAIL("node %d (%s): a posted all-to-all its program never waits for",
+				     i, lab);
 			open_u = op == 2 * g->n ? -1 : u;
 			open_pass = sched_node_pass(n);
 			open_op = op + 1;
@@ -484,7 +509,9 @@ void sched_node_label(const struct sched *s, int i, char *buf, size_t size)
 			snprintf(buf, size, "%s u%d", sched_kind_name(n->kind), n->unit);
 		break;
 	case SCHED_TP_ALL_GATHER:
-	case SCHED_TP_REDUCE_SCATTER: {
+	case SCHED_TP_REDUCE_SCATTER:
+	case SCHED_EP_ALL_TO_ALL:
+	case SCHED_EP_WAIT: {
 		static const char *const pass[] = {"fwd", "bwd", "rec"};
 		snprintf(buf, size, "%s u%d %s.%d", sched_kind_name(n->kind), n->unit,
 		         pass[n->pass], n->seg);

@@ -14,8 +14,9 @@
  *
  * A WAIT names the collective it completes by (kind, bucket): at most one all-gather and one
  * reduce-scatter per bucket are in flight at any time (sched_validate checks this, and every
- * other rule the executor relies on). Tensor parallelism adds its collectives inside a unit
- * as nodes (SCHED_TP_*, by lowering the unit's pass program after the passes).
+ * other rule the executor relies on). Tensor and expert parallelism add their collectives
+ * inside a unit as nodes (SCHED_TP_*, SCHED_EP_*, by lowering the unit's pass program after
+ * the passes).
  *
  * Pipeline parallelism is the same list with node kinds of its own (SCHED_PP_*, built from a
  * rank's action list of schedule/pp_schedule.h by sched_build_pp, schedule/sched_pp.c): the
@@ -50,6 +51,11 @@ enum sched_kind {
 	 * its compute segments `seg` and `seg + 1`, on the TP group and the compute thread */
 	SCHED_TP_ALL_GATHER,
 	SCHED_TP_REDUCE_SCATTER,
+	/* expert parallelism (after sched_lower_tp): a MoE unit's all-to-all on the ep group,
+	 * blocking, or posted to the comm stream and completed by the EP_WAIT after the
+	 * segment that runs while it travels (the dispatch beside the shared expert) */
+	SCHED_EP_ALL_TO_ALL,
+	SCHED_EP_WAIT,
 	/* pipeline parallelism: compute of (stage, micro) over the stage's units, and the
 	 * transfers of its boundary (issued here, completed by a WAIT with this wait_kind) */
 	SCHED_PP_F,
@@ -94,6 +100,12 @@ struct sched_unit {
 struct sched_bucket {
 	int unit0, n_units; /* units [unit0, unit0 + n_units) */
 };
+
+/* A collective between two segments of a unit's pass program (TP_*, EP_*). */
+static inline bool sched_kind_in_unit(enum sched_kind k)
+{
+	return k >= SCHED_TP_ALL_GATHER && k <= SCHED_EP_WAIT;
+}
 
 static inline bool sched_kind_pp(enum sched_kind k)
 {

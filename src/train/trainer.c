@@ -369,6 +369,14 @@ static int trainer_setup(struct trainer *tr)
 		tp_coll_use_stream(&tr->tp, tr->stream);
 	if (mode == STREAM_THREAD && tr->mesh.cp > 1) /* ring attention's steps too */
 		tp_coll_use_stream(&tr->cp, tr->stream);
+	if (mode == STREAM_THREAD && tr->mesh.ep > 1) { /* the dispatch beside the shared expert,
+		                                              on a stream of its own: behind the
+		                                              FSDP prefetches it would wait */
+		tr->ep_stream = comm_stream_create(mode, cfg->comm.timeout_seconds);
+		comm_stream_simulate(tr->ep_stream, cfg->comm.simulate_bandwidth_gbps,
+		                     cfg->comm.simulate_latency_us);
+		tp_coll_use_stream(&tr->ep, tr->ep_stream);
+	}
 	rc = lr_schedule_init(&tr->lr, cfg->optimizer.lr, cfg->lr_scheduler.warmup_steps,
 	                      cfg->lr_scheduler.decay_ratio, cfg->lr_scheduler.decay_type,
 	                      cfg->lr_scheduler.min_lr_factor, cfg->training.steps);
@@ -482,6 +490,8 @@ static void trainer_teardown(struct trainer *tr)
 		sched_cost_free(&tr->cost);
 	model_free(&tr->model);
 	comm_stream_destroy(tr->stream);
+	if (tr->ep_stream)
+		comm_stream_destroy(tr->ep_stream);
 	comm_watchdog_stop();
 	mesh_free(&tr->mesh);
 }

@@ -26,6 +26,7 @@ struct trainer {
 	const struct ct_config *cfg;
 	struct mesh mesh;
 	struct comm_stream *stream;
+	struct comm_stream *ep_stream; /* expert parallelism's posted all-to-alls (comm thread) */
 	struct model model;
 	struct tp_coll tp; /* tensor parallelism's collectives (mesh.tp > 1) */
 	/* context parallelism (mesh.cp > 1): its collectives over the cp group, the token order

@@ -665,6 +665,54 @@ void moe_unit_backward(struct moe_model *m, int u, double dscale)
 		moe_unit_backward_f32(m, u, dscale);
 }
 
+void moe_ep_prog(const struct moe_config *c, int64_t N, int ep, int64_t elem_bytes, int u,
+                 enum model_pass p, struct model_prog *out)
+{
+	memset(out, 0, sizeof(*out));
+	if (ep <= 1 || u < 1 || u > c->n_layers || u - 1 < c->n_dense_layers ||
+	    p == MODEL_PASS_REC) /* a full recompute's exchanges block, inside its one segment */
+		return;
+	int64_t NK = N * c->top_k;
+	struct model_coll_desc a2a = {.kind = MODEL_COLL_ALL_TO_ALL,
+	                              .bytes = NK * (ep - 1) / ep * c->dim * elem_bytes,
+	                              .group = ep,
+	                              .role = MODEL_GROUP_EP,
+	                              .post = true};
+	out->c[0] = a2a; /* the dispatch (forward) / the output gradients (backward), posted */
+	out->c[1] = (struct model_coll_desc){
+	    .kind = MODEL_COLL_WAIT, .group = ep, .role = MODEL_GROUP_EP};
+	a2a.post = false;
+	out->c[2] = a2a; /* the combine / the input gradients back */
+	out->n = 3;
+}
+
+void moe_unit_prog(const struct moe_model *m, int u, enum model_pass p, struct model_prog *out)
+{
+	moe_ep_prog(&m->cfg, m->N, m->ep, (int64_t)(m->f64 ? sizeof(double) : sizeof(float)), u,
+	            p, out);
+}
+
+double moe_unit_op(struct moe_model *m, int u, enum model_pass p, int op, double dscale,
+                   bool *ran)
+{
+	struct model_prog g;
+	moe_unit_prog(m, u, p, &g);
+	CHECK(op >= 0 && op <= 2 * g.n, "moe: unit %d: op %d of a program of %d collectives", u,
+	      op, g.n);
+	if (ran)
+		*ran = op % 2 == 1 && g.c[op / 2].kind == MODEL_COLL_ALL_TO_ALL;
+	if (g.n == 0) {
+		if (p == MODEL_PASS_FWD)
+			return moe_unit_forward(m, u, NULL);
+		if (p == MODEL_PASS_BWD)
+			moe_unit_backward(m, u, dscale);
+		else
+			moe_unit_recompute(m, u);
+		return 0.0;
+	}
+	return m->f64 ? moe_unit_op_f64(m, u, p, op, dscale) : moe_unit_op_f32(m, u, p, op, dscale);
+}
+
 double moe_forward(struct moe_model *m, int64_t *n_valid)
 {
 	double loss = 0.0;

@@ -63,6 +63,7 @@
 
 #include "model/model_ac.h"
 #include "model/model_group.h"
+#include "model/model_prog.h"
 #include "model/param_table.h"
 
 enum moe_score { MOE_SCORE_SOFTMAX, MOE_SCORE_SIGMOID };
@@ -245,6 +246,27 @@ void moe_unit_backward(struct moe_model *m, int u, double dscale);
  * backward (a selective or full block), and that pass (a no-op for other units). */
 bool moe_unit_needs_recompute(const struct moe_model *m, int u);
 void moe_unit_recompute(struct moe_model *m, int u);
+/* A MoE block's forward and backward as expert parallelism's program's ops (moe_ep_prog): segment 0, the dispatch posted
+ * (op 1), segment 1 (the shared expert, beside it), its wait (op 3), segment 2 (the local
+ * experts), the combine (op 5, blocking: nothing is left to hide it), segment 3. One rank,
+ * or a whole pass, runs the same segments in order with the exchanges blocking between
+ * them; one rank has no exchange and runs its experts in segment 2. */
+enum moe_op { MOE_OP_SEG0, MOE_OP_POST, MOE_OP_SEG1, MOE_OP_WAIT, MOE_OP_SEG2, MOE_OP_COMBINE,
+              MOE_OP_SEG3, MOE_OP_COUNT };
+/* Expert parallelism's program of unit u's pass p (model/model_prog.h) for a model of N
+ * tokens a rank over ep ranks, elem_bytes per activation element: a MoE block's forward and
+ * backward (ep > 1) are the dispatch posted, its wait after the shared expert, and the
+ * combine (blocking); what each all-to-all sends to the other ranks is the balanced
+ * routing's (the step's own is what moe_unit_op returns). Every other pass is one segment.
+ * The cost model (moe_cost.c) uses the same program. */
+void moe_ep_prog(const struct moe_config *c, int64_t N, int ep, int64_t elem_bytes, int u,
+                 enum model_pass p, struct model_prog *out);
+void moe_unit_prog(const struct moe_model *m, int u, enum model_pass p, struct model_prog *out);
+/* Op `op` of that program (op 2k: segment k, 2k + 1: collective k; a one-segment pass: op 0
+ * only): a segment returns what unit_forward would (its share of the auxiliary loss), an
+ * all-to-all the bytes it sent to the other ranks (*ran: it is an all-to-all). */
+double moe_unit_op(struct moe_model *m, int u, enum model_pass p, int op, double dscale,
+                   bool *ran);
 double moe_forward(struct moe_model *m, int64_t *n_valid);
 void moe_backward(struct moe_model *m, double dscale); /* recomputes where needed */
 void moe_logits(struct moe_model *m, float *logits);

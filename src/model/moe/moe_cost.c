@@ -161,13 +161,15 @@ static double moe_cost_flops(const struct model_config *mc, int64_t seq_len)
 	return moe_flops_per_token(moe_cfg(mc), seq_len);
 }
 
-/* Without tensor parallelism every pass is one compute segment (model/model_prog.h). */
+/* The model's program (moe_ep_prog): one segment a pass, but a MoE block's forward and
+ * backward under expert parallelism, whose dispatch is posted beside the shared expert and
+ * whose combine blocks. */
 static void moe_cost_prog(const struct model_config *mc, const struct model_cost_shape *s,
                           bool async, int u, enum model_pass p, struct model_prog *out)
 {
-	(void)mc, (void)async, (void)u, (void)p;
+	(void)async;
 	check_shape(s);
-	memset(out, 0, sizeof(*out));
+	moe_ep_prog(moe_cfg(mc), s->B * s->T, (int)shape_ep(s), s->elem_bytes, u, p, out);
 }
 
 /* What one dispatch (or combine) sends to the other ep ranks, balanced routing: of its
@@ -178,12 +180,12 @@ static int64_t a2a_bytes(const struct moe_config *c, const struct model_cost_sha
 	return NK * (ep - 1) / ep * c->dim * s->elem_bytes;
 }
 
-/* A MoE block's all-to-alls over the ep group (moe_impl.h), what this rank sends, balanced
- * routing: forward, the per-expert row counts (ep x E/ep ints), the dispatch of its slots to
- * the experts' ranks and the combine bringing the outputs back; backward, the output
- * gradients along the forward's routes and the input gradients back (the counts are the
- * forward's). Each is one collective: latency + bytes at the ep link's rate, blocking (the
- * unit waits for it; nothing hides it). */
+/* A MoE block's all-to-alls over the ep group inside a segment (moe_impl.h), what this rank
+ * sends, balanced routing: the forward's per-expert row counts (ep x E/ep ints, in segment
+ * 0), and a full recompute's counts, dispatch and combine (its one segment). Each is one
+ * collective: latency + bytes at the ep link's rate, blocking. The forward's and backward's
+ * dispatch and combine are program nodes (moe_cost_prog; the schedule's EP-A2A and EP-WAIT,
+ * priced by sched_predict). */
 static void moe_cost_inner(const struct model_config *mc, const struct model_cost_shape *s, int u,
                            enum model_pass p, struct model_prog *out)
 {
@@ -204,8 +206,10 @@ static void moe_cost_inner(const struct model_config *mc, const struct model_cos
 		counts.bytes = (ep - 1) * (c->n_routed_experts / ep) * (int64_t)sizeof(int32_t);
 		out->c[out->n++] = counts;
 	}
-	out->c[out->n++] = rows; /* dispatch (forward) / output gradients (backward) */
-	out->c[out->n++] = rows; /* combine (forward) / input gradients (backward) */
+	if (p == MODEL_PASS_REC) { /* a full recompute's, inside its one segment */
+		out->c[out->n++] = rows;
+		out->c[out->n++] = rows;
+	} /* the forward's and backward's are its program's nodes (moe_cost_prog) */
 }
 
 /* ---------------------------------------------------------------- calibration */

@@ -67,6 +67,15 @@ static bool moe_op_needs_recompute(const void *impl, int u)
 {
 	return moe_unit_needs_recompute(impl, u);
 }
+static void moe_op_prog(const void *impl, int u, enum model_pass p, struct model_prog *out)
+{
+	moe_unit_prog(impl, u, p, out);
+}
+static double moe_op_unit_op(void *impl, int u, enum model_pass p, int op, double dscale,
+                             bool *ran)
+{
+	return moe_unit_op(impl, u, p, op, dscale, ran);
+}
 static void moe_op_dscale(void *impl, double dscale)
 {
 	((struct moe_model *)impl)->loss_dscale = dscale;
@@ -136,6 +145,8 @@ static const struct model_ops moe_ops = {
     .unit_backward = moe_op_backward,
     .unit_recompute = moe_op_recompute,
     .unit_needs_recompute = moe_op_needs_recompute,
+    .unit_prog = moe_op_prog,
+    .unit_op = moe_op_unit_op,
     .set_loss_dscale = moe_op_dscale,
     .logits = moe_op_logits,
     .unit_output = moe_op_unit_output,

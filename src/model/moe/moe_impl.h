@@ -218,9 +218,10 @@ static void MT(ep_counts)(struct moe_model *m, const struct moe_block_acts *a)
 
 /* to_experts: send (sorted rows, rank p's experts' run to rank p) -> recv (source-major: rank
  * p's rows for the local experts, by expert); else the reverse (the combine, the input
- * gradients). Rows of C reals. */
-static void MT(ep_exchange)(struct moe_model *m, const struct moe_block_acts *a, const MREAL *send,
-                            MREAL *recv, bool to_experts)
+ * gradients). Rows of C reals. post: issued, to travel while the caller computes (the
+ * shared expert), until ep_wait. Returns the bytes sent to the other ranks. */
+static int64_t MT(ep_exchange)(struct moe_model *m, const struct moe_block_acts *a,
+                               const MREAL *send, MREAL *recv, bool to_experts, bool post)
 {
 	int P = m->ep;
 	int64_t El = m->E_local, row = m->cfg.dim * (int64_t)sizeof(MREAL);
@@ -233,10 +234,17 @@ static void MT(ep_exchange)(struct moe_model *m, const struct moe_block_acts *a,
 		mine[p] = (off[(p + 1) * El] - off[p * El]) * row;
 		theirs[p] = n * row;
 	}
-	if (to_experts)
-		m->epg->all_to_all_v(m->epg->ctx, send, mine, recv, theirs);
+	const int64_t *sb = to_experts ? mine : theirs, *rb = to_experts ? theirs : mine;
+	int64_t wire = 0;
+	for (int p = 0; p < P; p++)
+		wire += p == m->ep_rank ? 0 : sb[p];
+	if (post && m->epg->all_to_all_v_post) /* completed by the program's wait; the sizes stay
+	                                           in ep_bytes until then */
+		m->epg->all_to_all_v_post(m->epg->ctx, send, sb, recv, rb,
+		                          to_experts ? "ep dispatch" : "ep combine");
 	else
-		m->epg->all_to_all_v(m->epg->ctx, send, theirs, recv, mine);
+		m->epg->all_to_all_v(m->epg->ctx, send, sb, recv, rb);
+	return wire;
 }
 
 /* Rows of C reals between source-major (src: rank p's rows for expert 0, 1, ..) and
@@ -264,8 +272,11 @@ static void MT(ep_regroup)(struct moe_model *m, const struct moe_block_acts *a, 
 		}
 }
 
-/* out = xmid + shared(xn2) + sum_k g_k expert_k(xn2); returns the auxiliary loss sum */
-static double MT(moe_forward)(struct moe_model *m, int l, MREAL *out)
+/* Op `op` of the forward of MoE block l, whose output goes to out: out = xmid + shared(xn2) +
+ * sum_k g_k expert_k(xn2). Segments 0-2 return 0, segment 3 the auxiliary loss sum, an
+ * exchange the bytes it sent to the other ranks (*ran: an exchange ran). seg0 begins with the
+ * block's attention and norm, so the dense part of the block is in it too. */
+static double MT(moe_forward_op)(struct moe_model *m, int l, MREAL *out, int op, bool post)
 {
 	const struct moe_config *c = &m->cfg;
 	const struct moe_block_acts *a = &m->blk[l];
@@ -273,24 +284,51 @@ static double MT(moe_forward)(struct moe_model *m, int l, MREAL *out)
 	int64_t Fm = c->moe_inter_dim, Fs = Fm * c->n_shared_experts;
 	MREAL *xn = MT(act)(m, a->xn2), *xs = MT(act)(m, a->xs), *y = MT(act)(m, a->y);
 	MREAL *eh1 = MT(act)(m, a->eh1), *eh3 = MT(act)(m, a->eh3), *g = MT(act)(m, a->g);
-	MREAL *gate = MT(scr)(m, m->s_gate);
-	MT(route)(m, l);
+	MREAL *gate = MT(scr)(m, m->s_gate), *xr = MT(scr)(m, m->s_xr);
 	const int32_t *pos = m->iacts + a->pos, *off = m->iacts + a->off;
+	switch (op) {
+	case MOE_OP_SEG0: {
+		MT(attn_forward)(m, l);
+		MREAL *xmid = MT(act)(m, a->xmid);
+		MK(rmsnorm_forward)(xn, MT(act)(m, a->rstd2), xmid, MT(bt)(m, MUW(m), l, MB_FFN_NORM),
+		                    N, C, c->norm_eps);
+		MT(route)(m, l);
 #pragma omp parallel for schedule(static)
-	for (int64_t i = 0; i < N * K; i++)
-		memcpy(xs + (int64_t)pos[i] * C, xn + (i / K) * C, (size_t)C * sizeof(MREAL));
-	if (m->ep > 1) { /* to the experts' ranks, through them, and back in xs's order */
-		MT(ep_counts)(m, a);
-		MREAL *xr = MT(scr)(m, m->s_xr), *xe = MT(act)(m, a->xe), *ye = MT(scr)(m, m->s_ye);
-		MT(ep_exchange)(m, a, xs, xr, true);
-		MT(ep_regroup)(m, a, xr, xe, true);
-		MT(experts_forward)(m, l, xe, m->iacts + a->eoff, m->E_local, ye, eh1, eh3, gate);
-		MT(ep_regroup)(m, a, xr, ye, false);
-		MT(ep_exchange)(m, a, xr, y, false);
-	} else {
-		MT(experts_forward)(m, l, xs, off, E, y, eh1, eh3, gate);
+		for (int64_t i = 0; i < N * K; i++)
+			memcpy(xs + (int64_t)pos[i] * C, xn + (i / K) * C, (size_t)C * sizeof(MREAL));
+		if (m->ep > 1) /* how many rows each rank sends each expert */
+			MT(ep_counts)(m, a);
+		return 0.0;
 	}
-	memcpy(out, MT(act)(m, a->xmid), (size_t)(N * C) * sizeof(MREAL));
+	case MOE_OP_POST: /* to the experts' ranks */
+		return m->ep > 1 ? (double)MT(ep_exchange)(m, a, xs, xr, true, post) : 0.0;
+	case MOE_OP_SEG1:
+		memcpy(out, MT(act)(m, a->xmid), (size_t)(N * C) * sizeof(MREAL));
+		if (Fs > 0)
+			MT(swiglu_ffn)(out, xn, MT(bt)(m, MUW(m), l, MB_SW1),
+			               MT(bt)(m, MUW(m), l, MB_SW2), MT(bt)(m, MUW(m), l, MB_SW3),
+			               MT(act)(m, a->h1), MT(act)(m, a->h3), gate, N, C, Fs, 1);
+		return 0.0;
+	case MOE_OP_WAIT:
+		if (m->ep > 1 && post && m->epg->all_to_all_v_post)
+			m->epg->all_to_all_v_wait(m->epg->ctx, "ep dispatch");
+		return 0.0;
+	case MOE_OP_SEG2:
+		if (m->ep > 1) { /* through the local experts, back in the received order */
+			MREAL *xe = MT(act)(m, a->xe), *ye = MT(scr)(m, m->s_ye);
+			MT(ep_regroup)(m, a, xr, xe, true);
+			MT(experts_forward)(m, l, xe, m->iacts + a->eoff, m->E_local, ye, eh1, eh3,
+			                    gate);
+			MT(ep_regroup)(m, a, xr, ye, false);
+		} else {
+			MT(experts_forward)(m, l, xs, off, E, y, eh1, eh3, gate);
+		}
+		return 0.0;
+	case MOE_OP_COMBINE: /* the outputs back in xs's order */
+		return m->ep > 1 ? (double)MT(ep_exchange)(m, a, xr, y, false, false) : 0.0;
+	default:
+		break;
+	}
 #pragma omp parallel for schedule(static)
 	for (int64_t t = 0; t < N; t++)
 		for (int64_t k = 0; k < K; k++) {
@@ -299,14 +337,21 @@ static double MT(moe_forward)(struct moe_model *m, int l, MREAL *out)
 			for (int64_t j = 0; j < C; j++)
 				out[t * C + j] += gk * yr[j];
 		}
-	if (Fs > 0)
-		MT(swiglu_ffn)(out, xn, MT(bt)(m, MUW(m), l, MB_SW1), MT(bt)(m, MUW(m), l, MB_SW2),
-		               MT(bt)(m, MUW(m), l, MB_SW3), MT(act)(m, a->h1), MT(act)(m, a->h3),
-		               gate, N, C, Fs, 1);
 	if (m->recomputing) /* the forward added it to the loss */
 		return 0.0;
 	double aux = c->aux_loss_alpha > 0 ? MT(aux_loss)(m, l) : 0.0;
 	m->aux_sum[l] = aux;
+	return aux;
+}
+
+/* The whole forward of MoE block l (blocking exchanges); returns the auxiliary loss sum */
+static double MT(moe_block_forward)(struct moe_model *m, int l, MREAL *out)
+{
+	double aux = 0.0;
+	for (int op = 0; op < MOE_OP_COUNT; op++) {
+		double r = MT(moe_forward_op)(m, l, out, op, false);
+		aux += op == MOE_OP_SEG3 ? r : 0.0;
+	}
 	return aux;
 }
 
@@ -316,12 +361,12 @@ static double MT(block_forward)(struct moe_model *m, int l, MREAL *out)
 	const struct moe_config *c = &m->cfg;
 	const struct moe_block_acts *a = &m->blk[l];
 	int64_t N = m->N, C = c->dim;
+	if (l >= c->n_dense_layers)
+		return MT(moe_block_forward)(m, l, out);
 	MT(attn_forward)(m, l);
 	MREAL *xmid = MT(act)(m, a->xmid), *xn = MT(act)(m, a->xn2);
 	MK(rmsnorm_forward)(xn, MT(act)(m, a->rstd2), xmid, MT(bt)(m, MUW(m), l, MB_FFN_NORM), N,
 	                    C, c->norm_eps);
-	if (l >= c->n_dense_layers)
-		return MT(moe_forward)(m, l, out);
 	memcpy(out, xmid, (size_t)(N * C) * sizeof(MREAL));
 	MT(swiglu_ffn)(out, xn, MT(bt)(m, MUW(m), l, MB_W1), MT(bt)(m, MUW(m), l, MB_W2),
 	               MT(bt)(m, MUW(m), l, MB_W3), MT(act)(m, a->h1), MT(act)(m, a->h3),
@@ -574,9 +619,11 @@ static void MT(experts_backward)(struct moe_model *m, int l, const MREAL *x, con
 	mm_engine_ragged(false);
 }
 
-/* Backward of the MoE FFN: dout = d(block output) (N, C); dxn = d(xn2), overwritten. */
-static void MT(moe_backward)(struct moe_model *m, int l, const MREAL *dout, MREAL *dxn,
-                             double dscale)
+/* Op `op` of the backward of MoE block l's FFN (the program of moe_forward_op): dout =
+ * d(block output) (N, C); dxn = d(xn2), overwritten (in segment 1). An exchange returns the
+ * bytes it sent to the other ranks. */
+static double MT(moe_backward_op)(struct moe_model *m, int l, const MREAL *dout, MREAL *dxn,
+                                  double dscale, int op, bool post)
 {
 	const struct moe_config *c = &m->cfg;
 	const struct moe_block_acts *a = &m->blk[l];
@@ -586,39 +633,54 @@ static void MT(moe_backward)(struct moe_model *m, int l, const MREAL *dout, MREA
 	MREAL *eh1 = MT(act)(m, a->eh1), *eh3 = MT(act)(m, a->eh3), *g = MT(act)(m, a->g);
 	MREAL *gate = MT(scr)(m, m->s_gate), *dh1 = MT(scr)(m, m->s_dh1);
 	MREAL *dh3 = MT(scr)(m, m->s_dh3), *dy = MT(scr)(m, m->s_dy), *dxs = MT(scr)(m, m->s_dxs);
-	MREAL *dg = MT(scr)(m, m->s_dg);
+	MREAL *dg = MT(scr)(m, m->s_dg), *xr = MT(scr)(m, m->s_xr);
 	const int32_t *pos = m->iacts + a->pos, *off = m->iacts + a->off;
-	memset(dxn, 0, (size_t)(N * C) * sizeof(MREAL));
-	if (Fs > 0)
-		MT(swiglu_ffn_backward)(dxn, MT(bt)(m, MUDW(m), l, MB_SW1),
-		                        MT(bt)(m, MUDW(m), l, MB_SW2), MT(bt)(m, MUDW(m), l, MB_SW3),
-		                        dout, xn, MT(bt)(m, MUW(m), l, MB_SW1),
-		                        MT(bt)(m, MUW(m), l, MB_SW2), MT(bt)(m, MUW(m), l, MB_SW3),
-		                        MT(act)(m, a->h1), MT(act)(m, a->h3), gate, dh1, dh3, N, C,
-		                        Fs);
-	/* the combine's backward: each slot's output gradient and its weight's gradient */
+	switch (op) {
+	case MOE_OP_SEG0: /* the combine's backward: each slot's output gradient, its weight's */
+		if (model_ac_block(m->ac, m->ac_every, l) == MODEL_AC_FFN) /* up-projections again */
+			MT(up_again)(m, l, true, true);
 #pragma omp parallel for schedule(static)
-	for (int64_t t = 0; t < N; t++)
-		for (int64_t k = 0; k < K; k++) {
-			int64_t r = pos[t * K + k];
-			double dot = 0.0;
-			for (int64_t j = 0; j < C; j++) {
-				dy[r * C + j] = g[t * K + k] * dout[t * C + j];
-				dot += (double)dout[t * C + j] * (double)y[r * C + j];
+		for (int64_t t = 0; t < N; t++)
+			for (int64_t k = 0; k < K; k++) {
+				int64_t r = pos[t * K + k];
+				double dot = 0.0;
+				for (int64_t j = 0; j < C; j++) {
+					dy[r * C + j] = g[t * K + k] * dout[t * C + j];
+					dot += (double)dout[t * C + j] * (double)y[r * C + j];
+				}
+				dg[t * K + k] = (MREAL)dot;
 			}
-			dg[t * K + k] = (MREAL)dot;
+		return 0.0;
+	case MOE_OP_POST: /* the output gradients along the forward's routes */
+		return m->ep > 1 ? (double)MT(ep_exchange)(m, a, dy, xr, true, post) : 0.0;
+	case MOE_OP_SEG1:
+		memset(dxn, 0, (size_t)(N * C) * sizeof(MREAL));
+		if (Fs > 0)
+			MT(swiglu_ffn_backward)(
+			    dxn, MT(bt)(m, MUDW(m), l, MB_SW1), MT(bt)(m, MUDW(m), l, MB_SW2),
+			    MT(bt)(m, MUDW(m), l, MB_SW3), dout, xn, MT(bt)(m, MUW(m), l, MB_SW1),
+			    MT(bt)(m, MUW(m), l, MB_SW2), MT(bt)(m, MUW(m), l, MB_SW3), MT(act)(m, a->h1),
+			    MT(act)(m, a->h3), gate, dh1, dh3, N, C, Fs);
+		return 0.0;
+	case MOE_OP_WAIT:
+		if (m->ep > 1 && post && m->epg->all_to_all_v_post)
+			m->epg->all_to_all_v_wait(m->epg->ctx, "ep dispatch");
+		return 0.0;
+	case MOE_OP_SEG2:
+		if (m->ep > 1) {
+			MREAL *dye = MT(scr)(m, m->s_ye), *dxe = MT(scr)(m, m->s_dxe);
+			MT(ep_regroup)(m, a, xr, dye, true);
+			MT(experts_backward)(m, l, MT(act)(m, a->xe), m->iacts + a->eoff, m->E_local,
+			                     dye, dxe, eh1, eh3, gate, dh1, dh3);
+			MT(ep_regroup)(m, a, xr, dxe, false);
+		} else {
+			MT(experts_backward)(m, l, xs, off, E, dy, dxs, eh1, eh3, gate, dh1, dh3);
 		}
-	if (m->ep > 1) { /* the output gradients along the forward's routes, the input's back */
-		MREAL *xr = MT(scr)(m, m->s_xr), *dye = MT(scr)(m, m->s_ye);
-		MREAL *dxe = MT(scr)(m, m->s_dxe);
-		MT(ep_exchange)(m, a, dy, xr, true);
-		MT(ep_regroup)(m, a, xr, dye, true);
-		MT(experts_backward)(m, l, MT(act)(m, a->xe), m->iacts + a->eoff, m->E_local, dye,
-		                     dxe, eh1, eh3, gate, dh1, dh3);
-		MT(ep_regroup)(m, a, xr, dxe, false);
-		MT(ep_exchange)(m, a, xr, dxs, false);
-	} else {
-		MT(experts_backward)(m, l, xs, off, E, dy, dxs, eh1, eh3, gate, dh1, dh3);
+		return 0.0;
+	case MOE_OP_COMBINE: /* the input gradients back */
+		return m->ep > 1 ? (double)MT(ep_exchange)(m, a, xr, dxs, false, false) : 0.0;
+	default:
+		break;
 	}
 #pragma omp parallel for schedule(static)
 	for (int64_t t = 0; t < N; t++)
@@ -628,23 +690,27 @@ static void MT(moe_backward)(struct moe_model *m, int l, const MREAL *dout, MREA
 				dxn[t * C + j] += d[j];
 		}
 	MT(route_backward)(m, l, dg, dxn, dscale);
+	return 0.0;
 }
+
+static void MT(block_backward_tail)(struct moe_model *m, int l);
 
 /* dres holds d(block output); leaves d(block input) */
 static void MT(block_backward)(struct moe_model *m, int l, double dscale)
 {
 	const struct moe_config *c = &m->cfg;
 	const struct moe_block_acts *a = &m->blk[l];
-	int64_t N = m->N, C = c->dim, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
 	MREAL *dres = MT(scr)(m, m->s_dres), *dxn = MT(scr)(m, m->s_dxn);
 	MREAL *gate = MT(scr)(m, m->s_gate), *dh1 = MT(scr)(m, m->s_dh1);
 	MREAL *dh3 = MT(scr)(m, m->s_dh3);
-	if (model_ac_block(m->ac, m->ac_every, l) == MODEL_AC_FFN) /* the up-projections again */
-		MT(up_again)(m, l, true, true);
+	int64_t N = m->N, C = c->dim;
 	/* the FFN: dxn = d(xn2), then the norm's backward adds d(xmid) into dres */
 	if (l >= c->n_dense_layers) {
-		MT(moe_backward)(m, l, dres, dxn, dscale);
+		for (int op = 0; op < MOE_OP_COUNT; op++)
+			MT(moe_backward_op)(m, l, dres, dxn, dscale, op, false);
 	} else {
+		if (model_ac_block(m->ac, m->ac_every, l) == MODEL_AC_FFN) /* up-projections again */
+			MT(up_again)(m, l, true, true);
 		memset(dxn, 0, (size_t)(N * C) * sizeof(MREAL));
 		MT(swiglu_ffn_backward)(dxn, MT(bt)(m, MUDW(m), l, MB_W1), MT(bt)(m, MUDW(m), l, MB_W2),
 		                        MT(bt)(m, MUDW(m), l, MB_W3), dres, MT(act)(m, a->xn2),
@@ -652,6 +718,17 @@ static void MT(block_backward)(struct moe_model *m, int l, double dscale)
 		                        MT(bt)(m, MUW(m), l, MB_W3), MT(act)(m, a->h1),
 		                        MT(act)(m, a->h3), gate, dh1, dh3, N, C, c->inter_dim);
 	}
+	MT(block_backward_tail)(m, l);
+}
+
+/* The rest of block l's backward, after its FFN's (dxn = d(xn2)): the norm's backward adds
+ * d(xmid) into dres, then attention's leaves d(block input) */
+static void MT(block_backward_tail)(struct moe_model *m, int l)
+{
+	const struct moe_config *c = &m->cfg;
+	const struct moe_block_acts *a = &m->blk[l];
+	int64_t N = m->N, C = c->dim, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+	MREAL *dres = MT(scr)(m, m->s_dres), *dxn = MT(scr)(m, m->s_dxn);
 	MK(rmsnorm_backward)(dres, MT(bt)(m, MUDW(m), l, MB_FFN_NORM), dxn, MT(act)(m, a->xmid),
 	                     MT(bt)(m, MUW(m), l, MB_FFN_NORM), MT(act)(m, a->rstd2), N, C);
 	/* attention: dres = d(xmid) */
@@ -703,4 +780,20 @@ static void MT(unit_backward)(struct moe_model *m, int u, double dscale)
 	else
 		MK(embedding_backward)(MUDW(m)[0], MT(scr)(m, m->s_dres), m->tokens, m->N,
 		                       m->cfg.dim);
+}
+
+/* Op `op` of MoE block unit u's pass p (FWD or BWD) under expert parallelism's program
+ * (moe_unit_prog: the dispatch posted, its wait after the shared expert); an exchange
+ * returns the bytes it sent to the other ranks, the forward's last segment the auxiliary
+ * loss sum. */
+static double MT(unit_op)(struct moe_model *m, int u, enum model_pass p, int op, double dscale)
+{
+	int l = u - 1;
+	if (p == MODEL_PASS_FWD)
+		return MT(moe_forward_op)(m, l, MT(block_input)(m, u), op, true);
+	double r = MT(moe_backward_op)(m, l, MT(scr)(m, m->s_dres), MT(scr)(m, m->s_dxn), dscale,
+	                               op, true);
+	if (op == MOE_OP_SEG3)
+		MT(block_backward_tail)(m, l);
+	return r;
 }
