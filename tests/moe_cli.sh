@@ -4,9 +4,10 @@
 #    (moe_load_max_mean >= 1, per layer) and the console line shows it;
 #  - FSDP on 2 ranks: the same global batch gives the 1-rank losses, grad norms and loads
 #    (the tokens per expert are summed over the ranks before the bias update);
-#  - expert parallelism: ep=2 on 2 ranks and ep=2 inside dp_shard=4 give the 1-rank losses,
-#    grad norms, loads and bias; refusals (exit 2, the reason named): a family without
-#    experts, ep not dividing dp_shard, ep not dividing the experts, ep with tp / cp;
+#  - expert parallelism: ep=2 on 2 ranks, ep=2 inside dp_shard=4 and ep=4 on 4 ranks give the
+#    1-rank losses, grad norms, loads and bias (6 steps, 1e-5); refusals (exit 2, the reason
+#    named): a family without experts, ep not dividing dp_shard, ep not dividing the experts,
+#    ep with tp / cp;
 #  - the cost model in a run: ep=2 with comm.buckets = "auto", a memory budget and profiling
 #    prices the all-to-alls and gives the 1-rank losses;
 #  - checkpoints reshard between ep layouts, with the balancing bias on (a coefficient that
@@ -72,7 +73,7 @@ metric "$tmp/b/metrics.jsonl" 1 6 loss grad_norm moe_load_max_mean "moe_load_max
 close "$tmp/b.l" "$tmp/a.l"; check "FSDP losses, grad norms, loads and bias equal 1 rank's within 1e-5" $?
 
 # 2b. expert parallelism through the CLI
-for ep in "2 2" "4 2"; do
+for ep in "2 2" "4 2" "4 4"; do
   set -- $ep
   "$LAUNCH" "$1" "$CTITAN" train "$CFG" "${COMMON[@]}" --parallelism.expert_parallel_degree="$2" \
     --job.dump_folder="$tmp/e$1" > "$tmp/e$1.log" 2>&1

@@ -35,6 +35,7 @@ train() { # RANKS NAME args...: run, then export its step-3 checkpoint
 same() {
   $PY - "$tmp/$1" "$tmp/$2" <<'PY'
 import json, struct, sys
+import numpy as np
 def metrics(d):
     steps = {}
     for line in open(d + "/metrics.jsonl"):
@@ -51,7 +52,8 @@ def tensors(d):
             continue
         assert v["dtype"] == "F32", (k, v["dtype"])
         a, b = v["data_offsets"]
-        out[k] = struct.unpack("<%df" % ((b - a) // 4), raw[8 + n + a:8 + n + b])
+        out[k] = np.frombuffer(raw, dtype="<f4", count=(b - a) // 4,
+                               offset=8 + n + a).astype(np.float64)
     return out
 a, b = sys.argv[1], sys.argv[2]
 try:
@@ -63,8 +65,9 @@ worst = max(abs(x - y) / max(abs(y), 1e-30) for p, q in zip(ma, mb) for x, y in 
 ok = worst <= 1e-9 and sorted(ta) == sorted(tb) and len(ta) > 0
 pw, pn = 0.0, ""
 for k in tb:
-    scale = max(max(abs(v) for v in tb[k]), 1e-30)
-    d = max(abs(x - y) for x, y in zip(ta.get(k, ()), tb[k])) / scale if k in ta else 1.0
+    scale = max(float(np.abs(tb[k]).max(initial=0.0)), 1e-30)
+    ok_shape = k in ta and ta[k].shape == tb[k].shape
+    d = float(np.abs(ta[k] - tb[k]).max(initial=0.0)) / scale if ok_shape else 1.0
     if d > pw:
         pw, pn = d, k
 ok = ok and pw <= 1e-9
