@@ -513,6 +513,107 @@ TEST_CASE(test_tp_lowering)
 	param_table_free(&t);
 }
 
+/* An expert-parallel program on every block's forward and backward: the dispatch posted, its
+ * wait after the segment that runs beside it, the combine blocking (moe_ep_prog's shape). */
+static void ep_units(struct sched_unit *u, int n, int64_t bytes, bool post, bool wait)
+{
+	for (int i = 1; i < n - 1; i++)
+		for (int p = 0; p < 2; p++) { /* forward, backward */
+			struct model_prog *g = &u[i].prog[p];
+			const struct model_coll_desc a2a = {.kind = MODEL_COLL_ALL_TO_ALL,
+			                                    .bytes = bytes,
+			                                    .group = 2,
+			                                    .role = MODEL_GROUP_EP,
+			                                    .post = post};
+			memset(g, 0, sizeof(*g));
+			g->c[g->n++] = a2a;
+			if (wait)
+				g->c[g->n++] = (struct model_coll_desc){
+				    .kind = MODEL_COLL_WAIT, .group = 2, .role = MODEL_GROUP_EP};
+			g->c[g->n] = a2a;
+			g->c[g->n++].post = false;
+		}
+}
+
+TEST_CASE(test_ep_lowering)
+{
+	struct setup x = setups[0];
+	struct llama_config c;
+	CHECK(llama_config_preset(&c, x.flavor) == CT_OK, "preset");
+	llama_config_finish(&c);
+	struct param_table t;
+	llama_table_build_tp(&t, &c, 1, 0);
+	int U = t.n_units, M = 2;
+	struct sched_unit *u = calloc((size_t)U, sizeof(*u));
+	sched_units_from_table(&t, x.dp, u);
+	const int64_t bytes = 1 << 20;
+	ep_units(u, U, bytes, true, true);
+	struct sched naive, lo;
+	sched_build(&naive, u, U, M, x.reshard);
+	sched_lower_tp(&naive, &lo);
+	char why[256] = "";
+	EXPECT(sched_validate(&lo, why, sizeof(why)), "lowered: %s", why);
+	int a2a = 0, wait = 0;
+	for (int i = 0; i < lo.n_nodes; i++) {
+		a2a += lo.nodes[i].kind == SCHED_EP_ALL_TO_ALL;
+		wait += lo.nodes[i].kind == SCHED_EP_WAIT;
+	}
+	int blocks = U - 2;
+	EXPECT(wait == M * blocks * 2 && a2a == 2 * wait, "%d EP-A2A and %d EP-WAIT nodes (%d "
+	       "blocks, %d micro-batches)", a2a, wait, blocks, M);
+	/* a posted all-to-all never waited for, and a wait with nothing posted, are refused */
+	const struct {
+		bool post, wait;
+		const char *want;
+	} bad[] = {{true, false, "never waits for"}, {false, true, "no posted all-to-all"}};
+	for (int k = 0; k < 2; k++) {
+		struct sched_unit *v = calloc((size_t)U, sizeof(*v));
+		memcpy(v, u, (size_t)U * sizeof(*v));
+		ep_units(v, U, bytes, bad[k].post, bad[k].wait);
+		struct sched nb, lb;
+		sched_build(&nb, v, U, M, x.reshard);
+		sched_lower_tp(&nb, &lb);
+		bool ok = sched_validate(&lb, why, sizeof(why));
+		EXPECT(!ok && strstr(why, bad[k].want), "validate says %s (want '%s')",
+		       ok ? "ok" : why, bad[k].want);
+		sched_free(&nb), sched_free(&lb);
+		free(v);
+	}
+	/* the cost model: the posted dispatch hidden by the segment beside it, up to what that
+	 * segment computes; blocking, every all-to-all exposed */
+	struct sched_cost_model cm;
+	struct model_config mc;
+	*llama_cfg_init(&mc) = c;
+	const struct model_cost_shape sh = {
+	    .B = x.B, .T = x.T, .ac = MODEL_AC_NONE, .tp = 1, .elem_bytes = 4};
+	sched_cost_init(&cm, &mc, &sh, &naive, x.dp, false);
+	cm.matmul_flops = x.flops;
+	cm.attn_flops = x.flops / 3;
+	cm.mem_bytes_s = 2e10;
+	cm.ag_latency_s = cm.rs_latency_s = x.lat_s;
+	cm.ag_bytes_s = cm.rs_bytes_s = x.bytes_s;
+	cm.overlap = false;
+	cm.ep_latency_s = 20e-6;
+	cm.ep_bytes_s = 1e9;
+	struct sched_prediction pp, pb;
+	sched_predict(&lo, &cm, &pp, NULL);
+	ep_units(lo.units, U, bytes, false, true); /* the same nodes, the dispatch blocking */
+	sched_predict(&lo, &cm, &pb, NULL);
+	double one = cm.ep_latency_s + (double)bytes / cm.ep_bytes_s, wire = a2a * one;
+	fprintf(stderr, "  EP: %d all-to-alls, %.6f s on the wire; exposed %.6f s posted, %.6f s "
+	        "blocking; step %.6f vs %.6f s\n", a2a, pp.ep_comm_s, pp.ep_s, pb.ep_s,
+	        pp.step_s, pb.step_s);
+	EXPECT(fabs(pp.ep_comm_s - wire) < 1e-9 * wire && fabs(pb.ep_s - wire) < 1e-9 * wire &&
+	           pp.ep_s < pb.ep_s - 1e-9 && pp.ep_s >= wire / 2 - 1e-12 &&
+	           pp.step_s < pb.step_s && pp.n_ep == a2a,
+	       "EP pricing: wire %.9f (want %.9f), exposed %.9f posted / %.9f blocking", pp.ep_comm_s,
+	       wire, pp.ep_s, pb.ep_s);
+	sched_cost_free(&cm);
+	sched_free(&naive), sched_free(&lo);
+	free(u);
+	param_table_free(&t);
+}
+
 int main(void)
 {
 	test_seed();
@@ -521,5 +622,6 @@ int main(void)
 	RUN(test_single_process);
 	RUN(test_comm_cpu_repaid);
 	RUN(test_tp_lowering);
+	RUN(test_ep_lowering);
 	return test_summary();
 }

@@ -113,18 +113,23 @@ static void op_ring_wait(void *ctx, const char *what)
 	c->comm_s += timer_now() - t0;
 }
 
+/* What an all-to-all sends to the other ranks, in one hop */
+static int64_t a2a_wire(const struct tp_coll *c, const int64_t *send_bytes)
+{
+	int64_t wire = 0;
+	for (int q = 0; q < c->g->size; q++)
+		wire += q == c->g->rank ? 0 : send_bytes[q];
+	return wire;
+}
+
 static void op_all_to_all_v(void *ctx, const void *send, const int64_t *send_bytes, void *recv,
                             const int64_t *recv_bytes)
 {
 	struct tp_coll *c = ctx;
 	double t0 = timer_now();
 	comm_all_to_all_v(c->g, send, send_bytes, recv, recv_bytes);
-	if (c->sim_bytes_per_s > 0) { /* what this rank sent to the others, in one hop */
-		int64_t wire = 0;
-		for (int q = 0; q < c->g->size; q++)
-			wire += q == c->g->rank ? 0 : send_bytes[q];
-		sim_stretch(c, t0, wire, 1);
-	}
+	if (c->sim_bytes_per_s > 0)
+		sim_stretch(c, t0, a2a_wire(c, send_bytes), 1);
 	c->comm_s += timer_now() - t0;
 }
 
@@ -135,11 +140,10 @@ static void op_all_to_all_v_post(void *ctx, const void *send, const int64_t *sen
                                  void *recv, const int64_t *recv_bytes, const char *what)
 {
 	struct tp_coll *c = ctx;
-	CHECK(!c->a2a_open, "expert parallelism: %s posted while an all-to-all is in flight",
-	      what);
-	c->a2a_open = true;
-	c->a2a_ticket = 0;
-	c->a2a_arrive = 0.0;
+	CHECK(!c->open, "expert parallelism: %s posted while an all-to-all is in flight", what);
+	c->open = true; /* the group's one operation in flight (a ring step's slot) */
+	c->ticket = 0;
+	c->arrive = 0.0;
 	double t0 = timer_now();
 	if (c->stream) {
 		struct comm_op op = {.kind = COMM_ALL_TO_ALL,
@@ -149,30 +153,27 @@ static void op_all_to_all_v_post(void *ctx, const void *send, const int64_t *sen
 		                     .what = what,
 		                     .send_bytes = send_bytes,
 		                     .recv_bytes = recv_bytes};
-		c->a2a_ticket = comm_stream_enqueue(c->stream, &op);
+		c->ticket = comm_stream_enqueue(c->stream, &op);
 		c->comm_s += timer_now() - t0;
 		return;
 	}
 	comm_all_to_all_v(c->g, send, send_bytes, recv, recv_bytes);
-	if (c->sim_bytes_per_s > 0) {
-		int64_t wire = 0;
-		for (int q = 0; q < c->g->size; q++)
-			wire += q == c->g->rank ? 0 : send_bytes[q];
-		c->a2a_arrive = t0 + c->sim_latency_s + (double)wire / c->sim_bytes_per_s;
-	}
+	if (c->sim_bytes_per_s > 0)
+		c->arrive =
+		    t0 + c->sim_latency_s + (double)a2a_wire(c, send_bytes) / c->sim_bytes_per_s;
 	c->comm_s += timer_now() - t0;
 }
 
 static void op_all_to_all_v_wait(void *ctx, const char *what)
 {
 	struct tp_coll *c = ctx;
-	CHECK(c->a2a_open, "expert parallelism: a wait on %s with nothing in flight", what);
+	CHECK(c->open, "expert parallelism: a wait on %s with nothing in flight", what);
 	double t0 = timer_now();
-	if (c->a2a_ticket)
-		comm_stream_wait(c->stream, c->a2a_ticket);
-	else if (c->a2a_arrive > 0)
-		wait_until(c->a2a_arrive);
-	c->a2a_open = false;
+	if (c->ticket)
+		comm_stream_wait(c->stream, c->ticket);
+	else if (c->arrive > 0)
+		wait_until(c->arrive);
+	c->open = false;
 	c->comm_s += timer_now() - t0;
 }
 

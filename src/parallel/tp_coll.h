@@ -35,15 +35,12 @@ struct tp_coll {
 	double sim_bytes_per_s, sim_latency_s; /* simulated link (0: off) */
 	double timeout_s;
 	double comm_s; /* seconds in these collectives so far */
-	/* the ring step in flight */
+	/* the one operation in flight: async TP's ring step, or expert parallelism's posted
+	 * all-to-all (all_to_all_v_post; send and recv unused) */
 	struct comm_p2p send, recv;
 	int64_t ticket;
 	double arrive;
 	bool open;
-	/* expert parallelism's overlapped all-to-all in flight (all_to_all_v_post) */
-	int64_t a2a_ticket;
-	double a2a_arrive;
-	bool a2a_open;
 };
 
 /* Over group g (its size and rank); sim_gbps 0: no simulated link. */

@@ -58,14 +58,13 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
 			         (long long)r->ticket);
 		bool tp = n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER;
 		bool ep = n->kind == SCHED_EP_ALL_TO_ALL || n->kind == SCHED_EP_WAIT;
-		if (ep) /* blocking, or posted to the stream and completed by its EP-WAIT */
+		if (tp || ep) { /* TP: on the compute thread, it blocks it; EP: blocking, or posted
+		                   to its stream and completed by its EP-WAIT */
+			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
 			snprintf(args + strlen(args), sizeof(args) - strlen(args),
-			         ",\"unit\":%d,\"bytes\":%lld%s", n->unit, (long long)r->bytes,
-			         sched_node_prog(s, n)->c[n->seg].post ? ",\"posted\":true" : "");
-		if (tp) /* on the compute thread: it blocks it */
-			snprintf(args + strlen(args), sizeof(args) - strlen(args),
-			         ",\"unit\":%d,\"bytes\":%lld%s", n->unit, (long long)r->bytes,
-			         sched_node_prog(s, n)->c[n->seg].ring ? ",\"ring\":true" : "");
+			         ",\"unit\":%d,\"bytes\":%lld%s%s", n->unit, (long long)r->bytes,
+			         c->ring ? ",\"ring\":true" : "", c->post ? ",\"posted\":true" : "");
+		}
 		bool p2p = n->kind == SCHED_PP_SEND || n->kind == SCHED_PP_RECV;
 		if (sched_kind_pp(n->kind) ||
 		    (n->kind == SCHED_WAIT && sched_kind_pp(n->wait_kind)))

@@ -216,6 +216,19 @@ static void MT(ep_counts)(struct moe_model *m, const struct moe_block_acts *a)
 	      (long long)m->R_max);
 }
 
+/* Whether a `post`ed exchange is really posted (the group can; else it blocks at once) */
+static bool MT(ep_posts)(const struct moe_model *m, bool post)
+{
+	return m->ep > 1 && post && m->epg->all_to_all_v_post;
+}
+
+/* The program's wait for the exchange posted before it (nothing when none was) */
+static void MT(ep_wait)(struct moe_model *m, bool post)
+{
+	if (MT(ep_posts)(m, post))
+		m->epg->all_to_all_v_wait(m->epg->ctx, "ep dispatch");
+}
+
 /* to_experts: send (sorted rows, rank p's experts' run to rank p) -> recv (source-major: rank
  * p's rows for the local experts, by expert); else the reverse (the combine, the input
  * gradients). Rows of C reals. post: issued, to travel while the caller computes (the
@@ -238,8 +251,7 @@ static int64_t MT(ep_exchange)(struct moe_model *m, const struct moe_block_acts 
 	int64_t wire = 0;
 	for (int p = 0; p < P; p++)
 		wire += p == m->ep_rank ? 0 : sb[p];
-	if (post && m->epg->all_to_all_v_post) /* completed by the program's wait; the sizes stay
-	                                           in ep_bytes until then */
+	if (MT(ep_posts)(m, post)) /* completed by ep_wait; the sizes stay in ep_bytes */
 		m->epg->all_to_all_v_post(m->epg->ctx, send, sb, recv, rb,
 		                          to_experts ? "ep dispatch" : "ep combine");
 	else
@@ -310,8 +322,7 @@ static double MT(moe_forward_op)(struct moe_model *m, int l, MREAL *out, int op,
 			               MT(act)(m, a->h1), MT(act)(m, a->h3), gate, N, C, Fs, 1);
 		return 0.0;
 	case MOE_OP_WAIT:
-		if (m->ep > 1 && post && m->epg->all_to_all_v_post)
-			m->epg->all_to_all_v_wait(m->epg->ctx, "ep dispatch");
+		MT(ep_wait)(m, post);
 		return 0.0;
 	case MOE_OP_SEG2:
 		if (m->ep > 1) { /* through the local experts, back in the received order */
@@ -663,8 +674,7 @@ static double MT(moe_backward_op)(struct moe_model *m, int l, const MREAL *dout,
 			    MT(act)(m, a->h3), gate, dh1, dh3, N, C, Fs);
 		return 0.0;
 	case MOE_OP_WAIT:
-		if (m->ep > 1 && post && m->epg->all_to_all_v_post)
-			m->epg->all_to_all_v_wait(m->epg->ctx, "ep dispatch");
+		MT(ep_wait)(m, post);
 		return 0.0;
 	case MOE_OP_SEG2:
 		if (m->ep > 1) {
