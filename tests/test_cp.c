@@ -104,6 +104,45 @@ static void cost_check_activations(const struct model_config *c, const struct me
 		        use_ring ? "ring" : "allgather");
 }
 
+/* The step's K/V transfers are schedule nodes of their own (CP_*): per micro-batch and
+ * block, the all-gather form's forward CP-AG and backward CP-AG + CP-RS, the ring's forward
+ * and backward CP-RING (and a full recompute's forward ones again); and the model's
+ * programs are the cost model's from the shapes, byte for byte. */
+static void check_cp_nodes(const struct fsdp *f, const struct model *m,
+                           const struct model_config *c, const struct mesh *ms, bool use_ring)
+{
+	int n[SCHED_KIND_COUNT] = {0};
+	for (int i = 0; i < f->sched.n_nodes; i++)
+		n[f->sched.nodes[i].kind]++;
+	const int L = (int)llama_cfg(c)->n_layers, passes = ac == MODEL_AC_FULL ? 3 : 2;
+	const int ag = use_ring ? 0 : ACCUM * L * passes, rs = use_ring ? 0 : ACCUM * L,
+	          rg = use_ring ? ACCUM * L * passes : 0;
+	EXPECT(n[SCHED_CP_ALL_GATHER] == ag && n[SCHED_CP_REDUCE_SCATTER] == rs &&
+	           n[SCHED_CP_RING] == rg,
+	       "%s: the step has %d CP-AG, %d CP-RS, %d CP-RING nodes; want %d, %d, %d",
+	       use_ring ? "ring" : "allgather", n[SCHED_CP_ALL_GATHER], n[SCHED_CP_REDUCE_SCATTER],
+	       n[SCHED_CP_RING], ag, rs, rg);
+	if (ms->rank == 0)
+		fprintf(stderr, "  schedule: %d CP-AG, %d CP-RS, %d CP-RING nodes a step (%s)\n",
+		        n[SCHED_CP_ALL_GATHER], n[SCHED_CP_REDUCE_SCATTER], n[SCHED_CP_RING],
+		        use_ring ? "ring" : "allgather");
+	struct model_cost_shape sh =
+	    cost_shape(B, T, ac, ms->cp, use_ring, balancer == CP_BALANCE_HEADTAIL);
+	sh.tp = ms->tp;
+	for (int u = 0; u < m->table->n_units; u++)
+		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
+			struct model_prog a, b;
+			memset(&a, 0, sizeof(a));
+			memset(&b, 0, sizeof(b));
+			model_unit_prog(m, u, (enum model_pass)p, &a);
+			model_cost_unit_prog(c, &sh, false, u, (enum model_pass)p, &b);
+			EXPECT(memcmp(&a, &b, sizeof(a)) == 0,
+			       "unit %d pass %d: the model's program (%d collectives) is not the "
+			       "cost model's (%d)",
+			       u, p, a.n, b.n);
+		}
+}
+
 /* FSDP over dp_shard x cp on mesh `ms` with context parallelism over its cp group. */
 static void run_cp(struct run *out, const struct mesh *ms, bool use_ring)
 {
@@ -160,6 +199,7 @@ static void run_cp(struct run *out, const struct mesh *ms, bool use_ring)
 		out->losses[s] = r.loss;
 		out->norms[s] = r.grad_norm;
 	}
+	check_cp_nodes(&f, &m, &c, ms, use_ring); /* the schedule the steps ran */
 	float *local = malloc((size_t)m.table->numel * sizeof(float));
 	fsdp_gather_full(&f, local);
 	struct param_table g;
@@ -333,18 +373,18 @@ TEST_CASE(test_cp_cost_figures)
 		                                           : 2 * (cp - 1) * blk};
 		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
 			struct model_prog g;
-			model_cost_unit_inner(&c, &sh, 1, (enum model_pass)p, &g);
+			model_cost_unit_prog(&c, &sh, false, 1, (enum model_pass)p, &g);
 			int64_t sent = 0;
 			for (int j = 0; j < g.n; j++)
 				sent += g.c[j].role == MODEL_GROUP_CP && g.c[j].group == cp
-				            ? g.c[j].bytes
+				            ? g.c[j].bytes + g.c[j].back_bytes
 				            : 0;
 			EXPECT(sent == want[p],
 			       "%s pass %d: a block's cp transfers send %lld bytes, "
 			       "want %lld",
 			       r ? "ring" : "allgather", p, (long long)sent, (long long)want[p]);
 			struct model_prog e;
-			model_cost_unit_inner(&c, &sh, 0, (enum model_pass)p, &e);
+			model_cost_unit_prog(&c, &sh, false, 0, (enum model_pass)p, &e);
 			EXPECT(e.n == 0, "the embedding has no cp transfers");
 		}
 	}
@@ -367,7 +407,7 @@ TEST_CASE(test_cp_cost_price)
 		    cost_shape(B, T, ac, cp, r == 1, balancer == CP_BALANCE_HEADTAIL);
 		for (int p = 0; p < MODEL_PASS_COUNT; p++) {
 			struct model_prog g;
-			model_cost_unit_inner(&c, &sh, 1, (enum model_pass)p, &g);
+			model_cost_unit_prog(&c, &sh, false, 1, (enum model_pass)p, &g);
 			double wire = 0, fast = 0, slow = 0, blocking = 0;
 			for (int j = 0; j < g.n; j++) {
 				double w;
@@ -375,12 +415,17 @@ TEST_CASE(test_cp_cost_price)
 				fast += sched_cost_cp_s(&cm, (enum sched_work)p, &g.c[j], &w);
 				cm.attn_flops = 1e-30;
 				slow += sched_cost_cp_s(&cm, (enum sched_work)p, &g.c[j], NULL);
-				int n = g.c[j].steps > 0 ? g.c[j].steps : 1;
+				int n = (g.c[j].steps > 0 ? g.c[j].steps : 1) +
+				        (g.c[j].back_bytes > 0 ? g.c[j].group : 0);
+				double back = g.c[j].back_bytes > 0
+				                  ? g.c[j].group * cm.cp_latency_s + g.c[j].back_bytes / 1e9
+				                  : 0.0;
 				EXPECT(fabs(w - (n * cm.cp_latency_s +
-				                 (double)g.c[j].bytes / 1e9)) <= 1e-12,
+				                 (double)(g.c[j].bytes + g.c[j].back_bytes) / 1e9)) <=
+				           1e-12,
 				       "transfer %d of pass %d: %g s on the wire", j, p, w);
 				wire += w;
-				blocking += g.c[j].ring ? 0.0 : w;
+				blocking += g.c[j].ring ? back : w;
 			}
 			EXPECT(fabs(fast - wire) <= 1e-12,
 			       "pass %d: attention of no time hides "

@@ -383,8 +383,11 @@ static void tp_units(struct sched_unit *u, int n, const struct llama_config *c, 
 {
 	for (int i = 0; i < n; i++)
 		for (int p = 0; p < MODEL_PASS_COUNT; p++)
-			llama_tp_prog(c, 2, async, MODEL_AC_FULL, B, T, 4, i, (enum model_pass)p,
-			              &u[i].prog[p]);
+			llama_prog_descs_of(c,
+			                    &(struct llama_prog_shape){
+			                        .B = B, .T = T, .tp = 2, .cp = 1, .elem_bytes = 4,
+			                        .async = async},
+			                    MODEL_AC_FULL, i, (enum model_pass)p, &u[i].prog[p]);
 }
 
 static bool broken(const struct sched *lo, int at, int how, const char *want)

@@ -433,7 +433,7 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		printf(
 		    "context parallelism      %lld ranks, %lld tokens each (%s), K/V %s over %.0f "
 		    "Gbit/s (parallelism.tp_bandwidth_gbps): %.1f MiB sent per step and rank, "
-		    "%.3f s on the wire, %.3f s exposed in the attention passes\n",
+		    "%.3f s on the wire, %.3f s exposed (CP-* schedule nodes)\n",
 		    (long long)cp, (long long)(T / cp),
 		    sh.cp_headtail ? "head-tail balanced" : "contiguous",
 		    sh.cp_ring ? "round a ring" : "all-gathered", c->parallelism.tp_bandwidth_gbps,

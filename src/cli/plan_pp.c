@@ -27,6 +27,7 @@
 #include "base/log.h"
 #include "model/model_cost.h"
 #include "parallel/pp.h"
+#include "parallel/step_plan.h"
 #include "schedule/pp_schedule.h"
 #include "schedule/sched_cost.h"
 #include "train/compute.h"
@@ -151,6 +152,8 @@ int plan_pp_run(const struct ct_config *c, int64_t world, bool all_nodes)
 	                                    .cp = cp,
 	                                    .cp_ring = so.cp_ring,
 	                                    .cp_headtail = so.cp_headtail};
+	/* the programs' K/V transfers, which the stages run inside their passes */
+	step_plan_unit_progs(units, t.n_units, &mc, &sh, false);
 	sched_cost_init(&cm, &mc, &sh, &naive, shard * cp, bf16);
 	double rate = peak_flops * c->plan.compute_efficiency * (double)tp;
 	double bw = c->comm.bandwidth_gbps * 1e9 / 8.0, lat = c->comm.latency_us * 1e-6;

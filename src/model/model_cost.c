@@ -41,8 +41,8 @@ void model_cost_unit_prog(const struct model_config *c, const struct model_cost_
                           bool async, int u, enum model_pass p, struct model_prog *out)
 {
 	memset(out, 0, sizeof(*out));
-	if (s->tp > 1 || s->ep > 1) /* without tensor or expert parallelism every pass is one
-	                               segment */
+	if (s->tp > 1 || s->ep > 1 || s->cp > 1) /* without tensor, expert or context
+	                                            parallelism every pass is one segment */
 		cost_ops(c)->unit_prog(c, s, async, u, p, out);
 }
 
@@ -50,7 +50,7 @@ void model_cost_unit_inner(const struct model_config *c, const struct model_cost
                            enum model_pass p, struct model_prog *out)
 {
 	memset(out, 0, sizeof(*out));
-	if ((s->cp > 1 || s->ep > 1 || s->tp > 1) && cost_ops(c)->unit_inner)
+	if ((s->ep > 1 || s->tp > 1) && cost_ops(c)->unit_inner)
 		cost_ops(c)->unit_inner(c, s, u, p, out);
 }
 

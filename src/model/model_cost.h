@@ -96,15 +96,15 @@ struct model_cost_ops {
 	                  model_cost_work w);
 	int64_t (*activation_bytes)(const struct model_config *c, const struct model_cost_shape *s);
 	double (*flops_per_token)(const struct model_config *c, int64_t seq_len);
-	/* unit u's pass p as the model sliced over s->tp ranks makes it (async: ring steps) */
+	/* unit u's pass p as the model sliced over s->tp ranks makes it (async: ring steps),
+	 * with its K/V transfers under s->cp and its all-to-alls under s->ep */
 	void (*unit_prog)(const struct model_config *c, const struct model_cost_shape *s,
 	                  bool async, int u, enum model_pass p, struct model_prog *out);
 	void (*calib_init)(struct model_cost_calib *cal, const struct model_config *c,
 	                   const struct model_cost_shape *s);
-	/* the collectives run inside unit u's pass p (context parallelism's K/V transfers over
-	 * the cp group, role MODEL_GROUP_CP; expert parallelism's all-to-alls over the ep
-	 * group, role MODEL_GROUP_EP; a family's tensor-parallel collectives that are no
-	 * program nodes, role MODEL_GROUP_TP, e.g. Hyena's all-reduces), priced with the pass;
+	/* the collectives run inside unit u's pass p, not program nodes (expert parallelism's
+	 * row counts over the ep group, role MODEL_GROUP_EP; a family's tensor-parallel
+	 * collectives, role MODEL_GROUP_TP, e.g. Hyena's all-reduces), priced with the pass;
 	 * NULL: none */
 	void (*unit_inner)(const struct model_config *c, const struct model_cost_shape *s, int u,
 	                   enum model_pass p, struct model_prog *out);
@@ -119,7 +119,7 @@ int64_t model_cost_activation_bytes(const struct model_config *c, const struct m
 double model_cost_flops_per_token(const struct model_config *c, int64_t seq_len);
 void model_cost_unit_prog(const struct model_config *c, const struct model_cost_shape *s,
                           bool async, int u, enum model_pass p, struct model_prog *out);
-/* n = 0 without cp > 1, ep > 1 or tp > 1, or without a unit_inner hook */
+/* n = 0 without ep > 1 or tp > 1, or without a unit_inner hook */
 void model_cost_unit_inner(const struct model_config *c, const struct model_cost_shape *s, int u,
                            enum model_pass p, struct model_prog *out);
 void model_cost_calib_init(struct model_cost_calib *cal, const struct model_config *c,

@@ -28,8 +28,8 @@ enum model_coll {
 
 /* The group a collective runs over, and so the link it is priced on: the tensor-parallel
  * group (a program's collectives, lowered into TP_* nodes), the context-parallel group
- * (the K/V transfers of context parallelism, which today are calls inside the attention
- * segment: model_cost_ops.unit_inner lists them, the cost model prices them with the pass),
+ * (the K/V transfers of context parallelism: program collectives, lowered into CP_* nodes;
+ * the ring's are fused with the attention of the shard held, as async TP's with a matmul),
  * or the expert-parallel group (a MoE layer's token dispatch and combine: program
  * collectives, lowered into EP_* nodes, and the row counts' exchange before them, inside the
  * first segment, which unit_inner lists; all on the ep link). */
@@ -40,7 +40,7 @@ enum model_group_role { MODEL_GROUP_TP, MODEL_GROUP_CP, MODEL_GROUP_EP };
  * the forward, as in a training step, and in backward otherwise; the other is a no-op). */
 enum model_coll_when { MODEL_COLL_ALWAYS, MODEL_COLL_IF_FUSED, MODEL_COLL_IF_NOT_FUSED };
 
-#define MODEL_PROG_MAX 8 /* collectives of one pass (a TP block's backward has 8) */
+#define MODEL_PROG_MAX 12 /* collectives of one pass (a TP x CP block's backward has 10) */
 
 struct model_coll_desc {
 	enum model_coll kind;
@@ -50,10 +50,15 @@ struct model_coll_desc {
 	bool ring;         /* async TP: group ring steps fused with the matmul beside it */
 	double ring_flops; /* ring: FLOPs of that matmul on this rank (what hides the steps) */
 	enum model_group_role role; /* TP (0) unless set */
-	/* CP: steps > 0: that many point-to-point ring steps of bytes / steps each, a latency
-	 * each (0: one collective); with ring, each step hidden by 1 / steps of ring_flops of
-	 * attention (the K/V shard travels while the one held is attended to) */
+	/* CP: steps > 0: that many transfers of bytes / steps each, a latency each (the K and
+	 * V all-gathers, or ring steps; 0: one collective); with ring, each step hidden by
+	 * 1 / steps of ring_flops of attention (the K/V shard travels while the one held is
+	 * attended to) */
 	int steps;
+	/* CP ring, backward: the dK/dV that follow each shard round the ring after its
+	 * gradient is computed, group steps of back_bytes / group each (the last brings it
+	 * home), each waited for at once: exposed */
+	int64_t back_bytes;
 	/* ALL_TO_ALL: issued on the comm stream and completed by the program's next collective,
 	 * a WAIT, so that the segment between them runs while it travels (false: blocking) */
 	bool post;

@@ -246,7 +246,7 @@ void fsdp_sched_units(const struct fsdp *f, struct sched_unit *out)
 		if (f->ep) /* its chunks gather over two groups (the experts' over efsdp) */
 			out[u].peer_numel = f->u[u].grp_numel[0] * (f->gn[0] - 1) +
 			                    f->u[u].grp_numel[1] * (f->gn[1] - 1);
-		for (int p = 0; p < MODEL_PASS_COUNT; p++) /* TP collectives (none without TP) */
+		for (int p = 0; p < MODEL_PASS_COUNT; p++) /* TP, CP, EP collectives (or none) */
 			model_unit_prog(f->model, u, (enum model_pass)p, &out[u].prog[p]);
 	}
 }
@@ -764,7 +764,7 @@ static int64_t be_tp_collective(void *ctx, int u, enum model_pass p, int op)
 	const struct model_coll_desc *c = &f->sched.units[u].prog[p].c[op / 2];
 	if (c->role == MODEL_GROUP_EP)
 		return c->kind == MODEL_COLL_ALL_TO_ALL ? (int64_t)r : 0;
-	return ran ? c->bytes : 0;
+	return ran ? c->bytes + c->back_bytes : 0;
 }
 
 /* ---------------------------------------------------------------- tail */

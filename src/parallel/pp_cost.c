@@ -6,6 +6,7 @@
 
 #include "base/log.h"
 #include "parallel/pp.h"
+#include "parallel/step_plan.h"
 #include "schedule/sched_cost.h"
 
 int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_model *cm,
@@ -30,6 +31,8 @@ int pp_cost_model(struct pp *pp, struct comm_stream *stream, struct sched_cost_m
 	                                    .cp = mesh->cp,
 	                                    .cp_ring = pp->o.cp_ring,
 	                                    .cp_headtail = pp->o.cp_headtail};
+	/* the programs' K/V transfers, which the stages run inside their passes (unlowered) */
+	step_plan_unit_progs(pp->step.units, pp->step.n_units, &pp->cfg, &sh, false);
 	sched_cost_init(cm, &pp->cfg, &sh, &pp->step, mesh->shard, false);
 	sched_cost_calibrate(cm, &pp->cfg, &sh, stream, &mesh->shard_group, &mesh->world_group,
 	                     false, true);

@@ -154,10 +154,10 @@ void step_plan_log(const struct sched *s, const struct sched_cost_model *cm)
 		    cm->ag_latency_s * 1e6, cm->ag_bytes_s / 1e9, cm->rs_latency_s * 1e6,
 		    cm->rs_bytes_s / 1e9, p.comm_cpu_s,
 		    100.0 * (cm->overlap ? cm->interference : 0.0), p.comm_cpu_paid_s);
-	if (cm->inner && cm->cp_bytes_s > 0)
-		LOG_INFO("cost model: context-parallel K/V transfers %.3f s of the step in the "
-		         "attention passes (%.3f s on the wire, %.1f MiB sent), link %.0f us + "
-		         "%.2f GB/s",
+	if (cm->cp_bytes_s > 0)
+		LOG_INFO("cost model: context-parallel K/V transfers %.3f s of the step on the "
+		         "compute thread (schedule nodes; %.3f s on the wire, %.1f MiB sent), link "
+		         "%.0f us + %.2f GB/s",
 		         p.cp_s, p.cp_comm_s, (double)p.cp_wire_bytes / 1048576.0,
 		         cm->cp_latency_s * 1e6, cm->cp_bytes_s / 1e9);
 	if (cm->inner && cm->ep_bytes_s > 0)

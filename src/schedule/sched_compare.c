@@ -20,6 +20,7 @@ enum row {
 	ROW_RS_WAIT,
 	ROW_TP_AG,
 	ROW_TP_RS,
+	ROW_CP,
 	ROW_EP_A2A,
 	ROW_EP_WAIT,
 	ROW_TAIL_CLIP,
@@ -42,6 +43,7 @@ static const char *const row_name[ROW_COUNT] = {"FWD embedding",
                                                 "WAIT reduce-scatter",
                                                 "TP all-gather",
                                                 "TP reduce-scatter",
+                                                "CP K/V transfers",
                                                 "EP all-to-all",
                                                 "EP wait",
                                                 "CLIP",
@@ -70,6 +72,10 @@ static enum row row_of(const struct sched *s, const struct sched_node *n)
 		return ROW_TP_AG;
 	case SCHED_TP_REDUCE_SCATTER:
 		return ROW_TP_RS;
+	case SCHED_CP_ALL_GATHER:
+	case SCHED_CP_REDUCE_SCATTER:
+	case SCHED_CP_RING:
+		return ROW_CP;
 	case SCHED_EP_ALL_TO_ALL:
 		return ROW_EP_A2A;
 	case SCHED_EP_WAIT:

@@ -40,7 +40,7 @@ void sched_cost_init(struct sched_cost_model *cm, const struct model_config *c,
 			for (int t = 0; t < SCHED_TERM_COUNT; t++)
 				cm->work[k][t][u] = w[k][t];
 	}
-	if (sh->cp > 1 || sh->ep > 1 || sh->tp > 1) { /* (tp: a family's in-pass all-reduces) */
+	if (sh->ep > 1 || sh->tp > 1) { /* (tp: a family's in-pass all-reduces) */
 		cm->inner = xcalloc((size_t)U * SCHED_WORK_COUNT, sizeof(*cm->inner));
 		for (int u = 0; u < U; u++)
 			for (int k = 0; k < SCHED_WORK_COUNT; k++)
@@ -118,14 +118,55 @@ double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
 		return 0.0;
 	double n = c->steps > 0 ? (double)c->steps : 1.0;
 	double step = cm->cp_latency_s + (double)c->bytes / n / cm->cp_bytes_s;
+	/* the ring backward's dK/dV steps: waited for one by one */
+	double back = c->back_bytes > 0 ? (double)c->group * cm->cp_latency_s +
+	                                      (double)c->back_bytes / cm->cp_bytes_s
+	                                : 0.0;
 	if (comm_s)
-		*comm_s = n * step;
+		*comm_s = n * step + back;
 	if (!c->ring)
-		return n * step;
+		return n * step + back;
 	double r =
 	    cm->rate[work][SCHED_TERM_ATTN] > 0 ? cm->rate[work][SCHED_TERM_ATTN] : cm->attn_flops;
 	double hide = r > 0 ? c->ring_flops / r / n : 0.0;
-	return n * (step > hide ? step - hide : 0.0);
+	return n * (step > hide ? step - hide : 0.0) + back;
+}
+
+/* A CP ring node's own compute: the attention of every shard it holds (ring_flops is that of
+ * the steps' shards, cp - 1 of cp), at the attention rate; 0 for another collective. */
+static double cp_ring_inside_s(const struct sched_cost_model *cm, enum sched_work k,
+                               const struct model_coll_desc *c)
+{
+	if (c->role != MODEL_GROUP_CP || !c->ring || c->steps < 1)
+		return 0.0;
+	double r = cm->rate[k][SCHED_TERM_ATTN] > 0 ? cm->rate[k][SCHED_TERM_ATTN] : cm->attn_flops;
+	return r > 0 ? c->ring_flops * (c->steps + 1) / c->steps / r : 0.0;
+}
+
+/* A program collective on the cp group: its exposed time, counted into p's cp figures. */
+static double prog_cp_s(const struct sched_cost_model *cm, enum sched_work k,
+                        const struct model_coll_desc *c, struct sched_prediction *p)
+{
+	double wire;
+	double t = sched_cost_cp_s(cm, k, c, &wire);
+	p->cp_s += t;
+	p->cp_comm_s += wire;
+	p->cp_wire_bytes += c->bytes + c->back_bytes;
+	return t;
+}
+
+double sched_cost_prog_cp_s(const struct sched *s, const struct sched_cost_model *cm, int u,
+                            enum sched_work k)
+{
+	const enum model_pass mp = k == SCHED_WORK_FWD   ? MODEL_PASS_FWD
+	                           : k == SCHED_WORK_BWD ? MODEL_PASS_BWD
+	                                                 : MODEL_PASS_REC;
+	const struct model_prog *g = &s->units[u].prog[mp];
+	double t = 0.0;
+	for (int j = 0; j < g->n; j++)
+		if (g->c[j].role == MODEL_GROUP_CP)
+			t += sched_cost_cp_s(cm, k, &g->c[j], NULL);
+	return t;
 }
 
 double sched_cost_ep_s(const struct sched_cost_model *cm, const struct model_coll_desc *c)
@@ -154,27 +195,6 @@ static double inner_ep_s(const struct sched_cost_model *cm, int u, enum sched_wo
 	return t;
 }
 
-/* Unit u's in-pass cp collectives: their time in the pass, on the wire, and bytes sent. */
-static double inner_s(const struct sched_cost_model *cm, int u, enum sched_work k, double *wire_s,
-                      int64_t *bytes)
-{
-	double t = 0.0;
-	*wire_s = 0.0;
-	*bytes = 0;
-	if (!cm->inner)
-		return 0.0;
-	const struct model_prog *g = &cm->inner[u * SCHED_WORK_COUNT + k];
-	for (int j = 0; j < g->n; j++) {
-		double w;
-		if (g->c[j].role != MODEL_GROUP_CP)
-			continue;
-		t += sched_cost_cp_s(cm, k, &g->c[j], &w);
-		*wire_s += w;
-		*bytes += g->c[j].bytes;
-	}
-	return t;
-}
-
 /* Unit u's in-pass tp collectives (a family whose TP collectives run inside its passes,
  * as Hyena's all-reduces, rather than as program nodes): their time, blocking. */
 static double inner_tp_s(const struct sched_cost_model *cm, int u, enum sched_work k)
@@ -191,45 +211,46 @@ static double inner_tp_s(const struct sched_cost_model *cm, int u, enum sched_wo
 
 double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k)
 {
-	double wire;
 	int64_t bytes, n;
-	return inner_s(cm, u, k, &wire, &bytes) + inner_ep_s(cm, u, k, &bytes, &n) +
-	       inner_tp_s(cm, u, k);
+	return inner_ep_s(cm, u, k, &bytes, &n) + inner_tp_s(cm, u, k);
 }
 
 /* A unit pass's compute under cm: a lowered schedule's segment carries its share (the pass
- * over its segments, evenly), an unlowered node the whole pass plus its TP collectives. The
- * in-pass cp collectives are in the first segment's. */
+ * over its segments, evenly), an unlowered node the whole pass plus its program's
+ * collectives. The in-pass collectives are in the first segment's. */
 static double pass_compute_s(const struct sched *s, const struct sched_cost_model *cm,
                              const struct sched_node *n, enum sched_work k, double *tp_s,
                              struct sched_prediction *p)
 {
 	const struct model_prog *g = sched_node_prog(s, n);
-	double dt = sched_cost_node_s(cm, k, n->unit, NULL), cp = 0.0;
+	double dt = sched_cost_node_s(cm, k, n->unit, NULL), inner = 0.0;
 	*tp_s = 0.0;
 	if (cm->inner && (!s->lowered || n->seg == 0)) {
-		double wire;
-		int64_t bytes;
-		cp = inner_s(cm, n->unit, k, &wire, &bytes);
-		p->cp_s += cp;
-		p->cp_comm_s += wire;
-		p->cp_wire_bytes += bytes;
-		int64_t ne;
+		int64_t bytes, ne;
 		double ep = inner_ep_s(cm, n->unit, k, &bytes, &ne);
 		p->ep_s += ep;
 		p->ep_comm_s += ep;
 		p->ep_wire_bytes += bytes;
 		p->n_ep += ne;
-		cp += ep;
+		inner += ep;
 		*tp_s += inner_tp_s(cm, n->unit, k); /* on the compute thread, as TP nodes */
 	}
-	if (s->lowered)
-		return dt / (double)(g->n + 1) + cp;
-	for (int j = 0; j < g->n; j++) /* unlowered: the program's collectives all block */
-		*tp_s += g->c[j].role != MODEL_GROUP_EP     ? sched_cost_tp_s(cm, k, &g->c[j], NULL)
-		         : g->c[j].kind == MODEL_COLL_WAIT ? 0.0
-		                                           : sched_cost_ep_s(cm, &g->c[j]);
-	return dt + cp;
+	if (s->lowered) { /* (a CP ring's attention is its node's, not the segments') */
+		double rings = 0.0;
+		for (int j = 0; j < g->n; j++)
+			rings += cp_ring_inside_s(cm, k, &g->c[j]);
+		return (dt > rings ? dt - rings : 0.0) / (double)(g->n + 1) + inner;
+	}
+	for (int j = 0; j < g->n; j++) { /* unlowered: the program's collectives all block */
+		const struct model_coll_desc *c = &g->c[j];
+		if (c->role == MODEL_GROUP_CP)
+			inner += prog_cp_s(cm, k, c, p);
+		else
+			*tp_s += c->role != MODEL_GROUP_EP     ? sched_cost_tp_s(cm, k, c, NULL)
+			         : c->kind == MODEL_COLL_WAIT ? 0.0
+			                                      : sched_cost_ep_s(cm, c);
+	}
+	return dt + inner;
 }
 
 static enum sched_work work_of(enum model_pass p)
@@ -406,6 +427,18 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			                            &sched_node_prog(s, n)->c[n->seg], NULL);
 			p->tp_s += dt;
 			t += dt; /* blocking, on the compute thread */
+			break;
+		}
+		case SCHED_CP_ALL_GATHER:
+		case SCHED_CP_REDUCE_SCATTER:
+		case SCHED_CP_RING: { /* on the compute thread: the ring's attention, and what of
+		                         its steps the attention did not hide */
+			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
+			double in = cp_ring_inside_s(cm, work_of(n->pass), c);
+			p->compute_s += in;
+			double wall = repay(&debt, in);
+			p->comm_cpu_paid_s += wall - in;
+			t += wall + prog_cp_s(cm, work_of(n->pass), c, p);
 			break;
 		}
 		case SCHED_EP_ALL_TO_ALL: { /* posted: on a stream of its own (not behind the FSDP

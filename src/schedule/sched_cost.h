@@ -128,9 +128,9 @@ struct sched_prediction {
 double sched_cost_tp_s(const struct sched_cost_model *cm, enum sched_work work,
                        const struct model_coll_desc *c, double *comm_s);
 
-/* One in-pass collective of the cp group (role MODEL_GROUP_CP): its time in the pass (ring
- * steps: what the attention beside them does not hide), and its time on the wire (*comm_s,
- * may be NULL). */
+/* One program collective of the cp group (role MODEL_GROUP_CP, a CP_* node): its time on the
+ * compute thread (ring steps: what the attention beside them does not hide; the ring
+ * backward's dK/dV steps all of theirs), and its time on the wire (*comm_s, may be NULL). */
 double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
                        const struct model_coll_desc *c, double *comm_s);
 
@@ -138,8 +138,12 @@ double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
  * link's rate, all of it in the pass. */
 double sched_cost_ep_s(const struct sched_cost_model *cm, const struct model_coll_desc *c);
 
-/* Unit u's in-pass (cp, ep) collectives' time in pass k (0 without any). */
+/* Unit u's in-pass (ep, a family's tp) collectives' time in pass k (0 without any). */
 double sched_cost_inner_s(const struct sched_cost_model *cm, int u, enum sched_work k);
+/* Unit u's program's cp collectives' time in pass k (s->units[u].prog; a pipeline stage's
+ * passes, which run unlowered). */
+double sched_cost_prog_cp_s(const struct sched *s, const struct sched_cost_model *cm, int u,
+                            enum sched_work k);
 
 /* One node's time under cm, and its terms (terms may be NULL). */
 double sched_cost_node_s(const struct sched_cost_model *cm, enum sched_work k, int unit,

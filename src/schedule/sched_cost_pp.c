@@ -26,14 +26,18 @@ double sched_cost_pp_node_s(const struct sched *s, const struct sched_cost_model
 	double t = 0;
 	for (int u = u0; u < u1; u++) {
 		double terms[SCHED_TERM_COUNT];
-		/* with the K/V transfers of context parallelism inside the attention passes (the
-		 * backward's in I: the attention core's backward is in the input-gradient half) */
+		/* with the K/V transfers of context parallelism in the programs of the attention
+		 * passes (the backward's in I: the attention core's backward is in the
+		 * input-gradient half) */
 		double f = sched_cost_node_s(cm, SCHED_WORK_FWD, u, NULL) +
-		           sched_cost_inner_s(cm, u, SCHED_WORK_FWD);
+		           sched_cost_inner_s(cm, u, SCHED_WORK_FWD) +
+		           sched_cost_prog_cp_s(s, cm, u, SCHED_WORK_FWD);
 		double b = sched_cost_node_s(cm, SCHED_WORK_BWD, u, terms) +
 		           sched_cost_node_s(cm, SCHED_WORK_REC, u, NULL) +
 		           sched_cost_inner_s(cm, u, SCHED_WORK_BWD) +
-		           sched_cost_inner_s(cm, u, SCHED_WORK_REC);
+		           sched_cost_inner_s(cm, u, SCHED_WORK_REC) +
+		           sched_cost_prog_cp_s(s, cm, u, SCHED_WORK_BWD) +
+		           sched_cost_prog_cp_s(s, cm, u, SCHED_WORK_REC);
 		/* the split backward: W is the weight-gradient half of a block's matmuls and the
 		 * embedding's scatter; the head computes its weight gradient in I */
 		double w = u == 0 ? b : (u > L ? 0.0 : terms[SCHED_TERM_MATMUL] / 2.0);

@@ -93,6 +93,9 @@ int sched_exec_run(const struct sched *s, const struct sched_backend *be,
 			break;
 		case SCHED_TP_ALL_GATHER:
 		case SCHED_TP_REDUCE_SCATTER:
+		case SCHED_CP_ALL_GATHER:
+		case SCHED_CP_REDUCE_SCATTER:
+		case SCHED_CP_RING:
 		case SCHED_EP_ALL_TO_ALL:
 		case SCHED_EP_WAIT:
 			bytes = be->tp_collective(be->ctx, n->unit, n->pass, 2 * n->seg + 1);

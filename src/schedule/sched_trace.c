@@ -57,9 +57,12 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
 			         ",\"bytes\":%lld,\"ticket\":%lld", (long long)r->bytes,
 			         (long long)r->ticket);
 		bool tp = n->kind == SCHED_TP_ALL_GATHER || n->kind == SCHED_TP_REDUCE_SCATTER;
+		bool cp = n->kind == SCHED_CP_ALL_GATHER || n->kind == SCHED_CP_REDUCE_SCATTER ||
+		          n->kind == SCHED_CP_RING;
 		bool ep = n->kind == SCHED_EP_ALL_TO_ALL || n->kind == SCHED_EP_WAIT;
-		if (tp || ep) { /* TP: on the compute thread, it blocks it; EP: blocking, or posted
-		                   to its stream and completed by its EP-WAIT */
+		if (tp || cp || ep) { /* TP, CP: on the compute thread, it blocks it (a ring with
+		                         the compute beside its steps inside); EP: blocking, or
+		                         posted to its stream and completed by its EP-WAIT */
 			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
 			snprintf(args + strlen(args), sizeof(args) - strlen(args),
 			         ",\"unit\":%d,\"bytes\":%lld%s%s", n->unit, (long long)r->bytes,
@@ -75,6 +78,7 @@ int sched_trace_write(const char *path, const struct sched *s, const struct sche
 			         (long long)r->bytes);
 		const char *cat = coll                    ? "issue"
 		                  : tp                    ? "tp"
+		                  : cp                    ? "cp"
 		                  : ep                    ? "ep"
 		                  : p2p                   ? "p2p"
 		                  : n->kind == SCHED_WAIT ? "wait"

@@ -8,7 +8,7 @@
 
 static const char *const sched_kind_names[] = {
     "BATCH", "AG",    "RS",    "WAIT",   "FREE",    "FWD", "BWD", "RECOMPUTE",
-    "CLIP",  "OPTIM", "TP-AG", "TP-RS",  "EP-A2A",  "EP-WAIT", "F", "B",
+    "CLIP",  "OPTIM", "TP-AG", "TP-RS", "CP-AG", "CP-RS", "CP-RING", "EP-A2A",  "EP-WAIT", "F", "B",
     "I",     "W",     "SEND",  "RECV"};
 _Static_assert(sizeof(sched_kind_names) / sizeof(sched_kind_names[0]) == SCHED_KIND_COUNT,
                "one name per node kind");
@@ -157,6 +157,9 @@ enum model_pass sched_node_pass(const struct sched_node *n)
 		return MODEL_PASS_REC;
 	case SCHED_TP_ALL_GATHER:
 	case SCHED_TP_REDUCE_SCATTER:
+	case SCHED_CP_ALL_GATHER:
+	case SCHED_CP_REDUCE_SCATTER:
+	case SCHED_CP_RING:
 	case SCHED_EP_ALL_TO_ALL:
 	case SCHED_EP_WAIT:
 		return n->pass;
@@ -170,10 +173,14 @@ const struct model_prog *sched_node_prog(const struct sched *s, const struct sch
 	return &s->units[n->unit].prog[sched_node_pass(n)];
 }
 
-/* The node kind that runs a program collective of this kind. */
-static enum sched_kind sched_coll_kind(enum model_coll k)
+/* The node kind that runs a program collective. */
+static enum sched_kind sched_coll_kind(const struct model_coll_desc *c)
 {
-	switch (k) {
+	if (c->role == MODEL_GROUP_CP)
+		return c->ring                                 ? SCHED_CP_RING
+		       : c->kind == MODEL_COLL_REDUCE_SCATTER ? SCHED_CP_REDUCE_SCATTER
+		                                              : SCHED_CP_ALL_GATHER;
+	switch (c->kind) {
 	case MODEL_COLL_ALL_GATHER:
 		return SCHED_TP_ALL_GATHER;
 	case MODEL_COLL_REDUCE_SCATTER:
@@ -205,7 +212,7 @@ void sched_lower_tp(const struct sched *in, struct sched *out)
 			if (k == g->n)
 				break;
 			struct sched_node t = n;
-			t.kind = sched_coll_kind(g->c[k].kind);
+			t.kind = sched_coll_kind(&g->c[k]);
 			t.pass = sched_node_pass(&n);
 			t.seg = k;
 			sched_push(out, t);
@@ -359,7 +366,7 @@ bool sched_validate(const struct sched *s, char *why, size_t why_size)
 				FAIL("node %d (%s): out of its unit's program", i, lab);
 			if (n->seg < 0 || n->seg > g->n || (tp && n->seg >= g->n))
 				FAIL("node %d (%s): the program has %d collectives", i, lab, g->n);
-			if (tp && n->kind != sched_coll_kind(g->c[n->seg].kind))
+			if (tp && n->kind != sched_coll_kind(&g->c[n->seg]))
 				FAIL("node %d (%s): the program's collective %d is of another kind",
 				     i, lab, n->seg);
 			if (tp && n->kind == SCHED_EP_WAIT &&
@@ -510,6 +517,9 @@ void sched_node_label(const struct sched *s, int i, char *buf, size_t size)
 		break;
 	case SCHED_TP_ALL_GATHER:
 	case SCHED_TP_REDUCE_SCATTER:
+	case SCHED_CP_ALL_GATHER:
+	case SCHED_CP_REDUCE_SCATTER:
+	case SCHED_CP_RING:
 	case SCHED_EP_ALL_TO_ALL:
 	case SCHED_EP_WAIT: {
 		static const char *const pass[] = {"fwd", "bwd", "rec"};

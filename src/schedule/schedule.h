@@ -14,9 +14,9 @@
  *
  * A WAIT names the collective it completes by (kind, bucket): at most one all-gather and one
  * reduce-scatter per bucket are in flight at any time (sched_validate checks this, and every
- * other rule the executor relies on). Tensor and expert parallelism add their collectives
- * inside a unit as nodes (SCHED_TP_*, SCHED_EP_*, by lowering the unit's pass program after
- * the passes).
+ * other rule the executor relies on). Tensor, context and expert parallelism add their
+ * collectives inside a unit as nodes (SCHED_TP_*, SCHED_CP_*, SCHED_EP_*, by lowering the
+ * unit's pass program after the passes).
  *
  * Pipeline parallelism is the same list with node kinds of its own (SCHED_PP_*, built from a
  * rank's action list of schedule/pp_schedule.h by sched_build_pp, schedule/sched_pp.c): the
@@ -51,6 +51,12 @@ enum sched_kind {
 	 * its compute segments `seg` and `seg + 1`, on the TP group and the compute thread */
 	SCHED_TP_ALL_GATHER,
 	SCHED_TP_REDUCE_SCATTER,
+	/* context parallelism (after sched_lower_tp): a block's K/V transfer on the cp group —
+	 * the all-gather of K and V, the reduce-scatter of dK and dV, or the ring whose steps
+	 * travel beside the attention of the shard held (the attention inside the node) */
+	SCHED_CP_ALL_GATHER,
+	SCHED_CP_REDUCE_SCATTER,
+	SCHED_CP_RING,
 	/* expert parallelism (after sched_lower_tp): a MoE unit's all-to-all on the ep group,
 	 * blocking, or posted to the comm stream and completed by the EP_WAIT after the
 	 * segment that runs while it travels (the dispatch beside the shared expert) */
@@ -93,7 +99,7 @@ struct sched_unit {
 	 * efsdp = dp_shard / ep ranks */
 	int64_t peer_numel;
 	bool is_block;       /* a transformer block (activation checkpointing applies) */
-	/* per pass (MODEL_PASS_*): its tensor-parallel collectives (n = 0: none) */
+	/* per pass (MODEL_PASS_*): its program's collectives (TP, CP, EP; n = 0: none) */
 	struct model_prog prog[MODEL_PASS_COUNT];
 };
 
@@ -101,7 +107,7 @@ struct sched_bucket {
 	int unit0, n_units; /* units [unit0, unit0 + n_units) */
 };
 
-/* A collective between two segments of a unit's pass program (TP_*, EP_*). */
+/* A collective between two segments of a unit's pass program (TP_*, CP_*, EP_*). */
 static inline bool sched_kind_in_unit(enum sched_kind k)
 {
 	return k >= SCHED_TP_ALL_GATHER && k <= SCHED_EP_WAIT;

@@ -634,8 +634,14 @@ float *llama_block_output(struct llama_model *m, int l)
 	return l + 1 < m->cfg.n_layers ? m->acts[l + 1].x : m->x_final;
 }
 
+/* a pass that does nothing: the recompute of a unit that never recomputes */
+static const struct llama_op no_pass[] = {LLAMA_SEG(NULL)};
+
 struct llama_prog llama_prog_of(int L, bool async, enum model_ac ac, int u, enum model_pass p)
 {
+	if (p == MODEL_PASS_REC &&
+	    !(u >= 1 && u <= L && (ac == MODEL_AC_SELECTIVE || ac == MODEL_AC_FULL)))
+		return LLAMA_PROG(no_pass);
 	if (u == 0)
 		return llama_embed_prog(p);
 	if (u > L)
@@ -648,32 +654,89 @@ enum model_ac llama_unit_ac(const struct llama_model *m, int u)
 	return u >= 1 && u <= m->cfg.n_layers ? llama_block_ac(m, u - 1) : m->ac;
 }
 
+struct llama_layout llama_layout_of(const struct llama_model *m)
+{
+	return (struct llama_layout){.tp = m->tp != NULL,
+	                             .async = m->tp && m->tpb->async,
+	                             .cp = m->cp != NULL,
+	                             .ring = llama_cp_ring_form(m)};
+}
+
+bool llama_op_in(const struct llama_op *o, struct llama_layout lay)
+{
+	switch (o->cp) {
+	case LLAMA_CP_ALLGATHER:
+		if (!lay.cp || lay.ring)
+			return false;
+		break;
+	case LLAMA_CP_RING:
+		if (!lay.cp || !lay.ring)
+			return false;
+		break;
+	case LLAMA_CP_NOT_RING:
+		if (lay.cp && lay.ring)
+			return false;
+		break;
+	default:
+		break;
+	}
+	if (!o->coll)
+		return true;
+	return o->role == MODEL_GROUP_CP ? lay.cp : lay.tp;
+}
+
+void llama_prog_eff(struct llama_prog g, struct llama_layout lay, struct llama_eff *e)
+{
+	int lo = 0;
+	e->n_ops = 0;
+	for (int i = 0; i < g.n_ops; i++) {
+		if (!g.ops[i].coll || !llama_op_in(&g.ops[i], lay))
+			continue;
+		CHECK(e->n_ops + 2 < 2 * MODEL_PROG_MAX + 1,
+		      "llama: a pass of too many collectives");
+		e->op[e->n_ops].lo = lo, e->op[e->n_ops++].hi = i;
+		e->op[e->n_ops].lo = i, e->op[e->n_ops++].hi = i + 1;
+		lo = i + 1;
+	}
+	e->op[e->n_ops].lo = lo, e->op[e->n_ops++].hi = g.n_ops;
+}
+
 static struct llama_prog model_prog_of(const struct llama_model *m, int u, enum model_pass p)
 {
 	return llama_prog_of((int)m->cfg.n_layers, m->tp && m->tpb->async, llama_unit_ac(m, u), u,
 	                     p);
 }
 
-/* Ops [lo, hi) of unit u's pass p: the segments, and under TP the collectives (*ran: whether
- * the last one ran). Returns the loss sum when they end the head's forward (else 0). */
+static void model_eff_of(const struct llama_model *m, int u, enum model_pass p, struct llama_eff *e)
+{
+	llama_prog_eff(model_prog_of(m, u, p), llama_layout_of(m), e);
+}
+
+/* Ops [lo, hi) of unit u's pass p: the segments, and under TP or CP the collectives (*ran:
+ * whether the last one ran). Returns the loss sum when they end the head's forward (else 0). */
 static double run_ops(struct llama_model *m, int u, enum model_pass p, int lo, int hi,
                       double dscale, int64_t *n_valid, bool *ran)
 {
 	struct llama_prog g = model_prog_of(m, u, p);
+	const struct llama_layout lay = llama_layout_of(m);
+	struct llama_eff e;
+	llama_prog_eff(g, lay, &e);
 	bool r = false;
 	m->pass_dscale = dscale;
 	for (int op = lo; op < hi; op++) {
-		const struct llama_op *o = &g.ops[op];
-		if (op % 2)
-			r = m->tp ? o->coll(m, u - 1) : false;
-		else if (o->seg)
-			o->seg(m, u - 1);
+		if (op % 2) {
+			r = g.ops[e.op[op].lo].coll(m, u - 1);
+			continue;
+		}
+		for (int i = e.op[op].lo; i < e.op[op].hi; i++)
+			if (g.ops[i].seg && llama_op_in(&g.ops[i], lay))
+				g.ops[i].seg(m, u - 1);
 	}
 	if (ran)
 		*ran = r;
 	if (n_valid)
 		*n_valid = 0;
-	if (p != MODEL_PASS_FWD || u <= m->cfg.n_layers || hi != g.n_ops)
+	if (p != MODEL_PASS_FWD || u <= m->cfg.n_layers || hi != e.n_ops)
 		return 0.0;
 	if (n_valid) /* the head's forward is done: its loss (h_loss left it here) */
 		*n_valid = m->pass_valid;
@@ -683,7 +746,9 @@ static double run_ops(struct llama_model *m, int u, enum model_pass p, int lo, i
 static double run_pass(struct llama_model *m, int u, enum model_pass p, double dscale,
                        int64_t *n_valid)
 {
-	return run_ops(m, u, p, 0, model_prog_of(m, u, p).n_ops, dscale, n_valid, NULL);
+	struct llama_eff e;
+	model_eff_of(m, u, p, &e);
+	return run_ops(m, u, p, 0, e.n_ops, dscale, n_valid, NULL);
 }
 
 double llama_unit_forward(struct llama_model *m, int u, int64_t *n_valid)
@@ -721,22 +786,32 @@ bool llama_unit_needs_recompute(const struct llama_model *m, int u)
 
 void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out)
 {
-	if (m->tp)
-		llama_tp_prog(&m->cfg, m->tp->size, m->tpb->async, llama_unit_ac(m, u), m->B, m->T,
-		              sizeof(float), u, p, out);
-	else
-		memset(out, 0, sizeof(*out)); /* one segment */
+	memset(out, 0, sizeof(*out)); /* one rank: one segment */
+	if (!m->tp && !m->cp)
+		return;
+	const int64_t cp = m->cp ? m->cp->size : 1;
+	const struct llama_layout lay = llama_layout_of(m);
+	const struct llama_prog_shape s = {.B = m->B,
+	                                   .T = m->T * cp,
+	                                   .tp = m->tp ? m->tp->size : 1,
+	                                   .cp = cp,
+	                                   .elem_bytes = sizeof(float),
+	                                   .async = lay.async,
+	                                   .cp_ring = lay.ring,
+	                                   .cp_headtail = llama_cp_headtail(m)};
+	llama_prog_descs_of(&m->cfg, &s, llama_unit_ac(m, u), u, p, out);
 }
 
 double llama_unit_op(struct llama_model *m, int u, enum model_pass p, int op, double dscale,
                      int64_t *n_valid, bool *ran)
 {
-	int n = model_prog_of(m, u, p).n_ops;
-	if (!m->tp) {
+	struct llama_eff e;
+	model_eff_of(m, u, p, &e);
+	if (e.n_ops == 1) {
 		CHECK(op == 0, "llama unit %d: op %d of a one-segment pass", u, op);
-		return run_ops(m, u, p, 0, n, dscale, n_valid, ran);
+		return run_ops(m, u, p, 0, 1, dscale, n_valid, ran);
 	}
-	CHECK(op >= 0 && op < n, "TP unit %d: op %d of %d", u, op, n);
+	CHECK(op >= 0 && op < e.n_ops, "llama unit %d: op %d of %d", u, op, e.n_ops);
 	return run_ops(m, u, p, op, op + 1, dscale, n_valid, ran);
 }
 

@@ -243,18 +243,27 @@ void llama_unit_recompute(struct llama_model *m, int u);
 void llama_unit_backward_weight(struct llama_model *m, int u);
 /* Whether unit u's backward needs llama_unit_recompute first (SELECTIVE and FULL blocks). */
 bool llama_unit_needs_recompute(const struct llama_model *m, int u);
-/* Unit u's pass as a program (model/model_prog.h): under tensor parallelism, compute
- * segments with the TP collectives between them; otherwise one segment (n = 0). */
+/* Unit u's pass as a program (model/model_prog.h): under tensor or context parallelism,
+ * compute segments with the TP collectives and CP's K/V transfers between them; otherwise
+ * one segment (n = 0). */
 void llama_unit_prog(const struct llama_model *m, int u, enum model_pass p, struct model_prog *out);
 /* The shapes one of tp tensor-parallel ranks computes (its heads, FFN columns and
  * vocabulary piece), for the cost model: c with n_heads, n_kv_heads and ffn_hidden over tp
  * and vocab_size rounded up over tp. */
 struct llama_config llama_config_tp_slice(const struct llama_config *c, int64_t tp);
-/* The same from the shapes alone (for planning): tp ranks, async TP, the model's activation
- * checkpointing, micro-batches of (B, T), activations of elem_bytes (4 here: the CPU computes
- * in fp32; 2 for a bf16 target). */
-void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_ac ac, int64_t B,
-                   int64_t T, int64_t elem_bytes, int u, enum model_pass p, struct model_prog *out);
+/* The layout a program is built for: micro-batches of B sequences of T tokens (the whole
+ * sequence: each of cp ranks holds T / cp of it), tp tensor-parallel ranks (async: rings),
+ * cp context-parallel ranks (cp_ring: K/V round the ring, else all-gathered; cp_headtail:
+ * head-tail balanced shards), activations of elem_bytes (4 here: the CPU computes in fp32;
+ * 2 for a bf16 target). */
+struct llama_prog_shape {
+	int64_t B, T, tp, cp, elem_bytes;
+	bool async, cp_ring, cp_headtail;
+};
+/* The program from the shapes alone (llama_unit_prog's for a built model; for planning),
+ * ac the unit's activation checkpointing. */
+void llama_prog_descs_of(const struct llama_config *c, const struct llama_prog_shape *s,
+                         enum model_ac ac, int u, enum model_pass p, struct model_prog *out);
 /* Op `op` of that program (segment op / 2 or collective op / 2; without tensor parallelism
  * op 0 is the whole pass); *ran (may be NULL) says whether a collective ran. Returns the
  * loss sum after the head's last forward op (else 0), with its valid targets in *n_valid

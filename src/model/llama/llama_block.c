@@ -77,19 +77,8 @@ static void f_norm1(struct llama_model *m, int l)
 	                    m->cfg.norm_eps);
 }
 
-static void f_rope_attention(struct llama_model *m, const struct blk *c)
-{
-	const struct llama_dims d = c->d;
-	struct llama_block_acts *a = c->a;
-	rope_forward_f32(a->q, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
-	rope_forward_f32(a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
-	if (m->cp)
-		llama_cp_attention_forward(m, a);
-	else
-		attention_mixed_forward(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
-}
-
-static void f_attn(struct llama_model *m, int l)
+/* q, k, v of the (gathered) norm output, q and k rotated */
+static void f_qkv(struct llama_model *m, int l)
 {
 	struct blk c = blk_of(m, l);
 	const struct llama_dims d = c.d;
@@ -100,7 +89,33 @@ static void f_attn(struct llama_model *m, int l)
 	matmul_forward_f32(c.a->v, xg, c.w.wv, d.N, d.C, d.KVD, 0);
 	if (held)
 		mm_bf16_release(xg);
-	f_rope_attention(m, &c);
+}
+
+static void f_rope(struct llama_model *m, int l)
+{
+	struct blk c = blk_of(m, l);
+	const struct llama_dims d = c.d;
+	rope_forward_f32(c.a->q, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
+	rope_forward_f32(c.a->k, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
+}
+
+/* the attention core in a segment: this rank's keys, or under CP every rank's gathered
+ * (the ring computes it in its collective, llama_cp.c) */
+static void f_attn_core(struct llama_model *m, int l)
+{
+	struct blk c = blk_of(m, l);
+	const struct llama_dims d = c.d;
+	struct llama_block_acts *a = c.a;
+	if (m->cp)
+		llama_cp_attention_forward(m, a);
+	else
+		attention_mixed_forward(a->att, a->lse, a->q, a->k, a->v, d.B, d.T, d.H, d.KV, d.D);
+}
+
+static void f_wo(struct llama_model *m, int l)
+{
+	struct blk c = blk_of(m, l);
+	const struct llama_dims d = c.d;
 	row_parallel_forward(m, c.a->xmid, c.a->x, c.a->att, c.w.wo, d.N, d.HD, d.C);
 }
 
@@ -137,12 +152,6 @@ static void f_out(struct llama_model *m, int l)
  *
  * The matmuls beside a collective ride its ring steps, one token block at a time: the
  * callbacks compute the matmul rows of one block. */
-
-static void f_attn_core(struct llama_model *m, int l)
-{
-	struct blk c = blk_of(m, l);
-	f_rope_attention(m, &c);
-}
 
 static void f_swiglu(struct llama_model *m, int l)
 {
@@ -252,27 +261,42 @@ static void b_ffn_norm_sum(struct llama_model *m, int l)
 	llama_norm_sum(m, c.dw.ffn_norm);
 }
 
-/* The attention core's backward: from m->datt into freshly zeroed m->dq, m->dk, m->dv, then
- * RoPE's backward on dq and dk; then the attention norm's output again. */
-static void b_attn_core_norm1(struct llama_model *m, const struct blk *c)
+/* The attention core's backward: m->dq, m->dk, m->dv zeroed, then (b_attn_core, or under
+ * CP its items) from m->datt into them, then RoPE's backward on dq and dk and the attention
+ * norm's output again (b_rope_norm1). */
+static void b_attn_zero(struct llama_model *m, int l)
 {
-	const struct llama_dims d = c->d;
-	const struct llama_block_acts *a = c->a;
+	const struct llama_dims d = llama_dims_of(m);
+	(void)l;
 	memset(m->dq, 0, (size_t)(d.N * d.HD) * sizeof(float));
 	memset(m->dk, 0, (size_t)(d.N * d.KVD) * sizeof(float));
 	memset(m->dv, 0, (size_t)(d.N * d.KVD) * sizeof(float));
+}
+
+static void b_attn_core(struct llama_model *m, int l)
+{
+	struct blk c = blk_of(m, l);
+	const struct llama_dims d = c.d;
+	const struct llama_block_acts *a = c.a;
 	if (m->cp)
 		llama_cp_attention_backward(m, a);
 	else
 		attention_mixed_backward(m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k,
 		                       a->v, d.B, d.T, d.H, d.KV, d.D);
+}
+
+static void b_rope_norm1(struct llama_model *m, int l)
+{
+	struct blk c = blk_of(m, l);
+	const struct llama_dims d = c.d;
+	const struct llama_block_acts *a = c.a;
 	rope_backward_f32(m->dq, m->rope_cos, m->rope_sin, d.B, d.T, d.H, d.D);
 	rope_backward_f32(m->dk, m->rope_cos, m->rope_sin, d.B, d.T, d.KV, d.D);
-	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, c->w.attn_norm, d.Ns, d.C, m->cfg.norm_eps);
+	rmsnorm_forward_f32(m->xn, a->rstd1, a->x, c.w.attn_norm, d.Ns, d.C, m->cfg.norm_eps);
 }
 
 /* attention: xmid = x + wo(att) */
-static void b_attn(struct llama_model *m, int l)
+static void b_wo(struct llama_model *m, int l)
 {
 	struct blk c = blk_of(m, l);
 	const struct llama_dims d = c.d;
@@ -285,7 +309,6 @@ static void b_attn(struct llama_model *m, int l)
 		memcpy(k.dout1, dout, (size_t)(d.N * d.C) * sizeof(float));
 		memcpy(k.att, c.a->att, (size_t)(d.N * d.HD) * sizeof(float));
 	}
-	b_attn_core_norm1(m, &c);
 }
 
 static void b_qkv(struct llama_model *m, int l)
@@ -565,12 +588,6 @@ static void ba_2(struct llama_model *m, int l)
 	rb_dw13(m, &c, 0, c.d.N, NULL);
 }
 
-static void ba_attn(struct llama_model *m, int l)
-{
-	struct blk c = blk_of(m, l);
-	b_attn_core_norm1(m, &c);
-}
-
 /* ---------------------------------------------------------------- selective recompute
  *
  * What the per-op policy dropped — k (wk, the 2nd matmul), the residual after attention (wo,
@@ -611,20 +628,31 @@ void llama_block_backward_weight(struct llama_model *m, int l, const struct llam
 
 /* ---------------------------------------------------------------- programs */
 
-#define SEG LLAMA_SEG
-#define AG  LLAMA_AG
-#define RS  LLAMA_RS
-#define AGN LLAMA_AGN
-#define RAG LLAMA_RAG
-#define RRS LLAMA_RRS
+#define SEG    LLAMA_SEG
+#define SEG_NR LLAMA_SEG_NR
+#define AG     LLAMA_AG
+#define RS     LLAMA_RS
+#define AGN    LLAMA_AGN
+#define RAG    LLAMA_RAG
+#define RRS    LLAMA_RRS
+#define CP_AG  LLAMA_CP_AG
+#define CP_RS  LLAMA_CP_RS
+#define CP_RNG LLAMA_CP_RING
+
+/* the attention core, and under CP its K/V transfers: forward, backward */
+#define ATTN_FWD                                                                                   \
+	SEG(f_rope), CP_AG(llama_cp_c_gather), SEG_NR(f_attn_core), CP_RNG(llama_cp_c_ring_forward)
+#define ATTN_BWD                                                                                   \
+	SEG(b_attn_zero), CP_AG(llama_cp_c_gather), SEG_NR(b_attn_core),                           \
+	    CP_RS(llama_cp_c_reduce_scatter), CP_RNG(llama_cp_c_ring_backward), SEG(b_rope_norm1)
 
 static const struct llama_op block_fwd[] = {
-    SEG(f_norm1),           AG(llama_c_ag_xn_attn), SEG(f_attn),         RS(llama_c_rs_part),
-    SEG(f_mid),             AG(llama_c_ag_xn_ffn),  SEG(f_ffn),          RS(llama_c_rs_part),
-    SEG(f_out)};
+    SEG(f_norm1), AG(llama_c_ag_xn_attn), SEG(f_qkv),  ATTN_FWD,
+    SEG(f_wo),    RS(llama_c_rs_part),    SEG(f_mid),  AG(llama_c_ag_xn_ffn),
+    SEG(f_ffn),   RS(llama_c_rs_part),    SEG(f_out)};
 static const struct llama_op block_fwd_async[] = {
-    SEG(f_norm1), RAG(r_ag_qkv, LLAMA_MM_QKV), SEG(f_attn_core), RRS(r_rs_wo, LLAMA_MM_WO),
-    SEG(f_mid),   RAG(r_ag_w13, LLAMA_MM_W13), SEG(f_swiglu),    RRS(r_rs_w2, LLAMA_MM_W2),
+    SEG(f_norm1), RAG(r_ag_qkv, LLAMA_MM_QKV), ATTN_FWD,  RRS(r_rs_wo, LLAMA_MM_WO),
+    SEG(f_mid),   RAG(r_ag_w13, LLAMA_MM_W13), SEG(f_swiglu), RRS(r_rs_w2, LLAMA_MM_W2),
     SEG(f_out)};
 
 static const struct llama_op block_bwd[] = {
@@ -638,7 +666,8 @@ static const struct llama_op block_bwd[] = {
     AGN(llama_c_ag_dnorm),
     SEG(b_ffn_norm_sum),
     AG(llama_c_ag_dres_wo),
-    SEG(b_attn),
+    SEG(b_wo),
+    ATTN_BWD,
     AG(llama_c_ag_xn_attn),
     SEG(b_qkv),
     RS(llama_c_rs_part),
@@ -657,7 +686,7 @@ static const struct llama_op block_bwd_async[] = {
     AGN(llama_c_ag_dnorm),
     SEG(b_ffn_norm_sum),
     RAG(r_ag_dres_wo, LLAMA_MM_WO),
-    SEG(ba_attn),
+    ATTN_BWD,
     RAG(r_ag_dwqkv, LLAMA_MM_QKV),
     SEG(NULL),
     RRS(r_rs_dxqkv, LLAMA_MM_QKV),

@@ -206,54 +206,42 @@ int64_t llama_cp_buf_bytes(const struct model_config *mc, const struct model_cos
 	return floats * s->elem_bytes;
 }
 
-/* The K/V transfers of a block's pass over the cp group (llama_cp.c), what this rank sends:
- *   allgather: forward (and a full recompute) all-gathers K and V, (cp - 1) shards each;
- *     backward gathers them again and reduce-scatters dK and dV;
+/* One K/V transfer of a block's pass p over the cp group (llama_cp.c's program items), what
+ * this rank sends:
+ *   allgather: the gather of K and V, (cp - 1) shards each, in forward (and a full
+ *     recompute) and again in backward; backward reduce-scatters dK and dV (kind);
  *   ring: forward (and a full recompute) passes K/V on cp - 1 times, each step beside the
  *     attention of the shard held; backward passes K/V on cp - 1 times beside the gradient
  *     of the shard held, and the shard's dK/dV on after it, cp times (the last brings it
- *     home), each waited for. */
-static void llama_cost_inner(const struct model_config *mc, const struct model_cost_shape *s, int u,
-                             enum model_pass p, struct model_prog *out)
+ *     home), each waited for (back_bytes). */
+void llama_cp_coll(const struct llama_config *full, const struct llama_prog_shape *ps,
+                   enum model_pass p, enum model_coll kind, bool ring, struct model_coll_desc *out)
 {
-	const struct llama_config c = llama_config_tp_slice(llama_cfg(mc), s->tp);
-	const int L = (int)c.n_layers, cp = (int)s->cp;
-	if (u < 1 || u > L)
+	const struct llama_config c = llama_config_tp_slice(full, ps->tp);
+	const struct model_cost_shape s = {.B = ps->B,
+	                                   .T = ps->T,
+	                                   .tp = ps->tp,
+	                                   .elem_bytes = ps->elem_bytes,
+	                                   .cp = ps->cp,
+	                                   .cp_ring = ps->cp_ring,
+	                                   .cp_headtail = ps->cp_headtail};
+	const int cp = (int)s.cp;
+	int64_t blk = s.B * cp_local_T(&s) * c.n_kv_heads * c.head_dim * s.elem_bytes;
+	*out = (struct model_coll_desc){.kind = kind,
+	                                .bytes = (int64_t)(cp - 1) * 2 * blk,
+	                                .group = cp,
+	                                .role = MODEL_GROUP_CP,
+	                                .steps = 2}; /* K, then V */
+	if (!ring)
 		return;
-	if (p == MODEL_PASS_REC && model_ac_block(s->ac, s->ac_every, u - 1) != MODEL_AC_FULL)
-		return; /* only a full recompute runs the attention (and its transfers) again */
-	int64_t blk = s->B * cp_local_T(s) * c.n_kv_heads * c.head_dim * s->elem_bytes;
 	struct llama_block_work w;
-	block_work(&c, s->B, cp_local_T(s), &w);
-	cp_block_work(&c, s, &w);
-	const struct model_coll_desc ag = {.kind = MODEL_COLL_ALL_GATHER,
-	                                   .bytes = (int64_t)(cp - 1) * blk,
-	                                   .group = cp,
-	                                   .role = MODEL_GROUP_CP};
-	if (!s->cp_ring) {
-		out->c[out->n++] = ag; /* K */
-		out->c[out->n++] = ag; /* V */
-		if (p == MODEL_PASS_BWD) {
-			struct model_coll_desc rs = ag;
-			rs.kind = MODEL_COLL_REDUCE_SCATTER;
-			out->c[out->n++] = rs; /* dK */
-			out->c[out->n++] = rs; /* dV */
-		}
-		return;
-	}
-	struct model_coll_desc kv = ag;
-	kv.bytes = (int64_t)(cp - 1) * 2 * blk;
-	kv.steps = cp - 1;
-	kv.ring = true;
-	kv.ring_flops = (p == MODEL_PASS_BWD ? w.bwd_attn : w.fwd_attn) * (cp - 1) / cp;
-	out->c[out->n++] = kv;
-	if (p == MODEL_PASS_BWD) {
-		struct model_coll_desc g = ag;
-		g.kind = MODEL_COLL_REDUCE_SCATTER;
-		g.bytes = (int64_t)cp * 2 * blk;
-		g.steps = cp;
-		out->c[out->n++] = g;
-	}
+	block_work(&c, s.B, cp_local_T(&s), &w);
+	cp_block_work(&c, &s, &w);
+	out->steps = cp - 1;
+	out->ring = true;
+	out->ring_flops = (p == MODEL_PASS_BWD ? w.bwd_attn : w.fwd_attn) * (cp - 1) / cp;
+	if (p == MODEL_PASS_BWD)
+		out->back_bytes = (int64_t)cp * 2 * blk;
 }
 
 static double llama_cost_flops(const struct model_config *mc, int64_t seq_len)
@@ -270,8 +258,15 @@ static void llama_cost_prog(const struct model_config *mc, const struct model_co
 {
 	const int L = (int)llama_cfg(mc)->n_layers;
 	enum model_ac ac = u >= 1 && u <= L ? model_ac_block(s->ac, s->ac_every, u - 1) : s->ac;
-	llama_tp_prog(llama_cfg(mc), (int)s->tp, async, ac, s->B, cp_local_T(s), s->elem_bytes, u, p,
-	              out);
+	const struct llama_prog_shape ps = {.B = s->B,
+	                                    .T = s->T,
+	                                    .tp = s->tp,
+	                                    .cp = s->cp,
+	                                    .elem_bytes = s->elem_bytes,
+	                                    .async = async,
+	                                    .cp_ring = s->cp_ring,
+	                                    .cp_headtail = s->cp_headtail};
+	llama_prog_descs_of(llama_cfg(mc), &ps, ac, u, p, out);
 }
 
 /* ---------------------------------------------------------------- calibration */
@@ -452,5 +447,4 @@ const struct model_cost_ops llama_cost_ops = {
     .flops_per_token = llama_cost_flops,
     .unit_prog = llama_cost_prog,
     .calib_init = llama_calib_init,
-    .unit_inner = llama_cost_inner,
 };

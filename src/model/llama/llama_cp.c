@@ -11,7 +11,8 @@
  * (kernels/attention_pos.c): query i sees key j iff order-position of j <= that of i.
  *
  * Two ways to reach the remote keys, both through the model's collective interface
- * (model/model_group.h, run by parallel/tp_coll over the mesh's cp group):
+ * (model/model_group.h, run by parallel/tp_coll over the mesh's cp group), each transfer
+ * an item of the block's programs (llama_block.c), so a schedule node of its own (CP_*):
  *   allgather (Llama 3's choice): one all-gather of this shard's K and V, attention of the
  *     local queries against all T keys; the backward gathers them again, computes dK, dV of
  *     all T keys and reduce-scatters them back onto their shards.
@@ -158,20 +159,45 @@ static void ring_step(struct llama_model *m, const float *from, float *to, int64
 	m->cp->ring_post(m->cp->ctx, from, to, floats * (int64_t)sizeof(float), step, what);
 }
 
-/* ---------------------------------------------------------------- entry points */
+/* ---------------------------------------------------------------- program items */
+
+bool llama_cp_ring_form(const struct llama_model *m)
+{
+	return m->cpb && m->cpb->ring;
+}
+
+bool llama_cp_headtail(const struct llama_model *m)
+{
+	if (!m->cpb)
+		return false;
+	for (int64_t t = 0; t < m->cpb->T; t++)
+		if (m->cpb->order[t] != t)
+			return true;
+	return false;
+}
+
+bool llama_cp_c_gather(struct llama_model *m, int l)
+{
+	gather_kv(m, m->acts[l].k, m->acts[l].v);
+	return true;
+}
 
 void llama_cp_attention_forward(struct llama_model *m, struct llama_block_acts *a)
 {
 	struct llama_cp_bufs *b = m->cpb;
 	const struct llama_dims d = llama_dims_of(m);
+	const int64_t S = m->cp->size, Tl = d.T, *qpos = b->order + (int64_t)m->cp->rank * Tl;
+	attention_mixed_pos_forward(a->att, a->lse, a->q, qpos, b->kv, b->kv + S * d.B * Tl * d.KVD,
+	                            b->order, d.B, Tl, b->T, d.H, d.KV, d.D);
+}
+
+bool llama_cp_c_ring_forward(struct llama_model *m, int l)
+{
+	struct llama_block_acts *a = &m->acts[l];
+	struct llama_cp_bufs *b = m->cpb;
+	const struct llama_dims d = llama_dims_of(m);
 	const int S = m->cp->size, r = m->cp->rank;
 	const int64_t Tl = d.T, *qpos = b->order + (int64_t)r * Tl;
-	if (!b->ring) {
-		gather_kv(m, a->k, a->v);
-		attention_mixed_pos_forward(a->att, a->lse, a->q, qpos, b->kv, b->kv + S * d.B * Tl * d.KVD,
-		                          b->order, d.B, Tl, b->T, d.H, d.KV, d.D);
-		return;
-	}
 	const int64_t blk = d.B * Tl * d.KVD, slot = 4 * blk;
 	float *cur = b->kv, *next = b->kv + slot;
 	memcpy(cur, a->k, (size_t)blk * sizeof(float));
@@ -192,6 +218,7 @@ void llama_cp_attention_forward(struct llama_model *m, struct llama_block_acts *
 			next = t;
 		}
 	}
+	return true;
 }
 
 void llama_cp_attention_backward(struct llama_model *m, const struct llama_block_acts *a)
@@ -200,20 +227,34 @@ void llama_cp_attention_backward(struct llama_model *m, const struct llama_block
 	const struct llama_dims d = llama_dims_of(m);
 	const int S = m->cp->size, r = m->cp->rank;
 	const int64_t Tl = d.T, *qpos = b->order + (int64_t)r * Tl, blk = d.B * Tl * d.KVD;
-	if (!b->ring) {
-		gather_kv(m, a->k, a->v);
-		float *dkf = b->dkv, *dvf = b->dkv + S * blk;
-		memset(dkf, 0, (size_t)(2 * S * blk) * sizeof(float));
-		attention_mixed_pos_backward(m->dq, dkf, dvf, m->datt, a->att, a->lse, a->q, qpos, b->kv,
-		                           b->kv + S * blk, b->order, d.B, Tl, b->T, d.H, d.KV, d.D);
-		/* every rank's share of each shard's dK / dV, summed onto the shard; K and V are
-		 * consumed, so their space stages the rank-major send buffers */
-		to_rank_major(b->kv, dkf, S, d.B, Tl, d.KVD);
-		m->cp->reduce_scatter_f32(m->cp->ctx, b->kv, m->dk, blk, b->scratch);
-		to_rank_major(b->kv + S * blk, dvf, S, d.B, Tl, d.KVD);
-		m->cp->reduce_scatter_f32(m->cp->ctx, b->kv + S * blk, m->dv, blk, b->scratch);
-		return;
-	}
+	float *dkf = b->dkv, *dvf = b->dkv + S * blk;
+	memset(dkf, 0, (size_t)(2 * S * blk) * sizeof(float));
+	attention_mixed_pos_backward(m->dq, dkf, dvf, m->datt, a->att, a->lse, a->q, qpos, b->kv,
+	                           b->kv + S * blk, b->order, d.B, Tl, b->T, d.H, d.KV, d.D);
+	/* every rank's share of each shard's dK / dV, to be summed onto the shard; K and V are
+	 * consumed, so their space stages the rank-major send buffers */
+	to_rank_major(b->kv, dkf, S, d.B, Tl, d.KVD);
+	to_rank_major(b->kv + S * blk, dvf, S, d.B, Tl, d.KVD);
+}
+
+bool llama_cp_c_reduce_scatter(struct llama_model *m, int l)
+{
+	struct llama_cp_bufs *b = m->cpb;
+	const struct llama_dims d = llama_dims_of(m);
+	const int64_t S = m->cp->size, blk = d.B * d.T * d.KVD;
+	(void)l;
+	m->cp->reduce_scatter_f32(m->cp->ctx, b->kv, m->dk, blk, b->scratch);
+	m->cp->reduce_scatter_f32(m->cp->ctx, b->kv + S * blk, m->dv, blk, b->scratch);
+	return true;
+}
+
+bool llama_cp_c_ring_backward(struct llama_model *m, int l)
+{
+	const struct llama_block_acts *a = &m->acts[l];
+	struct llama_cp_bufs *b = m->cpb;
+	const struct llama_dims d = llama_dims_of(m);
+	const int S = m->cp->size, r = m->cp->rank;
+	const int64_t Tl = d.T, *qpos = b->order + (int64_t)r * Tl, blk = d.B * Tl * d.KVD;
 	/* each slot: [k | v | dk | dv] of one shard */
 	const int64_t slot = 4 * blk;
 	float *cur = b->kv, *next = b->kv + slot;
@@ -239,4 +280,5 @@ void llama_cp_attention_backward(struct llama_model *m, const struct llama_block
 	}
 	memcpy(m->dk, cur + 2 * blk, (size_t)blk * sizeof(float));
 	memcpy(m->dv, cur + 3 * blk, (size_t)blk * sizeof(float));
+	return true;
 }

@@ -77,7 +77,8 @@ static const struct model_ops llama_ops;
 static double llama_op_unit_op(void *impl, int u, enum model_pass p, int op, double dscale,
                                bool *ran)
 {
-	if (!((struct llama_model *)impl)->tp) /* one segment per pass */
+	const struct llama_model *lm = impl;
+	if (!lm->tp && !lm->cp) /* one segment per pass */
 		return model_unit_pass(&llama_ops, impl, u, p, op, dscale, ran);
 	return llama_unit_op(impl, u, p, op, dscale, NULL, ran);
 }

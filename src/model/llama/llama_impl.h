@@ -50,10 +50,18 @@ enum llama_coll_size { LLAMA_COLL_ACT, LLAMA_COLL_NORM };
 /* the matmul an async TP ring hides behind (for the cost model) */
 enum llama_ring_mm { LLAMA_MM_NONE, LLAMA_MM_QKV, LLAMA_MM_WO, LLAMA_MM_W13, LLAMA_MM_W2 };
 
-/* One op of a pass: at even indices a segment (seg may be NULL: nothing to compute there), at
- * odd indices a collective, which returns whether it ran (the loss gradient's reduce-scatter
- * runs on one side of the fused loss only). Segments hand state to the next op through the
- * model's buffers, so the ops in order compute the pass; l is the block (unit - 1). */
+/* Which context-parallel form an op of a program belongs to: every form (ANY), only the
+ * all-gather form (the K/V all-gather and the dK/dV reduce-scatter), only the ring (its
+ * K/V steps fused with the attention of the shard held), or every form but the ring (the
+ * attention core computed in a segment: one rank's, or against the gathered keys). */
+enum llama_cp_form { LLAMA_CP_ANY, LLAMA_CP_ALLGATHER, LLAMA_CP_RING, LLAMA_CP_NOT_RING };
+
+/* One item of a pass's table: a segment (seg; NULL: nothing to compute) or a collective
+ * (coll, which returns whether it ran: the loss gradient's reduce-scatter runs on one side
+ * of the fused loss only). Segments hand state to the next item through the model's
+ * buffers, so the items in order compute the pass; l is the block (unit - 1). A collective
+ * of role TP is in the program only under TP, one of role CP only under CP in its form;
+ * one rank has neither (llama_prog_eff). */
 struct llama_op {
 	void (*seg)(struct llama_model *m, int l);
 	bool (*coll)(struct llama_model *m, int l);
@@ -62,6 +70,8 @@ struct llama_op {
 	bool ring;                 /* async TP: ring steps with the matmul beside it */
 	enum model_coll_when when; /* MODEL_COLL_ALWAYS unless the loss gradient's */
 	enum llama_ring_mm ring_mm;
+	enum model_group_role role;
+	enum llama_cp_form cp;
 };
 
 struct llama_prog {
@@ -73,6 +83,11 @@ struct llama_prog {
 #define LLAMA_SEG(f)                                                                               \
 	{                                                                                          \
 		.seg = (f)                                                                         \
+	}
+/* a segment every context-parallel form but the ring has */
+#define LLAMA_SEG_NR(f)                                                                            \
+	{                                                                                          \
+		.seg = (f), .cp = LLAMA_CP_NOT_RING                                                \
 	}
 #define LLAMA_AG(f)                                                                                \
 	{                                                                                          \
@@ -96,6 +111,40 @@ struct llama_prog {
 		.coll = (f), .kind = MODEL_COLL_REDUCE_SCATTER, .size = LLAMA_COLL_ACT,            \
 		.ring = true, .ring_mm = (mm)                                                      \
 	}
+/* context parallelism's K/V transfers (llama_cp.c): the all-gather form's gather of K and V
+ * and reduce-scatter of dK and dV, and the ring (forward or backward, the attention inside) */
+#define LLAMA_CP_AG(f)                                                                             \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_ALL_GATHER, .role = MODEL_GROUP_CP,                \
+		.cp = LLAMA_CP_ALLGATHER                                                           \
+	}
+#define LLAMA_CP_RS(f)                                                                             \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_REDUCE_SCATTER, .role = MODEL_GROUP_CP,            \
+		.cp = LLAMA_CP_ALLGATHER                                                           \
+	}
+#define LLAMA_CP_RING(f)                                                                           \
+	{                                                                                          \
+		.coll = (f), .kind = MODEL_COLL_ALL_GATHER, .role = MODEL_GROUP_CP, .ring = true,  \
+		.cp = LLAMA_CP_RING                                                                \
+	}
+
+/* What a program depends on of the layout: TP (and async TP), CP (and its form). */
+struct llama_layout {
+	bool tp, async, cp, ring;
+};
+
+/* A pass as it runs in a layout: op 2k is segment k, the table's items [lo, hi) (those of
+ * them that are segments of the layout, in order), op 2k + 1 collective k, item lo. One
+ * rank's program is one segment: every item a segment of the pass. */
+struct llama_eff {
+	int n_ops;
+	struct {
+		int lo, hi;
+	} op[2 * MODEL_PROG_MAX + 1];
+};
+bool llama_op_in(const struct llama_op *o, struct llama_layout lay);
+void llama_prog_eff(struct llama_prog g, struct llama_layout lay, struct llama_eff *e);
 
 /* Block l's own checkpointing mode (never MODEL_AC_LAYER: that policy picks FULL or NONE per
  * block, model/model_ac.h), and unit u's (the embedding and head: the model's mode). */
@@ -112,6 +161,8 @@ struct llama_prog llama_block_prog(bool async, enum model_ac ac, enum model_pass
 struct llama_prog llama_embed_prog(enum model_pass p);
 struct llama_prog llama_head_prog(enum model_pass p);
 struct llama_prog llama_prog_of(int L, bool async, enum model_ac ac, int u, enum model_pass p);
+/* the layout of a built model */
+struct llama_layout llama_layout_of(const struct llama_model *m);
 
 /* ---------------------------------------------------------------- split backward */
 
@@ -133,10 +184,23 @@ void llama_embed_backward_weight(struct llama_model *m, const struct llama_wkeep
 int llama_cp_build(struct llama_model *m, const struct llama_build_opts *opts);
 void llama_cp_free(struct llama_model *m);
 int64_t llama_cp_bytes(const struct llama_model *m);
-/* a->att, a->lse from a->q, a->k, a->v (after RoPE) against every rank's keys */
+/* the ring form (rotate method alltoall); shards not in sequence order (head-tail) */
+bool llama_cp_ring_form(const struct llama_model *m);
+bool llama_cp_headtail(const struct llama_model *m);
+/* The program items of the attention core under CP (l: the block; a pass's items in this
+ * order). Forward: the all-gather form gathers K and V (llama_cp_c_gather), then
+ * llama_cp_attention_forward computes a->att, a->lse of the local queries against all of
+ * them; the ring computes them in llama_cp_c_ring_forward. Backward (m->dq, m->dk, m->dv
+ * zeroed before, m->datt given): the all-gather form gathers again, computes every key's
+ * share of the gradient and stages it (llama_cp_attention_backward), and reduce-scatters it
+ * onto the shards (llama_cp_c_reduce_scatter); the ring does all of it in
+ * llama_cp_c_ring_backward. */
+bool llama_cp_c_gather(struct llama_model *m, int l);
 void llama_cp_attention_forward(struct llama_model *m, struct llama_block_acts *a);
-/* m->dq, m->dk, m->dv (zeroed by the caller) from m->datt: this shard's gradients */
+bool llama_cp_c_ring_forward(struct llama_model *m, int l);
 void llama_cp_attention_backward(struct llama_model *m, const struct llama_block_acts *a);
+bool llama_cp_c_reduce_scatter(struct llama_model *m, int l);
+bool llama_cp_c_ring_backward(struct llama_model *m, int l);
 
 /* ---------------------------------------------------------------- tensor parallelism */
 

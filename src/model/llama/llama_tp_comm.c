@@ -3,7 +3,7 @@
  * partial gradients, and async TP's ring steps that hide them behind the matmul beside them —
  * called through the model's collective interface (model/model_group.h), which parallel/
  * tp_coll runs; and the programs' collectives as descriptors for a schedule and the cost
- * model (llama_tp_prog). The programs that name them are in llama_block.c and llama_head.c.
+ * model (llama_prog_descs_of). The programs that name them are in llama_block.c and llama_head.c.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +12,7 @@
 #include "base/mem.h"
 #include "kernels/fp8_linear.h"
 #include "kernels/kernels.h"
+#include "model/llama/llama_cost.h"
 #include "model/llama/llama_impl.h"
 #include "model/model_group.h"
 
@@ -332,17 +333,26 @@ static double ring_flops(const struct llama_config *c, int S, int64_t N, enum mo
 	return 0.0;
 }
 
-void llama_tp_prog(const struct llama_config *c, int tp, bool async, enum model_ac ac, int64_t B,
-                   int64_t T, int64_t elem_bytes, int u, enum model_pass p, struct model_prog *out)
+void llama_prog_descs_of(const struct llama_config *c, const struct llama_prog_shape *s,
+                         enum model_ac ac, int u, enum model_pass p, struct model_prog *out)
 {
-	struct llama_prog g = llama_prog_of((int)c->n_layers, async, ac, u, p);
-	int64_t N = B * T, Ns = (N + tp - 1) / tp;
+	const struct llama_layout lay = {
+	    .tp = s->tp > 1, .async = s->tp > 1 && s->async, .cp = s->cp > 1, .ring = s->cp_ring};
+	struct llama_prog g = llama_prog_of((int)c->n_layers, lay.async, ac, u, p);
+	struct llama_eff e;
+	llama_prog_eff(g, lay, &e);
+	const int tp = (int)s->tp;
+	int64_t N = s->B * (s->cp > 1 ? s->T / s->cp : s->T), Ns = (N + tp - 1) / tp;
 	memset(out, 0, sizeof(*out));
-	for (int i = 1; i < g.n_ops; i += 2) {
-		const struct llama_op *o = &g.ops[i];
-		CHECK(out->n < MODEL_PROG_MAX, "TP program of unit %d: too many collectives", u);
+	for (int k = 1; k < e.n_ops; k += 2) {
+		const struct llama_op *o = &g.ops[e.op[k].lo];
+		CHECK(out->n < MODEL_PROG_MAX, "program of unit %d: too many collectives", u);
+		if (o->role == MODEL_GROUP_CP) {
+			llama_cp_coll(c, s, p, o->kind, o->ring, &out->c[out->n++]);
+			continue;
+		}
 		int64_t blk =
-		    (o->size == LLAMA_COLL_NORM ? (int64_t)sizeof(float) : Ns * elem_bytes) *
+		    (o->size == LLAMA_COLL_NORM ? (int64_t)sizeof(float) : Ns * s->elem_bytes) *
 		    c->dim;
 		out->c[out->n++] = (struct model_coll_desc){
 		    .kind = o->kind,
