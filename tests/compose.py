@@ -160,9 +160,6 @@ RULES = [
     ("moe-cp", lambda c: c["family"] == "deepseek_v3" and is_cp(c["layout"]),
      "not yet: the MoE family's attention has no context-parallel glue",
      "has no context-parallel glue"),
-    ("moe-float8", lambda c: c["family"] == "deepseek_v3" and is_f8(c["precision"]),
-     "not yet: the MoE family has no float8 linears",
-     "the family has no float8 linears"),
 ]
 
 # Tolerances (relative; parameters: per tensor, |got - ref| / |ref| in the L2 norm), from the

@@ -25,7 +25,7 @@
 #    with the bias on reshard between pp layouts: a pp=2 step-3 checkpoint resumes on 1 rank,
 #    a 1-rank one at pp=2 x ep=2, both within 1e-5 of the uninterrupted runs;
 #  - ctitan plot draws balance.png;
-#  - refusals with exit 2: TP, float8, a llama3 flavor; ctitan plan runs for the
+#  - refusals with exit 2: TP, a llama3 flavor; ctitan plan runs for the
 #    family (its cost model), refuses ep not dividing dp_shard and ep for a family
 #    without experts.
 #   tests/moe_cli.sh build/ctitan
@@ -275,7 +275,7 @@ done
 check "ctitan plot draws balance.png" $?
 
 # 4. refusals
-for bad in --model.converters=float8 --model.flavor=debugmodel --model.moe_top_k=9; do
+for bad in --model.flavor=debugmodel --model.moe_top_k=9; do
   "$CTITAN" train "$CFG" "${COMMON[@]}" "$bad" --job.dump_folder="$tmp/f" > "$tmp/f.log" 2>&1
   rc=$?
   [ $rc -eq 2 ]
@@ -294,6 +294,12 @@ done
 rc=$?
 [ $rc -eq 0 ] && grep -q "predicted step time  *[0-9.]* s" "$tmp/p.log"
 check "plan: deepseek_v3-16B on 8 ranks (the family's cost model), exit $rc" $?
+"$CTITAN" plan "$CFG" --world-size 4 --metrics.peak_tflops=989 --comm.bandwidth_gbps=400 \
+  --model.converters=float8 > "$tmp/p.log" 2>&1
+rc=$?
+[ $rc -eq 2 ] && grep -q "model.converters = float8 with model.name = \"deepseek_v3\": not modelled" \
+  "$tmp/p.log"
+check "plan: float8 for the MoE family refused with its reason (training runs it), exit $rc" $?
 "$CTITAN" plan "$CFG" --world-size 4 --metrics.peak_tflops=989 --comm.bandwidth_gbps=400 \
   --parallelism.expert_parallel_degree=3 > "$tmp/p.log" 2>&1
 rc=$?

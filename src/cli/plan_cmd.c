@@ -291,6 +291,16 @@ static int plan_run(const struct ct_config *cfg, int64_t world, bool all_nodes)
 		          fam->name);
 		return CT_ERR_USAGE;
 	}
+	if (fam->ep && compute_float8(c)) {
+		/* plan_float8 prices every block as block 1 and a linear's FLOPs by its weights:
+		 * a MoE block's routed experts (high precision, top-k of them active) are neither */
+		LOG_ERROR("ctitan plan: model.converters = float8 with model.name = \"%s\": not "
+		          "modelled (the plan prices float8 from the first block's weights as every "
+		          "block's; the MoE blocks' routed experts stay high precision and only top-k "
+		          "of them compute); training runs it",
+		          fam->name);
+		return CT_ERR_USAGE;
+	}
 	struct step_plan_opts o;
 	rc = step_config_opts(cfg, &o);
 	if (rc)

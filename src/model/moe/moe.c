@@ -230,6 +230,12 @@ int moe_table_build_ep(struct param_table *t, const struct moe_config *c, int ep
 			param_table_add(t, &cap, name, l + 1, shape[k][0], shape[k][1], !norm,
 			                init);
 			bool expert = !dense && (k == MB_W1 || k == MB_W2 || k == MB_W3);
+			/* float8 converts the dense linears (attention, the shared experts, the
+			 * dense blocks' FFN); the routed experts (grouped by expert, as TorchTitan's
+			 * Float8LinearConverter, which swaps nn.Linear only) and the router (gating
+			 * in high precision, DeepSeek-V3's recipe) stay high precision */
+			if (expert || k == MB_GATE)
+				t->p[t->count - 1].high_precision = true;
 			if (expert && ep > 1) { /* rows [ep_rank * rows, ..) of the global tensor */
 				struct param_entry *p = &t->p[t->count - 1];
 				p->expert = true;

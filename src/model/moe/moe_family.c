@@ -2,7 +2,7 @@
  * its operations, its entry of the family table, its [model] keys, and what it supports
  * (one rank, FSDP and expert parallelism inside it, pipeline stages with both; every
  * activation-checkpointing mode; the cost model; Hugging Face export and import with
- * DeepSeek-V3's names (moe_hf.c); no TP, float8 or MLA yet). */
+ * DeepSeek-V3's names (moe_hf.c); float8 dense linears; no TP or MLA yet). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,6 +50,8 @@ struct moe_config *moe_cfg_init(struct model_config *mc)
 static void moe_op_bind(void *impl, int u, float *params, float *grads)
 {
 	moe_bind_unit(impl, u, params, grads);
+	struct moe_model *m = impl;
+	model_fp8_bind(&m->table, u, params, NULL, NULL);
 }
 static double moe_op_forward(void *impl, int u, int64_t *n_valid)
 {
@@ -392,6 +394,7 @@ const struct model_family moe_family = {
     .ep = true,
     .pp = true,
     .cost_model = true,
+    .float8 = true,
     .cost = &moe_cost_ops,
     .export_hf = true,
     .hf = &moe_hf_ops,
