@@ -192,8 +192,8 @@ static int64_t llama_activation_bytes(const struct model_config *mc,
 }
 
 /* llama_cp_build's buffers (blk: one shard's K of this TP rank's heads): allgather, the
- * gathered K/V, the dK/dV of all keys (their rank-major staging) and the reduce-scatter
- * scratch; the ring, two slots of [K|V|dK|dV], a partial output and its lse. */
+ * gathered K/V and the dK/dV of all keys (their rank-major staging, then the reduce-scatter's
+ * scratch); the ring, two slots of [K|V|dK|dV], a partial output and its lse. */
 int64_t llama_cp_buf_bytes(const struct model_config *mc, const struct model_cost_shape *s)
 {
 	if (s->cp <= 1)
@@ -202,7 +202,7 @@ int64_t llama_cp_buf_bytes(const struct model_config *mc, const struct model_cos
 	int64_t Tl = cp_local_T(s), KVD = c.n_kv_heads * c.head_dim, blk = s->B * Tl * KVD;
 	int64_t floats = s->cp_ring
 	                     ? 8 * blk + s->B * Tl * c.n_heads * c.head_dim + s->B * c.n_heads * Tl
-	                     : 4 * s->cp * blk + 2 * blk;
+	                     : 4 * s->cp * blk;
 	return floats * s->elem_bytes;
 }
 

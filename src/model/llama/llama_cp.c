@@ -38,9 +38,11 @@ struct llama_cp_bufs {
 	/* allgather: (B, T, KVD) k then v; ring: 2 slots of [k|v|dk|dv] */
 	float *kv;
 	/* allgather: (B, T, KVD) dk then dv of all T keys; before them (and in forward) the
-	 * rank-major (cp, B, Tl, KVD) staging of the gathered k and v */
+	 * rank-major (cp, B, Tl, KVD) staging of the gathered k and v, after them (staged
+	 * into kv) the reduce-scatter's scratch */
 	float *dkv;
-	float *scratch; /* allgather: reduce-scatter scratch (2 x B*Tl*KVD); ring: partial out */
+	float *scratch; /* ring: partial out (allgather: none; dkv, consumed by then, is the
+	                   reduce-scatter's scratch) */
 	float *lse_b;   /* ring: partial lse (B, H, Tl) */
 	size_t bytes;
 };
@@ -85,7 +87,6 @@ int llama_cp_build(struct llama_model *m, const struct llama_build_opts *opts)
 	} else {
 		b->kv = cp_alloc(b, 2 * S * blk);
 		b->dkv = cp_alloc(b, 2 * S * blk);
-		b->scratch = cp_alloc(b, 2 * blk);
 	}
 	return CT_OK;
 }
@@ -104,7 +105,6 @@ void llama_cp_free(struct llama_model *m)
 	} else {
 		mem_free(MEM_ACTIVATIONS, b->kv, (size_t)(2 * S * blk) * sizeof(float));
 		mem_free(MEM_ACTIVATIONS, b->dkv, (size_t)(2 * S * blk) * sizeof(float));
-		mem_free(MEM_ACTIVATIONS, b->scratch, (size_t)(2 * blk) * sizeof(float));
 	}
 	free(b->order);
 	free(b);
@@ -243,8 +243,9 @@ bool llama_cp_c_reduce_scatter(struct llama_model *m, int l)
 	const struct llama_dims d = llama_dims_of(m);
 	const int64_t S = m->cp->size, blk = d.B * d.T * d.KVD;
 	(void)l;
-	m->cp->reduce_scatter_f32(m->cp->ctx, b->kv, m->dk, blk, b->scratch);
-	m->cp->reduce_scatter_f32(m->cp->ctx, b->kv + S * blk, m->dv, blk, b->scratch);
+	/* dkv was staged into kv (llama_cp_attention_backward): its space is the scratch */
+	m->cp->reduce_scatter_f32(m->cp->ctx, b->kv, m->dk, blk, b->dkv);
+	m->cp->reduce_scatter_f32(m->cp->ctx, b->kv + S * blk, m->dv, blk, b->dkv);
 	return true;
 }
 
