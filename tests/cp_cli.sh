@@ -40,6 +40,17 @@ cp_run cp2_auto_profiled 2 --parallelism.context_parallel_degree=2 --comm.bucket
 grep -q "cost model: context-parallel K/V transfers" "$tmp/cp2_auto_profiled.log" &&
   grep -q "cost model vs this step" "$tmp/cp2_auto_profiled.log"
 check "cp=2 with automatic buckets and profiling: the K/V transfers priced, the step compared" $?
+# the K/V transfers are schedule nodes: the profiled step's trace has them (category cp), and
+# the profile compares them as a row of their own
+/usr/bin/python3 - "$tmp/cp2_auto_profiled/profile_trace/iteration_2/rank0_trace.json" <<'PY'
+import collections, json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+n = collections.Counter(e["name"].split()[0] for e in ev if e.get("cat") == "cp")
+# 6 blocks, 1 micro-batch: CP-AG in forward and backward, CP-RS in backward
+sys.exit(0 if n["CP-AG"] == 12 and n["CP-RS"] == 6 else f"cp trace events: {dict(n)}")
+PY
+[ $? -eq 0 ] && grep -q "^  CP K/V transfers  *18 " "$tmp/cp2_auto_profiled.log"
+check "cp=2 trace: 12 CP-AG and 6 CP-RS nodes (category cp), and their profile row of 18" $?
 cp_run cp2_ring_thread 2 --parallelism.context_parallel_degree=2 \
   --parallelism.context_parallel_rotate_method=alltoall --comm.progress=thread
 cp_run cp4_none 4 --parallelism.context_parallel_degree=4 \
