@@ -40,6 +40,15 @@ float fp8_scale_from_amax(double amax, enum fp8_fmt f, bool pow2)
 	return s;
 }
 
+/* max(m, |v|) as fmaxf(m, fabsf(v)) for m not NaN (a NaN v leaves m), written as the compare
+ * the compiler turns into maxps: fmaxf is a libm call it will not vectorise, and was most of a
+ * small float8 step. */
+static inline float amax_step(float m, float v)
+{
+	float a = fabsf(v);
+	return a > m ? a : m;
+}
+
 float fp8_amax(const float *x, int64_t n)
 {
 	float m = 0.0f;
@@ -47,7 +56,7 @@ float fp8_amax(const float *x, int64_t n)
 	 * (-Wpass-failed); the loop is memory-bound */
 #pragma omp parallel for reduction(max : m) schedule(static)
 	for (int64_t i = 0; i < n; i++)
-		m = fmaxf(m, fabsf(x[i]));
+		m = amax_step(m, x[i]);
 	return m;
 }
 
@@ -57,7 +66,7 @@ void fp8_amax_rows(float *out, const float *x, int64_t rows, int64_t cols)
 	for (int64_t r = 0; r < rows; r++) {
 		float m = 0.0f;
 		for (int64_t c = 0; c < cols; c++)
-			m = fmaxf(m, fabsf(x[r * cols + c]));
+			m = amax_step(m, x[r * cols + c]);
 		out[r] = m;
 	}
 }
@@ -72,7 +81,7 @@ void fp8_amax_cols(float *out, const float *x, int64_t rows, int64_t cols)
 			out[c] = 0.0f;
 		for (int64_t r = 0; r < rows; r++)
 			for (int64_t c = c0; c < c1; c++)
-				out[c] = fmaxf(out[c], fabsf(x[r * cols + c]));
+				out[c] = amax_step(out[c], x[r * cols + c]);
 	}
 }
 
