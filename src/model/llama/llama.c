@@ -302,6 +302,9 @@ void llama_bind_unit(struct llama_model *m, int u, float *params, float *grads)
 int64_t llama_ce_rows(int64_t V, int64_t N)
 {
 	int64_t rows = LLAMA_CE_LOGIT_BYTES / (4 * V);
+	int64_t quarter = (N + 3) / 4;
+	int64_t want = quarter > LLAMA_CE_MIN_ROWS ? quarter : LLAMA_CE_MIN_ROWS;
+	rows = rows < want ? rows : want;
 	return rows < 1 ? 1 : (rows > N ? N : rows);
 }
 

@@ -63,11 +63,17 @@ void llama_init_params(const struct llama_config *c, const struct param_table *t
 
 /* RoPE tables (T, head_dim/2): cos and sin of t * f_i (with Llama 3.1 scaling if enabled). */
 void llama_rope_tables(const struct llama_config *c, int64_t T, float *cos_tab, float *sin_tab);
-/* Rows of the output projection + cross-entropy done at once over a vocabulary of V (fp32
- * logits of LLAMA_CE_LOGIT_BYTES), at least 1, at most the N rows there are. At 4 MiB the
- * 125M model's head products ran at M = 128 and 210-270 GFLOP/s in the step; at 16 MiB
- * (M = 512) 276-323 (2 threads, AVX-512). */
+/* Rows of the output projection + cross-entropy done at once over a vocabulary of V: fp32
+ * logits of at most LLAMA_CE_LOGIT_BYTES, and at most a quarter of the N rows there are but
+ * never fewer than LLAMA_CE_MIN_ROWS (nor more than N, nor fewer than 1). The bytes cap bounds
+ * the loss's buffers at large vocabularies; the quarter makes them shrink with the tokens a
+ * rank holds, as every other activation does (a context-parallel rank's N is 1/cp of one
+ * rank's; with the bytes cap alone both held the same 16 MiB chunk); the floor keeps the head
+ * GEMM's M off the small sizes where it slows: at 4 MiB the 125M model's head products ran at
+ * M = 128 and 210-270 GFLOP/s in the step; at 16 MiB (M = 512) 276-323 (2 threads, AVX-512).
+ * The floor only binds below 1,024 rows a micro-batch. */
 #define LLAMA_CE_LOGIT_BYTES ((int64_t)16 << 20)
+#define LLAMA_CE_MIN_ROWS 256
 int64_t llama_ce_rows(int64_t V, int64_t N);
 
 /* FLOPs per token, TorchTitan's formula: 6*(N - N_embedding) + 12*L*C*T. */
