@@ -132,12 +132,23 @@ double sched_cost_cp_s(const struct sched_cost_model *cm, enum sched_work work,
 	return n * (step > hide ? step - hide : 0.0) + back;
 }
 
-/* A CP ring node's own compute: the attention of every shard it holds (ring_flops is that of
- * the steps' shards, cp - 1 of cp), at the attention rate; 0 for another collective. */
-static double cp_ring_inside_s(const struct sched_cost_model *cm, enum sched_work k,
-                               const struct model_coll_desc *c)
+/* A ring node's own compute, which the executor runs inside the node: a CP ring's attention
+ * of every shard it holds (ring_flops is that of the steps' shards, cp - 1 of cp) at the
+ * attention rate; an async TP ring's fused matmul (ring_flops, all of it) at the matmul rate;
+ * 0 for another collective. */
+static double ring_inside_s(const struct sched_cost_model *cm, enum sched_work k,
+                            const struct model_coll_desc *c)
 {
-	if (c->role != MODEL_GROUP_CP || !c->ring || c->steps < 1)
+	if (!c->ring)
+		return 0.0;
+	if (c->role == MODEL_GROUP_TP) {
+		if (c->group < 2 || c->when == MODEL_COLL_IF_NOT_FUSED)
+			return 0.0;
+		double r = cm->rate[k][SCHED_TERM_MATMUL] > 0 ? cm->rate[k][SCHED_TERM_MATMUL]
+		                                             : cm->matmul_flops;
+		return r > 0 ? c->ring_flops / r : 0.0;
+	}
+	if (c->role != MODEL_GROUP_CP || c->steps < 1)
 		return 0.0;
 	double r = cm->rate[k][SCHED_TERM_ATTN] > 0 ? cm->rate[k][SCHED_TERM_ATTN] : cm->attn_flops;
 	return r > 0 ? c->ring_flops * (c->steps + 1) / c->steps / r : 0.0;
@@ -235,10 +246,10 @@ static double pass_compute_s(const struct sched *s, const struct sched_cost_mode
 		inner += ep;
 		*tp_s += inner_tp_s(cm, n->unit, k); /* on the compute thread, as TP nodes */
 	}
-	if (s->lowered) { /* (a CP ring's attention is its node's, not the segments') */
+	if (s->lowered) { /* (a ring's attention or matmul is its node's, not the segments') */
 		double rings = 0.0;
 		for (int j = 0; j < g->n; j++)
-			rings += cp_ring_inside_s(cm, k, &g->c[j]);
+			rings += ring_inside_s(cm, k, &g->c[j]);
 		return (dt > rings ? dt - rings : 0.0) / (double)(g->n + 1) + inner;
 	}
 	for (int j = 0; j < g->n; j++) { /* unlowered: the program's collectives all block */
@@ -422,11 +433,17 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 			take(&pw, -1);
 			break;
 		case SCHED_TP_ALL_GATHER:
-		case SCHED_TP_REDUCE_SCATTER: {
-			double dt = sched_cost_tp_s(cm, work_of(n->pass),
-			                            &sched_node_prog(s, n)->c[n->seg], NULL);
+		case SCHED_TP_REDUCE_SCATTER: { /* blocking, on the compute thread: an async TP
+		                                   ring's fused matmul, and what of its steps the
+		                                   matmul did not hide */
+			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
+			double in = ring_inside_s(cm, work_of(n->pass), c);
+			p->compute_s += in;
+			double wall = repay(&debt, in);
+			p->comm_cpu_paid_s += wall - in;
+			double dt = sched_cost_tp_s(cm, work_of(n->pass), c, NULL);
 			p->tp_s += dt;
-			t += dt; /* blocking, on the compute thread */
+			t += wall + dt;
 			break;
 		}
 		case SCHED_CP_ALL_GATHER:
@@ -434,7 +451,7 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		case SCHED_CP_RING: { /* on the compute thread: the ring's attention, and what of
 		                         its steps the attention did not hide */
 			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
-			double in = cp_ring_inside_s(cm, work_of(n->pass), c);
+			double in = ring_inside_s(cm, work_of(n->pass), c);
 			p->compute_s += in;
 			double wall = repay(&debt, in);
 			p->comm_cpu_paid_s += wall - in;
