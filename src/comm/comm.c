@@ -402,14 +402,15 @@ static void sendrecv_f32(const float *s, int to, float *r, int from, int64_t cou
 /* Ring (any group size): in round k, rank r sends its running sum of chunk (r - k - 1) mod n
  * to r+1 and receives chunk (r - k - 2) mod n from r-1, adding its own contribution. After
  * n-1 rounds rank r holds the full sum of chunk r. Chunk c is summed in the ring order
- * starting at rank c+1, the same on every run but different from chunk to chunk. */
+ * starting at rank c+1, the same on every run but different from chunk to chunk. The running
+ * sum lives in recv, the chunk received in scratch. */
 static void reduce_scatter_ring(const struct comm_group *g, const float *send, float *recv,
                                 int64_t count, float *scratch)
 {
 	int n = g->size, r = g->rank;
 	MPI_Comm c = mpi_comm(g);
 	int next = (r + 1) % n, prev = (r + n - 1) % n;
-	float *acc = scratch, *in = scratch + count;
+	float *acc = recv, *in = scratch;
 	int chunk = (r + n - 1) % n;
 	memcpy(acc, send + (int64_t)chunk * count, (size_t)count * sizeof(float));
 	for (int k = 0; k < n - 1; k++) {
@@ -420,7 +421,6 @@ static void reduce_scatter_ring(const struct comm_group *g, const float *send, f
 		for (int64_t i = 0; i < count; i++)
 			acc[i] = in[i] + mine[i];
 	}
-	memcpy(recv, acc, (size_t)count * sizeof(float));
 }
 
 /* Recursive halving (group size a power of two), in place in buf: in round k rank r pairs

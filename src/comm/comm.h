@@ -97,9 +97,10 @@ void comm_all_gather(const struct comm_group *g, const void *send, void *recv,
  * element is summed in one pairwise tree over ranks in order, ((g0 + g1) + (g2 + g3)), the
  * same for every chunk, so one process that sums per-rank gradients that way reproduces N
  * ranks bitwise; other sizes use a ring (each chunk summed from a different starting rank).
- * send is the working buffer: its contents are overwritten. */
+ * send is the working buffer: its contents may be overwritten. recv (count floats) and
+ * scratch (count floats) must not overlap send or each other. */
 void comm_reduce_scatter_f32(const struct comm_group *g, float *send, float *recv, int64_t count,
-                             float *scratch /* 2*count floats */);
+                             float *scratch /* count floats */);
 void comm_all_reduce_f32(const struct comm_group *g, float *buf, int64_t count);
 void comm_all_reduce_f64(const struct comm_group *g, double *buf, int64_t count);
 void comm_all_reduce_i64(const struct comm_group *g, int64_t *buf, int64_t count);

@@ -36,7 +36,7 @@ struct comm_op {
 	const void *send; /* reduce-scatter: overwritten (the collective's working buffer) */
 	void *recv;
 	int64_t count;     /* all-gather, sendrecv: bytes (per rank); reduce-scatter: floats */
-	float *scratch;    /* reduce-scatter: 2*count floats */
+	float *scratch;    /* reduce-scatter: count floats */
 	const char *what;  /* label for errors and traces, e.g. "all-gather unit 3" */
 	int to, from, tag; /* sendrecv: send `count` bytes to rank `to` of the group, receive as
 	                      many from `from`, point-to-point with this tag (async TP's rings) */

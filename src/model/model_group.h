@@ -28,7 +28,7 @@ struct model_group {
 	void (*all_gather)(void *ctx, const void *send, void *recv, int64_t bytes_per_rank,
 	                   bool on_link);
 	/* recv(count) = this rank's block of the sum over ranks of send(size x count); send and
-	 * scratch (2 x count) are working memory */
+	 * scratch (count; the model's TP and CP buffers still give 2 x count) are working memory */
 	void (*reduce_scatter_f32)(void *ctx, float *send, float *recv, int64_t count,
 	                           float *scratch);
 	void (*all_reduce_sum_f32)(void *ctx, float *buf, int64_t n);

@@ -298,7 +298,7 @@ int fsdp_set_schedule(struct fsdp *f, const struct sched *s)
 	f->ag_send.bytes = (size_t)max_shard * esz; /* bf16 only: fp32 sends the shard itself */
 	f->ag_recv.bytes = (size_t)(N * max_shard) * esz;
 	f->rs_send.bytes = (size_t)(N * max_shard) * sizeof(float);
-	f->rs_recv.bytes = (size_t)(3 * max_shard) * sizeof(float); /* recv + 2x ring scratch */
+	f->rs_recv.bytes = (size_t)(2 * max_shard) * sizeof(float); /* recv + its scratch */
 	return CT_OK;
 }
 
@@ -657,7 +657,7 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 	char what[64];
 	snprintf(what, sizeof(what), "reduce-scatter of bucket %d", b);
 	float *recv = f->rs_recv.buf[st->rs_recv];
-	/* recv: group 0's result, group 1's; then each one's 2 x count of ring scratch */
+	/* recv: group 0's result, group 1's; then each one's scratch (its count) */
 	struct comm_op op = {.kind = COMM_REDUCE_SCATTER,
 	                     .group = &f->mesh->shard_group,
 	                     .send = send,
@@ -673,7 +673,7 @@ static int64_t be_reduce_scatter(void *ctx, int b, int64_t *bytes)
 	op.send = gsend[1];
 	op.recv = recv + Sg[0];
 	op.count = Sg[1];
-	op.scratch = recv + S + 2 * Sg[0];
+	op.scratch = recv + S + Sg[0];
 	return comm_stream_enqueue(f->stream, &op);
 }
 

@@ -522,7 +522,7 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 	p->full_grads_bytes = pg.peak * (int64_t)(max_full * fe);
 	p->comm_bytes = agr.peak * max_recv * cm->ag_elem_bytes +
 	                (cm->ag_elem_bytes < 4 ? agr.peak * max_shard * 2 : 0) +
-	                rss.peak * (max_recv * 4 + 3 * max_shard * 4);
+	                rss.peak * (max_recv * 4 + 2 * max_shard * 4);
 	p->peak_bytes = cm->params_bytes + cm->grads_bytes + cm->optim_bytes + cm->act_bytes +
 	                cm->other_bytes + p->full_params_bytes + p->full_grads_bytes +
 	                p->comm_bytes;
