@@ -307,6 +307,19 @@ static double repay(struct debt *d, double dt)
 	return dt + pay;
 }
 
+/* The compute a TP or CP ring node runs on the compute thread (its fused matmul or attention):
+ * counted as compute, and its wall time with what it repays of the comm thread's CPU debt. */
+static double ring_compute_wall(const struct sched_cost_model *cm, enum sched_work k,
+                                const struct model_coll_desc *c, struct sched_prediction *p,
+                                struct debt *debt)
+{
+	double in = ring_inside_s(cm, k, c);
+	p->compute_s += in;
+	double wall = repay(debt, in);
+	p->comm_cpu_paid_s += wall - in;
+	return wall;
+}
+
 void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
                    struct sched_prediction *p, double *node_t)
 {
@@ -437,12 +450,9 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		                                   ring's fused matmul, and what of its steps the
 		                                   matmul did not hide */
 			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
-			double in = ring_inside_s(cm, work_of(n->pass), c);
-			p->compute_s += in;
-			double wall = repay(&debt, in);
-			p->comm_cpu_paid_s += wall - in;
 			double dt = sched_cost_tp_s(cm, work_of(n->pass), c, NULL);
 			p->tp_s += dt;
+			double wall = ring_compute_wall(cm, work_of(n->pass), c, p, &debt);
 			t += wall + dt;
 			break;
 		}
@@ -451,10 +461,7 @@ void sched_predict(const struct sched *s, const struct sched_cost_model *cm,
 		case SCHED_CP_RING: { /* on the compute thread: the ring's attention, and what of
 		                         its steps the attention did not hide */
 			const struct model_coll_desc *c = &sched_node_prog(s, n)->c[n->seg];
-			double in = ring_inside_s(cm, work_of(n->pass), c);
-			p->compute_s += in;
-			double wall = repay(&debt, in);
-			p->comm_cpu_paid_s += wall - in;
+			double wall = ring_compute_wall(cm, work_of(n->pass), c, p, &debt);
 			t += wall + prog_cp_s(cm, work_of(n->pass), c, p);
 			break;
 		}
