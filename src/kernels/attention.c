@@ -239,19 +239,18 @@ static void tile_add_t(real *restrict dst, int64_t dst_rs, const real *restrict 
 }
 
 /* Per-thread scratch, allocated (zeroed) once per call: tiles bounded by the tile size and
- * the head dim, plus n_rows reals of per-query statistics. */
+ * the head dim. */
 struct attn_scratch {
 	real *dt[4];  /* 4 x (D, TILE): transposed operands and accumulators */
 	real *tt[2];  /* 2 x (TILE, TILE): score, probability and gradient tiles */
 	real *vec[3]; /* 3 x (TILE): per-query statistics of one tile */
-	real *rows;   /* (n_rows) */
 	void *mem;
 };
 
-static void attn_scratch_init(struct attn_scratch *w, int64_t D, int64_t n_rows)
+static void attn_scratch_init(struct attn_scratch *w, int64_t D)
 {
 	size_t n_dt = (size_t)D * ATTN_TILE, n_tt = (size_t)ATTN_TILE * ATTN_TILE;
-	size_t bytes = (4 * n_dt + 2 * n_tt + 3 * ATTN_TILE + (size_t)n_rows) * sizeof(real);
+	size_t bytes = (4 * n_dt + 2 * n_tt + 3 * ATTN_TILE) * sizeof(real);
 	bytes = (bytes + 63) / 64 * 64;
 	w->mem = aligned_alloc(64, bytes);
 	CHECK(w->mem, "attention: out of memory for %zu bytes of scratch", bytes);
@@ -263,7 +262,6 @@ static void attn_scratch_init(struct attn_scratch *w, int64_t D, int64_t n_rows)
 		w->tt[i] = p;
 	for (int i = 0; i < 3; i++, p += ATTN_TILE)
 		w->vec[i] = p;
-	w->rows = p;
 }
 
 /* Announces n strided rows of D reals that will be written soon: their cache misses overlap
@@ -369,7 +367,7 @@ void KFN(attention_forward)(real *out, real *lse, const real *q, const real *k, 
 #pragma omp parallel
 	{
 		struct attn_scratch w;
-		attn_scratch_init(&w, D, 0);
+		attn_scratch_init(&w, D);
 		/* Items cost (query tile + 1) key tiles: hand out the late tiles first. */
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < nitems; it++) {
@@ -435,28 +433,33 @@ static void attn_backward_pair(const struct attn_dims *a, struct attn_scratch *w
 	       diag ? MM_TRI_A_K_LE_R : MM_TRI_NONE, true);
 }
 
-/* dsum[hh*T + t] = D_t = dout_t . out_t for the query heads hh of kv group g. */
+/* dsum[(b*H + h)*T + t] = D_t = dout_t . out_t for every (b, t, h), one pass over dout and
+ * out in memory order (threads split the tokens): a kv group's items then read their query
+ * heads' rows of it instead of walking dout and out a head at a time, a row per cache line. */
 static void attn_backward_dsum(const struct attn_dims *a, real *dsum, const real *dout,
-                               const real *out, int64_t b, int64_t g)
+                               const real *out)
 {
-	for (int64_t hh = 0; hh < a->group; hh++)
-		for (int64_t t = 0; t < a->T; t++) {
-			int64_t off = ((b * a->T + t) * a->H + g * a->group + hh) * a->D;
+#pragma omp for schedule(static)
+	for (int64_t bt = 0; bt < a->B * a->T; bt++) {
+		const int64_t b = bt / a->T, t = bt % a->T;
+		for (int64_t h = 0; h < a->H; h++) {
+			int64_t off = (bt * a->H + h) * a->D;
 			real s = 0;
 			for (int64_t d = 0; d < a->D; d++)
 				s += dout[off + d] * out[off + d];
-			dsum[hh * a->T + t] = s;
+			dsum[(b * a->H + h) * a->T + t] = s;
 		}
+	}
 }
 
 /* Backward of one (b, kv head): for each key tile, every query head of the group and every
  * query tile at or below it, in a fixed order. Owns dk/dv of that kv head. */
 static void attn_backward_kv(const struct attn_dims *a, struct attn_scratch *w, real *dq, real *dk,
-                             real *dv, const real *dout, const real *out, const real *lse,
+                             real *dv, const real *dout, const real *dsum_all, const real *lse,
                              const real *q, const real *k, const real *v, int64_t b, int64_t g)
 {
 	const int64_t D = a->D, kvoff = (b * a->T * a->KV + g) * D;
-	attn_backward_dsum(a, w->rows, dout, out, b, g);
+	const real *dsum = dsum_all + (b * a->H + g * a->group) * a->T; /* the group's heads */
 	for (int64_t kt = 0; kt < a->ntiles; kt++) {
 		const int64_t k0 = kt * ATTN_TILE, nk = tile_len(a, kt);
 		real *dkj = dk + kvoff + k0 * a->kv_rs, *dvj = dv + kvoff + k0 * a->kv_rs;
@@ -469,7 +472,7 @@ static void attn_backward_kv(const struct attn_dims *a, struct attn_scratch *w, 
 		for (int64_t hh = 0; hh < a->group; hh++)
 			for (int64_t qt = kt; qt < a->ntiles; qt++)
 				attn_backward_pair(a, w, dq, dout, lse,
-				                   w->rows + hh * a->T + qt * ATTN_TILE, q, k, b,
+				                   dsum + hh * a->T + qt * ATTN_TILE, q, k, b,
 				                   g * a->group + hh, qt, kt);
 		tile_add_t(dkj, a->kv_rs, w->dt[2], nk, D);
 		tile_add_t(dvj, a->kv_rs, w->dt[3], nk, D);
@@ -481,16 +484,20 @@ void KFN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, con
                              int64_t B, int64_t T, int64_t H, int64_t KV, int64_t D)
 {
 	const struct attn_dims a = attn_dims_make(B, T, H, KV, D);
+	real *dsum = malloc((size_t)(B * H * T) * sizeof(real));
+	CHECK(dsum, "attention: out of memory for %lld row statistics", (long long)(B * H * T));
 #pragma omp parallel
 	{
 		struct attn_scratch w;
-		attn_scratch_init(&w, D, a.group * T); /* D_i of one kv group */
+		attn_scratch_init(&w, D);
+		attn_backward_dsum(&a, dsum, dout, out); /* (its omp for ends in a barrier) */
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < B * KV; it++)
-			attn_backward_kv(&a, &w, dq, dk, dv, dout, out, lse, q, k, v, it / KV,
+			attn_backward_kv(&a, &w, dq, dk, dv, dout, dsum, lse, q, k, v, it / KV,
 			                 it % KV);
 		free(w.mem);
 	}
+	free(dsum);
 }
 
 /* ---- position-aware (kernels.h: attention_pos_*; the maths in attention_pos.c) ----------
@@ -593,7 +600,7 @@ void KFN(attention_pos_forward)(real *out, real *lse, const real *q, const int64
 #pragma omp parallel
 	{
 		struct attn_scratch w;
-		attn_scratch_init(&w, D, 0);
+		attn_scratch_init(&w, D);
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < nitems; it++)
 			attn_pos_forward_tile(&a, &w, out, lse, q, qpos, k, v, kpos, Tq, Tk,
@@ -642,21 +649,14 @@ static void attn_pos_backward_pair(const struct attn_dims *a, struct attn_scratc
 }
 
 static void attn_pos_backward_kv(const struct attn_dims *a, struct attn_scratch *w, real *dq,
-                                 real *dk, real *dv, const real *dout, const real *out,
+                                 real *dk, real *dv, const real *dout, const real *dsum_all,
                                  const real *lse, const real *q, const int64_t *qpos,
                                  const real *k, const real *v, const int64_t *kpos, int64_t Tq,
                                  int64_t Tk, int64_t b, int64_t g)
 {
 	const int64_t D = a->D, kvoff = (b * Tk * a->KV + g) * D;
 	/* D_i = dout_i . out_i of the group's query heads; rows that see no key: 0 (unused) */
-	for (int64_t hh = 0; hh < a->group; hh++)
-		for (int64_t t = 0; t < Tq; t++) {
-			int64_t off = ((b * Tq + t) * a->H + g * a->group + hh) * D;
-			real s = 0;
-			for (int64_t d = 0; d < D; d++)
-				s += dout[off + d] * out[off + d];
-			w->rows[hh * Tq + t] = s;
-		}
+	const real *dsum = dsum_all + (b * a->H + g * a->group) * Tq;
 	for (int64_t kt = 0; kt * ATTN_TILE < Tk; kt++) {
 		const int64_t k0 = kt * ATTN_TILE, nk = len_at(Tk, kt);
 		const struct pos_span ks = pos_span_of(kpos + k0, nk);
@@ -672,7 +672,7 @@ static void attn_pos_backward_kv(const struct attn_dims *a, struct attn_scratch 
 				if (ks.lo > qs.hi)
 					continue;
 				attn_pos_backward_pair(a, w, dq, dout, lse,
-				                       w->rows + hh * Tq + qt * ATTN_TILE, q, qpos,
+				                       dsum + hh * Tq + qt * ATTN_TILE, q, qpos,
 				                       k + kvoff + k0 * a->kv_rs, kpos + k0, nk,
 				                       ks.hi > qs.lo, Tq, b, g * a->group + hh, qt);
 			}
@@ -688,14 +688,18 @@ void KFN(attention_pos_backward)(real *dq, real *dk, real *dv, const real *dout,
 {
 	CHECK(Tk > 0, "attention_pos: no keys");
 	const struct attn_dims a = attn_dims_make(B, Tq, H, KV, D);
+	real *dsum = malloc((size_t)(B * H * Tq) * sizeof(real));
+	CHECK(dsum, "attention_pos: out of memory for %lld row statistics", (long long)(B * H * Tq));
 #pragma omp parallel
 	{
 		struct attn_scratch w;
-		attn_scratch_init(&w, D, a.group * Tq);
+		attn_scratch_init(&w, D);
+		attn_backward_dsum(&a, dsum, dout, out); /* a.T is Tq */
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < B * KV; it++)
-			attn_pos_backward_kv(&a, &w, dq, dk, dv, dout, out, lse, q, qpos, k, v, kpos,
+			attn_pos_backward_kv(&a, &w, dq, dk, dv, dout, dsum, lse, q, qpos, k, v, kpos,
 			                     Tq, Tk, it / KV, it % KV);
 		free(w.mem);
 	}
+	free(dsum);
 }

@@ -388,15 +388,32 @@ struct bwd_args {
 	const int64_t *qpos, *kpos;
 	int64_t B, Tq, Tk, H, KV, D, group, nqt, nkt, Tp; /* Tp: Tq padded to whole tiles */
 	float scale;
+	float *dsum; /* (B, H, Tq): D_t = dout_t . out_t (bwd_dsum) */
 };
 
 struct bwd_scratch {
 	pair *qa, *da, *qc, *dc; /* per query head of the group: rows (Tp x D/2), cols (D x Tp/2) */
-	float *dsum;             /* group x Tq */
 	pair *kt, *vt, *k2;      /* the key tile: D/2 x TL, D/2 x TL, TPAIRS x D */
 	pair *p2, *s2, *sa;      /* p and ds over i (TPAIRS x TL), ds over j (TL x TPAIRS) */
 	float *p, *ds, *dkt, *dvt; /* TL x TL, TL x TL, D x TL, D x TL */
 };
+
+/* f->dsum for every (b, t, h) in one pass over dout and out in memory order (threads split
+ * the tokens), rather than a head's rows at a time in each item */
+static void bwd_dsum(const struct bwd_args *f)
+{
+#pragma omp for schedule(static)
+	for (int64_t bt = 0; bt < f->B * f->Tq; bt++) {
+		const int64_t b = bt / f->Tq, t = bt % f->Tq;
+		for (int64_t h = 0; h < f->H; h++) {
+			const int64_t off = (bt * f->H + h) * f->D;
+			float s = 0;
+			for (int64_t d = 0; d < f->D; d++)
+				s += f->dout[off + d] * f->out[off + d];
+			f->dsum[(b * f->H + h) * f->Tq + t] = s;
+		}
+	}
+}
 
 static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args *f,
                                                           const struct bwd_scratch *w,
@@ -409,12 +426,6 @@ static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args
 		pack_rows(w->da + hh * Tp * P, f->dout + off, q_rs, f->Tq, Tp, D, 1);
 		pack_cols(w->qc + hh * D * (Tp / 2), f->q + off, q_rs, f->Tq, Tp / 2, D);
 		pack_cols(w->dc + hh * D * (Tp / 2), f->dout + off, q_rs, f->Tq, Tp / 2, D);
-		for (int64_t t = 0; t < f->Tq; t++) {
-			float s = 0;
-			for (int64_t d = 0; d < D; d++)
-				s += f->dout[off + t * q_rs + d] * f->out[off + t * q_rs + d];
-			w->dsum[hh * f->Tq + t] = s;
-		}
 	}
 	for (int64_t kt = 0; kt < f->nkt; kt++) {
 		const int64_t k0 = kt * TL, nk = mn(TL, f->Tk - k0);
@@ -436,7 +447,7 @@ static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args
 				const bool masked = ks.hi > qs.lo || nk < TL;
 				const int64_t h = g * f->group + hh;
 				const float *lse = f->lse + (b * f->H + h) * f->Tq + q0;
-				const float *dsum = w->dsum + hh * f->Tq + q0;
+				const float *dsum = f->dsum + (b * f->H + h) * f->Tq + q0;
 				float *p = w->p, *ds = w->ds;
 				/* p = exp(q (scale k)^T - lse), zero where a key is not seen or absent */
 				dp_mm(p, TL, w->qa + (hh * Tp + q0) * P, P, w->kt, TL, nq, P, TL, false);
@@ -498,10 +509,13 @@ void attention_bf16_pos_backward(float *dq, float *dk, float *dv, const float *d
 	f.Tp = f.nqt * TL;
 	f.scale = (float)(1.0 / sqrt((double)D));
 	const int64_t P = D / 2, G = f.group, Tp = f.Tp;
+	f.dsum = malloc((size_t)(B * H * Tq) * sizeof(float));
+	CHECK(f.dsum, "attention (bf16): out of memory for %lld row statistics",
+	      (long long)(B * H * Tq));
 #pragma omp parallel
 	{
 		const size_t pairs = (size_t)(4 * G * Tp * P + 2 * P * TL + TPAIRS * D + 3 * TL * TPAIRS);
-		const size_t floats = (size_t)(G * Tq + 2 * TL * TL + 2 * D * TL);
+		const size_t floats = (size_t)(2 * TL * TL + 2 * D * TL);
 		const size_t bytes = pairs * sizeof(pair) + floats * sizeof(float);
 		char *mem = aligned_alloc(64, (bytes + 63) / 64 * 64);
 		CHECK(mem, "attention (bf16): out of memory for %zu bytes of scratch", bytes);
@@ -520,12 +534,13 @@ void attention_bf16_pos_backward(float *dq, float *dk, float *dv, const float *d
 		w.ds = w.p + TL * TL;
 		w.dkt = w.ds + TL * TL;
 		w.dvt = w.dkt + D * TL;
-		w.dsum = w.dvt + D * TL;
+		bwd_dsum(&f); /* (its omp for ends in a barrier) */
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < B * KV; it++)
 			bwd_item(&f, &w, it / KV, it % KV);
 		free(mem);
 	}
+	free(f.dsum);
 }
 
 void attention_bf16_backward(float *dq, float *dk, float *dv, const float *dout,
