@@ -164,16 +164,26 @@ static void pack_pairs(pair *dst, const float *x, int64_t x_rs, int64_t n, int64
 }
 
 /* dst[d][p] = (x_2p[d], x_2p+1[d]) for 2p < n, zero past n, rows of n_pairs pairs: token rows
- * transposed, as the A operand (rows d) of a product over the token index. */
+ * transposed, as the A operand (rows d) of a product over the token index. The pairs of one p
+ * are built along d (contiguous reads: the loop vectorises), then stored down column p. */
 static void pack_cols(pair *dst, const float *x, int64_t x_rs, int64_t n, int64_t n_pairs,
                       int64_t D)
 {
-	for (int64_t d = 0; d < D; d++)
-		for (int64_t p = 0; p < n_pairs; p++) {
-			float lo = 2 * p < n ? x[2 * p * x_rs + d] : 0;
-			float hi = 2 * p + 1 < n ? x[(2 * p + 1) * x_rs + d] : 0;
-			dst[d * n_pairs + p] = pk(lo, hi);
-		}
+	pair col[ATTN_MAX_HEAD_DIM];
+	for (int64_t p = 0; p < n_pairs; p++) {
+		const float *lo = x + 2 * p * x_rs, *hi = lo + x_rs;
+		if (2 * p + 1 < n)
+			for (int64_t d = 0; d < D; d++)
+				col[d] = pk(lo[d], hi[d]);
+		else if (2 * p < n)
+			for (int64_t d = 0; d < D; d++)
+				col[d] = pk(lo[d], 0);
+		else
+			for (int64_t d = 0; d < D; d++)
+				col[d] = 0;
+		for (int64_t d = 0; d < D; d++)
+			dst[d * n_pairs + p] = col[d];
+	}
 }
 
 /* A fp32 TL x TL tile t[i][j] as the A operand over j (rows of TPAIRS pairs) ... */
