@@ -370,6 +370,8 @@ static int64_t *iota(int64_t T)
 /* The entries' shape contract (and the CPU's: callers check usable first). */
 static void check_shape(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t KV, int64_t D)
 {
+	CHECK(D <= ATTN_MAX_HEAD_DIM, "attention (bf16): head dim %lld > ATTN_MAX_HEAD_DIM=%d",
+	      (long long)D, ATTN_MAX_HEAD_DIM); /* pack_cols' column buffer */
 	CHECK(B > 0 && Tq > 0 && Tk > 0 && KV > 0 && H % KV == 0 && attention_bf16_usable(D),
 	      "attention (bf16): bad shape B=%lld Tq=%lld Tk=%lld H=%lld KV=%lld D=%lld, or no "
 	      "AVX512-BF16",
