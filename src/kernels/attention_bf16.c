@@ -502,12 +502,22 @@ static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args
 				dp_mm(f->dq + ((b * f->Tq + q0) * f->H + h) * D, q_rs, w->sa, TPAIRS, w->k2,
 				      D, nq, (nk + 1) / 2, D, true);
 			}
+		/* key j's column of the transposed accumulators into its rows of dk and dv: the
+		 * column copied out first (strided), then added along the row (vectorised) */
 		float *dkj = f->dk + koff, *dvj = f->dv + koff;
-		for (int64_t j = 0; j < nk; j++)
+		const float sc = f->scale;
+		float ck[ATTN_MAX_HEAD_DIM], cv[ATTN_MAX_HEAD_DIM];
+		for (int64_t j = 0; j < nk; j++) {
 			for (int64_t d = 0; d < D; d++) {
-				dkj[j * kv_rs + d] += f->scale * w->dkt[d * TL + j];
-				dvj[j * kv_rs + d] += w->dvt[d * TL + j];
+				ck[d] = w->dkt[d * TL + j];
+				cv[d] = w->dvt[d * TL + j];
 			}
+			float *restrict rk = dkj + j * kv_rs, *restrict rv = dvj + j * kv_rs;
+			for (int64_t d = 0; d < D; d++) {
+				rk[d] += sc * ck[d];
+				rv[d] += cv[d];
+			}
+		}
 	}
 }
 
