@@ -435,19 +435,20 @@ static void attn_backward_pair(const struct attn_dims *a, struct attn_scratch *w
 
 /* dsum[(b*H + h)*T + t] = D_t = dout_t . out_t for every (b, t, h), one pass over dout and
  * out in memory order (threads split the tokens): a kv group's items then read their query
- * heads' rows of it instead of walking dout and out a head at a time, a row per cache line. */
-static void attn_backward_dsum(const struct attn_dims *a, real *dsum, const real *dout,
-                               const real *out)
+ * heads' rows of it instead of walking dout and out a head at a time, a row per cache line.
+ * Also the bf16 kernel's (kernels.h). */
+void KFN(attention_row_dots)(real *dsum, const real *dout, const real *out, int64_t B, int64_t T,
+                             int64_t H, int64_t D)
 {
 #pragma omp for schedule(static)
-	for (int64_t bt = 0; bt < a->B * a->T; bt++) {
-		const int64_t b = bt / a->T, t = bt % a->T;
-		for (int64_t h = 0; h < a->H; h++) {
-			int64_t off = (bt * a->H + h) * a->D;
+	for (int64_t bt = 0; bt < B * T; bt++) {
+		const int64_t b = bt / T, t = bt % T;
+		for (int64_t h = 0; h < H; h++) {
+			int64_t off = (bt * H + h) * D;
 			real s = 0;
-			for (int64_t d = 0; d < a->D; d++)
+			for (int64_t d = 0; d < D; d++)
 				s += dout[off + d] * out[off + d];
-			dsum[(b * a->H + h) * a->T + t] = s;
+			dsum[(b * H + h) * T + t] = s;
 		}
 	}
 }
@@ -490,7 +491,7 @@ void KFN(attention_backward)(real *dq, real *dk, real *dv, const real *dout, con
 	{
 		struct attn_scratch w;
 		attn_scratch_init(&w, D);
-		attn_backward_dsum(&a, dsum, dout, out); /* (its omp for ends in a barrier) */
+		KFN(attention_row_dots)(dsum, dout, out, B, T, H, D); /* ends in a barrier */
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < B * KV; it++)
 			attn_backward_kv(&a, &w, dq, dk, dv, dout, dsum, lse, q, k, v, it / KV,
@@ -694,7 +695,7 @@ void KFN(attention_pos_backward)(real *dq, real *dk, real *dv, const real *dout,
 	{
 		struct attn_scratch w;
 		attn_scratch_init(&w, D);
-		attn_backward_dsum(&a, dsum, dout, out); /* a.T is Tq */
+		KFN(attention_row_dots)(dsum, dout, out, B, Tq, H, D); /* ends in a barrier */
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < B * KV; it++)
 			attn_pos_backward_kv(&a, &w, dq, dk, dv, dout, dsum, lse, q, qpos, k, v, kpos,

@@ -406,7 +406,7 @@ struct bwd_args {
 	const int64_t *qpos, *kpos;
 	int64_t B, Tq, Tk, H, KV, D, group, nqt, nkt, Tp; /* Tp: Tq padded to whole tiles */
 	float scale;
-	float *dsum; /* (B, H, Tq): D_t = dout_t . out_t (bwd_dsum) */
+	float *dsum; /* (B, H, Tq): D_t = dout_t . out_t (attention_row_dots_f32) */
 };
 
 struct bwd_scratch {
@@ -415,23 +415,6 @@ struct bwd_scratch {
 	pair *p2, *s2, *sa;      /* p and ds over i (TPAIRS x TL), ds over j (TL x TPAIRS) */
 	float *p, *ds, *dkt, *dvt; /* TL x TL, TL x TL, D x TL, D x TL */
 };
-
-/* f->dsum for every (b, t, h) in one pass over dout and out in memory order (threads split
- * the tokens), rather than a head's rows at a time in each item */
-static void bwd_dsum(const struct bwd_args *f)
-{
-#pragma omp for schedule(static)
-	for (int64_t bt = 0; bt < f->B * f->Tq; bt++) {
-		const int64_t b = bt / f->Tq, t = bt % f->Tq;
-		for (int64_t h = 0; h < f->H; h++) {
-			const int64_t off = (bt * f->H + h) * f->D;
-			float s = 0;
-			for (int64_t d = 0; d < f->D; d++)
-				s += f->dout[off + d] * f->out[off + d];
-			f->dsum[(b * f->H + h) * f->Tq + t] = s;
-		}
-	}
-}
 
 static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args *f,
                                                           const struct bwd_scratch *w,
@@ -562,7 +545,7 @@ void attention_bf16_pos_backward(float *dq, float *dk, float *dv, const float *d
 		w.ds = w.p + TL * TL;
 		w.dkt = w.ds + TL * TL;
 		w.dvt = w.dkt + D * TL;
-		bwd_dsum(&f); /* (its omp for ends in a barrier) */
+		attention_row_dots_f32(f.dsum, dout, out, B, Tq, H, D); /* ends in a barrier */
 #pragma omp for schedule(dynamic, 1)
 		for (int64_t it = 0; it < B * KV; it++)
 			bwd_item(&f, &w, it / KV, it % KV);

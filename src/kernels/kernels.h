@@ -79,6 +79,11 @@
 	                               const int64_t *qpos, const real *k, const real *v,          \
 	                               const int64_t *kpos, int64_t B, int64_t Tq, int64_t Tk,     \
 	                               int64_t H, int64_t KV, int64_t D);                          \
+	/* dsum(B,H,T)[b][h][t] = dout(B,T,H,D)[b][t][h] . out[b][t][h], the backward's D_t: an    \
+	 * orphaned omp for (call it inside a parallel region, every thread; or serially)         \
+	 */                                                                                        \
+	void attention_row_dots##S(real *dsum, const real *dout, const real *out, int64_t B,       \
+	                           int64_t T, int64_t H, int64_t D);                               \
 	/* Fused output projection + cross-entropy, chunked so the (N,V) logits never exist.       \
 	 * x(N,C), w(V,C), targets(N) (ignore_index skipped). Returns the SUM of token losses      \
 	 * and sets *n_valid. If dx or dw is non-NULL, accumulates d(loss_sum * dscale) into       \
