@@ -6,8 +6,9 @@
  * the register-tiled path (multiples of the SIMD width or not).
  *
  *   test_attention           run the tests
- *   test_attention --bench   print forward/backward GFLOP/s (f32) for the two shapes that
- *                            matter: the debug model and a GQA Llama-like layer
+ *   test_attention --bench [a|b|c]   print forward/backward GFLOP/s (fp32, and bf16 where the
+ *                            CPU has AVX512-BF16) for the shapes that matter: (a) the debug
+ *                            model, (b) a GQA layer at head dim 32, (c) the 125M model's layer
  */
 #include <math.h>
 #include <stdlib.h>
@@ -450,7 +451,7 @@ static void bench_shape(const char *name, struct shape s, bool bf16)
 	problem32_free(&f);
 }
 
-static int bench(void)
+static int bench(const char *only)
 {
 	const bool bf16 = attention_bf16_usable(16) && attention_bf16_usable(64);
 	printf("attention, %d threads, best of 20 (flops: 2*B*H*T^2*D fwd, 2.5x bwd); bf16 "
@@ -460,14 +461,15 @@ static int bench(void)
 	const char *names[] = {"(a) debug model", "(b) GQA, D=32", "(c) GQA, D=64 (125M)"};
 	for (int i = 0; i < 3; i++)
 		for (int b = 0; b <= (int)bf16; b++)
-			bench_shape(names[i], shapes[i], b);
+			if (!only || names[i][1] == only[0])
+				bench_shape(names[i], shapes[i], b);
 	return 0;
 }
 
 int main(int argc, char **argv)
 {
 	if (argc > 1 && strcmp(argv[1], "--bench") == 0)
-		return bench();
+		return bench(argc > 2 ? argv[2] : NULL);
 	test_seed();
 	RUN(forward_matches_reference);
 	RUN(backward_matches_finite_differences);

@@ -230,11 +230,68 @@ static BF16_TARGET float row_max(const float *x)
 	return _mm512_reduce_max_ps(_mm512_max_ps(a, b));
 }
 
-static BF16_TARGET float row_sum(const float *x)
+/* 2^t in 16 lanes: 2^n 2^f with n = round(t), f in [-1/2, 1/2], 2^f a degree-5 polynomial
+ * fitted for relative error (2.3e-7 with fp32 Horner, kexpf's 2e-7) and 2^n applied by
+ * vscalefps, which gives subnormals and exact underflow to 0 (t is clamped at -160, so -inf
+ * lanes give 0; a NaN stays NaN). About half kexpf's instructions: no clamp at the top, no
+ * exponent built in integer lanes, no blend. The softmax tiles call it with
+ * t = (s - m) log2(e) by one fused multiply-subtract; the error of that rounding, 6e-8 |t|
+ * relative, and the polynomial's sit four orders below bf16's rounding of p (2^-9). */
+static inline __attribute__((always_inline)) BF16_TARGET __m512 exp2_16(__m512 t)
 {
-	__m512 a = _mm512_add_ps(_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16));
-	__m512 b = _mm512_add_ps(_mm512_loadu_ps(x + 32), _mm512_loadu_ps(x + 48));
-	return _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+	t = _mm512_max_ps(_mm512_set1_ps(-160.0f), t);
+	const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	const __m512 f = _mm512_sub_ps(t, n);
+	__m512 p = _mm512_set1_ps(0.0013276455f);
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.00967554003f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.0555071346f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.240221202f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.693146944f));
+	p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000012f));
+	return _mm512_scalef_ps(p, n);
+}
+
+#define LOG2E 1.44269504088896341f
+
+/* x[j] = exp(x[j] - m) over a tile row; returns the row's sum in row_max's fixed order */
+static inline __attribute__((always_inline)) BF16_TARGET float row_exp_sum(float *x, float m)
+{
+	const __m512 l2e = _mm512_set1_ps(LOG2E), ml = _mm512_set1_ps(m * LOG2E);
+	__m512 e[4];
+	for (int v = 0; v < 4; v++) {
+		e[v] = exp2_16(_mm512_fmsub_ps(_mm512_loadu_ps(x + 16 * v), l2e, ml));
+		_mm512_storeu_ps(x + 16 * v, e[v]);
+	}
+	return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(e[0], e[1]),
+	                                          _mm512_add_ps(e[2], e[3])));
+}
+
+float attention_bf16_row_exp(float *x, float m)
+{
+	return row_exp_sum(x, m);
+}
+
+/* The backward's tile row: p[j] = exp(s[j] - lse) where key j is seen (kp[j] <= qp, or every
+ * key when !masked), else 0; ds[j] = p[j] (dp[j] - dsum). */
+static inline __attribute__((always_inline)) BF16_TARGET void
+row_p_ds(float *p, float *ds, float lse, float dsum, const int64_t *kp, int64_t qp, bool masked)
+{
+	const __m512 l2e = _mm512_set1_ps(LOG2E), ll = _mm512_set1_ps(lse * LOG2E);
+	const __m512 di = _mm512_set1_ps(dsum);
+	const __m512i q8 = _mm512_set1_epi64(qp);
+	for (int v = 0; v < 4; v++) {
+		__m512 e = exp2_16(_mm512_fmsub_ps(_mm512_loadu_ps(p + 16 * v), l2e, ll));
+		if (masked) {
+			const __mmask16 hide =
+			    (__mmask16)(_mm512_cmpgt_epi64_mask(_mm512_loadu_si512(kp + 16 * v), q8) |
+			                _mm512_cmpgt_epi64_mask(_mm512_loadu_si512(kp + 16 * v + 8), q8)
+			                    << 8);
+			e = _mm512_maskz_mov_ps((__mmask16)~hide, e);
+		}
+		_mm512_storeu_ps(p + 16 * v, e);
+		_mm512_storeu_ps(ds + 16 * v,
+		                 _mm512_mul_ps(e, _mm512_sub_ps(_mm512_loadu_ps(ds + 16 * v), di)));
+	}
 }
 
 /* ---- forward ----------------------------------------------------------------------------- */
@@ -298,9 +355,7 @@ fwd_tile(const struct fwd_args *f, const struct fwd_scratch *w, int64_t b, int64
 				continue;
 			}
 			const float corr = kexpf(m[i] - mx);
-			for (int64_t j = 0; j < TL; j++)
-				si[j] = kexpf(si[j] - mx);
-			l[i] = l[i] * corr + row_sum(si);
+			l[i] = l[i] * corr + row_exp_sum(si, mx);
 			m[i] = mx;
 			for (int64_t d = 0; d < D; d++)
 				o[i * D + d] *= corr;
@@ -457,16 +512,11 @@ static BF16_TARGET __attribute__((noinline)) void bwd_item(const struct bwd_args
 					float *pi = p + i * TL, *dsi = ds + i * TL;
 					const int64_t qp = f->qpos[q0 + i];
 					const float li = lse[i], di = dsum[i];
-					if (li == -INFINITY) /* the query sees no key at all */
+					if (li == -INFINITY) { /* the query sees no key at all */
 						memset(pi, 0, TL * sizeof(float));
-					else if (masked)
-						for (int64_t j = 0; j < TL; j++)
-							pi[j] = kp[j] > qp ? 0.0f : kexpf(pi[j] - li);
-					else
-						for (int64_t j = 0; j < TL; j++)
-							pi[j] = kexpf(pi[j] - li);
-					for (int64_t j = 0; j < TL; j++)
-						dsi[j] = pi[j] * (dsi[j] - di);
+						memset(dsi, 0, TL * sizeof(float));
+					} else
+						row_p_ds(pi, dsi, li, di, kp, qp, masked);
 				}
 				for (int64_t i = nq; i < TL; i++) {
 					memset(p + i * TL, 0, TL * sizeof(float));
@@ -567,13 +617,13 @@ void attention_bf16_backward(float *dq, float *dk, float *dv, const float *dout,
 
 /* ---- what the model calls ---------------------------------------------------------------- */
 
-/* Below this head dim the fp32 kernel is about as fast: measured with test_attention --bench on
- * one thread (AMD EPYC, AVX512-BF16), bf16 over fp32 forward / backward: D = 64 1.37x / 1.37x,
- * D = 32 1.13x / 1.37x, D = 16 0.85x / 1.0x (the 64 x 64 softmax tile outweighs products over
- * 16 values). With the vectorised row packing (2026-12-07, Zen 4 EPYC) D = 16 is 1.0x / 1.2x:
- * ~1-2% of the debug model's bf16 step, left for a change that also re-derives the debug
- * model's bf16 test bounds with bf16 attention. */
-enum { ATTN_BF16_MIN_D = 32 };
+/* Below this head dim the fp32 kernel was as fast: measured with test_attention --bench on one
+ * thread (AMD EPYC, AVX512-BF16), bf16 over fp32 forward / backward: D = 64 1.37x / 1.37x,
+ * D = 32 1.13x / 1.37x, D = 16 0.85x / 1.0x at first (the 64 x 64 softmax tile outweighs
+ * products over 16 values), 1.0x / 1.2x with the vectorised row packing, and since the tiles'
+ * exponential runs on vscalefps (exp2_16, 2026-12-07, Zen 4 EPYC) 1.3x / 1.5x: the debug
+ * model (head dim 16) takes the bf16 kernel too. */
+enum { ATTN_BF16_MIN_D = 16 };
 
 bool attention_mixed_is_bf16(int64_t D)
 {

@@ -36,8 +36,13 @@ void attention_bf16_pos_backward(float *dq, float *dk, float *dv, const float *d
                                  const int64_t *kpos, int64_t B, int64_t Tq, int64_t Tk,
                                  int64_t H, int64_t KV, int64_t D);
 
-/* What the model calls: the bf16 kernel when the matmul compute dtype is bf16, it is usable for
- * D and D >= 32 (below, it is no faster: attention_bf16.c), else the fp32 kernel (kernels.h). */
+/* The softmax tiles' exponential, for tests: x[j] = exp(x[j] - m) over one 64-float tile row
+ * (the forward's step), returning the row's sum. Callers check usable first. */
+float attention_bf16_row_exp(float *x, float m);
+
+/* What the model calls: the bf16 kernel when the matmul compute dtype is bf16 and it is usable
+ * for D (every head dim from 16 up: attention_bf16.c says what was measured), else the fp32
+ * kernel (kernels.h). */
 bool attention_mixed_is_bf16(int64_t D);
 void attention_mixed_forward(float *out, float *lse, const float *q, const float *k,
                              const float *v, int64_t B, int64_t T, int64_t H, int64_t KV,
