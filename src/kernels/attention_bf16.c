@@ -266,6 +266,18 @@ static inline __attribute__((always_inline)) BF16_TARGET float row_exp_sum(float
 	                                          _mm512_add_ps(e[2], e[3])));
 }
 
+/* corr[i] = exp(m[i] - mx[i]) for the TL rows of a tile, as row_exp_sum rounds (m = -inf
+ * gives 0; rows whose mx is -inf are not used) */
+static inline __attribute__((always_inline)) BF16_TARGET void
+tile_corr(float *corr, const float *m, const float *mx)
+{
+	const __m512 l2e = _mm512_set1_ps(LOG2E);
+	for (int v = 0; v < TL / 16; v++)
+		_mm512_storeu_ps(corr + 16 * v,
+		                 exp2_16(_mm512_fmsub_ps(_mm512_loadu_ps(m + 16 * v), l2e,
+		                                         _mm512_mul_ps(_mm512_loadu_ps(mx + 16 * v), l2e))));
+}
+
 float attention_bf16_row_exp(float *x, float m)
 {
 	return row_exp_sum(x, m);
@@ -342,6 +354,8 @@ fwd_tile(const struct fwd_args *f, const struct fwd_scratch *w, int64_t b, int64
 		const bool masked = ks.hi > qs.lo || nk < TL;
 		int64_t kp[TL];
 		key_positions(kp, f->kpos + k0, nk);
+		/* the rows' new maxima, then their correction factors exp(m - mx) in vectors */
+		float mx[TL], corr[TL];
 		for (int64_t i = 0; i < nq; i++) {
 			float *si = s + i * TL;
 			if (masked) {
@@ -349,16 +363,21 @@ fwd_tile(const struct fwd_args *f, const struct fwd_scratch *w, int64_t b, int64
 				for (int64_t j = 0; j < TL; j++)
 					si[j] = kp[j] > qp ? -INFINITY : si[j];
 			}
-			const float mx = fmaxf(m[i], row_max(si));
-			if (mx == -INFINITY) { /* no key seen yet: p 0, the row stays 0 */
+			mx[i] = fmaxf(m[i], row_max(si));
+		}
+		for (int64_t i = nq; i < TL; i++)
+			mx[i] = 0;
+		tile_corr(corr, m, mx);
+		for (int64_t i = 0; i < nq; i++) {
+			float *si = s + i * TL;
+			if (mx[i] == -INFINITY) { /* no key seen yet: p 0, the row stays 0 */
 				memset(si, 0, TL * sizeof(float));
 				continue;
 			}
-			const float corr = kexpf(m[i] - mx);
-			l[i] = l[i] * corr + row_exp_sum(si, mx);
-			m[i] = mx;
+			l[i] = l[i] * corr[i] + row_exp_sum(si, mx[i]);
+			m[i] = mx[i];
 			for (int64_t d = 0; d < D; d++)
-				o[i * D + d] *= corr;
+				o[i * D + d] *= corr[i];
 		}
 		for (int64_t i = nq; i < TL; i++)
 			memset(s + i * TL, 0, TL * sizeof(float));
