@@ -278,7 +278,7 @@ tile_corr(float *corr, const float *m, const float *mx)
 		                                         _mm512_mul_ps(_mm512_loadu_ps(mx + 16 * v), l2e))));
 }
 
-float attention_bf16_row_exp(float *x, float m)
+BF16_TARGET float attention_bf16_row_exp(float *x, float m)
 {
 	return row_exp_sum(x, m);
 }
