@@ -247,7 +247,8 @@ TEST_CASE(test_transposed_b)
 				       beta, worst);
 				free(A), free(B), free(C), free(C0);
 			}
-	EXPECT(mm_engine_bt_shapes() - before == 4, "%d shapes ran on a transposed B, expected 4",
+	/* auto keys shapes by beta too: 2 sizes x 2 transposes x 2 betas */
+	EXPECT(mm_engine_bt_shapes() - before == 8, "%d shapes ran on a transposed B, expected 8",
 	       mm_engine_bt_shapes() - before);
 	unsetenv("CT_MATMUL_FORCE_BT");
 }
@@ -298,9 +299,10 @@ TEST_CASE(test_second_impl)
 				test_fill_f32(a, (ta ? k : m) * lda, -1, 1);
 				test_fill_f32(b, (tb ? n : k) * ldb, -1, 1);
 				test_fill_f32(c0, m * ldc, -1, 1);
-				if (beta == 0) /* does oneDNN offer a second implementation here? */
-					offered += mm_onednn_gemm(MM_F32, 1, ta, tb, m, n, k, a,
-					                          lda, b, ldb, 0.0f, c, ldc) == 0;
+				/* does oneDNN offer a second implementation here, at this beta? */
+				memcpy(c, c0, (size_t)(m * ldc) * 4);
+				offered += mm_onednn_gemm(MM_F32, 1, ta, tb, m, n, k, a, lda, b, ldb,
+				                          (float)beta, c, ldc) == 0;
 				memcpy(c, c0, (size_t)(m * ldc) * 4);
 				mm_gemm(ta, tb, m, n, k, a, lda, b, ldb, (float)beta, c, ldc);
 				double worst =
@@ -313,14 +315,14 @@ TEST_CASE(test_second_impl)
 				free(a), free(b), free(c), free(c0);
 			}
 	int alt = mm_engine_alt_impl_shapes() - before;
-	/* a shape is tuned once: beta 0 and 1 of a product share it */
+	/* a shape is tuned once per beta: beta 0 and 1 of a product are two shapes */
 	EXPECT(alt == offered, "%d shapes ran on oneDNN's second implementation, %d offer one", alt,
 	       offered);
 	EXPECT(!has_second || offered > 0,
 	       "oneDNN offered a second implementation at %lldx%lldx%lld "
 	       "but at none of the test's shapes",
 	       (long long)M, (long long)N, (long long)K);
-	fprintf(stderr, "  %d of 6 shapes ran on oneDNN's second implementation\n", alt);
+	fprintf(stderr, "  %d of 12 shapes ran on oneDNN's second implementation\n", alt);
 	unsetenv("CT_MATMUL_FORCE_IMPL");
 	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
 }
@@ -377,7 +379,7 @@ TEST_CASE(test_choices_file)
 	const int alt0 = mm_engine_alt_impl_shapes();
 	/* this CPU's header with one new shape: NT 333 x 77 x 55, oneDNN, second implementation */
 	f = fopen(path, "w");
-	fprintf(f, "%s%s333 77 55 0 1 0 %d 0 1\n", head, cpu, (int)MM_ENGINE_ONEDNN);
+	fprintf(f, "%s%s333 77 55 0 1 0 0 %d 0 1\n", head, cpu, (int)MM_ENGINE_ONEDNN);
 	fclose(f);
 	f = fopen(path, "r");
 	EXPECT(mm_engine_choices_read(f) == 1, "this CPU's file: 1 shape taken");
@@ -391,23 +393,57 @@ TEST_CASE(test_choices_file)
 	char line[256];
 	bool listed = false;
 	while (fgets(line, sizeof(line), f))
-		listed = listed || strncmp(line, "333 77 55 0 1 0", 15) == 0;
+		listed = listed || strncmp(line, "333 77 55 0 1 0 0", 17) == 0;
 	fclose(f);
 	EXPECT(listed, "the taken shape is written back");
 	f = fopen(path, "w");
-	fprintf(f, "%scpu another CPU\n334 77 55 0 1 0 %d 0 1\n", head, (int)MM_ENGINE_ONEDNN);
+	fprintf(f, "%scpu another CPU\n334 77 55 0 1 0 0 %d 0 1\n", head, (int)MM_ENGINE_ONEDNN);
 	fclose(f);
 	f = fopen(path, "r");
 	EXPECT(mm_engine_choices_read(f) == 0, "another CPU's file: nothing taken");
 	fclose(f);
 	f = fopen(path, "w");
-	fprintf(f, "%s%s335 77 55 0 1 0 7 0 1\n", head, cpu);
+	fprintf(f, "%s%s335 77 55 0 1 0 0 7 0 1\n", head, cpu);
 	fclose(f);
 	f = fopen(path, "r");
 	EXPECT(mm_engine_choices_read(f) == -1, "an unknown engine: malformed");
 	fclose(f);
+	/* an older ctitan's file (v1: shapes keyed without beta, 9 fields) is not taken */
+	f = fopen(path, "w");
+	fprintf(f, "ctitan matmul choices v1\n%s336 77 55 0 1 0 %d 0 1\n", cpu,
+	        (int)MM_ENGINE_ONEDNN);
+	fclose(f);
+	f = fopen(path, "r");
+	EXPECT(mm_engine_choices_read(f) == 0, "a v1 file: nothing taken");
+	fclose(f);
 	EXPECT(mm_engine_alt_impl_shapes() == alt0 + 1, "nothing taken from the other files");
 	unlink(path);
+}
+
+/* auto keys a shape by whether it accumulates too (beta 0 or not), and times it with that beta:
+ * oneDNN's brgemm runs beta = 1 as a sum post-op, slower than its jit sgemm there, so the two
+ * may choose differently. The same product at beta 0 and beta 1 is two shapes in the choices
+ * file (the seventh number, after the sizes, transposes and dtype: 0, 1), both products right. */
+TEST_CASE(test_beta_keyed_shapes)
+{
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+	double dist;
+	EXPECT(check_case(MM_ENGINE_AUTO, MM_F32, false, true, 61, 43, 37, 0.0f, &dist) <= 1.0,
+	       "beta 0 product");
+	EXPECT(check_case(MM_ENGINE_AUTO, MM_F32, false, true, 61, 43, 37, 1.0f, &dist) <= 1.0,
+	       "beta 1 product");
+	mm_engine_configure(MM_ENGINE_AUTO, MM_F32);
+	FILE *f = tmpfile();
+	EXPECT(f && mm_engine_choices_write(f) > 0, "write");
+	rewind(f);
+	char line[256];
+	bool b0 = false, b1 = false;
+	while (fgets(line, sizeof(line), f)) {
+		b0 = b0 || strncmp(line, "61 43 37 0 1 0 0 ", 17) == 0;
+		b1 = b1 || strncmp(line, "61 43 37 0 1 0 1 ", 17) == 0;
+	}
+	fclose(f);
+	EXPECT(b0 && b1, "NT 61 x 43 x 37 listed at beta 0 (%d) and at beta 1 (%d)", b0, b1);
 }
 
 TEST_CASE(test_parse)
@@ -460,5 +496,6 @@ int main(void)
 	RUN(test_second_impl);
 	RUN(test_ragged);
 	RUN(test_choices_file);
+	RUN(test_beta_keyed_shapes);
 	return test_summary();
 }

@@ -10,8 +10,9 @@
  *     on bf16 hardware (AMX, AVX512-BF16, or AVX-512 emulation); where it cannot (AVX2-only
  *     CPUs) and for OpenBLAS the rounded operands go through the fp32 kernel: a bf16 x bf16
  *     product is exact in fp32, so the numerics are the same, only slower (warned once).
- *   - auto: the first call of each shape (transposes, M, N, K, dtype) times both engines on
- *     that shape and keeps the faster; oneDNN is kept unless OpenBLAS is >= 15% faster, so the
+ *   - auto: the first call of each shape (transposes, M, N, K, dtype, and whether it
+ *     accumulates: beta 0 or not, timed with that beta) times both engines on that shape and
+ *     keeps the faster; oneDNN is kept unless OpenBLAS is >= 15% faster, so the
  *     choice is stable between runs. For fp32 products whose B is not transposed (the
  *     backward's dx = dy W and dW = dy^T x) it also times oneDNN on a transposed copy of B
  *     (the forward's layout, whose kernel is up to ~25% faster at dx = dy W1 of the 125M
@@ -80,11 +81,12 @@ int mm_engine_alt_impl_shapes(void);
 
 /* auto's choices kept across runs of one job: mm_engine_choices_write writes a line naming this
  * CPU (brand string and features) and one line per shape auto has chosen (sizes, transposes,
- * dtype, engine, B transposed, oneDNN implementation); mm_engine_choices_read takes the shapes
+ * dtype, accumulating, engine, B transposed, oneDNN implementation); mm_engine_choices_read takes the shapes
  * of such a file as already chosen, when it was written on the same CPU, so a resumed run
  * computes with the kernels of the run it resumes instead of timing them again (and maybe
  * choosing, on a loaded machine, differently). Returns the shapes taken; 0 for a file of
- * another CPU; -1 for a malformed one (nothing taken). */
+ * another CPU or of an older format (v1, shapes keyed without beta); -1 for a malformed one
+ * (nothing taken). */
 #include <stdio.h>
 int mm_engine_choices_write(FILE *f);
 int mm_engine_choices_read(FILE *f);

@@ -309,7 +309,7 @@ static void matmul_choices(struct trainer *tr, bool write)
 		         path);
 	else
 		LOG_INFO("matmul choices in %s %s: timing again", path,
-		         n == 0 ? "are another CPU's" : "are malformed");
+		         n == 0 ? "are another CPU's (or an older ctitan's)" : "are malformed");
 }
 
 static int trainer_setup(struct trainer *tr)
