@@ -211,7 +211,7 @@ def main():
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     for bf, (p, why, _) in peaks.items():
         print(f"{'bf16' if bf else 'fp32'} peak {p * 1e3:.1f} GFLOP/s ({why})")
-    print(f"{'case':<11}{'impl':<9}{'tokens/s':>10}{'MFU %':>8}{'peak RSS GiB':>14}"
+    print(f"{'case':<15}{'impl':<9}{'tokens/s':>10}{'MFU %':>8}{'peak RSS GiB':>14}"
           f"{'final loss':>12}  engine / ISA")
     torch_runs = {}
     for name, case in CASES.items():
@@ -236,12 +236,12 @@ def main():
         c = sorted(cs, key=lambda r: r["tps"])[(len(cs) - 1) // 2]
         t = sorted(ts, key=lambda r: r["tps"])[(len(ts) - 1) // 2]
         for r in (c, t):
-            print(f"{name:<11}{r['impl']:<9}{r['tps']:>10.0f}{r['mfu']:>8.1f}"
+            print(f"{name:<15}{r['impl']:<9}{r['tps']:>10.0f}{r['mfu']:>8.1f}"
                   f"{r['peak_rss_bytes'] / 2**30:>14.2f}{r['final_loss']:>12.4f}  {r['engine']}")
         rounds = [a["tps"] / b["tps"] for a, b in zip(cs, ts)]
         spread = (f"  (median of {len(cs)} rounds each; per-round ratios "
                   f"{min(rounds):.2f}-{max(rounds):.2f}x)" if len(cs) > 1 else "")
-        print(f"{name:<11}{'ratio':<9}{c['tps'] / t['tps']:>9.2f}x{'':>8}"
+        print(f"{name:<15}{'ratio':<9}{c['tps'] / t['tps']:>9.2f}x{'':>8}"
               f"{c['peak_rss_bytes'] / t['peak_rss_bytes']:>13.2f}x{spread}")
         if not args.no_profile:
             print(profile_line(c["profile"]))

@@ -301,8 +301,8 @@ TEST_CASE(test_second_impl)
 				test_fill_f32(c0, m * ldc, -1, 1);
 				/* does oneDNN offer a second implementation here, at this beta? */
 				memcpy(c, c0, (size_t)(m * ldc) * 4);
-				offered += mm_onednn_gemm(MM_F32, 1, ta, tb, m, n, k, a, lda, b, ldb,
-				                          (float)beta, c, ldc) == 0;
+				offered += mm_onednn_gemm(MM_F32, 1, ta, tb, m, n, k, a, lda, b,
+				                          ldb, (float)beta, c, ldc) == 0;
 				memcpy(c, c0, (size_t)(m * ldc) * 4);
 				mm_gemm(ta, tb, m, n, k, a, lda, b, ldb, (float)beta, c, ldc);
 				double worst =

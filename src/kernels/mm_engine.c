@@ -372,9 +372,9 @@ static bool mm_env_is(const char *name)
 /* auto: time the candidates on this shape (into scratch output, with the shape's beta: oneDNN's
  * brgemm runs beta = 1 as a sum post-op, 15-30% slower than its jit sgemm's own beta on the
  * 125M model's accumulating products here, and equal or faster at beta = 0) and keep the
- * fastest. oneDNN's
- * second implementation and oneDNN on a transposed B (fp32 products of >= 1 GFLOP with B not
- * transposed only) are kept when >= 10% faster than oneDNN's first choice, and OpenBLAS when
+ * fastest. oneDNN's second implementation and oneDNN on a transposed B (fp32 products of
+ * >= 1 GFLOP with B not transposed only) are kept when >= 10% faster than the incumbent
+ * (oneDNN's first choice, or its jit sgemm, below), and OpenBLAS when
  * >= 15% faster than the best oneDNN variant, so that the choice is stable between runs. */
 static void mm_tune(struct mm_shape *s, const float *A, int64_t lda, const float *B, int64_t ldb)
 {
@@ -603,9 +603,9 @@ int mm_engine_choices_write(FILE *f)
 		const struct mm_shape *s = &g_shapes[i];
 		if (!s->used || s->chosen == MM_ENGINE_COUNT || s->K <= 0)
 			continue;
-		fprintf(f, "%lld %lld %lld %d %d %d %d %d %d %d\n", (long long)s->M, (long long)s->N,
-		        (long long)s->K, s->ta, s->tb, s->dt, s->acc, (int)s->chosen, (int)s->bt,
-		        s->impl);
+		fprintf(f, "%lld %lld %lld %d %d %d %d %d %d %d\n", (long long)s->M,
+		        (long long)s->N, (long long)s->K, s->ta, s->tb, s->dt, s->acc,
+		        (int)s->chosen, (int)s->bt, s->impl);
 		n++;
 	}
 	pthread_mutex_unlock(&g_lock);
@@ -633,22 +633,30 @@ int mm_engine_choices_read(FILE *f)
 		long long M, N, K;
 		int ta, tb, dt, acc, e, bt, impl;
 		if (n == MM_SHAPES ||
-		    sscanf(line, "%lld %lld %lld %d %d %d %d %d %d %d", &M, &N, &K, &ta, &tb, &dt, &acc,
-		           &e, &bt, &impl) != 10 ||
+		    sscanf(line, "%lld %lld %lld %d %d %d %d %d %d %d", &M, &N, &K, &ta, &tb, &dt,
+		           &acc, &e, &bt, &impl) != 10 ||
 		    M <= 0 || N <= 0 || K <= 0 || (ta | tb | acc | bt) & ~1 || dt < 0 ||
 		    dt >= MM_DTYPE_COUNT || e <= MM_ENGINE_AUTO || e >= MM_ENGINE_COUNT || impl < 0 ||
 		    impl > 1)
 			return -1;
-		got[n++] = (struct mm_shape){.M = M, .N = N, .K = K, .ta = ta, .tb = tb, .dt = dt,
-		                             .acc = acc, .chosen = (enum mm_engine)e, .bt = bt, .impl = impl};
+		got[n++] = (struct mm_shape){.M = M,
+		                             .N = N,
+		                             .K = K,
+		                             .ta = ta,
+		                             .tb = tb,
+		                             .dt = dt,
+		                             .acc = acc,
+		                             .chosen = (enum mm_engine)e,
+		                             .bt = bt,
+		                             .impl = impl};
 	}
 	pthread_mutex_lock(&g_lock);
 	const enum mm_dtype saved = g_dtype;
 	int taken = 0;
 	for (int i = 0; i < n; i++) {
 		g_dtype = (enum mm_dtype)got[i].dt; /* mm_shape_find keys on the current dtype */
-		struct mm_shape *s = mm_shape_find(got[i].ta, got[i].tb, got[i].M, got[i].N, got[i].K,
-		                                   got[i].acc);
+		struct mm_shape *s =
+		    mm_shape_find(got[i].ta, got[i].tb, got[i].M, got[i].N, got[i].K, got[i].acc);
 		if (!s || s->chosen != MM_ENGINE_COUNT)
 			continue;
 		s->chosen = got[i].chosen, s->bt = got[i].bt, s->impl = got[i].impl;

@@ -20,7 +20,9 @@
  *     faster. It also times oneDNN's second implementation of the product (oneDNN 2.6 on
  *     AVX-512 prefers its brgemm matmul; its jit sgemm, next in line, is 10-30% faster at
  *     several backward shapes of the 125M model here) and keeps it when >= 10% faster than
- *     oneDNN's first choice. Use a forced engine (always oneDNN's first choice) for
+ *     oneDNN's first choice; where that is brgemm and the second the jit sgemm, the roles
+ *     swap (brgemm must be >= 10% faster: at near-ties the jit sgemm made whole 125M steps
+ *     3-8% faster here). Use a forced engine (always oneDNN's first choice) for
  *     bitwise-reproducible reruns.
  * The environment variable CT_MATMUL_ENGINE (auto | onednn | openblas) overrides the config
  * (tests use it to force each engine in turn).
@@ -81,10 +83,10 @@ int mm_engine_alt_impl_shapes(void);
 
 /* auto's choices kept across runs of one job: mm_engine_choices_write writes a line naming this
  * CPU (brand string and features) and one line per shape auto has chosen (sizes, transposes,
- * dtype, accumulating, engine, B transposed, oneDNN implementation); mm_engine_choices_read takes the shapes
- * of such a file as already chosen, when it was written on the same CPU, so a resumed run
- * computes with the kernels of the run it resumes instead of timing them again (and maybe
- * choosing, on a loaded machine, differently). Returns the shapes taken; 0 for a file of
+ * dtype, accumulating, engine, B transposed, oneDNN implementation); mm_engine_choices_read
+ * takes the shapes of such a file as already chosen, when it was written on the same CPU, so a
+ * resumed run computes with the kernels of the run it resumes instead of timing them again
+ * (and maybe choosing, on a loaded machine, differently). Returns the shapes taken; 0 for a file of
  * another CPU or of an older format (v1, shapes keyed without beta); -1 for a malformed one
  * (nothing taken). */
 #include <stdio.h>
