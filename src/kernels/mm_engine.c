@@ -418,8 +418,8 @@ static void mm_tune(struct mm_shape *s, const float *A, int64_t lda, const float
 	s->tuned_alt_s = on[CAND_ONEDNN_ALT] ? best[CAND_ONEDNN_ALT] : 0;
 	/* the incumbent: oneDNN's first choice, or its jit sgemm where that comes second (after
 	 * brgemm, oneDNN 2.6 on AVX-512): at near-ties in these timings the jit sgemm made whole
-	 * 125M steps 3-8% faster on the Zen 4 EPYC, fp32 and bf16, with each product's own time
-	 * about the same (README, Compute engines), which no per-product timing sees */
+	 * 125M steps 2-9% faster on a Zen 5 EPYC, fp32 and bf16, partly outside the products'
+	 * own time (README, Compute engines), which no per-product timing sees */
 	int inc = on[CAND_ONEDNN_ALT] && strncmp(s->impl_name[1], "gemm:jit", 8) == 0 &&
 	                  strncmp(s->impl_name[0], "brg:", 4) == 0
 	              ? CAND_ONEDNN_ALT
