@@ -200,11 +200,20 @@ RULES = [
 #    12242) moved 89 of in_proj.bias's 192 elements (3.2e-2 of its norm, 1.9e-3 of a
 #    weight's), its weights by <= 3.5e-3 of their norms (in_proj 2.7e-3). A bias left
 #    untrained or from the wrong piece still differs by >= its own norm, ~6e-2 on that scale.
+#  float8 step-1 loss under ring attention (cp*-ring layouts): the ring merges each query
+#    block's partial outputs through exp(m_i - m) rescalings, a few more fp32 roundings than a
+#    reordered sum, and everything after the first attention differs by them; the rowwise
+#    recipes cast each token on its own (a fine grid for a row's small elements), so more
+#    elements cross an e4m3 boundary: seen 3.8e-6 (cp2-ring, every rowwise recipe, --seed
+#    87823; eight other seeds within 1e-6; allgather CP and tensorwise ring within 1e-6 at
+#    that seed). 2e-5 there; a missing or doubled partial changes the attention outputs it
+#    touches by O(1).
 W_STD = 0.02
 TOL = {"fp32": (1e-5, 1e-5, 1e-3), "bf16": (1e-3, 1e-3, 2e-2)}
 for _p in PRECISIONS:
     if is_f8(_p):
         TOL[_p] = (1e-6, 5e-3, 3e-2)  # step-1 loss, losses and norms, parameters
+F8_RING_STEP1 = 2e-5
 
 
 def why_refused(c):
@@ -429,6 +438,8 @@ def params(ckpt, cache=False):
 def compare(c, got, ref, steps, want_val):
     """'' when run `got` equals `ref` within c's precision's tolerance, else why not."""
     t1, tl, tp = TOL[c["precision"]]
+    if is_f8(c["precision"]) and c["layout"].endswith("-ring"):
+        t1 = F8_RING_STEP1
     mg, mr = metrics(got), metrics(ref)
     worst = 0.0
     for s in steps:
